@@ -1,0 +1,24 @@
+# pretrain-planner: benchmark every model x GPU type x count x method cell, then tables and plots.
+# Thin by design: the rules call one function of the `pretrain_planner` package each.
+#   snakemake --profile cluster/local                      # the default CPU sweep, here
+#   snakemake --profile cluster/slurm --configfile config/paper.yaml   # on a cluster
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/benchmark.smk"
+include: "workflow/rules/aggregate.smk"
+include: "workflow/rules/report.smk"
+
+
+rule all:
+    input:
+        plan=f"{RESULTS}/plan.csv",
+        tables=list(TABLES.values()),
+        plots=list(PLOTS.values()),
+    default_target: True

@@ -1,0 +1,202 @@
+"""Models, GPU types and their facts, loaded from config/models.yaml and config/gpus.yaml.
+
+Typed, frozen records so the grid, the trainer and the tables agree on one meaning of each field.
+Imports no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .schema import ConfigError, load_yaml, validate
+
+# What each family trains on; the trainer's builders and the FLOPs formulas key on this.
+FAMILY_TASK = {
+    "gptneox": "causal_lm",
+    "mamba": "causal_lm",
+    "roberta": "masked_lm",
+    "roberta-prelayernorm": "masked_lm",
+    "bert": "masked_lm",
+    "convnext": "image_classification",
+    "vit": "image_classification",
+}
+
+
+@dataclass(frozen=True)
+class Optimizer:
+    name: str
+    lr: float
+    betas: tuple[float, float]
+    eps: float
+    weight_decay: float
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """The published recipe: a step is one optimizer step over `global_batch` samples."""
+
+    global_batch: int
+    steps: int | None
+    time_budget_hours: float | None
+    sequence_length: int | None
+    image_size: int | None
+    precision: str
+    optimizer: Optimizer
+    schedule: dict[str, Any]
+    grad_clip: float | None
+    mlm_probability: float
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    family: str
+    arch: dict[str, Any]
+    recipe: Recipe
+    supports_compile: bool = True
+    supports_checkpointing: bool = True
+    source: str = ""
+
+    @property
+    def task(self) -> str:
+        return FAMILY_TASK[self.family]
+
+    @property
+    def is_text(self) -> bool:
+        return self.task != "image_classification"
+
+    @property
+    def tokens_per_sample(self) -> int | None:
+        return self.recipe.sequence_length if self.is_text else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for a job's spec (JSON-safe)."""
+        r = self.recipe
+        return {
+            "name": self.name,
+            "family": self.family,
+            "task": self.task,
+            "arch": dict(self.arch),
+            "supports_compile": self.supports_compile,
+            "supports_checkpointing": self.supports_checkpointing,
+            "recipe": {
+                "global_batch": r.global_batch,
+                "steps": r.steps,
+                "time_budget_hours": r.time_budget_hours,
+                "sequence_length": r.sequence_length,
+                "image_size": r.image_size,
+                "precision": r.precision,
+                "optimizer": {**vars(r.optimizer), "betas": list(r.optimizer.betas)},
+                "schedule": dict(r.schedule),
+                "grad_clip": r.grad_clip,
+                "mlm_probability": r.mlm_probability,
+            },
+        }
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    name: str
+    label: str
+    memory_gib: float | None
+    peak_tflops: dict[str, float]
+    bf16: bool
+    fp16: bool
+    tf32: bool
+    price_usd: float | None
+    cloud_usd_per_gpu_hour: float | None
+
+    def supports(self, precision: str) -> bool:
+        return precision == "fp32" or bool(getattr(self, precision))
+
+    def peak_for(self, precision: str, tf32: bool = False) -> float | None:
+        """Dense peak (TFLOP/s) that MFU is quoted against for a cell trained in `precision`."""
+        if precision == "fp32":
+            key = "tf32" if tf32 and self.tf32 else "fp32"
+        else:
+            key = precision
+        return self.peak_tflops.get(key)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**vars(self), "peak_tflops": dict(self.peak_tflops)}
+
+
+@dataclass(frozen=True)
+class Catalog:
+    models: dict[str, ModelSpec]
+    gpus: dict[str, GpuSpec]
+    base_machine_usd: dict[int, float] = field(default_factory=dict)
+    models_path: str = "config/models.yaml"
+    gpus_path: str = "config/gpus.yaml"
+
+    def model(self, name: str) -> ModelSpec:
+        if name not in self.models:
+            raise ConfigError(f"{self.models_path}: no model {name!r}; known: {', '.join(self.models)}")
+        return self.models[name]
+
+    def gpu(self, name: str) -> GpuSpec:
+        if name not in self.gpus:
+            raise ConfigError(f"{self.gpus_path}: no GPU type {name!r}; known: {', '.join(self.gpus)}")
+        return self.gpus[name]
+
+
+def _model(name: str, raw: dict, source: str) -> ModelSpec:
+    r = raw["recipe"]
+    opt = r["optimizer"]
+    if (r.get("sequence_length") is None) == (FAMILY_TASK[raw["family"]] != "image_classification"):
+        want = "sequence_length" if FAMILY_TASK[raw["family"]] != "image_classification" else "image_size"
+        raise ConfigError(f"{source}: models.{name}.recipe: family {raw['family']!r} needs {want}")
+    recipe = Recipe(
+        global_batch=r["global_batch"],
+        steps=r.get("steps"),
+        time_budget_hours=r.get("time_budget_hours"),
+        sequence_length=r.get("sequence_length"),
+        image_size=r.get("image_size"),
+        precision=r["precision"],
+        optimizer=Optimizer(opt["name"], opt["lr"], tuple(opt["betas"]), opt["eps"], opt["weight_decay"]),
+        schedule=dict(r["schedule"]),
+        grad_clip=r.get("grad_clip"),
+        mlm_probability=r["mlm_probability"],
+    )
+    supports = raw.get("supports", {})
+    return ModelSpec(
+        name=name,
+        family=raw["family"],
+        arch=dict(raw["arch"]),
+        recipe=recipe,
+        supports_compile=supports.get("compile", True),
+        supports_checkpointing=supports.get("activation_checkpointing", True),
+        source=raw.get("source", ""),
+    )
+
+
+def load_models(path: str | Path) -> dict[str, ModelSpec]:
+    data = validate(load_yaml(path), "models", path)
+    return {name: _model(name, raw, str(path)) for name, raw in data["models"].items()}
+
+
+def load_gpus(path: str | Path) -> tuple[dict[str, GpuSpec], dict[int, float]]:
+    data = validate(load_yaml(path), "gpus", path)
+    gpus = {
+        name: GpuSpec(
+            name=name,
+            label=g["name"],
+            memory_gib=g.get("memory_gib"),
+            peak_tflops=dict(g.get("peak_tflops", {})),
+            bf16=g["bf16"],
+            fp16=g["fp16"],
+            tf32=g["tf32"],
+            price_usd=g.get("price_usd"),
+            cloud_usd_per_gpu_hour=g.get("cloud_usd_per_gpu_hour"),
+        )
+        for name, g in data["gpus"].items()
+    }
+    base = {int(k): float(v) for k, v in data.get("base_machine_usd", {}).items()}
+    return gpus, base
+
+
+def load_catalog(models_path: str | Path, gpus_path: str | Path) -> Catalog:
+    gpus, base = load_gpus(gpus_path)
+    return Catalog(load_models(models_path), gpus, base, str(models_path), str(gpus_path))

@@ -1,0 +1,90 @@
+"""JSON-Schema validation of the config files, with defaults filled in and errors a person can act on.
+
+Snakemake's own `validate` reports the schema path; users need the file, the key, the bad value and
+what is allowed, so every config file goes through `validate` here instead.
+"""
+
+from __future__ import annotations
+
+import copy
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+from jsonschema import Draft202012Validator, validators
+
+SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
+
+
+class ConfigError(ValueError):
+    """A config file is wrong; the message names the file, the key, the value and what is allowed."""
+
+
+def _with_defaults(base):
+    """A validator class that also writes each property's `default` into the instance."""
+    check_properties = base.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for key, sub in properties.items():
+                if "default" in sub and key not in instance:
+                    instance[key] = copy.deepcopy(sub["default"])
+        yield from check_properties(validator, properties, instance, schema)
+
+    return validators.extend(base, {"properties": set_defaults})
+
+
+_DefaultingValidator = _with_defaults(Draft202012Validator)
+
+
+@cache
+def load_schema(name: str) -> dict:
+    return yaml.safe_load((SCHEMA_DIR / f"{name}.schema.yaml").read_text())
+
+
+def key_path(parts) -> str:
+    """['sweep', 'gpus', 1] -> 'sweep.gpus[1]'."""
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "(top level)"
+
+
+def _describe(error) -> str:
+    msg = error.message
+    schema = error.schema if isinstance(error.schema, dict) else {}
+    if error.validator == "additionalProperties" and "properties" in schema:
+        msg += f"; allowed keys: {', '.join(schema['properties'])}"
+    elif error.validator in ("oneOf", "anyOf"):
+        msg = f"{error.instance!r} does not match the schema: " + "; ".join(
+            sorted({c.message for c in error.context})[:4]
+        )
+    if schema.get("description") and error.validator != "additionalProperties":
+        msg += f" ({schema['description']})"
+    return msg
+
+
+def validate(data: Any, schema_name: str, source: str | Path) -> dict:
+    """Validate `data` against workflow/schemas/<schema_name>.schema.yaml; return it with defaults filled."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
+    validator = _DefaultingValidator(load_schema(schema_name))
+    errors = sorted(validator.iter_errors(data), key=lambda e: (list(map(str, e.absolute_path)), e.message))
+    if errors:
+        lines = [f"  {key_path(e.absolute_path)}: {_describe(e)}" for e in errors[:10]]
+        more = f"\n  ... and {len(errors) - 10} more" if len(errors) > 10 else ""
+        raise ConfigError(f"{source}: invalid configuration\n" + "\n".join(lines) + more)
+    return data
+
+
+def load_yaml(path: str | Path) -> Any:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: file not found")
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc

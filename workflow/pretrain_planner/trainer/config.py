@@ -1,0 +1,65 @@
+"""One dataclass tree for a cell's run, built from the JSON spec the planner hands to the job."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..methods import Method, parse_canonical
+
+
+@dataclass(frozen=True)
+class CellConfig:
+    model: str
+    gpu: str
+    nodes: int
+    gpus_per_node: int
+    method: str
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    warmup_steps: int = 2
+    timed_steps: int = 5
+    max_micro_batch: int | None = None
+    seed: int = 0
+    suspect_mfu: float = 0.85
+    device: str = "auto"  # auto: CUDA for GPU types, CPU for `cpu`; cpu: force CPU (plumbing tests)
+
+
+@dataclass(frozen=True)
+class Outputs:
+    result: str
+    steps: str
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    cell: CellConfig
+    method: Method
+    model: dict[str, Any]  # ModelSpec.to_dict()
+    gpu: dict[str, Any]  # GpuSpec.to_dict()
+    bench: BenchConfig
+    outputs: Outputs
+    threads_per_rank: int = 1
+
+    @property
+    def recipe(self) -> dict[str, Any]:
+        return self.model["recipe"]
+
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any]) -> RunConfig:
+        cell = CellConfig(**spec["cell"])
+        return cls(
+            cell=cell,
+            method=parse_canonical(cell.method),
+            model=spec["model"],
+            gpu=spec["gpu"],
+            bench=BenchConfig(**spec["benchmark"]),
+            outputs=Outputs(**spec["outputs"]),
+            threads_per_rank=int(spec.get("threads_per_rank", 1)),
+        )

@@ -1,0 +1,175 @@
+"""A cell job's entry point on every rank: measure, and (rank 0) write result.json + steps.jsonl."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import socket
+import time
+from importlib import metadata
+from typing import Any
+
+import torch
+
+from ..flops import mfu, train_flops_per_sample
+from ..results import write_result, write_steps
+from .config import RunConfig
+from .measure import find_micro_batch, percentile, time_steps
+from .models import build_model
+from .parallel import RankEnv, Unsupported, apply_method, build_optimizer, close_rank, init_rank
+from .step import TrainStep
+
+
+def _versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"python": platform.python_version(), "cuda": torch.version.cuda}
+    for pkg in ("torch", "transformers", "submitit", "pretrain-planner", "deepspeed", "flash-attn", "liger-kernel"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def _device_name(env: RankEnv | None) -> str:
+    if env is not None and env.device.type == "cuda":
+        return torch.cuda.get_device_name(env.device)
+    model = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            model = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), model)
+    except OSError:
+        pass
+    return f"CPU ({model or platform.machine()})"
+
+
+def _counted_flops(cfg: RunConfig, applied, step: TrainStep, env: RankEnv) -> float | None:
+    """FLOPs of one sample's forward + backward, counted, for families without a declared formula."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from .measure import batches_for
+
+    batch = batches_for(cfg, env, 1, 1)[0]
+    with FlopCounterMode(display=False) as counter:
+        step.micro(batch, 1.0, sync_grads=not env.distributed)
+    step.optimizer.zero_grad(set_to_none=True)
+    return float(counter.get_total_flops())
+
+
+def measure_cell(cfg: RunConfig, env: RankEnv) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    torch.manual_seed(cfg.bench.seed)
+    attn = None
+    if cfg.model["family"] not in ("mamba", "convnext"):
+        attn = "sdpa" if cfg.method.free_lunch else "eager"
+    net, attn_used = build_model(cfg.model, attn)
+    applied = apply_method(cfg, env, net, attn_used)
+    optimizer, opt_settings = build_optimizer(cfg, env, net.parameters())
+    step = TrainStep(applied, optimizer, cfg.recipe["grad_clip"], env.device.type)
+    settings = {**applied.settings, **opt_settings, "lr_schedule": "constant (benchmark; schedule cost is nil)"}
+
+    search = find_micro_batch(cfg, env, step)
+    result: dict[str, Any] = {"method_settings": settings, "micro_batch_trials": search.trials}
+    if search.micro_batch is None:
+        return {**result, "status": "oom", "reason": "micro-batch 1 does not fit on every rank"}, []
+
+    mb = search.micro_batch
+    accum = cfg.recipe["global_batch"] // cfg.cell.world_size // mb
+    timing = time_steps(cfg, env, step, mb)
+    median = timing.median
+    per_sample = train_flops_per_sample(cfg.model)
+    flops_source = "formula"
+    if per_sample is None:
+        per_sample, flops_source = _counted_flops(cfg, applied, step, env), "flop_counter"
+    settings["flops_source"] = flops_source
+    gb = cfg.recipe["global_batch"]
+    flops_per_step = per_sample * gb if per_sample else None
+    peak = None
+    if env.device.type == "cuda":
+        peak = (cfg.gpu.get("peak_tflops") or {}).get(
+            "tf32" if cfg.recipe["precision"] == "fp32" and settings["tf32"] else cfg.recipe["precision"]
+        )
+    util = mfu(flops_per_step, median, cfg.cell.world_size, peak)
+    suspect = util is not None and util > cfg.bench.suspect_mfu
+    tokens = cfg.model["recipe"].get("sequence_length") if cfg.model["task"] != "image_classification" else None
+    recipe_steps = cfg.recipe.get("steps")
+    budget_h = cfg.recipe.get("time_budget_hours")
+    result.update(
+        status="ok",
+        micro_batch_size=mb,
+        grad_accum_steps=accum,
+        step_time_s=median,
+        step_time_p10_s=percentile(timing.step_times, 0.1),
+        step_time_p90_s=percentile(timing.step_times, 0.9),
+        timed_steps=len(timing.step_times),
+        warmup_steps=cfg.bench.warmup_steps,
+        samples_per_s=gb / median,
+        tokens_per_s=gb * tokens / median if tokens else None,
+        flops_per_step=flops_per_step,
+        peak_tflops=peak,
+        mfu=util,
+        suspect=suspect,
+        suspect_reason=(
+            f"implied MFU {util:.1%} exceeds {cfg.bench.suspect_mfu:.0%} of the dense peak: the timing cannot be right"
+            if suspect
+            else None
+        ),
+        peak_mem_gib=timing.peak_mem_gib,
+        peak_mem_kind=timing.peak_mem_kind,
+        recipe_steps=recipe_steps,
+        training_days=recipe_steps * median / 86400 if recipe_steps else None,
+        steps_in_budget=budget_h * 3600 / median if budget_h else None,
+        final_loss=timing.losses[-1],
+    )
+    steps = [
+        {"step": i, "time_s": t, "loss": loss, "micro_batch_size": mb, "grad_accum_steps": accum}
+        for i, (t, loss) in enumerate(zip(timing.step_times, timing.losses, strict=True))
+    ]
+    return result, steps
+
+
+def run_rank(spec: dict[str, Any]) -> dict[str, Any]:
+    """Run on every rank of the cell's job; rank 0 writes the files. Returns the result (rank 0) or {}."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    t0, started = time.time(), dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    cfg = RunConfig.from_spec(spec)
+    env: RankEnv | None = None
+    steps: list[dict[str, Any]] = []
+    try:
+        env = init_rank(cfg)
+        result, steps = measure_cell(cfg, env)
+    except Unsupported as exc:
+        result = {"status": "unsupported", "reason": str(exc)}
+    except Exception as exc:
+        if not (env is not None and "out of memory" in str(exc).lower()):
+            raise
+        result = {"status": "oom", "reason": f"out of memory while timing: {exc}"[:500]}
+    finally:
+        if env is not None:
+            close_rank(env)
+    rank = env.rank if env is not None else int(os.environ.get("RANK", "0"))
+    if rank != 0:
+        return {}
+    c = cfg.cell
+    result.update(
+        model=c.model,
+        gpu=c.gpu,
+        nodes=c.nodes,
+        gpus_per_node=c.gpus_per_node,
+        world_size=c.world_size,
+        method=c.method,
+        precision=cfg.recipe["precision"],
+        global_batch=cfg.recipe["global_batch"],
+        versions=_versions(),
+        device_name=_device_name(env),
+        hostname=socket.gethostname(),
+        slurm_job_id=os.environ.get("SLURM_JOB_ID"),
+        slurm_nodelist=os.environ.get("SLURM_JOB_NODELIST"),
+        submitit_job_id=os.environ.get("SUBMITIT_JOB_ID") or os.environ.get("SLURM_JOB_ID"),
+        started_at=started,
+        finished_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        wall_time_s=time.time() - t0,
+    )
+    write_steps(cfg.outputs.steps, steps)
+    write_result(cfg.outputs.result, result)
+    return result

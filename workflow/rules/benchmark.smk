@@ -1,0 +1,28 @@
+# The plan (every cell, valid or not) and one job per valid cell.
+
+
+rule plan:
+    input:
+        models=PP.catalog.models_path,
+        gpus=PP.catalog.gpus_path,
+    output:
+        plan=f"{RESULTS}/plan.csv",
+    log:
+        f"{RESULTS}/logs/plan.log",
+    params:
+        plan=PP.plan_params(),
+    run:
+        pp_pipeline.write_plan(PP, output.plan)
+
+
+rule benchmark_cell:
+    output:
+        result=f"{CELL_DIR}/result.json",
+        steps=f"{CELL_DIR}/steps.jsonl",
+    log:
+        f"{CELL_DIR}/cell.log",
+    threads: PP.threads
+    params:
+        spec=PP.spec,
+    run:
+        pp_launch.run_cell(params.spec, log[0], threads)

@@ -1,0 +1,16 @@
+# Helpers and targets. Validates every config file before anything runs (a mistake ends the dry run).
+import pretrain_planner.aggregate as pp_aggregate
+import pretrain_planner.launch as pp_launch
+import pretrain_planner.pipeline as pp_pipeline
+import pretrain_planner.report as pp_report
+from pretrain_planner.grid import WILDCARD_CONSTRAINTS
+
+PP = pp_pipeline.load_or_exit(config, workflow.basedir)
+RESULTS = PP.results
+CELL_DIR = f"{RESULTS}/cells/{{model}}/{{gpu}}/{{nodes}}x{{gpus_per_node}}/{{method}}"
+TABLES = pp_aggregate.table_files(f"{RESULTS}/tables")
+PLOTS = pp_report.plot_files(f"{RESULTS}/plots")
+
+
+wildcard_constraints:
+    **WILDCARD_CONSTRAINTS,
