@@ -31,7 +31,8 @@ fi
 # Same lock as slurm-up.sh, unless slurm-up.sh (which holds it) is calling us.
 if [ "${SLURM_TESTBED_LOCK_HELD:-0}" != 1 ]; then
   exec 9>"$ROOT/.lock"
-  flock 9
+  # Bounded wait: better a noisy teardown than a CI job hanging on a stuck lock holder.
+  flock -w 300 9 || log "WARNING: $ROOT/.lock still held after 300 s; stopping anyway"
 fi
 
 # Cancel jobs first so their slurmstepd/job processes don't outlive slurmd. Only when

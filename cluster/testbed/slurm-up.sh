@@ -35,6 +35,16 @@ wait_for() {  # wait_for SECONDS CMD... : poll CMD every 0.1 s until it succeeds
 }
 tcp_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
+# Start a daemon with stdio detached and the lock fd 9 closed:
+# - a daemon holding our stdout keeps a caller's pipe open (out=$(slurm-up.sh) and
+#   subprocess.run(capture_output=True) would never return);
+# - munged, mariadbd and slurmdbd do not close inherited fds, so they would hold the
+#   flock on $ROOT/.lock for their whole life and the next slurm-up/down would block.
+daemon() {  # daemon NAME CMD...
+  local name=$1; shift
+  "$@" </dev/null >>"$ROOT/log/$name.out" 2>&1 9>&-
+}
+
 # A pid file counts only if its process exists and is not a zombie: PID 1 here is not
 # an init that reaps, so killed daemons linger as <defunct> and `kill -0` still succeeds.
 pid_alive() {
@@ -166,7 +176,7 @@ done
 install -d "$ROOT"
 # Serialise concurrent bring-ups/tear-downs (e.g. two CI steps on one host).
 exec 9>"$ROOT/.lock"
-flock 9
+flock -w 300 9 || die "could not get $ROOT/.lock within 300 s (another slurm-up/down running?)"
 export SLURM_TESTBED_LOCK_HELD=1   # tells slurm-down.sh (called below) not to re-lock
 
 if healthy; then
@@ -183,6 +193,8 @@ log "teardown done"
 
 # ---------------------------------------------------------------- bring-up
 rm -rf "$ROOT/state" "$ROOT/mysql"      # fresh cluster every bring-up (jobs, DB)
+# Keep the previous bring-up's logs (one generation) for post-mortems; start clean ones.
+if [ -d "$ROOT/log" ]; then rm -rf "$ROOT/log.prev"; mv "$ROOT/log" "$ROOT/log.prev"; fi
 # SlurmdSpoolDir must exist beforehand ("Domain socket directory ... No such file").
 install -d "$ROOT"/{state/ctld,state/d/node-a100,state/d/node-h100,log,run,dev} "$CONF_DIR"
 
@@ -197,10 +209,8 @@ if [ ! -s /etc/munge/munge.key ]; then   # Debian's postinst normally creates it
   chown munge:munge /etc/munge/munge.key; chmod 0400 /etc/munge/munge.key
 fi
 if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
-  # Daemons get stdin/stdout/stderr detached: otherwise a caller capturing our output
-  # (out=$(slurm-up.sh), subprocess pipes) would wait forever on the inherited pipe.
-  runuser -u munge -- munged --log-file="$ROOT/munge/munged.log" \
-    --seed-file="$ROOT/munge/munged.seed" </dev/null >>"$ROOT/log/munged.out" 2>&1
+  daemon munged runuser -u munge -- munged --log-file="$ROOT/munge/munged.log" \
+    --seed-file="$ROOT/munge/munged.seed"
   wait_for 10 bash -c 'munge -n | unmunge'
 fi
 log "munge up"
@@ -223,10 +233,10 @@ done
 install -d -o mysql -g mysql "$ROOT/mysql"
 mariadb-install-db --user=mysql --datadir="$ROOT/mysql/data" --skip-test-db \
   --auth-root-authentication-method=socket >"$ROOT/log/mariadb-install.log" 2>&1
-setsid -f mariadbd --no-defaults --user=mysql --datadir="$ROOT/mysql/data" \
+daemon mariadbd setsid -f mariadbd --no-defaults --user=mysql --datadir="$ROOT/mysql/data" \
   --socket="$ROOT/mysql/mysqld.sock" --pid-file="$ROOT/mysql/mariadbd.pid" \
   --port="$DB_PORT" --bind-address=127.0.0.1 --log-error="$ROOT/mysql/mariadb.log" \
-  --innodb-buffer-pool-size=64M </dev/null >/dev/null 2>&1
+  --innodb-buffer-pool-size=64M
 wait_for 30 mariadb-admin --socket="$ROOT/mysql/mysqld.sock" ping ||
   die "mariadbd did not start; see $ROOT/mysql/mariadb.log"
 mariadb --socket="$ROOT/mysql/mysqld.sock" -u root <<'SQL'
@@ -240,19 +250,19 @@ chmod 600 "$CONF_DIR/slurmdbd.conf"      # slurmdbd is fatal on 0644
 render_slurm_conf > "$CONF_DIR/slurm.conf"
 render_gres_conf > "$CONF_DIR/gres.conf"
 
-slurmdbd </dev/null >>"$ROOT/log/slurmdbd.out" 2>&1
+daemon slurmdbd slurmdbd
 wait_for 60 tcp_open 6819 || die "slurmdbd did not listen on 6819; see $ROOT/log/slurmdbd.log"
 log "slurmdbd up"
 
 # slurmctld registers the cluster in the DB by itself (AccountingStorageEnforce is off).
-slurmctld </dev/null >>"$ROOT/log/slurmctld.out" 2>&1
+daemon slurmctld slurmctld
 wait_for 30 bash -c 'scontrol ping | grep -q "is UP"' ||
   die "slurmctld not UP; see $ROOT/log/slurmctld.log"
 log "slurmctld up"
 
 # Two slurmd on one host: Debian builds with MULTIPLE_SLURMD; -N picks the NodeName.
 for n in "${NODES[@]}"; do
-  slurmd -N "$n" </dev/null >>"$ROOT/log/slurmd-$n.out" 2>&1
+  daemon "slurmd-$n" slurmd -N "$n"
 done
 # shellcheck disable=SC2016  # expanded by the inner bash on every poll, on purpose
 wait_for 60 bash -c '[ "$(sinfo -h -N -o %T | sort -u)" = idle ]' ||

@@ -5,7 +5,9 @@ import pretrain_planner.pipeline as pp_pipeline
 import pretrain_planner.report as pp_report
 from pretrain_planner.grid import WILDCARD_CONSTRAINTS
 
-PP = pp_pipeline.load_or_exit(config, workflow.basedir)
+PP = pp_pipeline.load_or_exit(
+    config, workflow.basedir, " + ".join(map(str, workflow.configfiles)) or "config"
+)
 RESULTS = PP.results
 CELL_DIR = f"{RESULTS}/cells/{{model}}/{{gpu}}/{{nodes}}x{{gpus_per_node}}/{{method}}"
 TABLES = pp_aggregate.table_files(f"{RESULTS}/tables")

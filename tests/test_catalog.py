@@ -1,0 +1,489 @@
+"""The catalog: config/models.yaml and config/gpus.yaml load, hold the studies' facts, and bad files fail clearly.
+
+Facts are checked against /work/shared/reference/papers.md (A = "$100K or 100 Days", B = the 24-hour BERT).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pretrain_planner.catalog import FAMILY_TASK, load_catalog, load_gpus, load_models
+from pretrain_planner.schema import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS_YAML = ROOT / "config" / "models.yaml"
+GPUS_YAML = ROOT / "config" / "gpus.yaml"
+MODEL_NAMES = list(yaml.safe_load(MODELS_YAML.read_text())["models"])
+GPU_NAMES = list(yaml.safe_load(GPUS_YAML.read_text())["gpus"])
+
+
+@pytest.fixture(scope="module")
+def catalog():
+    return load_catalog(MODELS_YAML, GPUS_YAML)
+
+
+# ------------------------------------------------------------------------------------------ loading
+
+
+def test_config_files_list_models_and_gpus():
+    assert len(MODEL_NAMES) >= 10
+    assert {"pythia-1b", "roberta-large", "bert-24h", "tiny-gptneox", "tiny-bert"} <= set(MODEL_NAMES)
+    assert {"rtx3090", "a6000", "a100", "h100", "h200", "v100", "cpu"} <= set(GPU_NAMES)
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_every_model_loads(catalog, name):
+    spec = catalog.model(name)
+    assert spec.name == name
+    assert spec.family in FAMILY_TASK
+    assert spec.task == FAMILY_TASK[spec.family]
+    r = spec.recipe
+    assert r.global_batch >= 1
+    assert r.steps is not None or r.time_budget_hours is not None
+    assert r.precision in ("fp32", "bf16", "fp16")
+    assert r.optimizer.lr > 0
+    assert len(r.optimizer.betas) == 2
+    if spec.is_text:
+        assert r.sequence_length and r.image_size is None
+        assert spec.tokens_per_sample == r.sequence_length
+    else:
+        assert r.image_size and r.sequence_length is None
+        assert spec.tokens_per_sample is None
+    # a job's spec is plain JSON
+    d = spec.to_dict()
+    assert json.loads(json.dumps(d)) == d
+    assert d["task"] == spec.task
+    assert d["recipe"]["optimizer"]["betas"] == list(r.optimizer.betas)
+
+
+@pytest.mark.parametrize("name", GPU_NAMES)
+def test_every_gpu_loads(catalog, name):
+    gpu = catalog.gpu(name)
+    assert gpu.name == name and gpu.label
+    assert gpu.supports("fp32")
+    assert set(gpu.peak_tflops) <= {"bf16", "fp16", "tf32", "fp32"}
+    for precision in ("bf16", "fp16"):
+        if precision in gpu.peak_tflops:
+            assert gpu.supports(precision)
+    d = gpu.to_dict()
+    assert json.loads(json.dumps(d)) == d
+
+
+def test_unknown_names_raise_config_error_naming_the_file(catalog):
+    with pytest.raises(ConfigError, match=r"models\.yaml.*no model 'gpt-5'.*pythia-1b"):
+        catalog.model("gpt-5")
+    with pytest.raises(ConfigError, match=r"gpus\.yaml.*no GPU type 'b200'.*a100"):
+        catalog.gpu("b200")
+
+
+# ------------------------------------------------------------------------------------------ model facts (papers.md A)
+
+PYTHIA = {
+    # name: (hidden, layers, heads, lr)
+    "pythia-160m": (768, 12, 12, 6e-4),
+    "pythia-410m": (1024, 24, 16, 3e-4),
+    "pythia-1b": (2048, 16, 8, 3e-4),
+    "pythia-1.4b": (2048, 24, 16, 2e-4),
+    "pythia-2.8b": (2560, 32, 32, 1.6e-4),
+    "pythia-6.9b": (4096, 32, 32, 1.2e-4),
+    "pythia-12b": (5120, 36, 40, 1.2e-4),
+}
+
+
+@pytest.mark.parametrize("name", list(PYTHIA))
+def test_pythia_facts(catalog, name):
+    hidden, layers, heads, lr = PYTHIA[name]
+    spec = catalog.model(name)
+    a, r = spec.arch, spec.recipe
+    assert spec.family == "gptneox" and spec.task == "causal_lm"
+    assert (a["hidden_size"], a["num_hidden_layers"], a["num_attention_heads"]) == (hidden, layers, heads)
+    assert a["intermediate_size"] == 4 * hidden
+    assert a["vocab_size"] == 50304
+    assert a["rotary_pct"] == 0.25
+    assert a["use_parallel_residual"] is True
+    assert a["tie_word_embeddings"] is False
+    assert r.global_batch == 1024
+    assert r.steps == 143000
+    assert r.sequence_length == 2048
+    assert r.precision == ("bf16" if name == "pythia-1b" else "fp16")
+    assert r.optimizer.name == "adam"
+    assert r.optimizer.lr == pytest.approx(lr)
+    assert r.optimizer.betas == (0.9, 0.95)
+    assert r.optimizer.eps == pytest.approx(1e-8)
+    assert r.optimizer.weight_decay == pytest.approx(0.01)
+    assert r.schedule["name"] == "cosine"
+    assert r.schedule["min_lr_ratio"] == pytest.approx(0.1)
+    assert r.schedule["warmup_steps"] == 1430
+    assert r.grad_clip == 1.0
+
+
+def test_pythia_1b_spot_check(catalog):
+    spec = catalog.model("pythia-1b")
+    assert spec.arch["hidden_size"] == 2048
+    assert spec.arch["num_hidden_layers"] == 16
+    assert spec.arch["num_attention_heads"] == 8
+    assert spec.recipe.precision == "bf16"
+    assert spec.recipe.optimizer.lr == pytest.approx(3e-4)
+    assert spec.recipe.global_batch == 1024
+    assert spec.recipe.steps == 143000
+    # 1024 x 2048 x 143,000 tokens = 299.9B, as in the study
+    assert spec.recipe.global_batch * spec.tokens_per_sample * spec.recipe.steps == 299_892_736_000
+
+
+def test_roberta_large_facts(catalog):
+    spec = catalog.model("roberta-large")
+    a, r = spec.arch, spec.recipe
+    assert spec.family == "roberta" and spec.task == "masked_lm"
+    assert (a["num_hidden_layers"], a["hidden_size"], a["num_attention_heads"]) == (24, 1024, 16)
+    assert a["vocab_size"] == 50265
+    assert r.global_batch == 8192
+    assert r.steps == 500000
+    assert r.sequence_length == 512
+    assert r.precision == "fp16"
+    assert r.optimizer.name == "adam"
+    assert r.optimizer.lr == pytest.approx(4e-4)
+    assert r.optimizer.betas == (0.9, 0.98)
+    assert r.optimizer.weight_decay == pytest.approx(0.01)
+    assert r.schedule == {"name": "linear", "warmup_steps": 30000}
+    assert r.grad_clip is None
+
+
+def test_mamba_facts(catalog):
+    spec = catalog.model("mamba-2.8b")
+    r = spec.recipe
+    assert spec.family == "mamba" and spec.task == "causal_lm"
+    assert (r.global_batch, r.steps, r.sequence_length, r.precision) == (128, 572204, 4096, "bf16")
+    assert r.optimizer.name == "adamw"
+    assert r.optimizer.lr == pytest.approx(8e-4)
+    assert r.optimizer.betas == (0.9, 0.95)
+    assert r.optimizer.weight_decay == pytest.approx(0.1)
+    assert r.schedule["name"] == "cosine"
+    assert r.schedule["warmup_fraction"] == pytest.approx(0.1)
+    assert r.schedule["min_lr"] == pytest.approx(1e-5)
+    assert r.grad_clip == 1.0
+    assert spec.supports_compile is False
+    assert spec.supports_checkpointing is True  # default filled
+
+
+def test_convnext_facts(catalog):
+    spec = catalog.model("convnext-xlarge-22k")
+    r = spec.recipe
+    assert spec.task == "image_classification" and not spec.is_text
+    assert spec.arch["num_labels"] == 21841
+    assert (r.global_batch, r.steps, r.image_size, r.precision) == (4096, 311940, 224, "fp32")
+    assert r.optimizer.name == "adamw"
+    assert r.optimizer.lr == pytest.approx(4e-3)
+    assert r.optimizer.weight_decay == pytest.approx(0.05)
+    assert r.schedule["name"] == "cosine"
+    assert r.grad_clip is None
+
+
+def test_vit_facts(catalog):
+    spec = catalog.model("vit-large-in21k")
+    a, r = spec.arch, spec.recipe
+    assert spec.family == "vit" and spec.task == "image_classification"
+    assert (a["num_hidden_layers"], a["hidden_size"], a["num_attention_heads"], a["patch_size"]) == (24, 1024, 16, 16)
+    assert a["num_labels"] == 21841
+    assert (r.global_batch, r.steps, r.image_size, r.precision) == (4096, 311948, 224, "fp32")
+    assert r.optimizer.name == "adam"
+    assert r.optimizer.lr == pytest.approx(1e-3)
+    assert r.optimizer.weight_decay == pytest.approx(0.03)
+    assert r.schedule == {"name": "linear", "warmup_steps": 10000}
+    assert r.grad_clip == 1.0
+
+
+def test_bert_24h_facts(catalog):
+    """papers.md B: the 24-hour BERT recipe."""
+    spec = catalog.model("bert-24h")
+    a, r = spec.arch, spec.recipe
+    assert spec.task == "masked_lm"
+    assert (a["num_hidden_layers"], a["hidden_size"], a["num_attention_heads"]) == (24, 1024, 16)
+    assert a["intermediate_size"] == 4096
+    assert a["hidden_act"] == "gelu"
+    assert a["hidden_dropout_prob"] == 0.1 and a["attention_probs_dropout_prob"] == 0.1
+    assert r.sequence_length == 128
+    assert r.global_batch == 4096
+    assert r.steps is None
+    assert r.time_budget_hours == 24
+    assert r.precision == "fp16"
+    assert r.optimizer.name == "adamw"
+    assert r.optimizer.lr == pytest.approx(1e-3)
+    assert r.optimizer.betas == (0.9, 0.98)
+    assert r.optimizer.eps == pytest.approx(1e-6)
+    assert r.optimizer.weight_decay == pytest.approx(0.01)
+    assert r.grad_clip is None
+    assert r.schedule["warmup_fraction"] == pytest.approx(0.06)
+    assert r.mlm_probability == pytest.approx(0.15)
+
+
+# ------------------------------------------------------------------------------------------ GPU facts
+
+
+def test_gpu_peaks(catalog):
+    a100, h100, v100 = catalog.gpu("a100"), catalog.gpu("h100"), catalog.gpu("v100")
+    assert a100.peak_tflops["bf16"] == 312 and a100.peak_tflops["tf32"] == 156
+    assert h100.peak_tflops["bf16"] == 989
+    assert catalog.gpu("a6000").peak_tflops["bf16"] == pytest.approx(154.8)
+    assert catalog.gpu("a6000").peak_tflops["tf32"] == pytest.approx(77.4)
+    assert catalog.gpu("rtx3090").peak_tflops["bf16"] == 71
+    assert catalog.gpu("rtx3090").peak_tflops["tf32"] == pytest.approx(35.6)
+    assert v100.bf16 is False and v100.tf32 is False and v100.fp16 is True
+    assert not v100.supports("bf16") and v100.supports("fp16")
+    assert "bf16" not in v100.peak_tflops
+
+
+def test_gpu_memory(catalog):
+    mem = {n: catalog.gpu(n).memory_gib for n in ("rtx3090", "a6000", "a100", "h100")}
+    assert mem == {"rtx3090": 24, "a6000": 48, "a100": 80, "h100": 80}
+
+
+def test_peak_for(catalog):
+    a100, v100, cpu = catalog.gpu("a100"), catalog.gpu("v100"), catalog.gpu("cpu")
+    assert a100.peak_for("bf16") == 312
+    assert a100.peak_for("fp32") == 19.5
+    assert a100.peak_for("fp32", tf32=True) == 156
+    assert v100.peak_for("fp32", tf32=True) == 15.7  # no TF32 on V100: the fp32 peak
+    assert v100.peak_for("bf16") is None
+    assert cpu.peak_for("bf16") is None and cpu.peak_for("fp32") is None
+
+
+def test_cpu_stand_in(catalog):
+    cpu = catalog.gpu("cpu")
+    assert cpu.supports("bf16") and not cpu.supports("fp16")
+    assert cpu.peak_tflops == {} and cpu.memory_gib is None and cpu.price_usd is None
+
+
+def test_prices(catalog):
+    prices = {n: catalog.gpu(n).price_usd for n in ("rtx3090", "a6000", "a100", "h100")}
+    assert prices == {"rtx3090": 1300, "a6000": 4800, "a100": 19000, "h100": 30000}
+    assert catalog.gpu("h200").price_usd is None
+    assert catalog.base_machine_usd == {1: 1000.0, 2: 1500.0, 4: 7500.0, 8: 10500.0}
+    assert all(isinstance(k, int) for k in catalog.base_machine_usd)
+
+
+# ------------------------------------------------------------------------------------------ defaults
+
+
+def _tiny_model(**recipe_overrides):
+    recipe = {
+        "global_batch": 16,
+        "steps": 10,
+        "sequence_length": 32,
+        "precision": "fp32",
+        "optimizer": {"name": "adamw", "lr": 1.0e-3},
+    }
+    recipe.update(recipe_overrides)
+    return {
+        "family": "gptneox",
+        "arch": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 64},
+        "recipe": recipe,
+    }
+
+
+def _write(tmp_path: Path, data, name="models.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_defaults_are_filled(tmp_path):
+    path = _write(tmp_path, {"models": {"m": _tiny_model()}})
+    spec = load_models(path)["m"]
+    r = spec.recipe
+    assert spec.supports_compile is True
+    assert spec.supports_checkpointing is True
+    assert r.grad_clip is None
+    assert r.time_budget_hours is None
+    assert r.image_size is None
+    assert r.mlm_probability == pytest.approx(0.15)
+    assert r.schedule == {"name": "constant"}
+    assert r.optimizer.betas == (0.9, 0.999)
+    assert r.optimizer.eps == pytest.approx(1e-8)
+    assert r.optimizer.weight_decay == 0.0
+    assert spec.source == ""
+
+
+def test_supports_partial_override(tmp_path):
+    model = _tiny_model()
+    model["supports"] = {"activation_checkpointing": False}
+    spec = load_models(_write(tmp_path, {"models": {"m": model}}))["m"]
+    assert spec.supports_checkpointing is False
+    assert spec.supports_compile is True
+
+
+def test_gpu_defaults_are_filled(tmp_path):
+    path = _write(tmp_path, {"gpus": {"x1": {"name": "X", "bf16": True, "fp16": True, "tf32": False}}}, "gpus.yaml")
+    gpus, base = load_gpus(path)
+    x = gpus["x1"]
+    assert x.memory_gib is None and x.price_usd is None and x.cloud_usd_per_gpu_hour is None
+    assert x.peak_tflops == {}
+    assert base == {}
+
+
+def test_loaded_data_is_not_shared_between_loads(tmp_path):
+    """Defaults are copied out of the (cached) schema, not shared: editing one load leaves the next alone."""
+    path = _write(tmp_path, {"models": {"m": _tiny_model()}})
+    a, b = load_models(path)["m"], load_models(path)["m"]
+    a.recipe.schedule["name"] = "changed"
+    assert b.recipe.schedule["name"] == "constant"
+
+
+# ------------------------------------------------------------------------------------------ bad files
+
+
+def _broken(tmp_path, mutate) -> Path:
+    data = {"models": {"m": _tiny_model()}}
+    mutate(data["models"]["m"])
+    return _write(tmp_path, data)
+
+
+def _error(path) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_models(path)
+    msg = str(info.value)
+    assert str(path) in msg, msg
+    return msg
+
+
+def test_unknown_family(tmp_path):
+    path = _broken(tmp_path, lambda m: m.update(family="llama"))
+    msg = _error(path)
+    assert "models.m.family" in msg
+    assert "'llama'" in msg
+    assert "gptneox" in msg  # what is allowed
+
+
+def test_missing_global_batch(tmp_path):
+    path = _broken(tmp_path, lambda m: m["recipe"].pop("global_batch"))
+    msg = _error(path)
+    assert "models.m.recipe" in msg
+    assert "'global_batch' is a required property" in msg
+
+
+def test_wrong_type(tmp_path):
+    path = _broken(tmp_path, lambda m: m["recipe"].update(global_batch="lots"))
+    msg = _error(path)
+    assert "models.m.recipe.global_batch" in msg
+    assert "'lots'" in msg
+    assert "integer" in msg
+
+
+def test_wrong_type_nested_in_list(tmp_path):
+    path = _broken(tmp_path, lambda m: m["recipe"]["optimizer"].update(betas=[0.9, "x"]))
+    msg = _error(path)
+    assert "models.m.recipe.optimizer.betas[1]" in msg
+    assert "'x'" in msg
+
+
+def test_unknown_key_lists_allowed_keys(tmp_path):
+    path = _broken(tmp_path, lambda m: m.update(colour="blue"))
+    msg = _error(path)
+    assert "models.m:" in msg
+    assert "'colour'" in msg
+    assert "allowed keys: family, arch, recipe, supports, source" in msg
+
+
+def test_unknown_recipe_key_lists_allowed_keys(tmp_path):
+    path = _broken(tmp_path, lambda m: m["recipe"].update(batch_size=8))
+    msg = _error(path)
+    assert "models.m.recipe:" in msg
+    assert "'batch_size'" in msg
+    assert "allowed keys:" in msg and "global_batch" in msg and "sequence_length" in msg
+
+
+def test_unknown_gpu_key_lists_allowed_keys(tmp_path):
+    path = _write(
+        tmp_path,
+        {"gpus": {"x1": {"name": "X", "bf16": True, "fp16": True, "tf32": False, "fp8": True}}},
+        "gpus.yaml",
+    )
+    with pytest.raises(ConfigError) as info:
+        load_gpus(path)
+    msg = str(info.value)
+    assert str(path) in msg
+    assert "gpus.x1:" in msg and "'fp8'" in msg
+    assert "allowed keys: name, memory_gib, peak_tflops, bf16, fp16, tf32, price_usd" in msg
+
+
+def test_invalid_yaml_syntax(tmp_path):
+    path = tmp_path / "models.yaml"
+    path.write_text("models:\n  m: {family: gptneox, arch: [\n")
+    msg = _error(path)
+    assert "not valid YAML" in msg
+
+
+def test_missing_file(tmp_path):
+    path = tmp_path / "nope.yaml"
+    msg = _error(path)
+    assert "file not found" in msg
+    with pytest.raises(ConfigError, match="file not found"):
+        load_catalog(path, GPUS_YAML)
+    with pytest.raises(ConfigError, match="file not found"):
+        load_catalog(MODELS_YAML, tmp_path / "nogpus.yaml")
+
+
+def test_top_level_not_a_mapping(tmp_path):
+    path = tmp_path / "models.yaml"
+    path.write_text("- a\n- b\n")
+    msg = _error(path)
+    assert "mapping" in msg
+
+
+def test_text_model_without_sequence_length(tmp_path):
+    path = _broken(tmp_path, lambda m: m["recipe"].pop("sequence_length"))
+    msg = _error(path)
+    assert "models.m.recipe" in msg
+    assert "sequence_length" in msg
+
+
+def test_text_model_with_image_size_instead_of_sequence_length(tmp_path):
+    def mutate(m):
+        m["recipe"].pop("sequence_length")
+        m["recipe"]["image_size"] = 32
+
+    msg = _error(_broken(tmp_path, mutate))
+    assert "models.m.recipe" in msg
+    assert "'gptneox' needs sequence_length" in msg
+
+
+def test_image_model_with_sequence_length(tmp_path):
+    def mutate(m):
+        m["family"] = "vit"
+
+    msg = _error(_broken(tmp_path, mutate))
+    assert "models.m.recipe" in msg
+    assert "needs image_size" in msg
+
+
+def test_both_sequence_length_and_image_size(tmp_path):
+    msg = _error(_broken(tmp_path, lambda m: m["recipe"].update(image_size=32)))
+    assert "models.m.recipe" in msg
+
+
+def test_neither_steps_nor_time_budget(tmp_path):
+    msg = _error(_broken(tmp_path, lambda m: m["recipe"].pop("steps")))
+    assert "models.m.recipe" in msg
+    assert "steps" in msg and "time_budget_hours" in msg
+
+
+def test_bad_model_name(tmp_path):
+    data = {"models": {"Bad Name": _tiny_model()}}
+    msg = _error(_write(tmp_path, data))
+    assert "Bad Name" in msg
+
+
+def test_real_file_with_one_broken_entry_names_it(tmp_path):
+    """A copy of the real models.yaml with one mistake: the message points at that model's key."""
+    data = yaml.safe_load(MODELS_YAML.read_text())
+    data = copy.deepcopy(data)
+    data["models"]["pythia-1b"]["recipe"]["precision"] = "fp8"
+    path = _write(tmp_path, data)
+    msg = _error(path)
+    assert "models.pythia-1b.recipe.precision" in msg
+    assert "'fp8'" in msg
+    assert "bf16" in msg

@@ -1,0 +1,96 @@
+"""Planning is offline and instant: bad input fails the dry run with a clear message, nothing is
+submitted, and a large sweep plans without importing torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import yaml
+
+from .conftest import REPO, snakemake, write_config
+
+SMALL = {"models": ["tiny-gptneox"], "gpus": ["cpu"], "gpus_per_node": [1, 2], "methods": ["naive"]}
+
+
+def _dry(work, cfg, env=None):
+    return snakemake(work, "-n", "--cores", "2", "--configfile", str(cfg), env=env)
+
+
+def _assert_refused(proc, work, *needles):
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-2000:]
+    assert "configuration error" in out, out[-2000:]
+    for needle in needles:
+        assert needle in out, (needle, out[-2000:])
+    assert not (work / "results/cells").exists()  # nothing was submitted
+    assert "Traceback" not in out
+
+
+def test_malformed_models_yaml(tmp_path):
+    models = yaml.safe_load((REPO / "config/models.yaml").read_text())
+    models["models"]["tiny-gptneox"]["recipe"]["global_batch"] = "lots"
+    bad = tmp_path / "models.yaml"
+    bad.write_text(yaml.safe_dump(models))
+    cfg = write_config(tmp_path / "c.yaml", catalog={"models": str(bad)}, sweep=SMALL)
+    _assert_refused(_dry(tmp_path, cfg), tmp_path, str(bad), "models.tiny-gptneox.recipe.global_batch", "'lots'")
+
+
+def test_broken_yaml_syntax(tmp_path):
+    bad = tmp_path / "gpus.yaml"
+    bad.write_text("gpus:\n  cpu: {name: x\n")
+    cfg = write_config(tmp_path / "c.yaml", catalog={"gpus": str(bad)}, sweep=SMALL)
+    _assert_refused(_dry(tmp_path, cfg), tmp_path, str(bad), "not valid YAML")
+
+
+def test_unknown_gpu_in_sweep(tmp_path):
+    cfg = write_config(tmp_path / "c.yaml", sweep={**SMALL, "gpus": ["cpu", "tpu"]})
+    _assert_refused(_dry(tmp_path, cfg), tmp_path, "sweep.gpus[1]", "'tpu'", "gpus.yaml", "a100")
+
+
+def test_unknown_config_key_and_bad_value(tmp_path):
+    cfg = write_config(tmp_path / "c.yaml", sweep=SMALL, benchmark={"timed_step": 3, "warmup_steps": -1})
+    _assert_refused(_dry(tmp_path, cfg), tmp_path, "c.yaml", "benchmark", "'timed_step' was unexpected", "timed_steps")
+
+
+def test_non_power_of_two_per_rank_batch(tmp_path):
+    models = yaml.safe_load((REPO / "config/models.yaml").read_text())
+    models["models"]["tiny-gptneox"]["recipe"]["global_batch"] = 24
+    bad = tmp_path / "models.yaml"
+    bad.write_text(yaml.safe_dump(models))
+    cfg = write_config(tmp_path / "c.yaml", catalog={"models": str(bad)}, sweep=SMALL)
+    _assert_refused(_dry(tmp_path, cfg), tmp_path, "tiny-gptneox", "global_batch=24", "not a power of two")
+
+
+def test_large_dry_run_is_fast_and_imports_no_torch(tmp_path):
+    blocker = tmp_path / "blocker" / "torch"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('torch was imported while planning')\n")
+    models = [m for m in yaml.safe_load((REPO / "config/models.yaml").read_text())["models"]]
+    sweep = {
+        "models": models,
+        "gpus": ["rtx3090", "a6000", "a100", "h100", "h200", "l40s", "v100"],
+        "nodes": [1, 2],
+        "gpus_per_node": [1, 2, 4, 8],
+        "methods": ["naive", "fl", "fl+ac"],
+    }
+    cells = len(models) * 7 * 2 * 4 * 3
+    assert cells >= 2000
+    cfg = write_config(tmp_path / "c.yaml", sweep=sweep, launcher={"kind": "slurm"})
+    t0 = time.perf_counter()
+    proc = _dry(tmp_path, cfg, env={"PYTHONPATH": str(tmp_path / "blocker")})
+    elapsed = time.perf_counter() - t0
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "benchmark_cell" in proc.stdout
+    assert elapsed < 90, elapsed  # seconds, not minutes (about 5 s on 2 cores)
+
+
+def test_planning_modules_import_no_torch():
+    code = (
+        "import sys\n"
+        "import pretrain_planner.pipeline, pretrain_planner.grid, pretrain_planner.catalog, pretrain_planner.launch\n"
+        "import pretrain_planner.aggregate, pretrain_planner.report, pretrain_planner.job\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
