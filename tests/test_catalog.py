@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from pretrain_planner.catalog import FAMILY_TASK, load_catalog, load_gpus, load_models
 from pretrain_planner.schema import ConfigError
 
@@ -487,3 +486,30 @@ def test_real_file_with_one_broken_entry_names_it(tmp_path):
     assert "models.pythia-1b.recipe.precision" in msg
     assert "'fp8'" in msg
     assert "bf16" in msg
+
+
+def test_base_machine_bad_value_names_the_key(tmp_path):
+    path = _write(
+        tmp_path,
+        {"base_machine_usd": {1: -5}, "gpus": {"x1": {"name": "X", "bf16": True, "fp16": True, "tf32": True}}},
+        "gpus.yaml",
+    )
+    with pytest.raises(ConfigError) as info:
+        load_gpus(path)
+    msg = str(info.value)
+    assert str(path) in msg and "base_machine_usd" in msg and "-5" in msg
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="gpus.schema.yaml checks base_machine_usd keys with propertyNames/pattern, which JSON Schema "
+    "applies to strings only; YAML gives int/float keys, so 1.5 passes and catalog.load_gpus's int(k) "
+    "silently turns it into 1 (overwriting the 1-GPU price)",
+)
+def test_base_machine_non_integer_gpu_count_is_rejected(tmp_path):
+    path = tmp_path / "gpus.yaml"
+    path.write_text(
+        "base_machine_usd: {1: 1000, 1.5: 99}\ngpus:\n  x1: {name: X, bf16: true, fp16: true, tf32: true}\n"
+    )
+    with pytest.raises(ConfigError, match="base_machine_usd"):
+        load_gpus(path)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from pretrain_planner import methods
 from pretrain_planner.methods import ALL_PARTS, BASES, SHARDING, Method, parse, parse_canonical
 from pretrain_planner.schema import ConfigError

@@ -219,8 +219,8 @@ log "munge up"
 # SLURM_JOB_NODELIST as MASTER_ADDR (gloo loops forever on an unresolvable name).
 # Append (not rewrite): /etc/hosts is often a bind mount in containers.
 for n in "${NODES[@]}"; do
-  grep -qE "^127\.0\.0\.1[[:space:]].*(^|[[:space:]])$n([[:space:]]|\$)" /etc/hosts ||
-    echo "127.0.0.1 $n" >> /etc/hosts
+  awk -v n="$n" '$1 == "127.0.0.1" { for (i = 2; i <= NF; i++) if ($i == n) f = 1 }
+                 END { exit !f }' /etc/hosts || echo "127.0.0.1 $n" >> /etc/hosts
 done
 
 # Fake GPUs: char devices with NVIDIA's major 195. task/none means nothing opens them.

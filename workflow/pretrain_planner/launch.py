@@ -1,26 +1,39 @@
 """Hand a cell to an executor, wait for it, and make sure its result landed. Imports no torch.
 
-Launchers: `local` (submitit LocalExecutor: one process per rank on this host, gloo on CPU),
-`debug` (in the driver's own process, one rank: for tests; submitit's DebugExecutor is not used because
-it swaps os.environ and opens pdb on failure, which breaks a threaded Snakemake driver), and `slurm`.
+Launchers: `slurm` (submitit SlurmExecutor: one job per cell, one task per GPU, the partition and GPU
+request of the site file; re-attaches to a job recorded in the cell folder), `local` (submitit
+LocalExecutor: one process per rank on this host, gloo on CPU), and `debug` (in the driver's own
+process, one rank: for tests; submitit's DebugExecutor is not used because it swaps os.environ and opens
+pdb on failure, which breaks a threaded Snakemake driver).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
 from .catalog import Catalog
 from .grid import Cell
 from .job import CellJob
+from .results import atomic_write_text, write_result, write_steps
+from .site import sbatch_parameters
+
+JOB_RECORD = "slurm_job.json"
+# SLURM states in which a recorded job may still deliver its result: re-attach instead of resubmitting.
+LIVE_STATES = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "COMPLETING", "CONFIGURING",
+               "SUSPENDED", "RESIZING", "PREEMPTED", "SIGNALING", "STAGE_OUT", "COMPLETED"}  # fmt: skip
 
 
-def cell_spec(cell: Cell, catalog: Catalog, config: dict[str, Any], result: str, steps: str) -> dict[str, Any]:
+def cell_spec(
+    cell: Cell, catalog: Catalog, config: dict[str, Any], result: str, steps: str, site: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Everything a cell's job needs, as plain JSON data (the job never reads config files)."""
-    return {
+    spec = {
         "cell": {
             "model": cell.model,
             "gpu": cell.gpu,
@@ -28,12 +41,16 @@ def cell_spec(cell: Cell, catalog: Catalog, config: dict[str, Any], result: str,
             "gpus_per_node": cell.gpus_per_node,
             "method": cell.method,
         },
+        "name": cell.name,
         "model": catalog.model(cell.model).to_dict(),
         "gpu": catalog.gpu(cell.gpu).to_dict(),
         "benchmark": dict(config["benchmark"]),
-        "launcher": dict(config["launcher"]),
-        "outputs": {"result": str(Path(result).resolve()), "steps": str(Path(steps).resolve())},
+        "launcher": {k: v for k, v in config["launcher"].items() if k != "site"},
+        "outputs": {"result": str(result), "steps": str(steps)},
     }
+    if config["launcher"]["kind"] == "slurm" and site:
+        spec["slurm"] = {**site["gpus"][cell.gpu], "poll_max_s": site["poll_max_s"]}
+    return spec
 
 
 class _Log:
@@ -50,48 +67,126 @@ class _Log:
     def append_file(self, title: str, path: Path) -> None:
         if path.is_file():
             with self.path.open("a") as fh:
-                fh.write(f"----- {title}: {path}\n{path.read_text(errors='replace')}\n")
+                fh.write(f"----- {title}: {path}\n{path.read_text(errors='replace')[-20000:]}\n")
 
 
-def _executor(kind: str, folder: Path, spec: dict[str, Any], threads: int):
+def _spec_hash(spec: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _world(spec: dict[str, Any]) -> int:
+    return spec["cell"]["nodes"] * spec["cell"]["gpus_per_node"]
+
+
+def _slurm_state(job) -> str:
+    """The job's state from sacct (forced poll), falling back to squeue while sacct does not know it yet."""
+    state = job.watcher.get_state(job.job_id, mode="force").split()[0].upper()
+    if state == "UNKNOWN":
+        out = subprocess.run(["squeue", "-h", "-j", job.job_id, "-o", "%T"], capture_output=True, text=True)
+        state = out.stdout.strip().split("\n")[0].upper() if out.returncode == 0 and out.stdout.strip() else "GONE"
+    return state
+
+
+def _reattach(spec: dict[str, Any], record_path: Path, log: _Log):
+    """A job this cell submitted before the driver restarted, if it can still deliver; else None."""
     import submitit
 
-    world = spec["cell"]["nodes"] * spec["cell"]["gpus_per_node"]
-    timeout = spec["launcher"].get("timeout_min", 60)
-    if kind == "local":
-        ex = submitit.LocalExecutor(folder=folder)
-        gpus = 0 if spec["cell"]["gpu"] == "cpu" or spec["benchmark"].get("device") == "cpu" else world
-        ex.update_parameters(nodes=1, tasks_per_node=world, timeout_min=timeout, gpus_per_node=gpus)
-        return ex
-    raise ValueError(f"launcher {kind!r} is not available here (allowed: local, debug)")
+    if not record_path.is_file():
+        return None
+    record = json.loads(record_path.read_text())
+    if record.get("spec_hash") != _spec_hash(spec):
+        log(f"recorded job {record.get('job_id')} ran another spec (config changed): not re-attaching")
+        return None
+    job = submitit.SlurmJob(folder=record["folder"], job_id=record["job_id"], tasks=tuple(range(_world(spec))))
+    state = _slurm_state(job)
+    if state in LIVE_STATES:
+        log(f"re-attached to job {job.job_id} (state {state}) submitted at {record.get('submitted_at')}")
+        return job
+    log(f"recorded job {job.job_id} ended {state}: submitting anew")
+    return None
+
+
+def _submit_slurm(spec: dict[str, Any], folder: Path, record_path: Path, log: _Log):
+    import submitit
+
+    settings = spec["slurm"]
+    submitit.SlurmJob.watcher._delay_s = settings["poll_max_s"]  # one shared sacct poll for all cells
+    ex = submitit.SlurmExecutor(folder=folder)
+    params = sbatch_parameters(settings, spec["cell"]["nodes"], spec["cell"]["gpus_per_node"], spec["name"])
+    ex.update_parameters(**params)
+    job = ex.submit(CellJob(spec))
+    record = {
+        "job_id": job.job_id,
+        "folder": str(folder),
+        "spec_hash": _spec_hash(spec),
+        "submitted_at": dt.datetime.now().isoformat(timespec="seconds"),
+        "cell": spec["cell"],
+        "sbatch": params,
+    }
+    atomic_write_text(record_path, json.dumps(record, indent=1) + "\n")
+    log(f"submitted SLURM job {job.job_id} to partition {params.get('partition')} ({json.dumps(params)})")
+    return job
+
+
+def _submit_local(spec: dict[str, Any], folder: Path, log: _Log):
+    import submitit
+
+    shutil.rmtree(folder, ignore_errors=True)  # logs of an earlier attempt of this cell
+    world = _world(spec)
+    ex = submitit.LocalExecutor(folder=folder)
+    gpus = 0 if spec["cell"]["gpu"] == "cpu" or spec["benchmark"].get("device") == "cpu" else world
+    ex.update_parameters(nodes=1, tasks_per_node=world, timeout_min=spec["launcher"]["timeout_min"], gpus_per_node=gpus)
+    job = ex.submit(CellJob(spec))
+    log(f"submitted local job {job.job_id} ({world} processes); logs in {folder}")
+    return job
+
+
+def _materialise(payload: dict[str, Any], spec: dict[str, Any]) -> None:
+    """Write rank 0's result from the job's returned value if the files are not there (a job that
+    finished while the driver was down: Snakemake removed its outputs as incomplete)."""
+    result, steps = Path(spec["outputs"]["result"]), Path(spec["outputs"]["steps"])
+    if payload.get("result") and not (result.is_file() and steps.is_file()):
+        write_steps(steps, payload.get("steps", []))
+        write_result(result, payload["result"])
 
 
 def run_cell(spec: dict[str, Any], log_path: str, threads: int = 1) -> dict[str, Any]:
     """Run one cell to completion with the configured launcher; raise if it crashed (Snakemake retries)."""
     kind = spec["launcher"]["kind"]
-    world = spec["cell"]["nodes"] * spec["cell"]["gpus_per_node"]
-    spec = {**spec, "threads_per_rank": max(1, threads // max(1, world))}
+    world = _world(spec)
+    per_rank = spec["slurm"]["cpus_per_gpu"] if kind == "slurm" else max(1, threads // max(1, world))
+    spec = {
+        **spec,
+        "threads_per_rank": per_rank,
+        "outputs": {k: str(Path(v).resolve()) for k, v in spec["outputs"].items()},
+    }
     result_path = Path(spec["outputs"]["result"])
+    cell_dir = result_path.parent
     log = _Log(log_path)
-    log(f"cell {json.dumps(spec['cell'])} launcher={kind} threads={threads}")
+    log(f"cell {json.dumps(spec['cell'])} launcher={kind} ranks={world} threads/rank={per_rank}")
     if kind == "debug":
-        out = CellJob(spec)()
-        log(f"finished in-process: status={out.get('status')}")
+        payload = CellJob(spec)()
+        log(f"finished in-process: status={payload['result'].get('status')}")
     else:
-        folder = result_path.parent / "submitit"
-        shutil.rmtree(folder, ignore_errors=True)  # logs of an earlier attempt of this cell
-        job = _executor(kind, folder, spec, threads).submit(CellJob(spec))
-        log(f"submitted job {job.job_id} ({kind}); logs in {folder}")
+        folder = cell_dir / "submitit"
+        if kind == "slurm":
+            record = cell_dir / JOB_RECORD
+            job = _reattach(spec, record, log) or _submit_slurm(spec, folder, record, log)
+        elif kind == "local":
+            job = _submit_local(spec, folder, log)
+        else:
+            raise ValueError(f"unknown launcher {kind!r} (allowed: local, debug, slurm)")
         try:
             outs = job.results()
         except Exception as exc:
-            log(f"job {job.job_id} failed: {type(exc).__name__}")
+            log(f"job {job.job_id} did not complete: {type(exc).__name__}: {str(exc)[:2000]}")
             log.append_file("rank 0 stderr", job.paths.stderr)
             raise RuntimeError(f"cell {spec['cell']} failed in job {job.job_id}; see {log_path}") from exc
         finally:
             log.append_file("rank 0 stdout", job.paths.stdout)
-        out = outs[0] if outs else {}
-        log(f"job {job.job_id} done: status={out.get('status')}")
+        payload = outs[0] if outs else {}
+        log(f"job {job.job_id} done: status={(payload.get('result') or {}).get('status')}")
+    _materialise(payload, spec)
     if not result_path.is_file():
         raise RuntimeError(f"cell {spec['cell']} finished but wrote no {result_path}; see {log_path}")
-    return out
+    return payload

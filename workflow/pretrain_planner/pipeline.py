@@ -16,6 +16,7 @@ from .catalog import Catalog, load_catalog
 from .launch import cell_spec
 from .results import atomic_write_text
 from .schema import ConfigError, validate
+from .site import load_site
 
 
 def resolve(path: str, basedir: str | Path) -> Path:
@@ -31,6 +32,7 @@ class Pipeline:
     config: dict[str, Any]
     catalog: Catalog
     planned: list[grid.PlannedCell]
+    site: dict[str, Any] | None = None
 
     @property
     def results(self) -> str:
@@ -51,7 +53,54 @@ class Pipeline:
 
     def spec(self, wildcards: Any, output: Any) -> dict[str, Any]:
         cell = grid.Cell.from_wildcards(wildcards)
-        return cell_spec(cell, self.catalog, self.config, output.result, output.steps)
+        return cell_spec(cell, self.catalog, self.config, output.result, output.steps, self.site)
+
+    def time_limit_min(self, gpu: str) -> int:
+        if self.site:
+            return self.site["gpus"][gpu]["time_limit_min"]
+        return self.config["launcher"]["timeout_min"]
+
+    def partition(self, gpu: str) -> str:
+        if self.site:
+            return self.site["gpus"][gpu]["partition"] or "(default)"
+        return f"({self.config['launcher']['kind']})"
+
+    def rows(self) -> list[dict[str, Any]]:
+        """plan.csv rows: each cell, where it runs, and the most GPU-hours it can spend."""
+        out = []
+        for p in self.planned:
+            limit = self.time_limit_min(p.cell.gpu)
+            out.append(
+                {
+                    **p.row(),
+                    "partition": self.partition(p.cell.gpu),
+                    "time_limit_min": limit,
+                    "gpu_hours_max": round(p.cell.world_size * limit / 60, 3) if p.valid else 0.0,
+                }
+            )
+        return out
+
+    def summary(self) -> str:
+        """Cells per partition, GPUs per cell, time limit and the GPU-hour upper bound of the sweep."""
+        rows = [r for r in self.rows() if r["valid"]]
+        by_part: dict[str, dict[str, Any]] = {}
+        for r in rows:
+            agg = by_part.setdefault(r["partition"], {"cells": 0, "gpus": set(), "limit": set(), "hours": 0.0})
+            agg["cells"] += 1
+            agg["gpus"].add(r["world_size"])
+            agg["limit"].add(r["time_limit_min"])
+            agg["hours"] += r["gpu_hours_max"]
+        lines = [
+            f"pretrain-planner plan: {len(rows)} cells to run, {len(self.planned) - len(rows)} invalid "
+            f"(reasons in {self.results}/plan.csv); launcher {self.config['launcher']['kind']}"
+        ]
+        for part, agg in sorted(by_part.items()):
+            lines.append(
+                f"  partition {part}: {agg['cells']} cells, {min(agg['gpus'])}-{max(agg['gpus'])} GPUs per cell, "
+                f"time limit {'/'.join(map(str, sorted(agg['limit'])))} min, at most {agg['hours']:.1f} GPU-hours"
+            )
+        lines.append(f"  total: at most {sum(a['hours'] for a in by_part.values()):.1f} GPU-hours")
+        return "\n".join(lines)
 
     def plan_params(self) -> dict[str, Any]:
         """What plan.csv depends on besides the catalog files (a change re-plans)."""
@@ -66,7 +115,10 @@ def load(config: dict[str, Any], basedir: str | Path, source: str = "config") ->
     catalog = load_catalog(models, gpus)
     planned = grid.expand(config, catalog, source)
     grid.check_plan(planned, source)
-    return Pipeline(config, catalog, planned)
+    site = None
+    if config["launcher"]["kind"] == "slurm":
+        site = load_site(resolve(config["launcher"]["site"], basedir), config["sweep"]["gpus"], source)
+    return Pipeline(config, catalog, planned, site)
 
 
 def load_or_exit(config: dict[str, Any], basedir: str | Path, source: str = "config") -> Pipeline:
@@ -77,14 +129,17 @@ def load_or_exit(config: dict[str, Any], basedir: str | Path, source: str = "con
         raise SystemExit(f"pretrain-planner: configuration error\n{exc}") from None
 
 
-PLAN_COLUMNS = ["model", "gpu", "nodes", "gpus_per_node", "world_size", "method", "valid", "reason", "per_rank_batch", "path"]
+PLAN_COLUMNS = [
+    "model", "gpu", "nodes", "gpus_per_node", "world_size", "method", "valid", "reason", "per_rank_batch",
+    "partition", "time_limit_min", "gpu_hours_max", "path",
+]  # fmt: skip
 
 
 def write_plan(pipeline: Pipeline, out_csv: str) -> None:
-    """results/plan.csv: every cell of the sweep, valid or not, with the reason."""
+    """results/plan.csv: every cell of the sweep, valid or not, with the reason and its GPU-hour bound."""
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=PLAN_COLUMNS)
     writer.writeheader()
-    for p in pipeline.planned:
-        writer.writerow(p.row())
+    for row in pipeline.rows():
+        writer.writerow(row)
     atomic_write_text(out_csv, buf.getvalue())

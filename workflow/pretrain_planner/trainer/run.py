@@ -128,7 +128,8 @@ def measure_cell(cfg: RunConfig, env: RankEnv) -> tuple[dict[str, Any], list[dic
 
 
 def run_rank(spec: dict[str, Any]) -> dict[str, Any]:
-    """Run on every rank of the cell's job; rank 0 writes the files. Returns the result (rank 0) or {}."""
+    """Run on every rank of the cell's job; rank 0 writes the files and returns them (the driver can
+    re-materialise them from the job's pickled return value)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     t0, started = time.time(), dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
@@ -149,7 +150,7 @@ def run_rank(spec: dict[str, Any]) -> dict[str, Any]:
             close_rank(env)
     rank = env.rank if env is not None else int(os.environ.get("RANK", "0"))
     if rank != 0:
-        return {}
+        return {"rank": rank}
     c = cfg.cell
     result.update(
         model=c.model,
@@ -172,4 +173,4 @@ def run_rank(spec: dict[str, Any]) -> dict[str, Any]:
     )
     write_steps(cfg.outputs.steps, steps)
     write_result(cfg.outputs.result, result)
-    return result
+    return {"rank": 0, "result": result, "steps": steps}

@@ -1,0 +1,72 @@
+"""The SLURM site file: which partition, GPU request, account ... each GPU type gets. Imports no torch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .schema import ConfigError, load_yaml, validate
+
+BUILTIN_DEFAULTS: dict[str, Any] = {
+    "partition": None,
+    "constraint": None,
+    "gpu_request": "gres",
+    "gres_type": None,
+    "account": None,
+    "qos": None,
+    "reservation": None,
+    "time_limit_min": 120,
+    "cpus_per_gpu": 8,
+    "mem_per_gpu_gb": None,
+    "signal_delay_s": 120,
+    "extra_sbatch": {},
+    "setup": [],
+}
+
+
+def load_site(path: str | Path, gpu_types: list[str], source: str = "config") -> dict[str, Any]:
+    """Validate the site file and resolve every GPU type of the sweep to its full settings."""
+    data = validate(load_yaml(path), "site", path)
+    defaults = {**BUILTIN_DEFAULTS, **data["defaults"]}
+    missing = [g for g in gpu_types if g not in data["gpus"]]
+    if missing:
+        raise ConfigError(
+            f"{path}: gpus: no entry for GPU type(s) {', '.join(map(repr, missing))} used in {source} sweep.gpus; "
+            f"mapped: {', '.join(data['gpus']) or 'none'}. Add e.g.\n  gpus:\n    {missing[0]}: "
+            f"{{partition: <partition>, gres_type: {missing[0]}}}"
+        )
+    return {
+        "poll_max_s": data["poll_max_s"],
+        "gpus": {g: {**defaults, **(data["gpus"][g] or {})} for g in gpu_types},
+        "path": str(path),
+    }
+
+
+def sbatch_parameters(settings: dict[str, Any], nodes: int, gpus_per_node: int, job_name: str) -> dict[str, Any]:
+    """submitit SlurmExecutor parameters for one cell: one task per GPU, the GPU request of the site."""
+    params: dict[str, Any] = {
+        "job_name": job_name,
+        "nodes": nodes,
+        "ntasks_per_node": gpus_per_node,
+        "cpus_per_task": settings["cpus_per_gpu"],
+        "time": settings["time_limit_min"],
+        "signal_delay_s": settings["signal_delay_s"],
+    }
+    for key in ("partition", "constraint", "account", "qos"):
+        if settings.get(key):
+            params[key] = settings[key]
+    typed = f"{settings['gres_type']}:{gpus_per_node}" if settings.get("gres_type") else str(gpus_per_node)
+    if settings["gpu_request"] == "gres":
+        params["gres"] = f"gpu:{typed}"
+    elif settings["gpu_request"] == "gpus-per-node":
+        params["gpus_per_node"] = typed
+    if settings.get("mem_per_gpu_gb"):
+        params["mem"] = f"{int(settings['mem_per_gpu_gb'] * gpus_per_node)}G"
+    extra = dict(settings.get("extra_sbatch") or {})
+    if settings.get("reservation"):
+        extra["reservation"] = settings["reservation"]
+    if extra:
+        params["additional_parameters"] = extra
+    if settings.get("setup"):
+        params["setup"] = list(settings["setup"])
+    return params
