@@ -2,12 +2,15 @@
 # Thin by design: the rules call one function of the `pretrain_planner` package each.
 #   snakemake --profile cluster/local                      # the default CPU sweep, here
 #   snakemake --profile cluster/slurm --configfile config/paper.yaml   # on a cluster
+import os
+
 from snakemake.utils import min_version
 
 min_version("9.0")
 
 
-configfile: "config/config.yaml"
+# the default sweep, found from any working directory; --configfile my.yaml is merged over it
+configfile: os.path.join(workflow.basedir, "config/config.yaml")
 
 
 include: "workflow/rules/common.smk"

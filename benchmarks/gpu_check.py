@@ -30,6 +30,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from dataclasses import asdict, dataclass
@@ -43,9 +44,16 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO / "workflow") not in sys.path:  # works without `pip install -e .` too
     sys.path.insert(0, str(REPO / "workflow"))
 
-from pretrain_planner.catalog import Catalog, load_catalog  # noqa: E402
-from pretrain_planner.grid import Cell, invalid_reason  # noqa: E402
-from pretrain_planner.launch import cell_spec  # noqa: E402
+try:
+    from pretrain_planner.catalog import Catalog, load_catalog
+    from pretrain_planner.grid import Cell, invalid_reason
+    from pretrain_planner.launch import cell_spec
+except ImportError as _exc:  # a bare GPU image: torch + transformers + pyyaml, but no jsonschema / submitit
+    sys.exit(
+        f"gpu_check: cannot import the planner ({_exc}). It needs pyyaml, jsonschema and submitit besides torch and "
+        "transformers; on a machine without a registry, carry them (see benchmarks/README.md, 'GPU run') and put "
+        "them on PYTHONPATH."
+    )
 
 T_START = time.perf_counter()
 
@@ -71,44 +79,96 @@ class Plan:
     expect_failed_trial: bool = False  # the micro-batch search must hit OOM and back off
     reference: str | None = None  # key into REFERENCE
     skip: str | None = None  # reason to skip without running
+    kind: str = "cell"  # "cell" (run_rank) or "honesty" (the timing-honesty check; cap = its micro-batch)
 
 
 # reference/measurements.md, one H200 SXM, torch 2.11, sequence 2048, SDPA, bf16 autocast, fused AdamW.
 # "eager" there means not compiled (attention is still SDPA).
 REFERENCE: dict[str, dict[str, Any]] = {
-    "160m-eager": {"what": "Pythia-160M mb32, eager (SDPA, no compile)", "mb": 32, "tokens_per_s": 290476,
-                   "mfu": 0.284, "peak_gib": 59.9},
-    "410m-eager": {"what": "Pythia-410M mb16, eager (SDPA, no compile)", "mb": 16, "tokens_per_s": 120592,
-                   "mfu": 0.332, "peak_gib": 52.5},
-    "410m-compile": {"what": "Pythia-410M mb16, torch.compile", "mb": 16, "tokens_per_s": 133846, "mfu": 0.369,
-                     "peak_gib": 46.3},
-    "1b-eager": {"what": "Pythia-1B mb16, eager (SDPA, no compile)", "mb": 16, "tokens_per_s": 69418,
-                 "mfu": 0.439, "peak_gib": 72.6},
-    "1b-compile": {"what": "Pythia-1B mb16, torch.compile", "mb": 16, "tokens_per_s": 69630, "mfu": 0.440,
-                   "peak_gib": 64.7},
+    "160m-eager": {
+        "what": "Pythia-160M mb32, eager (SDPA, no compile)",
+        "mb": 32,
+        "compile": False,
+        "tokens_per_s": 290476,
+        "mfu": 0.284,
+        "peak_gib": 59.9,
+    },
+    "410m-eager": {
+        "what": "Pythia-410M mb16, eager (SDPA, no compile)",
+        "mb": 16,
+        "compile": False,
+        "tokens_per_s": 120592,
+        "mfu": 0.332,
+        "peak_gib": 52.5,
+    },
+    "410m-compile": {
+        "what": "Pythia-410M mb16, torch.compile",
+        "mb": 16,
+        "compile": True,
+        "tokens_per_s": 133846,
+        "mfu": 0.369,
+        "peak_gib": 46.3,
+    },
+    "1b-eager": {
+        "what": "Pythia-1B mb16, eager (SDPA, no compile)",
+        "mb": 16,
+        "compile": False,
+        "tokens_per_s": 69418,
+        "mfu": 0.439,
+        "peak_gib": 72.6,
+    },
+    "1b-compile": {
+        "what": "Pythia-1B mb16, torch.compile",
+        "mb": 16,
+        "compile": True,
+        "tokens_per_s": 69630,
+        "mfu": 0.440,
+        "peak_gib": 64.7,
+    },
 }
 # measurements.md, "The reference benchmark's unsynchronised timer" (micro-batch 16, 8 accumulation steps)
 REFERENCE_HONESTY = {"pythia-410m": {"reference": 1.955, "synchronised": 2.137, "actual": 2.153, "error": -0.092}}
 
+# Run in priority order, so that if the time budget runs out the paths not yet exercised are the least
+# important ones: fp16 + GradScaler and the OOM back-off first, then compile/TF32/fused AdamW on each size.
 GPU_PLANS = [
+    # fp16 recipe -> GradScaler; eager attention at micro-batch 32 may itself need to back off to 16
     Plan("pythia-160m/naive", "pythia-160m", "naive", 32, reference="160m-eager"),
-    Plan("pythia-160m/fl", "pythia-160m", "fl", 32, reference="160m-eager"),
-    Plan("pythia-410m/naive", "pythia-410m", "naive", 16, reference="410m-eager"),
-    Plan("pythia-410m/fl", "pythia-410m", "fl", 16, reference="410m-compile"),
-    Plan("pythia-1b/naive", "pythia-1b", "naive", 16, reference="1b-eager"),
-    Plan("pythia-1b/fl", "pythia-1b", "fl", 16, reference="1b-compile"),
-    Plan("roberta-large/fl", "roberta-large", "fl", 64),
     # micro-batch 256 of Pythia-1B (eager attention, 50k-wide logits) cannot fit in 141 GB: the search must
     # hit CUDA OOM at least once and back off. Few steps: after backing off, a step has many micro-batches.
-    Plan("pythia-1b/naive OOM probe", "pythia-1b", "naive", 256, global_batch=256, warmup_steps=1, timed_steps=2,
-         expect_failed_trial=True),
+    Plan(
+        "pythia-1b/naive OOM probe",
+        "pythia-1b",
+        "naive",
+        256,
+        global_batch=256,
+        warmup_steps=1,
+        timed_steps=2,
+        expect_failed_trial=True,
+    ),
+    Plan("timing honesty", "pythia-410m", "fl", 16, kind="honesty"),
+    Plan("pythia-1b/fl", "pythia-1b", "fl", 16, reference="1b-compile"),  # bf16, compile, TF32, fused AdamW
+    Plan("roberta-large/fl", "roberta-large", "fl", 64),  # fp16 + GradScaler + compile, masked LM
+    Plan("pythia-410m/fl", "pythia-410m", "fl", 16, reference="410m-compile"),
+    Plan("pythia-1b/naive", "pythia-1b", "naive", 16, reference="1b-eager"),
+    Plan("pythia-410m/naive", "pythia-410m", "naive", 16, reference="410m-eager"),
+    Plan("pythia-160m/fl", "pythia-160m", "fl", 32, reference="160m-eager"),
 ]
 SMOKE_PLANS = [
     Plan("tiny-gptneox/naive", "tiny-gptneox", "naive", 4),
+    Plan(
+        "tiny-gptneox/naive OOM probe",
+        "tiny-gptneox",
+        "naive",
+        256,
+        global_batch=256,
+        expect_failed_trial=True,
+        skip="smoke mode runs on the CPU: there is no CUDA out-of-memory to provoke (the probe runs on GPU only)",
+    ),
+    Plan("timing honesty", "tiny-gptneox", "fl", 2, kind="honesty"),
     Plan("tiny-gptneox/fl", "tiny-gptneox", "fl", 4),
-    Plan("tiny-bert/fl", "tiny-bert", "fl", 4),
-    Plan("tiny-gptneox/naive OOM probe", "tiny-gptneox", "naive", 256, global_batch=256, expect_failed_trial=True,
-         skip="smoke mode runs on the CPU: there is no CUDA out-of-memory to provoke (the probe runs on GPU only)"),
+    # masked-LM path without a second CPU compile (that alone can take a minute on 2 loaded cores, cold cache)
+    Plan("tiny-bert/naive", "tiny-bert", "naive", 4),
 ]
 
 
@@ -141,8 +201,10 @@ def environment(args: argparse.Namespace) -> dict[str, Any]:
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "cuda_available": torch.cuda.is_available(),
         "cpu_threads": torch.get_num_threads(),
-        "env": {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "PYTORCH_CUDA_ALLOC_CONF", "CUDA_VISIBLE_DEVICES",
-                                                "TORCHINDUCTOR_CACHE_DIR")},
+        "env": {
+            k: os.environ.get(k)
+            for k in ("HF_HUB_OFFLINE", "PYTORCH_CUDA_ALLOC_CONF", "CUDA_VISIBLE_DEVICES", "TORCHINDUCTOR_CACHE_DIR")
+        },
     }
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
@@ -154,8 +216,13 @@ def environment(args: argparse.Namespace) -> dict[str, Any]:
         )
     else:
         env["gpu_name"] = None
-    smi = _run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,power.limit,clocks.max.sm",
-                "--format=csv,noheader"])
+    smi = _run(
+        [
+            "nvidia-smi",
+            "--query-gpu=name,driver_version,memory.total,power.limit,clocks.max.sm",
+            "--format=csv,noheader",
+        ]
+    )
     env["nvidia_smi"] = smi
     env["driver"] = smi.splitlines()[0].split(",")[1].strip() if smi else None
     return env
@@ -202,8 +269,13 @@ def make_spec(plan: Plan, catalog: Catalog, gpu: str, args: argparse.Namespace, 
     gb = plan.global_batch or args.accum_factor * cap
     spec["model"]["recipe"]["global_batch"] = gb
     spec["threads_per_rank"] = args.threads
-    override = {"recipe_global_batch": recipe_gb, "global_batch": gb, "max_micro_batch": cap,
-                "warmup_steps": config["benchmark"]["warmup_steps"], "timed_steps": config["benchmark"]["timed_steps"]}
+    override = {
+        "recipe_global_batch": recipe_gb,
+        "global_batch": gb,
+        "max_micro_batch": cap,
+        "warmup_steps": config["benchmark"]["warmup_steps"],
+        "timed_steps": config["benchmark"]["timed_steps"],
+    }
     return spec, override
 
 
@@ -223,26 +295,40 @@ def checks_for(plan: Plan, rec: dict[str, Any], on_gpu: bool, gpu_spec: dict[str
         ("device " + ("cuda" if on_gpu else "cpu"), s.get("device") == ("cuda" if on_gpu else "cpu")),
         (f"attention {'sdpa' if fl else 'eager'}", s.get("attn_implementation") == ("sdpa" if fl else "eager")),
         (f"compile {fl}", s.get("compile") is fl),
-        (f"tf32 {fl and on_gpu and bool(gpu_spec.get('tf32'))}",
-         s.get("tf32") is (fl and on_gpu and bool(gpu_spec.get("tf32")))),
+        (
+            f"tf32 {fl and on_gpu and bool(gpu_spec.get('tf32'))}",
+            s.get("tf32") is (fl and on_gpu and bool(gpu_spec.get("tf32"))),
+        ),
         (f"fused AdamW {fl and on_gpu}", s.get("fused_optimizer") is (fl and on_gpu)),
         (f"autocast {AUTOCAST.get(precision)}", s.get("autocast") == AUTOCAST.get(precision)),
         (f"grad scaler {precision == 'fp16'}", s.get("grad_scaler") is (precision == "fp16")),
-        ("micro-batch x accum = global batch",
-         (r.get("micro_batch_size") or 0) * (r.get("grad_accum_steps") or 0) == r.get("global_batch")),
+        (
+            "micro-batch x accum = global batch",
+            (r.get("micro_batch_size") or 0) * (r.get("grad_accum_steps") or 0) == r.get("global_batch"),
+        ),
         ("steps.jsonl has one line per timed step", len(rec.get("steps") or []) == r.get("timed_steps")),
-        ("p10 <= median <= p90", (r.get("step_time_p10_s") or 0) <= (r.get("step_time_s") or 0)
-         <= (r.get("step_time_p90_s") or 0)),
+        (
+            "p10 <= median <= p90",
+            (r.get("step_time_p10_s") or 0) <= (r.get("step_time_s") or 0) <= (r.get("step_time_p90_s") or 0),
+        ),
         ("not suspect", r.get("suspect") is False),
-        ("finite final loss", isinstance(r.get("final_loss"), float) and r["final_loss"] == r["final_loss"]
-         and abs(r["final_loss"]) != float("inf")),
+        (
+            "finite final loss",
+            isinstance(r.get("final_loss"), float)
+            and r["final_loss"] == r["final_loss"]
+            and abs(r["final_loss"]) != float("inf"),
+        ),
     ]
     if on_gpu:
         out.append(("MFU reported", r.get("mfu") is not None))
     if plan.expect_failed_trial:
         trials = r.get("micro_batch_trials") or []
-        out.append(("a trial hit OOM and the search backed off",
-                    any(not t["fits"] for t in trials) and bool(trials) and trials[-1]["fits"]))
+        out.append(
+            (
+                "a trial hit OOM and the search backed off",
+                any(not t["fits"] for t in trials) and bool(trials) and trials[-1]["fits"],
+            )
+        )
     return out
 
 
@@ -273,8 +359,9 @@ def run_plan(plan: Plan, catalog: Catalog, gpu: str, args: argparse.Namespace, c
         steps = [json.loads(ln) for ln in lines if ln.strip()]
         rec.update(status=result["status"], result=result, steps=steps)
     except Exception as exc:  # noqa: BLE001 - one failing cell must not stop the others
-        rec.update(status="error", error=f"{type(exc).__name__}: {exc}"[:2000],
-                   traceback=traceback.format_exc()[-6000:])
+        rec.update(
+            status="error", error=f"{type(exc).__name__}: {exc}"[:2000], traceback=traceback.format_exc()[-6000:]
+        )
     finally:
         rec["cell_wall_s"] = round(time.perf_counter() - t0, 1)
         try:
@@ -328,15 +415,19 @@ def _honesty_measure(cfg, env, mb: int, accum: int, reps: int) -> dict[str, Any]
     out["reference_unsynchronised"] = _reference_loop(step, batch, env, accum, reps, sync=False)
     out["reference_synchronised"] = _reference_loop(step, batch, env, accum, reps, sync=True)
     timing = time_steps(cfg, env, step, mb)
-    out["actual"] = {"step_s": timing.median, "step_times_s": timing.step_times,
-                     "warmup_steps": cfg.bench.warmup_steps, "peak_mem_gib": timing.peak_mem_gib}
+    out["actual"] = {
+        "step_s": timing.median,
+        "step_times_s": timing.step_times,
+        "warmup_steps": cfg.bench.warmup_steps,
+        "peak_mem_gib": timing.peak_mem_gib,
+    }
     out["error_unsynchronised"] = out["reference_unsynchronised"]["step_s"] / timing.median - 1
     out["error_synchronised"] = out["reference_synchronised"]["step_s"] / timing.median - 1
     out["status"] = "ok"
     return out
 
 
-def honesty_check(catalog: Catalog, gpu: str, args: argparse.Namespace, on_gpu: bool) -> dict[str, Any]:
+def honesty_check(plan: Plan, catalog: Catalog, gpu: str, args: argparse.Namespace) -> dict[str, Any]:
     """The "$100K" benchmark's timer vs ours, on the same model, optimizer and batches.
 
     Reference: 1 warm-up + 3 steps of ONE micro-batch each, perf_counter around forward/backward and
@@ -348,19 +439,25 @@ def honesty_check(catalog: Catalog, gpu: str, args: argparse.Namespace, on_gpu: 
     from pretrain_planner.trainer.config import RunConfig
     from pretrain_planner.trainer.parallel import close_rank, init_rank
 
-    model = "pythia-410m" if on_gpu else "tiny-gptneox"
-    mb = args.honesty_micro_batch or (16 if on_gpu else 4)
+    model = plan.model
+    mb = args.honesty_micro_batch or plan.cap
     accum, reps = 8, 3
-    plan = Plan("honesty", model, "fl", mb, global_batch=mb * accum)
-    folder = Path(args.out).parent / (Path(args.out).stem + "_cells") / "honesty"
+    plan = Plan(plan.label, model, "fl", mb, global_batch=mb * accum)
+    folder = Path(args.cells_dir) / "honesty"
     spec, override = make_spec(plan, catalog, gpu, args, folder)
     spec["model"]["supports_compile"] = False  # the reference harness's "eager"
     spec["model"]["recipe"]["precision"] = "bf16"  # as measurements.md (the 410M recipe is fp16 + GradScaler)
     out: dict[str, Any] = {
-        "model": model, "micro_batch": mb, "accum": accum, "reference_steps": f"1 warm-up + {reps}",
+        "model": model,
+        "micro_batch": mb,
+        "accum": accum,
+        "reference_steps": f"1 warm-up + {reps}",
         "settings": "fl without compile (SDPA, TF32 on GPU, fused AdamW on GPU), bf16 autocast, grad clip 1.0",
-        "override": {**override, "precision": f"bf16 (recipe: {catalog.model(model).recipe.precision})",
-                     "compile": False},
+        "override": {
+            **override,
+            "precision": f"bf16 (recipe: {catalog.model(model).recipe.precision})",
+            "compile": False,
+        },
     }
     cfg = RunConfig.from_spec(spec)
     env = init_rank(cfg)
@@ -412,43 +509,78 @@ def render(meta: dict[str, Any], records: list[dict[str, Any]], honesty: dict[st
         ("python", meta["python"]),
         ("command", f"`{meta['command']}`"),
         ("settings", meta["settings"]),
-        ("wall time", _f(meta.get("wall_s"), "{:.0f} s") + (" (budget exceeded: cells skipped)" if meta.get(
-            "budget_exceeded") else "")),
+        (
+            "wall time",
+            _f(meta.get("wall_s"), "{:.0f} s")
+            + (" (budget exceeded: cells skipped)" if meta.get("budget_exceeded") else ""),
+        ),
         ("finished", "yes" if meta.get("finished") else "no (partial report, written after every cell)"),
     ]
     for k, v in rows:
         a(f"| {k} | {_md_escape(str(v))} |")
     a("")
-    a("Global batch: each cell's recipe batch (Pythia 1024, RoBERTa 8192) is overridden to "
-      f"{meta['accum_factor']} x its micro-batch cap, so a step is a few accumulation micro-batches, not 64; "
-      "step times, tokens/s and MFU are per optimizer step of that batch (tokens/s and MFU do not depend on it "
-      "beyond the optimizer's share). Training days in result.json use the overridden step, so ignore them here.\n")
+    a(
+        "Global batch: each cell's recipe batch (Pythia 1024, RoBERTa 8192) is overridden to "
+        f"{meta['accum_factor']} x its micro-batch cap, so a step is a few accumulation micro-batches, not 64; "
+        "step times, tokens/s and MFU are per optimizer step of that batch (tokens/s and MFU do not depend on it "
+        "beyond the optimizer's share). Training days in result.json use the overridden step, so ignore them here.\n"
+    )
 
     a("## Cells\n")
-    a("| cell | status | checks | micro-batch | accum | global batch (recipe) | step median s | p10 | p90 "
-      "| tokens/s | MFU | peak GiB | attention | compile | tf32 | autocast | grad scaler | fused AdamW "
-      "| micro-batch trials | wall s |")
+    a(
+        "In run order (priority order on GPU, so a budget cut skips the least important paths). Checks: what must "
+        "hold if the trainer's path works (status, device, attention, compile, TF32, fused AdamW, autocast, grad "
+        "scaler, batch arithmetic, steps.jsonl, not suspect, finite loss; the OOM probe: a failed trial then a fit).\n"
+    )
+    a(
+        "| cell | status | checks | micro-batch | accum | global batch (recipe) | step median s | p10 | p90 "
+        "| tokens/s | MFU | peak GiB | attention | compile | tf32 | autocast | grad scaler | fused AdamW "
+        "| micro-batch trials | wall s |"
+    )
     a("|" + "---|" * 20)
     for rec in records:
         r = rec.get("result") or {}
         s = r.get("method_settings") or {}
         checks = rec.get("checks") or []
         failed = [c for c, ok in checks if not ok]
-        check_txt = ("all " + str(len(checks)) + " pass") if checks and not failed else (
-            "FAIL: " + "; ".join(failed) if failed else "–")
+        check_txt = (
+            ("all " + str(len(checks)) + " pass")
+            if checks and not failed
+            else ("FAIL: " + "; ".join(failed) if failed else "–")
+        )
         ov = rec.get("override") or {}
         status = rec["status"] or "not run"
         if r.get("suspect"):
             status += " (SUSPECT)"
-        a("| " + " | ".join(_md_escape(str(x)) for x in [
-            rec["label"], status, check_txt, _f(r.get("micro_batch_size"), "{}"), _f(r.get("grad_accum_steps"), "{}"),
-            f"{ov.get('global_batch', '–')} ({ov.get('recipe_global_batch', '–')})",
-            _f(r.get("step_time_s"), "{:.4f}"), _f(r.get("step_time_p10_s"), "{:.4f}"),
-            _f(r.get("step_time_p90_s"), "{:.4f}"), _f(r.get("tokens_per_s"), "{:,.0f}"), _f(r.get("mfu"), "{:.1%}"),
-            _f(r.get("peak_mem_gib"), "{:.1f}"), _f(s.get("attn_implementation"), "{}"), _f(s.get("compile"), "{}"),
-            _f(s.get("tf32"), "{}"), _f(s.get("autocast"), "{}"), _f(s.get("grad_scaler"), "{}"),
-            _f(s.get("fused_optimizer"), "{}"), _trials(r), _f(rec.get("cell_wall_s"), "{:.0f}"),
-        ]) + " |")
+        a(
+            "| "
+            + " | ".join(
+                _md_escape(str(x))
+                for x in [
+                    rec["label"],
+                    status,
+                    check_txt,
+                    _f(r.get("micro_batch_size"), "{}"),
+                    _f(r.get("grad_accum_steps"), "{}"),
+                    f"{ov.get('global_batch', '–')} ({ov.get('recipe_global_batch', '–')})",
+                    _f(r.get("step_time_s"), "{:.4f}"),
+                    _f(r.get("step_time_p10_s"), "{:.4f}"),
+                    _f(r.get("step_time_p90_s"), "{:.4f}"),
+                    _f(r.get("tokens_per_s"), "{:,.0f}"),
+                    _f(r.get("mfu"), "{:.1%}"),
+                    _f(r.get("peak_mem_gib"), "{:.1f}"),
+                    _f(s.get("attn_implementation"), "{}"),
+                    _f(s.get("compile"), "{}"),
+                    _f(s.get("tf32"), "{}"),
+                    _f(s.get("autocast"), "{}"),
+                    _f(s.get("grad_scaler"), "{}"),
+                    _f(s.get("fused_optimizer"), "{}"),
+                    _trials(r),
+                    _f(rec.get("cell_wall_s"), "{:.0f}"),
+                ]
+            )
+            + " |"
+        )
     a("")
     a("Peak GiB: CUDA max allocated during the timed steps (on CPU: the process's max RSS, cumulative over the run).\n")
 
@@ -470,22 +602,29 @@ def render(meta: dict[str, Any], records: list[dict[str, Any]], honesty: dict[st
             if s.get("attn_implementation") != "sdpa":
                 diffs.append("eager attention (reference: SDPA)")
             if s.get("autocast") != "bfloat16":
-                diffs.append(f"{s.get('autocast')} autocast{' + GradScaler' if s.get('grad_scaler') else ''} "
-                             "(reference: bf16)")
+                diffs.append(
+                    f"{s.get('autocast')} autocast{' + GradScaler' if s.get('grad_scaler') else ''} (reference: bf16)"
+                )
             if not s.get("fused_optimizer"):
                 diffs.append("unfused Adam (reference: fused)")
+            if bool(s.get("compile")) != ref["compile"]:
+                diffs.append("compiled (reference: not)" if s.get("compile") else "not compiled (reference: compiled)")
             if s.get("tf32"):
                 diffs.append("TF32 on")
             if r.get("micro_batch_size") != ref["mb"]:
                 diffs.append(f"micro-batch {r.get('micro_batch_size')} (reference: {ref['mb']})")
-            a(f"| {rec['label']} | mb {r.get('micro_batch_size')}, {_f(r.get('tokens_per_s'), '{:,.0f}')}, "
-              f"{_f(r.get('mfu'), '{:.1%}')}, {_f(r.get('peak_mem_gib'), '{:.1f}')} | {ref['what']}: "
-              f"{ref['tokens_per_s']:,}, {ref['mfu']:.1%}, {ref['peak_gib']} | {_f(ratio, '{:.2f}')} | "
-              f"{'; '.join(diffs) or 'same settings'} |")
+            a(
+                f"| {rec['label']} | mb {r.get('micro_batch_size')}, {_f(r.get('tokens_per_s'), '{:,.0f}')}, "
+                f"{_f(r.get('mfu'), '{:.1%}')}, {_f(r.get('peak_mem_gib'), '{:.1f}')} | {ref['what']}: "
+                f"{ref['tokens_per_s']:,}, {ref['mfu']:.1%}, {ref['peak_gib']} | {_f(ratio, '{:.2f}')} | "
+                f"{'; '.join(diffs) or 'same settings'} |"
+            )
         a("")
-        a("MFU here is against the recipe precision's dense peak (989 TFLOP/s for bf16 and fp16 on the H200), as "
-          "in measurements.md. `naive` uses eager attention, no TF32 and unfused Adam, so it should be slower than "
-          "the reference's SDPA \"eager\"; `fl` compares with the compiled figure where there is one.\n")
+        a(
+            "MFU here is against the recipe precision's dense peak (989 TFLOP/s for bf16 and fp16 on the H200), as "
+            "in measurements.md. `naive` uses eager attention, no TF32 and unfused Adam, so it should be slower than "
+            'the reference\'s SDPA "eager"; `fl` compares with the compiled figure where there is one.\n'
+        )
 
     a("## Timing honesty: the reference benchmark's timer vs ours\n")
     if honesty is None:
@@ -494,46 +633,70 @@ def render(meta: dict[str, Any], records: list[dict[str, Any]], honesty: dict[st
         a(f"**{honesty.get('status')}**: {_md_escape(str(honesty.get('error') or honesty.get('reason')))}\n")
     else:
         h = honesty
-        a(f"{h['model']}, micro-batch {h['micro_batch']}, {h['accum']} accumulation micro-batches per step; "
-          f"{h['settings']}. Reference method: {h['reference_steps']} steps of one micro-batch, perf_counter, "
-          f"step = mean(micro) x {h['accum']} + mean(optimizer).\n")
+        a(
+            f"{h['model']}, micro-batch {h['micro_batch']}, {h['accum']} accumulation micro-batches per step; "
+            f"{h['settings']}. Reference method: {h['reference_steps']} steps of one micro-batch, perf_counter, "
+            f"step = mean(micro) x {h['accum']} + mean(optimizer).\n"
+        )
         a("| timer | step s | mean micro s | mean optimizer s | vs actual |")
         a("|---|---|---|---|---|")
-        for name, key, err in (("reference (no synchronisation)", "reference_unsynchronised", "error_unsynchronised"),
-                               ("same, synchronised", "reference_synchronised", "error_synchronised")):
+        for name, key, err in (
+            ("reference (no synchronisation)", "reference_unsynchronised", "error_unsynchronised"),
+            ("same, synchronised", "reference_synchronised", "error_synchronised"),
+        ):
             d = h[key]
-            a(f"| {name} | {d['step_s']:.4f} | {statistics.mean(d['micro_s']):.4f} | "
-              f"{statistics.mean(d['optimizer_s']):.4f} | {h[err]:+.1%} |")
+            a(
+                f"| {name} | {d['step_s']:.4f} | {statistics.mean(d['micro_s']):.4f} | "
+                f"{statistics.mean(d['optimizer_s']):.4f} | {h[err]:+.1%} |"
+            )
         act = h["actual"]
-        a(f"| actual: median of {len(act['step_times_s'])} whole synchronised steps (trainer.measure.time_steps, "
-          f"{act['warmup_steps']} warm-up dropped) | {act['step_s']:.4f} | | | |")
+        a(
+            f"| actual: median of {len(act['step_times_s'])} whole synchronised steps (trainer.measure.time_steps, "
+            f"{act['warmup_steps']} warm-up dropped) | {act['step_s']:.4f} | | | |"
+        )
         a("")
         ref = REFERENCE_HONESTY.get(h["model"])
         if ref:
-            a(f"measurements.md (H200, {h['model']}): reference {ref['reference']} s, synchronised "
-              f"{ref['synchronised']} s, actual {ref['actual']} s, reference error {ref['error']:+.1%}.\n")
+            a(
+                f"measurements.md (H200, {h['model']}): reference {ref['reference']} s, synchronised "
+                f"{ref['synchronised']} s, actual {ref['actual']} s, reference error {ref['error']:+.1%}.\n"
+            )
         a("All step times (s): " + ", ".join(f"{t:.4f}" for t in act["step_times_s"]) + "\n")
+        if h.get("method_settings", {}).get("device") == "cpu":
+            a(
+                "On the CPU there is no asynchronous device queue: both reference timers see the real work, so any gap "
+                "to the actual step here is noise (machine load, caches), not the timer's error. The comparison means "
+                "something on a GPU only.\n"
+            )
 
     a("## Per cell\n")
     for rec in records:
         r = rec.get("result") or {}
         a(f"### {rec['label']}\n")
-        a(f"status **{rec['status']}**" + (f": {_md_escape(str(rec.get('reason')))}" if rec.get("reason") else "")
-          + (f" — result reason: {_md_escape(str(r.get('reason')))}" if r.get("reason") else ""))
+        a(
+            f"status **{rec['status']}**"
+            + (f": {_md_escape(str(rec.get('reason')))}" if rec.get("reason") else "")
+            + (f" — result reason: {_md_escape(str(r.get('reason')))}" if r.get("reason") else "")
+        )
         a("")
         if rec.get("override"):
             a(f"spec overrides: `{json.dumps(rec['override'])}`; files: `{rec.get('folder')}`\n")
         if rec.get("checks"):
             a("checks: " + ", ".join(f"{'PASS' if ok else '**FAIL**'} {c}" for c, ok in rec["checks"]) + "\n")
         if r.get("status") == "ok":
-            a(f"device {r.get('device_name')}; step times (s): "
-              + ", ".join(f"{st['time_s']:.4f}" for st in rec.get("steps") or [])
-              + f"; final loss {_f(r.get('final_loss'), '{:.4f}')}; flops/step {_f(r.get('flops_per_step'), '{:.3e}')}"
-              f"; peak TFLOP/s {r.get('peak_tflops')}; trials: {_trials(r)}\n")
+            a(
+                f"device {r.get('device_name')}; step times (s): "
+                + ", ".join(f"{st['time_s']:.4f}" for st in rec.get("steps") or [])
+                + f"; final loss {_f(r.get('final_loss'), '{:.4f}')}"
+                f"; flops/step {_f(r.get('flops_per_step'), '{:.3e}')}"
+                f"; peak TFLOP/s {r.get('peak_tflops')}; trials: {_trials(r)}\n"
+            )
             a(f"method settings: `{json.dumps(r.get('method_settings'))}`\n")
         if rec.get("gpu_bytes_left_after_cleanup") is not None:
-            a(f"GPU memory still allocated after the cell and cleanup: "
-              f"{rec['gpu_bytes_left_after_cleanup'] / 2**20:.1f} MiB\n")
+            a(
+                f"GPU memory still allocated after the cell and cleanup: "
+                f"{rec['gpu_bytes_left_after_cleanup'] / 2**20:.1f} MiB\n"
+            )
         if rec.get("error"):
             a(f"error: `{_md_escape(rec['error'][:500])}`\n\n```\n{rec.get('traceback', '')}\n```\n")
         if rec.get("cleanup_error"):
@@ -558,22 +721,106 @@ def write_outputs(out: Path, meta: dict[str, Any], records: list[dict[str, Any]]
 # ------------------------------------------------------------------------------------------ main
 
 
+def safe_write(out: Path, meta: dict[str, Any], records: list[dict[str, Any]], honesty: dict[str, Any] | None):
+    """Write the report after every cell (a run cut short still leaves one); never let it stop the run."""
+    try:
+        write_outputs(out, meta, records, honesty)
+    except Exception:  # noqa: BLE001
+        log("could not write the report:\n" + traceback.format_exc())
+        with contextlib.suppress(Exception):
+            out.with_suffix(".json").write_text(
+                json.dumps({"meta": meta, "cells": records, "honesty": honesty}, default=str)
+            )
+
+
+def run_cell_plan(
+    plan: Plan,
+    catalog: Catalog,
+    gpu: str,
+    args: argparse.Namespace,
+    cells_dir: Path,
+    on_gpu: bool,
+    records: list[dict[str, Any]],
+) -> None:
+    log(f"cell {plan.label} (micro-batch cap {plan.cap}) ...")
+    rec = run_plan(plan, catalog, gpu, args, cells_dir)
+    if rec.get("result") is not None or rec["status"] == "error":
+        rec["checks"] = checks_for(plan, rec, on_gpu, catalog.gpu(gpu).to_dict())
+    records.append(rec)
+    r = rec.get("result") or {}
+    failed = [c for c, ok in rec.get("checks") or [] if not ok]
+    log(
+        f"  -> {rec['status']}"
+        + (f" ({rec.get('reason') or rec.get('error') or r.get('reason')})" if rec["status"] != "ok" else "")
+        + (
+            f": mb {r.get('micro_batch_size')} x {r.get('grad_accum_steps')}, step {_f(r.get('step_time_s'))} s, "
+            f"{_f(r.get('tokens_per_s'), '{:,.0f}')} tok/s, MFU {_f(r.get('mfu'), '{:.1%}')}, "
+            f"peak {_f(r.get('peak_mem_gib'), '{:.1f}')} GiB, trials [{_trials(r)}]"
+            if r.get("status") == "ok"
+            else ""
+        )
+        + (f"; FAILED CHECKS: {failed}" if failed else "")
+        + f"; {rec.get('cell_wall_s')} s"
+    )
+
+
+def run_honesty(plan: Plan, catalog: Catalog, gpu: str, args: argparse.Namespace) -> dict[str, Any]:
+    log(f"{plan.label}: {plan.model}, micro-batch {args.honesty_micro_batch or plan.cap} ...")
+    t0 = time.perf_counter()
+    try:
+        honesty = honesty_check(plan, catalog, gpu, args)
+        log(
+            f"  -> reference (unsynchronised) {honesty['reference_unsynchronised']['step_s']:.4f} s, "
+            f"synchronised {honesty['reference_synchronised']['step_s']:.4f} s, actual "
+            f"{honesty['actual']['step_s']:.4f} s; reference error {honesty['error_unsynchronised']:+.1%}"
+        )
+    except Exception as exc:  # noqa: BLE001 - the cells after it still run
+        honesty = {
+            "status": "error",
+            "error": f"{type(exc).__name__}: {exc}"[:2000],
+            "traceback": traceback.format_exc()[-6000:],
+        }
+        log(f"  -> error: {honesty['error']}")
+        with contextlib.suppress(Exception):
+            _cleanup()
+    honesty["wall_s"] = round(time.perf_counter() - t0, 1)
+    return honesty
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--smoke", action="store_true", help="CPU, tiny models (GPU type `cpu`): checks the script itself")
-    p.add_argument("--out", default=str(REPO / "benchmarks/results/gpu_check.md"),
-                   help="Markdown report; the JSON dump goes next to it (.json) and per-cell files to <stem>_cells/")
+    p.add_argument(
+        "--out",
+        default=str(REPO / "benchmarks/results/gpu_check.md"),
+        help="Markdown report; the JSON dump (with every result.json and steps.jsonl) goes next to it (.json)",
+    )
+    p.add_argument(
+        "--cells-dir",
+        default=os.path.join(tempfile.gettempdir(), "gpu_check_cells"),
+        help="where each cell's result.json / steps.jsonl are written (default: $TMPDIR/gpu_check_cells)",
+    )
     p.add_argument("--warmup-steps", type=int, default=None, help="dropped steps per cell (default 2; smoke 1)")
     p.add_argument("--timed-steps", type=int, default=None, help="timed steps per cell (default 4; smoke 3)")
-    p.add_argument("--max-micro-batch", type=int, default=None,
-                   help="override every cell's micro-batch cap (not the OOM probe's)")
-    p.add_argument("--accum-factor", type=int, default=4, help="global batch = this x micro-batch cap (default 4)")
-    p.add_argument("--budget-s", type=float, default=420.0,
-                   help="skip the remaining cells once this much wall time has passed (default 420)")
-    p.add_argument("--cells", default=None,
-                   help="comma-separated substrings: run only cells whose label contains one (e.g. 'pythia-1b,OOM')")
+    p.add_argument(
+        "--max-micro-batch", type=int, default=None, help="override every cell's micro-batch cap (not the OOM probe's)"
+    )
+    p.add_argument(
+        "--accum-factor", type=int, default=None, help="global batch = this x micro-batch cap (default 4; smoke 2)"
+    )
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=420.0,
+        help="skip the remaining cells once this much wall time has passed (default 420)",
+    )
+    p.add_argument(
+        "--cells",
+        default=None,
+        help="comma-separated substrings: run only cells whose label contains one (e.g. 'pythia-1b,OOM')",
+    )
     p.add_argument("--no-honesty", action="store_true", help="skip the timing-honesty check")
-    p.add_argument("--honesty-micro-batch", type=int, default=None, help="default 16 on GPU, 4 in smoke mode")
+    p.add_argument("--honesty-micro-batch", type=int, default=None, help="default 16 on GPU, 2 in smoke mode")
     p.add_argument("--gpu-type", default="h200", help="GPU type from config/gpus.yaml for GPU runs (default h200)")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="torch CPU threads")
     p.add_argument("--models", default=str(REPO / "config/models.yaml"))
@@ -583,6 +830,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.warmup_steps = 1 if args.smoke else 2
     if args.timed_steps is None:
         args.timed_steps = 3 if args.smoke else 4
+    if args.accum_factor is None:
+        args.accum_factor = 2 if args.smoke else 4
     return args
 
 
@@ -597,7 +846,7 @@ def main(argv: list[str] | None = None) -> int:
     gpu = args.gpu_type if on_gpu else "cpu"
     catalog = load_catalog(args.models, args.gpus)
     out = Path(args.out)
-    cells_dir = out.parent / (out.stem + "_cells")
+    cells_dir = Path(args.cells_dir)
     plans = SMOKE_PLANS if args.smoke else GPU_PLANS
     if args.cells:
         wanted = [w.strip() for w in args.cells.split(",") if w.strip()]
@@ -607,63 +856,49 @@ def main(argv: list[str] | None = None) -> int:
     meta.update(
         settings=f"gpu type {gpu}; warmup {args.warmup_steps}, timed {args.timed_steps} steps per cell; global batch = "
         f"{args.accum_factor} x micro-batch cap; budget {args.budget_s:.0f} s; launcher debug (in-process, 1 rank)",
-        accum_factor=args.accum_factor, budget_s=args.budget_s, gpu_type=gpu, finished=False, budget_exceeded=False,
+        accum_factor=args.accum_factor,
+        budget_s=args.budget_s,
+        gpu_type=gpu,
+        finished=False,
+        budget_exceeded=False,
     )
-    log(f"{meta['mode']}: {meta.get('gpu_name') or 'CPU'}, torch {meta['torch']}, transformers {meta['transformers']}"
-        f", CUDA {meta['cuda_runtime']}, driver {meta.get('driver')}; {len(plans)} cells; report -> {out}")
+    log(
+        f"{meta['mode']}: {meta.get('gpu_name') or 'CPU'}, torch {meta['torch']}, transformers {meta['transformers']}"
+        f", CUDA {meta['cuda_runtime']}, driver {meta.get('driver')}; {len(plans)} cells; report -> {out}"
+    )
 
     records: list[dict[str, Any]] = []
     honesty: dict[str, Any] | None = None
-    for plan in plans:
-        if time.perf_counter() - T_START > args.budget_s and not plan.skip:
-            meta["budget_exceeded"] = True
-            records.append({"label": plan.label, "plan": asdict(plan), "status": "skipped",
-                            "reason": f"time budget of {args.budget_s:.0f} s used up"})
-            log(f"SKIP {plan.label}: budget used up")
-            continue
-        log(f"cell {plan.label} (cap {plan.cap}) ...")
-        rec = run_plan(plan, catalog, gpu, args, cells_dir)
-        if rec.get("result") is not None or rec["status"] == "error":
-            rec["checks"] = checks_for(plan, rec, on_gpu, catalog.gpu(gpu).to_dict())
-        records.append(rec)
-        r = rec.get("result") or {}
-        failed = [c for c, ok in rec.get("checks") or [] if not ok]
-        log(f"  -> {rec['status']}" + (f" ({rec.get('reason') or rec.get('error') or r.get('reason')})"
-                                        if rec["status"] != "ok" else "")
-            + (f": mb {r.get('micro_batch_size')} x {r.get('grad_accum_steps')}, step {_f(r.get('step_time_s'))} s, "
-               f"{_f(r.get('tokens_per_s'), '{:,.0f}')} tok/s, MFU {_f(r.get('mfu'), '{:.1%}')}, "
-               f"peak {_f(r.get('peak_mem_gib'), '{:.1f}')} GiB, trials [{_trials(r)}]"
-               if r.get("status") == "ok" else "")
-            + (f"; FAILED CHECKS: {failed}" if failed else "") + f"; {rec.get('cell_wall_s')} s")
-        write_outputs(out, meta, records, honesty)
-
     if args.no_honesty:
         honesty = {"status": "skipped", "reason": "--no-honesty"}
-    elif time.perf_counter() - T_START > args.budget_s:
-        meta["budget_exceeded"] = True
-        honesty = {"status": "skipped", "reason": f"time budget of {args.budget_s:.0f} s used up"}
-        log("SKIP honesty check: budget used up")
-    else:
-        log("timing-honesty check ...")
-        t0 = time.perf_counter()
-        try:
-            honesty = honesty_check(catalog, gpu, args, on_gpu)
-            log(f"  -> reference (unsynchronised) {honesty['reference_unsynchronised']['step_s']:.4f} s, "
-                f"synchronised {honesty['reference_synchronised']['step_s']:.4f} s, actual "
-                f"{honesty['actual']['step_s']:.4f} s; reference error {honesty['error_unsynchronised']:+.1%}")
-        except Exception as exc:  # noqa: BLE001
-            honesty = {"status": "error", "error": f"{type(exc).__name__}: {exc}"[:2000],
-                       "traceback": traceback.format_exc()[-6000:]}
-            log(f"  -> error: {honesty['error']}")
-            with contextlib.suppress(Exception):
-                _cleanup()
-        honesty["wall_s"] = round(time.perf_counter() - t0, 1)
+    elif not any(pl.kind == "honesty" for pl in plans):
+        honesty = {"status": "skipped", "reason": f"not selected by --cells {args.cells!r}"}
+    for plan in plans:
+        if plan.kind == "honesty" and args.no_honesty:
+            continue
+        if time.perf_counter() - T_START > args.budget_s and not plan.skip:
+            meta["budget_exceeded"] = True
+            reason = f"time budget of {args.budget_s:.0f} s used up"
+            if plan.kind == "honesty":
+                honesty = {"status": "skipped", "reason": reason}
+            else:
+                records.append({"label": plan.label, "plan": asdict(plan), "status": "skipped", "reason": reason})
+            log(f"SKIP {plan.label}: {reason}")
+            safe_write(out, meta, records, honesty)
+            continue
+        if plan.kind == "honesty":
+            honesty = run_honesty(plan, catalog, gpu, args)
+        else:
+            run_cell_plan(plan, catalog, gpu, args, cells_dir, on_gpu, records)
+        safe_write(out, meta, records, honesty)
 
     meta["finished"] = True
-    write_outputs(out, meta, records, honesty)
+    safe_write(out, meta, records, honesty)
     bad = [r["label"] for r in records if r["status"] == "error" or any(not ok for _, ok in r.get("checks") or [])]
-    log(f"done in {time.perf_counter() - T_START:.0f} s; report {out}, data {out.with_suffix('.json')}"
-        + (f"; PROBLEMS in {bad}" if bad else "; every run cell passed its checks"))
+    log(
+        f"done in {time.perf_counter() - T_START:.0f} s; report {out}, data {out.with_suffix('.json')}"
+        + (f"; PROBLEMS in {bad}" if bad else "; every run cell passed its checks")
+    )
     return 1 if bad or (honesty or {}).get("status") == "error" else 0
 
 

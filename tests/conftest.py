@@ -30,3 +30,26 @@ def write_config(path: Path, **sections) -> Path:
 @pytest.fixture
 def repo() -> Path:
     return REPO
+
+
+def _slurm_healthy() -> bool:
+    try:
+        out = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "UP" in out.stdout
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """The live single-host SLURM of cluster/testbed: started if it is not running (needs root)."""
+    import shutil
+
+    if shutil.which("slurmctld") is None or shutil.which("sbatch") is None:
+        pytest.skip("SLURM is not installed: run `bash envs/setup.sh test` (installs cluster/testbed packages)")
+    if not _slurm_healthy() and os.geteuid() != 0:
+        pytest.skip("the SLURM testbed is down and starting it needs root: bash cluster/testbed/slurm-up.sh")
+    # idempotent: a no-op (~0.2 s) on a healthy cluster, a fresh cluster otherwise
+    proc = subprocess.run(["bash", str(REPO / "cluster/testbed/slurm-up.sh")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return True

@@ -15,6 +15,7 @@ import torch
 import yaml
 from pretrain_planner.catalog import load_catalog, load_models
 from pretrain_planner.flops import mfu, train_flops_per_sample
+from pretrain_planner.schema import ConfigError
 from pretrain_planner.trainer.models import build_model, make_batch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
@@ -167,13 +168,8 @@ def test_mfu_with_catalog_peaks(catalog):
     assert mfu(1e15, 1.0, 1, catalog.gpu("h100").peak_for("bf16")) == pytest.approx(1e15 / 989e12)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="flops._block_matmul_params falls back to 4 x hidden when arch has no intermediate_size, but the "
-    "built transformers model uses its config class default (ViTConfig/BertConfig 3072, GPTNeoXConfig 24576)",
-)
-def test_formula_without_intermediate_size_matches_the_built_model(tmp_path):
+def test_arch_without_intermediate_size_is_refused(tmp_path):
+    """The formula must never fall back to a guess: a missing arch key the formula reads is a config error."""
     entry = {**TINY_VIT, "arch": {k: v for k, v in TINY_VIT["arch"].items() if k != "intermediate_size"}}
-    model = _load_one(tmp_path, "tiny-vit", entry)
-    counted, by_op = counted_flops_per_sample(model)
-    assert train_flops_per_sample(model) == pytest.approx(counted, rel=0.05), by_op
+    with pytest.raises(ConfigError, match=r"models\.tiny-vit\.arch: missing intermediate_size"):
+        _load_one(tmp_path, "tiny-vit", entry)

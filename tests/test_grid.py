@@ -27,7 +27,13 @@ def catalog():
 def _tiny(global_batch=16, precision="fp32", checkpointing=True):
     model = {
         "family": "gptneox",
-        "arch": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 64},
+        "arch": {
+            "hidden_size": 32,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "vocab_size": 64,
+            "intermediate_size": 64,
+        },
         "recipe": {
             "global_batch": global_batch,
             "steps": 10,

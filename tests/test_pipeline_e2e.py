@@ -32,9 +32,7 @@ def sweep(tmp_path_factory):
 
 
 def _cell_dirs(work):
-    return [
-        work / "results/cells" / m / "cpu" / f"1x{r}" / meth for m in MODELS for r in RANKS for meth in METHODS
-    ]
+    return [work / "results/cells" / m / "cpu" / f"1x{r}" / meth for m in MODELS for r in RANKS for meth in METHODS]
 
 
 def test_every_output_exists(sweep):
@@ -84,7 +82,9 @@ def test_table_picks_the_fastest_method(sweep):
     assert ttt.height == len(MODELS) * len(RANKS)
     for row in ttt.iter_rows(named=True):
         group = cells.filter(
-            (pl.col("model") == row["model"]) & (pl.col("gpus_per_node") == row["gpus_per_node"]) & (pl.col("status") == "ok")
+            (pl.col("model") == row["model"])
+            & (pl.col("gpus_per_node") == row["gpus_per_node"])
+            & (pl.col("status") == "ok")
         )
         fastest = group.sort("step_time_s").row(0, named=True)
         assert row["best_method"] == fastest["method"]

@@ -77,7 +77,10 @@ def test_large_dry_run_is_fast_and_imports_no_torch(tmp_path):
     }
     cells = len(models) * 7 * 2 * 4 * 3
     assert cells >= 2000
-    cfg = write_config(tmp_path / "c.yaml", sweep=sweep, launcher={"kind": "slurm"})
+    site = write_config(
+        tmp_path / "site.yaml", gpus={g: {"partition": f"p-{g}", "gres_type": g} for g in sweep["gpus"]}
+    )
+    cfg = write_config(tmp_path / "c.yaml", sweep=sweep, launcher={"kind": "slurm", "site": str(site)})
     t0 = time.perf_counter()
     proc = _dry(tmp_path, cfg, env={"PYTHONPATH": str(tmp_path / "blocker")})
     elapsed = time.perf_counter() - t0
@@ -94,3 +97,39 @@ def test_planning_modules_import_no_torch():
         "assert 'torch' not in sys.modules, 'torch imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _fake_slurm(tmp_path):
+    """sbatch, sacct ... that record being called and fail: planning must not touch SLURM."""
+    fake = tmp_path / "fake-slurm"
+    fake.mkdir()
+    marker = tmp_path / "slurm-was-called"
+    for name in ("sbatch", "sacct", "squeue", "scontrol", "sinfo", "srun", "scancel", "salloc"):
+        tool = fake / name
+        tool.write_text(f"#!/bin/sh\necho {name} >> {marker}\nexit 1\n")
+        tool.chmod(0o755)
+    return fake, marker
+
+
+def test_slurm_dry_run_is_offline(tmp_path):
+    """`snakemake -n --profile cluster/slurm` plans with SLURM unreachable and torch unimportable."""
+    import os
+
+    fake, marker = _fake_slurm(tmp_path)
+    blocker = tmp_path / "blocker" / "torch"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('torch was imported while planning')\n")
+    env = {"PATH": f"{fake}:{os.environ['PATH']}", "PYTHONPATH": str(tmp_path / "blocker")}
+    proc = snakemake(tmp_path, "-n", "--profile", str(REPO / "cluster/slurm"), env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not marker.exists(), marker.read_text()
+    # the plan summary: cells per partition, GPUs per cell, time limit, GPU-hour upper bound
+    assert "launcher slurm" in proc.stderr
+    assert "partition (default): 8 cells, 1-2 GPUs per cell, time limit 30 min" in proc.stderr
+    assert "at most 6.0 GPU-hours" in proc.stderr
+
+
+def test_unmapped_gpu_type_fails_the_slurm_dry_run(tmp_path):
+    cfg = write_config(tmp_path / "c.yaml", sweep={**SMALL, "gpus": ["cpu", "v100"]}, launcher={"kind": "slurm"})
+    proc = snakemake(tmp_path, "-n", "--cores", "2", "--configfile", str(cfg))
+    _assert_refused(proc, tmp_path, "cluster/slurm/site.yaml", "'v100'", "sweep.gpus", "partition")

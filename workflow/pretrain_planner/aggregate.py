@@ -73,11 +73,15 @@ def time_to_train(cells: pl.DataFrame) -> pl.DataFrame:
     def days_of(method: str) -> pl.DataFrame:
         return ok.filter(pl.col("method") == method).select(*GROUP, pl.col("training_days").alias(f"days_{method}"))
 
-    counts = cells.filter(pl.col("valid")).group_by(GROUP).agg(
-        (pl.col("status") == "ok").sum().alias("methods_ok"),
-        (pl.col("status") == "oom").sum().alias("methods_oom"),
-        (pl.col("status") == "unsupported").sum().alias("methods_unsupported"),
-        pl.col("suspect").fill_null(False).sum().alias("methods_suspect"),
+    counts = (
+        cells.filter(pl.col("valid"))
+        .group_by(GROUP)
+        .agg(
+            (pl.col("status") == "ok").sum().alias("methods_ok"),
+            (pl.col("status") == "oom").sum().alias("methods_oom"),
+            (pl.col("status") == "unsupported").sum().alias("methods_unsupported"),
+            pl.col("suspect").fill_null(False).sum().alias("methods_suspect"),
+        )
     )
     table = (
         best.rename({"method": "best_method"})

@@ -142,12 +142,33 @@ class Catalog:
         return self.gpus[name]
 
 
+# arch keys the FLOPs formula and the batch shapes read: required so nothing falls back to a
+# transformers default silently (e.g. intermediate_size: 3072 for BERT but 24576 for GPT-NeoX).
+REQUIRED_ARCH = {
+    "gptneox": ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"),
+    "roberta": ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"),
+    "roberta-prelayernorm": (
+        "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
+    ),
+    "bert": ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"),
+    "vit": ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "image_size", "patch_size",
+            "num_labels"),
+    "mamba": ("hidden_size", "num_hidden_layers", "vocab_size"),
+    "convnext": ("num_labels",),
+}  # fmt: skip
+
+
 def _model(name: str, raw: dict, source: str) -> ModelSpec:
     r = raw["recipe"]
     opt = r["optimizer"]
     if (r.get("sequence_length") is None) == (FAMILY_TASK[raw["family"]] != "image_classification"):
         want = "sequence_length" if FAMILY_TASK[raw["family"]] != "image_classification" else "image_size"
         raise ConfigError(f"{source}: models.{name}.recipe: family {raw['family']!r} needs {want}")
+    missing = [k for k in REQUIRED_ARCH[raw["family"]] if k not in raw["arch"]]
+    if missing:
+        raise ConfigError(
+            f"{source}: models.{name}.arch: missing {', '.join(missing)} (required for family {raw['family']!r})"
+        )
     recipe = Recipe(
         global_batch=r["global_batch"],
         steps=r.get("steps"),
@@ -193,7 +214,11 @@ def load_gpus(path: str | Path) -> tuple[dict[str, GpuSpec], dict[int, float]]:
         )
         for name, g in data["gpus"].items()
     }
-    base = {int(k): float(v) for k, v in data.get("base_machine_usd", {}).items()}
+    base = {}
+    for k, v in data.get("base_machine_usd", {}).items():
+        if isinstance(k, bool) or not float(k).is_integer() or int(float(k)) < 1:
+            raise ConfigError(f"{path}: base_machine_usd.{k}: {k!r} is not a GPU count (a whole number >= 1)")
+        base[int(float(k))] = float(v)
     return gpus, base
 
 

@@ -168,6 +168,8 @@ def check_plan(planned: list[PlannedCell], source: str = "config") -> None:
     for model, cells in by_model.items():
         if not any(p.valid for p in cells):
             reasons = sorted({p.reason for p in cells if p.reason})
-            problems.append(f"  sweep.models: {model!r} has no valid cell:\n" + "\n".join(f"    - {r}" for r in reasons))
+            problems.append(
+                f"  sweep.models: {model!r} has no valid cell:\n" + "\n".join(f"    - {r}" for r in reasons)
+            )
     if problems:
         raise ConfigError(f"{source}: nothing to run for some models\n" + "\n".join(problems))

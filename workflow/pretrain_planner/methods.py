@@ -12,7 +12,10 @@ from .schema import ConfigError
 
 BASES = {
     "naive": "eager attention, no compile, no TF32, no memory saving",
-    "fl": "free-lunch: SDPA attention, TF32 where the GPU has it, torch.compile where the model allows, fused AdamW on CUDA",
+    "fl": (
+        "free-lunch: SDPA attention, TF32 where the GPU has it, torch.compile where the model allows, "
+        "fused AdamW on CUDA"
+    ),
 }
 CHECKPOINTING = {"ac": "activation checkpointing (recompute each block in backward)"}
 SHARDING = {
@@ -58,9 +61,7 @@ def parse(slug: str, where: str = "method") -> Method:
     parts = [p.strip() for p in slug.split("+")]
     base, rest = parts[0], parts[1:]
     if base not in BASES:
-        raise ConfigError(
-            f"{where}: {slug!r} must start with a base method, one of {', '.join(BASES)} (got {base!r})"
-        )
+        raise ConfigError(f"{where}: {slug!r} must start with a base method, one of {', '.join(BASES)} (got {base!r})")
     checkpointing, sharding, offload = False, None, False
     for p in rest:
         if p in CHECKPOINTING and not checkpointing:

@@ -62,7 +62,9 @@ def init_rank(cfg: RunConfig) -> RankEnv:
         device = _select_device(cfg, local_rank)
     finally:  # every rank must join the group, even one that will report `unsupported`
         if world > 1:
-            backend = "nccl" if torch.cuda.is_available() and cfg.bench.device == "auto" and cfg.cell.gpu != "cpu" else "gloo"
+            backend = (
+                "nccl" if torch.cuda.is_available() and cfg.bench.device == "auto" and cfg.cell.gpu != "cpu" else "gloo"
+            )
             if backend == "nccl":
                 torch.cuda.set_device(local_rank % torch.cuda.device_count())
             torch_dist.init_process_group(backend, timeout=dt.timedelta(minutes=10))

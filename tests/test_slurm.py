@@ -1,0 +1,148 @@
+"""The SLURM path against a live slurmctld (cluster/testbed): partitions per GPU type, GPU requests,
+multi-task jobs, retries after scancel, requeue, and re-attaching after the driver is killed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import BIN, REPO, snakemake, write_config
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+SITE = str(REPO / "tests/data/site-testbed.yaml")
+PROFILE = str(REPO / "cluster/slurm")
+
+
+def _config(path: Path, sweep: dict, timed_steps: int = 3) -> Path:
+    return write_config(
+        path,
+        sweep={"gpus": ["a100", "h100"], "methods": ["naive"], **sweep},
+        launcher={"kind": "slurm", "site": SITE},
+        benchmark={"warmup_steps": 1, "timed_steps": timed_steps, "max_micro_batch": 4, "device": "cpu"},
+    )
+
+
+def _sacct(after: int, name: str | None = None) -> list[dict[str, str]]:
+    """Jobs (allocations, not steps) with an id above `after`; sacct can lag a moment behind."""
+    fields = ["JobID", "JobName", "Partition", "AllocTRES", "State", "NodeList"]
+    cmd = ["sacct", "-X", "-n", "-P", "-S", "2020-01-01", "-o", ",".join(f + "%200" for f in fields)]
+    if name:
+        cmd += ["--name", name]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    rows = [dict(zip(fields, ln.split("|"), strict=True)) for ln in out.splitlines() if ln.strip()]
+    return [r for r in rows if int(r["JobID"].split("_")[0]) > after]
+
+
+def _last_job_id() -> int:
+    """The newest job id so far: a test counts only the jobs it submitted itself."""
+    return max((int(j["JobID"].split("_")[0]) for j in _sacct(-1)), default=0)
+
+
+def _step_tasks(job_id: str) -> int:
+    out = subprocess.run(
+        ["sacct", "-n", "-P", "-j", job_id, "-o", "JobID,NTasks"], capture_output=True, text=True, check=True
+    ).stdout
+    return max((int(n) for jid, n in (ln.split("|") for ln in out.splitlines()) if n.strip() and "." in jid), default=0)
+
+
+def _wait(predicate, timeout: float, what: str, every: float = 1.0):
+    end = time.time() + timeout
+    while time.time() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def _results(work: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((work / "results/cells").glob("*/*/*/*/result.json"))]
+
+
+def _start_driver(work: Path, cfg: Path) -> subprocess.Popen:
+    cmd = [str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "-d", str(work), "--profile", PROFILE,
+           "--configfile", str(cfg)]  # fmt: skip
+    log = open(work / "driver.log", "a")  # noqa: SIM115 - the driver outlives this function
+    return subprocess.Popen(cmd, cwd=work, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+
+
+def test_default_sweep_lands_on_each_gpu_partition(slurm_cluster, tmp_path):
+    since = _last_job_id()
+    cfg = _config(tmp_path / "c.yaml", {"models": ["tiny-bert"], "gpus_per_node": [1, 2]})
+    proc = snakemake(tmp_path, "--profile", PROFILE, "--configfile", str(cfg))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert "partition a100: 2 cells" in proc.stderr  # the plan summary
+    results = _results(tmp_path)
+    assert len(results) == 4 and all(r["status"] == "ok" for r in results), results
+    for r in results:
+        jobs = _wait(lambda r=r: _sacct(since, f"pp-{r['model']}-{r['gpu']}-1x{r['gpus_per_node']}-naive"), 30, "sacct")
+        assert len(jobs) == 1, jobs  # submitted once
+        job = jobs[0]
+        assert job["JobID"] == r["slurm_job_id"]
+        assert job["Partition"] == r["gpu"]
+        assert f"gres/gpu:{r['gpu']}={r['gpus_per_node']}" in job["AllocTRES"]
+        assert job["NodeList"] == f"node-{r['gpu']}"
+        if r["world_size"] == 2:  # two tasks, and DDP's gradient all-reduce ran across them
+            assert _step_tasks(job["JobID"]) == 2
+            assert r["method_settings"]["parallel"] == "ddp"
+
+
+def test_cancelled_cell_is_retried_and_requeued_cell_restarts(slurm_cluster, tmp_path):
+    since = _last_job_id()
+    cfg = _config(tmp_path / "c.yaml", {"models": ["tiny-gptneox"], "gpus": ["a100"], "gpus_per_node": [1],
+                                        "methods": ["naive", "fl"]}, timed_steps=40)  # fmt: skip
+    driver = _start_driver(tmp_path, cfg)
+    try:
+        cancel_name, requeue_name = "pp-tiny-gptneox-a100-1x1-naive", "pp-tiny-gptneox-a100-1x1-fl"
+
+        def running(name):
+            return [j for j in _sacct(since, name) if j["State"] == "RUNNING"]
+
+        victim = _wait(lambda: running(cancel_name), 120, "the first cell to run")[0]
+        subprocess.run(["scancel", victim["JobID"]], check=True)
+        requeued = _wait(lambda: running(requeue_name), 120, "the second cell to run")[0]
+        subprocess.run(["scontrol", "requeue", requeued["JobID"]], check=True)
+        assert driver.wait(timeout=600) == 0, (tmp_path / "driver.log").read_text()[-5000:]
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+    assert all(r["status"] == "ok" for r in _results(tmp_path))
+    cancelled = _sacct(since, cancel_name)
+    assert sorted(j["State"].split()[0] for j in cancelled) == ["CANCELLED", "COMPLETED"], cancelled
+    again = _sacct(since, requeue_name)
+    assert len(again) == 1 and again[0]["State"] == "COMPLETED", again  # same job, restarted in place
+    log = (tmp_path / "results/cells/tiny-gptneox/a100/1x1/naive/cell.log").read_text()
+    assert "submitted SLURM job" in log
+
+
+def test_killed_driver_reattaches_without_resubmitting(slurm_cluster, tmp_path):
+    since = _last_job_id()
+    cfg = _config(tmp_path / "c.yaml", {"models": ["tiny-gptneox", "tiny-bert"], "gpus_per_node": [1]}, timed_steps=25)
+    driver = _start_driver(tmp_path, cfg)
+    records = lambda: list((tmp_path / "results/cells").glob("*/*/*/*/slurm_job.json"))  # noqa: E731
+    try:
+        _wait(lambda: len(records()) == 4, 120, "all four cells to be submitted")
+        # let one job finish while the driver is down, others are still pending or running
+        time.sleep(2)
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait()
+    _wait(lambda: any(j["State"] == "COMPLETED" for j in _sacct(since)), 180, "a job to finish meanwhile", every=2)
+    unlock = snakemake(tmp_path, "--profile", PROFILE, "--configfile", str(cfg), "--unlock")
+    assert unlock.returncode == 0, unlock.stderr[-2000:]
+    proc = snakemake(tmp_path, "--profile", PROFILE, "--configfile", str(cfg))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    results = _results(tmp_path)
+    assert len(results) == 4 and all(r["status"] == "ok" for r in results)
+    logs = [p.read_text() for p in (tmp_path / "results/cells").glob("*/*/*/*/cell.log")]
+    assert all("re-attached to job" in log for log in logs), logs
+    jobs = [j for j in _sacct(since) if j["JobName"].startswith("pp-")]
+    assert len(jobs) == 4, jobs  # zero duplicate submissions
+    assert {j["JobID"] for j in jobs} == {r["slurm_job_id"] for r in results}
