@@ -94,30 +94,42 @@ def test_default_sweep_lands_on_each_gpu_partition(slurm_cluster, tmp_path):
             assert r["method_settings"]["parallel"] == "ddp"
 
 
-def test_cancelled_cell_is_retried_and_requeued_cell_restarts(slurm_cluster, tmp_path):
+def test_cancelled_cell_is_retried_preempted_and_timed_out_cells_requeue(slurm_cluster, tmp_path):
+    """scancel -> the job fails -> Snakemake retries it; `scontrol requeue` (preemption) and the
+    time-limit warning signal (USR2, as SLURM sends it `signal_delay_s` before the limit) -> submitit
+    checkpoints and requeues the same job, which restarts cleanly and completes."""
     since = _last_job_id()
-    cfg = _config(tmp_path / "c.yaml", {"models": ["tiny-gptneox"], "gpus": ["a100"], "gpus_per_node": [1],
+    cfg = _config(tmp_path / "c.yaml", {"models": ["tiny-gptneox"], "gpus_per_node": [1],
                                         "methods": ["naive", "fl"]}, timed_steps=40)  # fmt: skip
     driver = _start_driver(tmp_path, cfg)
+    cancel_name, requeue_name = "pp-tiny-gptneox-a100-1x1-naive", "pp-tiny-gptneox-a100-1x1-fl"
+    timeout_name = "pp-tiny-gptneox-h100-1x1-fl"
     try:
-        cancel_name, requeue_name = "pp-tiny-gptneox-a100-1x1-naive", "pp-tiny-gptneox-a100-1x1-fl"
 
         def running(name):
             return [j for j in _sacct(since, name) if j["State"] == "RUNNING"]
 
-        victim = _wait(lambda: running(cancel_name), 120, "the first cell to run")[0]
+        victim = _wait(lambda: running(cancel_name), 120, "the cell to cancel to run")[0]
         subprocess.run(["scancel", victim["JobID"]], check=True)
-        requeued = _wait(lambda: running(requeue_name), 120, "the second cell to run")[0]
+        requeued = _wait(lambda: running(requeue_name), 120, "the cell to preempt to run")[0]
         subprocess.run(["scontrol", "requeue", requeued["JobID"]], check=True)
+        timed = _wait(lambda: running(timeout_name), 120, "the cell to time out to run")[0]
+        time.sleep(3)  # let submitit install its signal handlers in the tasks
+        subprocess.run(["scancel", "--signal", "USR2", timed["JobID"]], check=True)
         assert driver.wait(timeout=600) == 0, (tmp_path / "driver.log").read_text()[-5000:]
     finally:
         if driver.poll() is None:
             os.killpg(driver.pid, signal.SIGKILL)
-    assert all(r["status"] == "ok" for r in _results(tmp_path))
+    results = _results(tmp_path)
+    assert len(results) == 4 and all(r["status"] == "ok" for r in results)
     cancelled = _sacct(since, cancel_name)
     assert sorted(j["State"].split()[0] for j in cancelled) == ["CANCELLED", "COMPLETED"], cancelled
-    again = _sacct(since, requeue_name)
-    assert len(again) == 1 and again[0]["State"] == "COMPLETED", again  # same job, restarted in place
+    for name in (requeue_name, timeout_name):  # same job id, restarted in place, submitted once
+        again = _sacct(since, name)
+        assert len(again) == 1 and again[0]["State"] == "COMPLETED", again
+    out = (tmp_path / f"results/cells/tiny-gptneox/h100/1x1/fl/submitit/{timed['JobID']}_0_log.out").read_text()
+    assert "Calling checkpoint method" in out and f"Requeued job {timed['JobID']}" in out, out[-2000:]
+    assert out.count("Starting with JobEnvironment") == 2 and "Job completed successfully" in out, out[-2000:]
     log = (tmp_path / "results/cells/tiny-gptneox/a100/1x1/naive/cell.log").read_text()
     assert "submitted SLURM job" in log
 
