@@ -24,4 +24,6 @@ rule all:
         plan=f"{RESULTS}/plan.csv",
         tables=list(TABLES.values()),
         plots=list(PLOTS.values()),
+        optimal=OPTIMAL,
+        report=REPORT,
     default_target: True

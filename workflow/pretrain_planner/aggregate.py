@@ -1,74 +1,347 @@
-"""Results -> tables (polars): every cell, and the fastest feasible method per model x GPU x count.
+"""Results -> tables (polars): cells, time_to_train, feasibility, costs, pareto, problems.
 
 Reads each result.json into one explicit schema (results.RESULT_FIELDS), so a key that only late
-files have is never dropped and types never drift. Imports no torch.
+files have is never dropped and types never drift. A file that cannot be read, is not JSON, has a
+value of the wrong type, lacks what its status needs, or lies about its cell is named (log, `problems`
+table, the cell's `reason`, status `corrupt`) and skipped; every other file still counts.
+Imports no torch.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
+import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
-from .results import RESULT_FIELDS, atomic_write_text, read_result
+from . import costs as pp_costs
+from . import methods
+from .catalog import Catalog
+from .flops import train_flops_per_sample
+from .results import RESULT_FIELDS, STATUSES, atomic_write_text
 
 _PL_TYPES = {"str": pl.String, "int": pl.Int64, "float": pl.Float64, "bool": pl.Boolean, "json": pl.String}
 RESULT_SCHEMA = {name: _PL_TYPES[kind] for name, kind in RESULT_FIELDS.items()}
 GROUP = ["model", "gpu", "nodes", "gpus_per_node"]
+KEYS = [*GROUP, "method"]
+JSON_FIELDS = [k for k, kind in RESULT_FIELDS.items() if kind == "json"]
+COORDS = {"model": "str", "gpu": "str", "nodes": "int", "gpus_per_node": "int", "method": "str"}
+# what a result of each status must carry to be usable
+REQUIRED = {"ok": ("micro_batch_size", "grad_accum_steps", "step_time_s"), "oom": (), "unsupported": ()}
 
+ANALYTIC_COLUMNS = [
+    "analytic_flops_per_step", "analytic_peak_tflops", "analytic_step_time_s", "analytic_days",
+    "measured_over_analytic",
+]  # fmt: skip
 TIME_TO_TRAIN_COLUMNS = [
     "model", "gpu", "nodes", "gpus_per_node", "world_size", "best_method", "micro_batch_size",
     "grad_accum_steps", "step_time_s", "step_time_p10_s", "step_time_p90_s", "tokens_per_s", "samples_per_s",
     "mfu", "peak_mem_gib", "training_days", "days_naive", "days_fl", "speedup_vs_naive", "speedup_vs_fl",
+    "analytic_step_time_s", "analytic_days", "measured_over_analytic",
     "methods_ok", "methods_oom", "methods_unsupported", "methods_suspect",
 ]  # fmt: skip
+FEASIBILITY_COLUMNS = [
+    "model", "gpu", "nodes", "gpus_per_node", "world_size", "verdict", "naive", "fl", "fits_naive", "fits_fl",
+    "fits_any", "best_method", "training_days", "fitting_methods", "methods_valid", "methods_ok", "methods_oom",
+    "methods_unsupported", "methods_not_measured",
+]  # fmt: skip
+COSTS_COLUMNS = [
+    "model", "gpu", "nodes", "gpus_per_node", "world_size", "best_method", "training_days", "gpu_price_usd",
+    "base_machine_usd", "hardware_usd", "amortisation_years", "amortised_usd", "cloud_usd_per_gpu_hour",
+    "gpu_hours", "cloud_usd", "pareto", "cost_note",
+]  # fmt: skip
+PARETO_COLUMNS = [
+    "model", "gpu", "nodes", "gpus_per_node", "world_size", "best_method", "training_days", "cost_kind",
+    "cost_usd", "hardware_usd", "amortised_usd", "cloud_usd",
+]  # fmt: skip
+PROBLEMS_COLUMNS = ["path", "model", "gpu", "nodes", "gpus_per_node", "method", "problem"]
+CELLS_MD_COLUMNS = [
+    "model", "gpu", "nodes", "gpus_per_node", "method", "status", "micro_batch_size", "grad_accum_steps",
+    "step_time_s", "mfu", "training_days", "analytic_days", "suspect", "reason",
+]  # fmt: skip
+
+# Verdicts of the feasibility table, best first (the feasibility map's legend uses this order).
+VERDICTS = {
+    "naive": "naive fits",
+    "free-lunch": "free-lunch fits (naive does not)",
+    "other method": "only another method fits (e.g. checkpointing or sharding)",
+    "out of memory": "nothing fits: out of memory",
+    "unsupported": "nothing ran: unsupported",
+    "not measured": "not measured yet (missing or corrupt results)",
+    "invalid": "invalid setting (see plan.csv)",
+}
+
+# column dtypes for reading the CSV tables back (an all-empty column would otherwise read as text)
+_STR_COLS = {"model", "gpu", "method", "best_method", "status", "reason", "path", "problem", "cost_note", "cost_kind",
+             "verdict", "naive", "fl", "fitting_methods", "partition", "precision", "suspect_reason", "peak_mem_kind",
+             "device_name", "hostname", "slurm_job_id", "slurm_nodelist", "submitit_job_id", "started_at",
+             "finished_at", "folder", "files", "note", "state", "detail"}  # fmt: skip
+_INT_COLS = {"nodes", "gpus_per_node", "world_size", "micro_batch_size", "grad_accum_steps", "methods_ok",
+             "methods_oom", "methods_unsupported", "methods_suspect", "methods_valid", "methods_not_measured",
+             "global_batch", "timed_steps", "warmup_steps", "recipe_steps", "time_limit_min"}  # fmt: skip
+_BOOL_COLS = {"valid", "suspect", "fits_naive", "fits_fl", "fits_any", "pareto"}
+
+
+def column_dtype(name: str) -> type[pl.DataType]:
+    if name in _STR_COLS:
+        return pl.String
+    if name in _INT_COLS:
+        return pl.Int64
+    if name in _BOOL_COLS:
+        return pl.Boolean
+    return pl.Float64
+
+
+TABLE_NAMES = ("cells", "time_to_train", "feasibility", "costs", "pareto", "problems")
 
 
 def table_files(folder: str) -> dict[str, str]:
-    return {
-        "cells_parquet": f"{folder}/cells.parquet",
-        "cells_csv": f"{folder}/cells.csv",
-        "time_to_train_csv": f"{folder}/time_to_train.csv",
-        "time_to_train_md": f"{folder}/time_to_train.md",
-    }
+    files = {"cells_parquet": f"{folder}/cells.parquet"}
+    for name in TABLE_NAMES:
+        files[f"{name}_csv"] = f"{folder}/{name}.csv"
+        files[f"{name}_md"] = f"{folder}/{name}.md"
+    return files
 
 
-def _row(path: str) -> dict[str, Any]:
-    row = read_result(path)
-    for name, kind in RESULT_FIELDS.items():
-        if kind == "json" and row[name] is not None:
-            row[name] = json.dumps(row[name], sort_keys=True)
-    return row
+def read_table(path: str | Path) -> pl.DataFrame:
+    """A table CSV written by `build_tables`, with its columns' declared dtypes."""
+    with open(path) as fh:
+        header = fh.readline().rstrip("\n").split(",")
+    return pl.read_csv(path, schema_overrides={c: column_dtype(c) for c in header if c})
 
 
-def read_results(paths: list[str]) -> pl.DataFrame:
-    return pl.DataFrame([_row(p) for p in paths], schema=RESULT_SCHEMA)
+# ----------------------------------------------------------------------------------------------- reading
 
 
-def cells_table(plan_csv: str, result_paths: list[str]) -> pl.DataFrame:
-    """The plan joined with the results: invalid cells keep their reason, status `invalid`."""
-    plan = pl.read_csv(
+_EXACT = {"float": float, "int": int, "bool": bool, "str": str}
+_NAMES = list(RESULT_FIELDS)
+_SCALARS = [(name, kind, _EXACT[kind]) for name, kind in RESULT_FIELDS.items() if kind != "json"]
+_ENCODE = json.JSONEncoder(sort_keys=True).encode  # one encoder: json.dumps(sort_keys=...) builds one per call
+_CELL_FILE_RE = re.compile(
+    r"cells/(?P<model>[^/]+)/(?P<gpu>[^/]+)/(?P<nodes>\d+)x(?P<gpus_per_node>\d+)/(?P<method>[^/]+)/[^/]+$"
+)
+
+
+def _check_value(name: str, kind: str, value: Any) -> tuple[Any, str | None]:
+    """The value in the declared type, or a problem."""
+    if value is None:
+        return None, None
+    if kind == "float":
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value), None
+    elif kind == "int":
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value, None
+        if isinstance(value, float) and value.is_integer():
+            return int(value), None
+    elif kind == "bool":
+        if isinstance(value, bool):
+            return value, None
+    elif kind == "str" and isinstance(value, str):
+        return value, None
+    return None, f"{name} is {json.dumps(value)[:40]} ({type(value).__name__}), expected {kind}"
+
+
+def _path_coords(path: str) -> dict[str, Any] | None:
+    """The cell a result file's folder names (cells/{model}/{gpu}/{N}x{G}/{method}/...), or None."""
+    m = _CELL_FILE_RE.search(path.replace("\\", "/"))
+    if not m:
+        return None
+    d = m.groupdict()
+    return {**d, "nodes": int(d["nodes"]), "gpus_per_node": int(d["gpus_per_node"])}
+
+
+def parse_result(path: str | Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(row, None) for a usable result file; (None, problem) for one that is not. Fast path first: this
+    runs once per cell (10,000 files in well under a second)."""
+    path = str(path)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        return None, "result.json is missing"
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, f"cannot read result.json: {type(exc).__name__}: {exc}"
+    if not text.strip():
+        return None, "result.json is empty (an interrupted write?)"
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return None, f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}): truncated or corrupt"
+    if not isinstance(data, dict):
+        return None, f"not a JSON object but a {type(data).__name__}"
+    get = data.get
+    row: dict[str, Any] = {name: get(name) for name in _NAMES}
+    problems = []
+    for name, kind, exact in _SCALARS:
+        value = row[name]
+        if value is not None and type(value) is not exact:
+            row[name], problem = _check_value(name, kind, value)
+            if problem:
+                problems.append(problem)
+    for name in JSON_FIELDS:
+        if row[name] is not None:
+            row[name] = _ENCODE(row[name])
+    status = row["status"]
+    if status not in STATUSES:
+        problems.append(f"status {status!r} is not one of {', '.join(STATUSES)}")
+    else:
+        missing = [k for k in REQUIRED[status] if row[k] is None]
+        if missing:
+            problems.append(f"status {status} but no {', '.join(missing)} (a partial result)")
+        if status == "ok" and row["step_time_s"] is not None and not row["step_time_s"] > 0:
+            problems.append(f"step_time_s {row['step_time_s']} is not positive")
+    cell = _path_coords(path)
+    for key in COORDS:
+        if cell is not None:
+            expected = cell[key]
+            if row[key] is None:
+                row[key] = expected
+            elif row[key] != expected:
+                problems.append(f"{key} is {row[key]!r} but the file lies in the folder of {key} {expected!r}")
+        elif row[key] is None:
+            problems.append(f"no {key}")
+    if problems:
+        return None, "; ".join(problems)
+    if row["world_size"] is None:
+        row["world_size"] = row["nodes"] * row["gpus_per_node"]
+    return row, None
+
+
+def _coords_of(path: str) -> dict[str, Any]:
+    return _path_coords(str(path)) or dict.fromkeys(COORDS)
+
+
+def read_results(paths: Iterable[str]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(results, problems): every usable result in the declared schema; every unusable file, named."""
+    rows, problems = [], []
+    for p in paths:
+        row, problem = parse_result(p)
+        if row is None:
+            problems.append({"path": str(p), **_coords_of(str(p)), "problem": problem})
+        else:
+            rows.append(row)
+    results = pl.DataFrame(rows, schema=RESULT_SCHEMA)
+    schema = {c: column_dtype(c) for c in PROBLEMS_COLUMNS}
+    return results, pl.DataFrame(problems, schema=schema)
+
+
+def plan_from_results(results: pl.DataFrame) -> pl.DataFrame:
+    """A stand-in plan.csv when only cell folders are at hand (every result's cell, valid)."""
+    return results.select(
+        *KEYS,
+        (pl.col("nodes") * pl.col("gpus_per_node")).alias("world_size"),
+        pl.lit(True).alias("valid"),
+        pl.lit("").alias("reason"),
+    ).unique(KEYS, maintain_order=True)
+
+
+def read_plan(plan_csv: str | Path) -> pl.DataFrame:
+    return pl.read_csv(
         plan_csv,
         schema_overrides={"reason": pl.String, "valid": pl.Boolean, "per_rank_batch": pl.Float64},
     )
-    results = read_results(result_paths).drop("world_size")
-    keys = [*GROUP, "method"]
-    cells = plan.join(results, on=keys, how="left", suffix="_result")
-    return cells.with_columns(
+
+
+def cells_table(
+    plan: str | Path | pl.DataFrame,
+    result_paths: Iterable[str],
+    catalog: Catalog | None = None,
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(cells, problems): the plan joined with the results. Invalid cells keep their reason (status
+    `invalid`); cells without a result are `missing`; cells whose file is unusable are `corrupt`."""
+    results, problems = read_results(result_paths)
+    plan_df = plan if isinstance(plan, pl.DataFrame) else read_plan(plan)
+    results = results.drop("world_size")
+    cells = plan_df.join(results, on=KEYS, how="left", suffix="_result")
+    bad = (
+        problems.filter(pl.col("model").is_not_null())
+        .select(*KEYS, pl.col("problem").alias("_problem"))
+        .unique(KEYS, keep="last")
+    )
+    cells = cells.join(bad, on=KEYS, how="left")
+    cells = cells.with_columns(
         pl.when(~pl.col("valid"))
         .then(pl.lit("invalid"))
+        .when(pl.col("_problem").is_not_null())
+        .then(pl.lit("corrupt"))
         .otherwise(pl.col("status").fill_null("missing"))
         .alias("status"),
-        pl.coalesce(pl.col("reason_result"), pl.when(pl.col("reason") != "").then(pl.col("reason"))).alias("reason"),
-    ).drop("reason_result")
+        pl.coalesce(
+            pl.col("reason_result"),
+            pl.concat_str(pl.lit("result.json skipped: "), pl.col("_problem")),
+            pl.when(pl.col("reason") != "").then(pl.col("reason")),
+        ).alias("reason"),
+    ).drop("reason_result", "_problem")
+    return with_analytic(cells, catalog), problems
+
+
+# ------------------------------------------------------------------------------------------ analytic
+
+
+def with_analytic(cells: pl.DataFrame, catalog: Catalog | None) -> pl.DataFrame:
+    """Beside each measurement: FLOPs per step / (GPUs x dense peak) -> analytic step time and days.
+
+    FLOPs per step = flops.train_flops_per_sample (the one formula) x the recipe's global batch; for a
+    family without a formula (ConvNeXt) the trainer's counted `flops_per_step`. The peak is the GPU's
+    dense peak for the recipe's precision (TF32 for fp32 recipes under free-lunch where the GPU has it).
+    """
+    schema = {"model": pl.String, "gpu": pl.String, "method": pl.String, "_formula_flops": pl.Float64,
+              "analytic_peak_tflops": pl.Float64, "_catalog_steps": pl.Int64}  # fmt: skip
+    rows = []
+    for model, gpu, method in cells.select("model", "gpu", "method").unique().iter_rows():
+        m = catalog.models.get(model) if catalog else None
+        g = catalog.gpus.get(gpu) if catalog else None
+        flops = peak = steps = None
+        if m is not None:
+            per_sample = train_flops_per_sample(m.to_dict())
+            flops = per_sample * m.recipe.global_batch if per_sample else None
+            steps = m.recipe.steps
+            if g is not None:
+                try:
+                    fl = methods.parse(method).free_lunch
+                except ValueError:
+                    fl = False
+                peak = g.peak_for(m.recipe.precision, tf32=fl)
+        rows.append({"model": model, "gpu": gpu, "method": method, "_formula_flops": flops,
+                     "analytic_peak_tflops": peak, "_catalog_steps": steps})  # fmt: skip
+    facts = pl.DataFrame(rows, schema=schema)
+    flops = pl.coalesce("_formula_flops", "flops_per_step")
+    step = flops / (pl.col("world_size") * pl.col("analytic_peak_tflops") * 1e12)
+    return (
+        cells.join(facts, on=["model", "gpu", "method"], how="left")
+        .with_columns(flops.alias("analytic_flops_per_step"), step.alias("analytic_step_time_s"))
+        .with_columns(
+            (pl.coalesce("recipe_steps", "_catalog_steps") * pl.col("analytic_step_time_s") / 86400).alias(
+                "analytic_days"
+            ),
+            pl.when(pl.col("status") == "ok")
+            .then(pl.col("step_time_s") / pl.col("analytic_step_time_s"))
+            .alias("measured_over_analytic"),
+        )
+        .drop("_formula_flops", "_catalog_steps")
+    )
+
+
+# -------------------------------------------------------------------------------------------- tables
+
+
+def _ok(cells: pl.DataFrame) -> pl.DataFrame:
+    return cells.filter((pl.col("status") == "ok") & ~pl.col("suspect").fill_null(False))
 
 
 def time_to_train(cells: pl.DataFrame) -> pl.DataFrame:
     """Per model x GPU x count: the fastest method that ran (ok, not suspect) beside naive and fl alone."""
-    ok = cells.filter((pl.col("status") == "ok") & ~pl.col("suspect").fill_null(False))
-    best = ok.sort("step_time_s").group_by(GROUP, maintain_order=True).first()
+    for col in ANALYTIC_COLUMNS:
+        if col not in cells.columns:
+            cells = cells.with_columns(pl.lit(None, dtype=pl.Float64).alias(col))
+    ok = _ok(cells)
+    best = ok.sort("step_time_s", "method").group_by(GROUP, maintain_order=True).first()
 
     def days_of(method: str) -> pl.DataFrame:
         return ok.filter(pl.col("method") == method).select(*GROUP, pl.col("training_days").alias(f"days_{method}"))
@@ -93,36 +366,194 @@ def time_to_train(cells: pl.DataFrame) -> pl.DataFrame:
             (pl.col("days_fl") / pl.col("training_days")).alias("speedup_vs_fl"),
         )
     )
-    return table.select(TIME_TO_TRAIN_COLUMNS).sort(GROUP)
+    return table.select(TIME_TO_TRAIN_COLUMNS).cast({c: pl.Int64 for c in TIME_TO_TRAIN_COLUMNS[-4:]}).sort(GROUP)
 
 
-def to_markdown(df: pl.DataFrame, float_digits: int = 4) -> str:
-    """A GitHub-flavoured Markdown table (polars' own formatter, all rows and columns)."""
-    rounded = df.with_columns(pl.col(pl.Float64).round_sig_figs(float_digits))
-    with pl.Config(
-        tbl_formatting="MARKDOWN",
-        tbl_hide_column_data_types=True,
-        tbl_hide_dataframe_shape=True,
-        tbl_rows=-1,
-        tbl_cols=-1,
-        tbl_width_chars=10_000,
-        fmt_str_lengths=200,
-    ):
-        return str(rounded) + "\n"
-
-
-def build_tables(plan_csv: str, result_paths: list[str], out: dict[str, str], log_path: str) -> None:
-    cells = cells_table(plan_csv, list(result_paths))
-    ttt = time_to_train(cells)
-    for key in out:
-        Path(out[key]).parent.mkdir(parents=True, exist_ok=True)
-    cells.write_parquet(out["cells_parquet"])
-    atomic_write_text(out["cells_csv"], cells.drop("method_settings", "micro_batch_trials", "versions").write_csv())
-    atomic_write_text(out["time_to_train_csv"], ttt.write_csv())
-    atomic_write_text(
-        out["time_to_train_md"],
-        "# Time to train\n\nFastest method that ran per model x GPU type x count (suspect timings excluded).\n\n"
-        + to_markdown(ttt),
+def _method_state(cells: pl.DataFrame, method: str) -> pl.DataFrame:
+    return cells.filter(pl.col("method") == method).select(
+        *GROUP,
+        pl.when(pl.col("status") == "ok").then(pl.lit("fits")).otherwise(pl.col("status")).alias(method),
     )
-    by_status = cells.group_by("status").len().sort("status").rows()
-    atomic_write_text(log_path, f"{cells.height} cells: {dict(by_status)}; {ttt.height} time-to-train rows\n")
+
+
+def feasibility(cells: pl.DataFrame, ttt: pl.DataFrame) -> pl.DataFrame:
+    """Per model x GPU x count: does it fit with naive, with free-lunch alone, with any method?
+
+    `naive`/`fl` say what that method did: fits (it ran; a suspect timing still fit), oom, unsupported,
+    invalid, missing, corrupt, or `not swept`. `verdict` is the best that can be said of the setting.
+    """
+    status = pl.col("status")
+    groups = cells.group_by(GROUP).agg(
+        pl.col("world_size").first(),
+        (status == "ok").any().alias("fits_any"),
+        pl.col("method").filter(status == "ok").sort().alias("_fitting"),
+        pl.col("valid").sum().cast(pl.Int64).alias("methods_valid"),
+        (status == "ok").sum().cast(pl.Int64).alias("methods_ok"),
+        (status == "oom").sum().cast(pl.Int64).alias("methods_oom"),
+        (status == "unsupported").sum().cast(pl.Int64).alias("methods_unsupported"),
+        status.is_in(["missing", "corrupt"]).sum().cast(pl.Int64).alias("methods_not_measured"),
+    )
+    table = (
+        groups.join(_method_state(cells, "naive"), on=GROUP, how="left")
+        .join(_method_state(cells, "fl"), on=GROUP, how="left")
+        .join(ttt.select(*GROUP, "best_method", "training_days"), on=GROUP, how="left")
+        .with_columns(
+            pl.col("naive").fill_null("not swept"),
+            pl.col("fl").fill_null("not swept"),
+            pl.col("_fitting").list.join(", ").alias("fitting_methods"),
+        )
+        .with_columns(
+            (pl.col("naive") == "fits").alias("fits_naive"),
+            (pl.col("fl") == "fits").alias("fits_fl"),
+        )
+        .with_columns(
+            pl.when(pl.col("fits_naive"))
+            .then(pl.lit("naive"))
+            .when(pl.col("fits_fl"))
+            .then(pl.lit("free-lunch"))
+            .when(pl.col("fits_any"))
+            .then(pl.lit("other method"))
+            .when(pl.col("methods_oom") > 0)
+            .then(pl.lit("out of memory"))
+            .when(pl.col("methods_unsupported") > 0)
+            .then(pl.lit("unsupported"))
+            .when(pl.col("methods_valid") == 0)
+            .then(pl.lit("invalid"))
+            .otherwise(pl.lit("not measured"))
+            .alias("verdict")
+        )
+    )
+    return table.select(FEASIBILITY_COLUMNS).sort(GROUP)
+
+
+def costs_table(ttt: pl.DataFrame, catalog: Catalog | None, costs_config: dict[str, Any] | None = None) -> pl.DataFrame:
+    """Per time_to_train row: hardware, amortised and cloud cost of its best method, with a note when a
+    price is missing; `pareto` marks the rows on their model's (days, cost) front."""
+    conf = pp_costs.settings(costs_config)
+    gpus = catalog.gpus if catalog else {}
+    base = catalog.base_machine_usd if catalog else {}
+    gpus_path = catalog.gpus_path if catalog else "config/gpus.yaml"
+    rows = []
+    for r in ttt.select(*GROUP, "world_size", "best_method", "training_days").iter_rows(named=True):
+        p = pp_costs.price(
+            gpus.get(r["gpu"]), r["gpu"], r["nodes"], r["gpus_per_node"], r["training_days"], base,
+            conf["amortisation_years"], gpus_path,
+        )  # fmt: skip
+        d = p.to_dict()
+        rows.append({**r, **{k: d[k] for k in COSTS_COLUMNS if k in d and k not in r}})
+    kind = conf["pareto_cost"]
+    mask = pp_costs.pareto_by_group(
+        [r["model"] for r in rows], [r["training_days"] for r in rows], [r[f"{kind}_usd"] for r in rows]
+    )
+    for r, on in zip(rows, mask, strict=True):
+        r["pareto"] = on
+    return pl.DataFrame(rows, schema={c: column_dtype(c) for c in COSTS_COLUMNS}).select(COSTS_COLUMNS)
+
+
+def pareto_table(costs: pl.DataFrame, costs_config: dict[str, Any] | None = None) -> pl.DataFrame:
+    """Per model, the settings no other setting beats in both days and cost (the configured kind)."""
+    kind = pp_costs.settings(costs_config)["pareto_cost"]
+    return (
+        costs.filter(pl.col("pareto"))
+        .with_columns(pl.lit(kind).alias("cost_kind"), pl.col(f"{kind}_usd").alias("cost_usd"))
+        .select(PARETO_COLUMNS)
+        .sort("model", "training_days", "cost_usd")
+    )
+
+
+# ------------------------------------------------------------------------------------------- writing
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        if math.isnan(v):
+            return ""
+        if v == 0:
+            return "0"
+        if abs(v) >= 1000:
+            return f"{v:,.0f}"
+        return f"{v:.4g}"
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
+def to_markdown(df: pl.DataFrame, max_rows: int | None = None) -> str:
+    """A GitHub-flavoured Markdown table: 4 significant digits, thousands separators, blanks for nulls."""
+    shown = df if max_rows is None else df.head(max_rows)
+    lines = ["| " + " | ".join(df.columns) + " |", "|" + "|".join("---" for _ in df.columns) + "|"]
+    lines += ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in shown.iter_rows()]
+    if max_rows is not None and df.height > max_rows:
+        lines.append(f"\n({max_rows} of {df.height} rows shown; all of them in the CSV beside this file)")
+    return "\n".join(lines) + "\n"
+
+
+TABLE_INTROS = {
+    "cells": "Every cell of the plan joined with its result (status ok, oom, unsupported, invalid, missing, "
+    "corrupt); all columns are in cells.csv / cells.parquet.",
+    "time_to_train": "Fastest method that ran per model x GPU type x count (suspect timings excluded), beside "
+    "naive and free-lunch (`fl`) alone and the analytic estimate at 100% of the dense peak.",
+    "feasibility": "Which settings fit in memory with naive, with free-lunch alone, and with any method.",
+    "costs": "What the best setting of each model x GPU type x count costs: hardware purchase, amortised "
+    "experiment cost, cloud rent. A blank cost has its reason in `cost_note`.",
+    "pareto": "Per model, the settings that no other setting beats in both days to train and cost.",
+    "problems": "Result files that could not be used (skipped by the aggregation), and why.",
+}
+
+
+def _write(out: dict[str, str], name: str, df: pl.DataFrame, md: pl.DataFrame | None = None) -> None:
+    atomic_write_text(out[f"{name}_csv"], df.write_csv())
+    title = name.replace("_", " ").capitalize()
+    body = to_markdown(df if md is None else md, max_rows=2000)
+    atomic_write_text(out[f"{name}_md"], f"# {title}\n\n{TABLE_INTROS[name]}\n\n{body}")
+
+
+def build_all(
+    plan: str | Path | pl.DataFrame,
+    result_paths: Iterable[str],
+    catalog: Catalog | None = None,
+    costs_config: dict[str, Any] | None = None,
+) -> dict[str, pl.DataFrame]:
+    """Every table, in memory."""
+    cells, problems = cells_table(plan, result_paths, catalog)
+    ttt = time_to_train(cells)
+    costs = costs_table(ttt, catalog, costs_config)
+    return {
+        "cells": cells,
+        "time_to_train": ttt,
+        "feasibility": feasibility(cells, ttt),
+        "costs": costs,
+        "pareto": pareto_table(costs, costs_config),
+        "problems": problems,
+    }
+
+
+def build_tables(
+    plan_csv: str,
+    result_paths: list[str],
+    out: dict[str, str],
+    log_path: str,
+    catalog: Catalog | None = None,
+    costs_config: dict[str, Any] | None = None,
+) -> dict[str, pl.DataFrame]:
+    """The `aggregate` rule: every table to CSV + Markdown (cells also Parquet), a log naming problems."""
+    t0 = time.perf_counter()
+    tables = build_all(plan_csv, list(result_paths), catalog, costs_config)
+    cells = tables["cells"]
+    Path(out["cells_parquet"]).parent.mkdir(parents=True, exist_ok=True)
+    cells.write_parquet(out["cells_parquet"])
+    _write(out, "cells", cells.drop(JSON_FIELDS), cells.select(CELLS_MD_COLUMNS))
+    for name in TABLE_NAMES[1:]:
+        _write(out, name, tables[name])
+    by_status = dict(cells.group_by("status").len().sort("status").rows())
+    problems = tables["problems"]
+    lines = [
+        f"{cells.height} cells: {by_status}; {tables['time_to_train'].height} time-to-train rows; "
+        f"{tables['pareto'].height} on a Pareto front; {problems.height} unusable result files "
+        f"({time.perf_counter() - t0:.2f} s)"
+    ]
+    lines += [f"SKIPPED {p}: {why}" for p, why in problems.select("path", "problem").iter_rows()]
+    atomic_write_text(log_path, "\n".join(lines) + "\n")
+    return tables

@@ -1,67 +1,490 @@
-"""Plots from the tables: days to train with the best method, and step time per method."""
+"""Plots from the tables (PNG + SVG) and results/report.md, which gathers tables and plots with a
+paragraph each on how to read them. matplotlib (Agg) only; imports no torch."""
 
 from __future__ import annotations
 
+import datetime as dt
+import math
+import os
+import time
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
+from . import costs as pp_costs
+from .aggregate import GROUP, VERDICTS, read_table, to_markdown
 from .results import atomic_write_text
+
+PLOTS = {
+    "days": ("days_to_train", "Days to train with the fastest method that fits"),
+    "methods": ("step_time_by_method", "Step time by method"),
+    "cost_days": ("cost_vs_days", "Cost vs days to train, per model"),
+    "feasibility": ("feasibility_map", "What fits where"),
+    "mfu": ("mfu_by_method", "MFU by method"),
+}
+MAX_BARS = 150  # bar charts show at most this many bars (the tables hold them all)
+VERDICT_COLOURS = {
+    "naive": "#1a9850",
+    "free-lunch": "#91cf60",
+    "other method": "#fee08b",
+    "out of memory": "#d73027",
+    "unsupported": "#fc8d59",
+    "not measured": "#d9d9d9",
+    "invalid": "#ffffff",
+}
 
 
 def plot_files(folder: str) -> dict[str, str]:
-    return {
-        "days_png": f"{folder}/days_to_train.png",
-        "days_svg": f"{folder}/days_to_train.svg",
-        "methods_png": f"{folder}/step_time_by_method.png",
-    }
+    files = {}
+    for key, (stem, _) in PLOTS.items():
+        files[f"{key}_png"] = f"{folder}/{stem}.png"
+        files[f"{key}_svg"] = f"{folder}/{stem}.svg"
+    return files
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, out: dict[str, str], key: str) -> None:
+    plt = _plt()
+    for ext in ("png", "svg"):
+        path = Path(out[f"{key}_{ext}"])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp.{ext}")
+        fig.savefig(tmp, dpi=110, format=ext)
+        os.replace(tmp, path)
+    plt.close(fig)
+
+
+def _empty(ax, title: str, message: str, xlabel: str = "", ylabel: str = "") -> None:
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.text(0.5, 0.5, message, ha="center", va="center", wrap=True, fontsize=10, transform=ax.transAxes)
 
 
 def _setting(row: dict) -> str:
     return f"{row['gpu']} {row['nodes']}x{row['gpus_per_node']}"
 
 
-def make_plots(cells_parquet: str, time_to_train_csv: str, out: dict[str, str], log_path: str) -> None:
-    import matplotlib
+def gpu_colours(names) -> dict[str, Any]:
+    plt = _plt()
+    cmap = plt.get_cmap("tab10")
+    return {g: cmap(i % 10) for i, g in enumerate(sorted(set(names)))}
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    for path in out.values():
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-    ttt = pl.read_csv(time_to_train_csv)
-    cells = pl.read_parquet(cells_parquet).filter(pl.col("status") == "ok")
+# ---------------------------------------------------------------------------------------------- plots
 
-    # 1. days to train, best method per setting, one group of bars per model
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * max(1, ttt.height)), 4.5))
-    labels = [f"{r['model']}\n{_setting(r)}\n{r['best_method']}" for r in ttt.iter_rows(named=True)]
-    days = ttt["training_days"].fill_null(0).to_list()
-    ax.bar(range(len(days)), days, color="tab:blue")
-    ax.set_xticks(range(len(days)), labels, fontsize=7)
-    ax.set_ylabel("days to train (recipe steps x median step)")
-    ax.set_title("Time to train with the fastest method that fits")
-    if days and min(days) > 0 and max(days) / min(days) > 100:
+
+def plot_days(ttt: pl.DataFrame, out: dict[str, str]) -> None:
+    plt = _plt()
+    title = PLOTS["days"][1]
+    shown = ttt.filter(pl.col("training_days").is_not_null()).sort("model", "gpu", "world_size", "nodes")
+    n = shown.height
+    if n > MAX_BARS:
+        shown = shown.head(MAX_BARS)
+        title += f" (first {MAX_BARS} of {n} settings; all in tables/time_to_train.csv)"
+    fig, ax = plt.subplots(figsize=(min(40, max(6, 0.45 * max(1, shown.height))), 5))
+    if shown.is_empty():
+        _empty(ax, title, "no setting has a measured time to train yet", ylabel="days to train")
+    else:
+        colours = gpu_colours(shown["gpu"])
+        rows = list(shown.iter_rows(named=True))
+        days = [r["training_days"] for r in rows]
+        ax.bar(range(len(rows)), days, color=[colours[r["gpu"]] for r in rows])
+        ax.set_xticks(range(len(rows)), [f"{r['model']}\n{_setting(r)}\n{r['best_method']}" for r in rows],
+                      fontsize=6 if len(rows) > 30 else 7)  # fmt: skip
+        ax.set_ylabel("days to train (recipe steps x median step)")
+        ax.set_title(title)
+        if min(days) > 0 and max(days) / min(days) > 100:
+            ax.set_yscale("log")
+        handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
+        ax.legend(handles, list(colours), title="GPU type", fontsize=7)
+    fig.tight_layout()
+    _save(fig, out, "days")
+
+
+def plot_methods(cells: pl.DataFrame, out: dict[str, str]) -> None:
+    """Median step per method with the p10-p90 spread; with many cells, each method's step time relative
+    to the fastest method of the same setting instead (a box per method)."""
+    plt = _plt()
+    ok = cells.filter(pl.col("status") == "ok").sort("model", "gpu", "nodes", "gpus_per_node", "method")
+    method_names = sorted(set(ok["method"].to_list()))
+    cmap = plt.get_cmap("tab20")
+    colours = {m: cmap(i % 20) for i, m in enumerate(method_names)}
+    if ok.height <= 100:
+        fig, ax = plt.subplots(figsize=(min(40, max(6, 0.5 * max(1, ok.height))), 5))
+        if ok.is_empty():
+            _empty(ax, PLOTS["methods"][1], "no cell has run successfully yet",
+                   ylabel="seconds per optimizer step")  # fmt: skip
+        else:
+            rows = list(ok.iter_rows(named=True))
+            med = [r["step_time_s"] for r in rows]
+            err = [
+                [max(0.0, r["step_time_s"] - (r["step_time_p10_s"] or r["step_time_s"])) for r in rows],
+                [max(0.0, (r["step_time_p90_s"] or r["step_time_s"]) - r["step_time_s"]) for r in rows],
+            ]
+            ax.bar(range(len(rows)), med, yerr=err, color=[colours[r["method"]] for r in rows], capsize=2)
+            ax.set_xticks(range(len(rows)), [f"{r['model']}\n{_setting(r)}\n{r['method']}" for r in rows], fontsize=6)
+            ax.set_ylabel("seconds per optimizer step (median, p10-p90)")
+            ax.set_title(PLOTS["methods"][1])
+            if len(colours) > 1:
+                handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
+                ax.legend(handles, list(colours), title="method", fontsize=7)
+    else:
+        rel = ok.with_columns((pl.col("step_time_s") / pl.col("step_time_s").min().over(GROUP)).alias("rel"))
+        data = [rel.filter(pl.col("method") == m)["rel"].to_list() for m in method_names]
+        fig, ax = plt.subplots(figsize=(min(40, max(6, 0.6 * len(method_names))), 5))
+        ax.boxplot(data, showfliers=True)
+        ax.set_xticks(range(1, len(method_names) + 1), method_names, rotation=60, ha="right", fontsize=7)
+        ax.set_ylabel("step time / fastest method of the same setting")
         ax.set_yscale("log")
+        ax.set_title(f"{PLOTS['methods'][1]}: {ok.height} cells, relative to the best of each setting")
     fig.tight_layout()
-    fig.savefig(out["days_png"], dpi=120)
-    fig.savefig(out["days_svg"])
-    plt.close(fig)
+    _save(fig, out, "methods")
 
-    # 2. median step time per method, with the p10-p90 spread, per model x setting
-    fig, ax = plt.subplots(figsize=(max(6, 0.5 * max(1, cells.height)), 4.5))
-    rows = cells.sort("model", "gpu", "nodes", "gpus_per_node", "method").iter_rows(named=True)
-    rows = list(rows)
-    med = [r["step_time_s"] for r in rows]
-    err = [
-        [r["step_time_s"] - r["step_time_p10_s"] for r in rows],
-        [r["step_time_p90_s"] - r["step_time_s"] for r in rows],
-    ]
-    colors = ["tab:orange" if r["method"] == "naive" else "tab:green" for r in rows]
-    ax.bar(range(len(rows)), med, yerr=err, color=colors, capsize=2)
-    ax.set_xticks(range(len(rows)), [f"{r['model']}\n{_setting(r)}\n{r['method']}" for r in rows], fontsize=6)
-    ax.set_ylabel("seconds per optimizer step (median, p10-p90)")
-    ax.set_title("Step time by method")
+
+def plot_cost_days(costs: pl.DataFrame, out: dict[str, str], kind: str, years: float) -> None:
+    plt = _plt()
+    from matplotlib.lines import Line2D
+
+    col = f"{kind}_usd"
+    ylabel = {
+        "hardware": "hardware purchase price (USD)",
+        "amortised": f"amortised experiment cost (USD, {years:g}-year amortisation)",
+        "cloud": "cloud cost (USD)",
+    }[kind]
+    timed = costs.filter(pl.col("training_days").is_not_null())
+    priced = timed.filter(pl.col(col).is_not_null())
+    if priced.is_empty():
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        notes = sorted(set(timed["cost_note"].drop_nulls().to_list()))[:3]
+        msg = f"no setting with a known {kind} cost"
+        if not timed.is_empty():
+            msg += " and a time to train:\n" + "\n".join(notes) + "\n(fill in config/gpus.yaml)"
+        _empty(ax, PLOTS["cost_days"][1], msg, "days to train (log)", ylabel)
+        fig.tight_layout()
+        _save(fig, out, "cost_days")
+        return
+    models = sorted(set(timed["model"].to_list()))
+    ncols = min(3, len(models))
+    nrows = math.ceil(len(models) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.5 * ncols, 4.2 * nrows), squeeze=False)
+    colours = gpu_colours(priced["gpu"])
+    counts = sorted(set(priced["world_size"].to_list()))
+
+    def size(n: int) -> float:
+        return 25 + 18 * n
+
+    for ax, model in zip(axes.flat, models, strict=False):
+        mine = priced.filter(pl.col("model") == model).sort("training_days")
+        unpriced = timed.filter((pl.col("model") == model) & pl.col(col).is_null()).height
+        ax.set_title(model)
+        ax.set_xlabel("days to train (log)")
+        ax.set_ylabel(ylabel, fontsize=8)
+        if mine.is_empty():
+            _empty(ax, model, f"{unpriced} settings, none with a known {kind} cost", "days to train (log)", ylabel)
+            continue
+        ax.scatter(
+            mine["training_days"].to_list(),
+            mine[col].to_list(),
+            s=[size(n) for n in mine["world_size"].to_list()],
+            c=[colours[g] for g in mine["gpu"].to_list()],
+            alpha=0.8,
+            edgecolors=["black" if p else "none" for p in mine["pareto"].to_list()],
+            zorder=3,
+        )
+        front = mine.filter(pl.col("pareto")).sort("training_days")
+        if front.height:
+            ax.step(front["training_days"].to_list(), front[col].to_list(), where="post", color="black", lw=1,
+                    zorder=2, label="Pareto front")  # fmt: skip
+            for r in front.iter_rows(named=True):
+                ax.annotate(f"{r['world_size']}x{r['gpu']}", (r["training_days"], r[col]), fontsize=6,
+                            xytext=(3, 3), textcoords="offset points")  # fmt: skip
+        ax.set_xscale("log")
+        vals = [v for v in mine[col].to_list() if v > 0]
+        if vals and max(vals) / min(vals) > 10:
+            ax.set_yscale("log")
+        if unpriced:
+            ax.text(0.02, 0.02, f"+{unpriced} settings without a price (costs.csv: cost_note)", fontsize=6,
+                    transform=ax.transAxes)  # fmt: skip
+        ax.grid(True, which="both", alpha=0.2)
+    for ax in list(axes.flat)[len(models) :]:
+        ax.axis("off")
+    handles = [Line2D([], [], marker="o", ls="", color=c, label=g) for g, c in colours.items()]
+    handles += [Line2D([], [], marker="o", ls="", color="grey", markersize=math.sqrt(size(n)), label=f"{n} GPUs")
+                for n in counts[:6]]  # fmt: skip
+    handles.append(Line2D([], [], color="black", lw=1, label="Pareto front"))
+    fig.legend(handles=handles, loc="upper right", fontsize=7, title="colour: GPU type; size: GPU count")
+    fig.suptitle(f"{PLOTS['cost_days'][1]} (best method per setting; {kind} cost)")
+    fig.tight_layout(rect=(0, 0, 0.85, 0.95))
+    _save(fig, out, "cost_days")
+
+
+def plot_feasibility(feas: pl.DataFrame, out: dict[str, str]) -> None:
+    plt = _plt()
+    from matplotlib.colors import ListedColormap
+
+    title = PLOTS["feasibility"][1]
+    if feas.is_empty():
+        fig, ax = plt.subplots(figsize=(6, 4))
+        _empty(ax, title, "no settings in the plan", "nodes x GPUs per node", "model / GPU type")
+        fig.tight_layout()
+        _save(fig, out, "feasibility")
+        return
+    order = list(VERDICTS)
+    rows = feas.select("model", "gpu").unique().sort("model", "gpu").rows()
+    cols = feas.select("nodes", "gpus_per_node", "world_size").unique().sort("world_size", "nodes").rows()
+    ri = {r: i for i, r in enumerate(rows)}
+    ci = {c[:2]: j for j, c in enumerate(cols)}
+    grid = [[math.nan] * len(cols) for _ in rows]
+    labels: dict[tuple[int, int], str] = {}
+    for r in feas.iter_rows(named=True):
+        i, j = ri[(r["model"], r["gpu"])], ci[(r["nodes"], r["gpus_per_node"])]
+        grid[i][j] = order.index(r["verdict"])
+        labels[(i, j)] = r["best_method"] or ""
+    fig, ax = plt.subplots(figsize=(min(30, 2.5 + 1.1 * len(cols)), min(60, 1.5 + 0.32 * len(rows))))
+    cmap = ListedColormap([VERDICT_COLOURS[v] for v in order])
+    cmap.set_bad("#f0f0f0")
+    import numpy as np
+
+    ax.imshow(np.ma.masked_invalid(np.array(grid, dtype=float)), cmap=cmap, vmin=-0.5, vmax=len(order) - 0.5,
+              aspect="auto", interpolation="nearest")  # fmt: skip
+    if len(rows) * len(cols) <= 600:
+        for (i, j), text in labels.items():
+            ax.text(j, i, text, ha="center", va="center", fontsize=6)
+    ax.set_xticks(range(len(cols)), [f"{n}x{g}" for n, g, _ in cols], fontsize=8)
+    ax.set_yticks(range(len(rows)), [f"{m} / {g}" for m, g in rows], fontsize=7)
+    ax.set_xlabel("nodes x GPUs per node")
+    ax.set_ylabel("model / GPU type")
+    ax.set_title(f"{title} (text: the fastest method that fits)")
+    present = [v for v in order if v in set(feas["verdict"].to_list())]
+    handles = [plt.Rectangle((0, 0), 1, 1, facecolor=VERDICT_COLOURS[v], edgecolor="grey") for v in present]
+    ax.legend(handles, [VERDICTS[v] for v in present], loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=7)
     fig.tight_layout()
-    fig.savefig(out["methods_png"], dpi=120)
-    plt.close(fig)
-    atomic_write_text(log_path, f"plotted {ttt.height} settings, {len(rows)} ok cells\n")
+    _save(fig, out, "feasibility")
+
+
+def plot_mfu(cells: pl.DataFrame, out: dict[str, str]) -> None:
+    plt = _plt()
+    title = PLOTS["mfu"][1]
+    ok = cells.filter((pl.col("status") == "ok") & ~pl.col("suspect").fill_null(False) & pl.col("mfu").is_not_null())
+    if ok.is_empty():
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        _empty(ax, title, "no MFU known: the GPU types of these results declare no dense peak\n"
+               "(e.g. the cpu stand-in of the default sweep)", "method", "MFU (% of the dense peak)")  # fmt: skip
+        fig.tight_layout()
+        _save(fig, out, "mfu")
+        return
+    method_names = sorted(set(ok["method"].to_list()))
+    colours = gpu_colours(ok["gpu"])
+    fig, ax = plt.subplots(figsize=(min(40, max(6, 0.7 * len(method_names))), 5))
+    data = [[v * 100 for v in ok.filter(pl.col("method") == m)["mfu"].to_list()] for m in method_names]
+    ax.boxplot(data, showfliers=False)
+    import random
+
+    rng = random.Random(0)
+    for i, m in enumerate(method_names, start=1):
+        sub = ok.filter(pl.col("method") == m)
+        ax.scatter([i + rng.uniform(-0.2, 0.2) for _ in range(sub.height)], [v * 100 for v in sub["mfu"].to_list()],
+                   c=[colours[g] for g in sub["gpu"].to_list()], s=12, alpha=0.7, zorder=3)  # fmt: skip
+    ax.set_xticks(range(1, len(method_names) + 1), method_names, rotation=45 if len(method_names) > 6 else 0,
+                  ha="right" if len(method_names) > 6 else "center", fontsize=7)  # fmt: skip
+    ax.set_xlabel("method")
+    ax.set_ylabel("MFU (% of the dense peak)")
+    ax.set_title(f"{title} (cells that ran, suspect timings excluded; dots coloured by GPU type)")
+    handles = [plt.Line2D([], [], marker="o", ls="", color=c) for c in colours.values()]
+    ax.legend(handles, list(colours), title="GPU type", fontsize=7)
+    fig.tight_layout()
+    _save(fig, out, "mfu")
+
+
+def make_plots(tables: dict[str, str], out: dict[str, str], log_path: str, costs_config: dict | None = None) -> None:
+    """The `plots` rule: every plot from the tables (keys as aggregate.table_files)."""
+    t0 = time.perf_counter()
+    conf = pp_costs.settings(costs_config)
+    cells = pl.read_parquet(tables["cells_parquet"])
+    ttt = read_table(tables["time_to_train_csv"])
+    feas = read_table(tables["feasibility_csv"])
+    costs = read_table(tables["costs_csv"])
+    plot_days(ttt, out)
+    plot_methods(cells, out)
+    plot_cost_days(costs, out, conf["pareto_cost"], conf["amortisation_years"])
+    plot_feasibility(feas, out)
+    plot_mfu(cells, out)
+    atomic_write_text(
+        log_path,
+        f"plotted {ttt.height} settings, {cells.filter(pl.col('status') == 'ok').height} ok cells "
+        f"({time.perf_counter() - t0:.2f} s)\n",
+    )
+
+
+# --------------------------------------------------------------------------------------------- report
+
+
+def _rel(path: str, base: Path) -> str:
+    return os.path.relpath(Path(path).resolve(), base.resolve())
+
+
+def _img(key: str, plots: dict[str, str], base: Path) -> str:
+    stem, title = PLOTS[key]
+    return f"![{title}]({_rel(plots[f'{key}_png'], base)}) ([SVG]({_rel(plots[f'{key}_svg'], base)}))\n"
+
+
+def _link(name: str, tables: dict[str, str], base: Path) -> str:
+    return f"[{name}.csv]({_rel(tables[f'{name}_csv'], base)}) / [{name}.md]({_rel(tables[f'{name}_md'], base)})"
+
+
+def _summary_lines(ttt: pl.DataFrame, pareto: pl.DataFrame) -> list[str]:
+    lines = []
+    for model in sorted(set(ttt["model"].to_list())):
+        mine = ttt.filter(pl.col("model") == model).filter(pl.col("training_days").is_not_null())
+        if mine.is_empty():
+            continue
+        r = mine.sort("training_days").row(0, named=True)
+        line = (
+            f"- **{model}**: fastest measured setting {r['nodes']}x{r['gpus_per_node']} {r['gpu']} with "
+            f"`{r['best_method']}`: {r['training_days']:.3g} days"
+        )
+        front = pareto.filter(pl.col("model") == model).sort("cost_usd")
+        if front.height:
+            c = front.row(0, named=True)
+            line += (
+                f"; cheapest on the Pareto front {c['world_size']}x{c['gpu']} ({c['best_method']}): "
+                f"{c['training_days']:.3g} days for {pp_costs.usd(c['cost_usd'])} ({c['cost_kind']})"
+            )
+        lines.append(line)
+    return lines or ["- no setting has run successfully yet"]
+
+
+def write_report(
+    tables: dict[str, str],
+    plots: dict[str, str],
+    optimal_dir: str | None,
+    out_md: str,
+    log_path: str,
+    costs_config: dict | None = None,
+) -> None:
+    """The `report` rule: results/report.md."""
+    conf = pp_costs.settings(costs_config)
+    base = Path(out_md).parent
+    cells = pl.read_parquet(tables["cells_parquet"])
+    ttt = read_table(tables["time_to_train_csv"])
+    pareto = read_table(tables["pareto_csv"])
+    problems = read_table(tables["problems_csv"])
+    by_status = dict(cells.group_by("status").len().sort("status").rows())
+    status_txt = ", ".join(f"{n} {s}" for s, n in by_status.items())
+    kind, years = conf["pareto_cost"], conf["amortisation_years"]
+    md: list[str] = [
+        "# Pre-training plan: results\n",
+        f"Generated {dt.datetime.now().isoformat(timespec='seconds')} by pretrain-planner from {cells.height} cells "
+        f"({status_txt}). Every number below is a measurement of this sweep unless it says *analytic*.\n",
+        "## Summary\n",
+        *_summary_lines(ttt, pareto),
+        "",
+        "## Time to train\n",
+        "One row per model x GPU type x count: the fastest method that ran (not `suspect`), its micro-batch and "
+        "gradient accumulation, the median optimizer step with its p10/p90 spread, throughput, MFU and peak memory. "
+        "**training_days** is the recipe's step count times the median step. `days_naive` / `days_fl` are the "
+        "days with `naive` and with free-lunch alone, and `speedup_vs_*` how much faster the best method is than "
+        "each (1 = it is that method). A blank cell means not measured or not known (e.g. no MFU without a GPU "
+        f"peak). Full table: {_link('time_to_train', tables, base)}.\n",
+        to_markdown(
+            ttt.select(
+                *GROUP,
+                "best_method",
+                "micro_batch_size",
+                "grad_accum_steps",
+                "step_time_s",
+                "mfu",
+                "training_days",
+                "days_naive",
+                "days_fl",
+                "speedup_vs_naive",
+                "speedup_vs_fl",
+            ),  # fmt: skip
+            max_rows=200,
+        ),
+        _img("days", plots, base),
+        "Each bar is one setting with its fastest method (colour: GPU type); a log axis is used when the days "
+        "span more than a factor 100.\n",
+        "## Feasibility\n",
+        "Which settings fit in memory at all. `naive` and `fl` say what that method did there: `fits`, `oom` "
+        "(even micro-batch 1 did not fit), `unsupported`, `invalid` (the plan rules it out; reason in plan.csv), "
+        "`missing`/`corrupt` (no usable result yet) or `not swept`. `fits_any` is true if any method ran; "
+        "`verdict` is the best that can be said, and `fitting_methods` lists every method that ran. "
+        f"Full table: {_link('feasibility', tables, base)}.\n",
+        _img("feasibility", plots, base),
+        "Rows are model / GPU type, columns the GPU count (nodes x GPUs per node); the colour is the verdict "
+        "(dark green: even naive fits; light green: free-lunch needed; yellow: only checkpointing or sharding "
+        "fits; red: out of memory) and the text the fastest method.\n",
+        "## Costs and the Pareto front\n",
+        'What the best setting costs, with the "$100K or 100 Days" study\'s arithmetic: **hardware_usd** = base '
+        "machine for the GPU count (per node) + GPUs x GPU price; **amortised_usd** = hardware x days / "
+        f"({years:g} years x 365), the share of the machine's life the run uses; **cloud_usd** = $/GPU-hour x GPUs "
+        "x hours. Prices come from config/gpus.yaml; a blank cost has its reason in `cost_note` (fill in the "
+        f"price to get it). `pareto` marks the settings on their model's front. Full table: "
+        f"{_link('costs', tables, base)}.\n",
+        f"The Pareto table keeps, per model, only the settings that no other setting beats in both days and "
+        f"{kind} cost: every other setting is slower and no cheaper, or dearer and no faster. Pick from it by "
+        f"budget or deadline. Full table: {_link('pareto', tables, base)}.\n",
+        to_markdown(pareto, max_rows=200)
+        if pareto.height
+        else f"No setting has both a time to train and a known {kind} cost yet (see `cost_note` in costs.csv).\n",
+        _img("cost_days", plots, base),
+        "One panel per model: each point is a setting with its fastest method, days on a log axis, colour the "
+        "GPU type, size the GPU count; black-edged points joined by the black step line are the Pareto front.\n",
+        "## Measured vs analytic\n",
+        "The analytic estimate assumes every GPU runs at its dense peak: FLOPs per step (the one formula in "
+        "flops.py x the global batch) / (GPUs x peak) gives `analytic_step_time_s` and `analytic_days`; "
+        "`measured_over_analytic` is how many times slower the measurement is (1 / MFU). Values near 1 are "
+        "implausible (the `suspect` check), 2-4 is typical of good training runs. Blank where the GPU type "
+        "declares no peak.\n",
+        to_markdown(
+            ttt.select(*GROUP, "best_method", "training_days", "analytic_days", "measured_over_analytic"),
+            max_rows=200,
+        ),
+        "## MFU and step time by method\n",
+        _img("mfu", plots, base),
+        "MFU (model FLOPs utilisation) of every cell that ran, per method: the share of the GPUs' dense peak the "
+        "training FLOPs use. Higher is better; free-lunch should beat naive, memory saving costs some.\n",
+        _img("methods", plots, base),
+        "Median seconds per optimizer step of every cell that ran (whiskers: p10-p90), or, for large sweeps, "
+        "each method's step time relative to the fastest method of the same setting.\n",
+        "## Problems\n",
+        (
+            "Result files the aggregation could not use; their cells count as `corrupt` and are skipped "
+            f"everywhere else:\n\n{to_markdown(problems, max_rows=200)}"
+            if problems.height
+            else "None: every result file was usable.\n"
+        ),
+    ]
+    if optimal_dir and Path(optimal_dir, "index.csv").is_file():
+        index = read_table(Path(optimal_dir) / "index.csv")
+        planned = index.filter(pl.col("best_method").is_not_null()).height
+        md += [
+            "## Exported plans\n",
+            f"{planned} settings have a plan in [{_rel(optimal_dir, base)}/]({_rel(optimal_dir, base)}/index.csv): "
+            "`training_arguments.json` (keyword arguments of `transformers.TrainingArguments`), `deepspeed.json` "
+            "for ZeRO methods, `launch.sh` (torchrun, or srun + torchrun on SLURM) and `plan.json` (the "
+            "measurement and the model it rests on).\n",
+        ]
+    md += [
+        "## Files\n",
+        "\n".join(
+            f"- {_link(n, tables, base)}"
+            for n in ("cells", "time_to_train", "feasibility", "costs", "pareto", "problems")
+        )  # fmt: skip
+        + f"\n- [cells.parquet]({_rel(tables['cells_parquet'], base)}): every column, nested settings included\n",
+    ]
+    atomic_write_text(out_md, "\n".join(md))
+    atomic_write_text(log_path, f"report: {cells.height} cells, {ttt.height} settings, {pareto.height} on a front\n")

@@ -1,13 +1,42 @@
-# Every cell's result -> polars tables (cells, time_to_train).
+# Every cell's result -> polars tables (cells, time_to_train, feasibility, costs, pareto, problems),
+# then the plan of each setting's fastest method as Trainer arguments and a launch script.
+
+import pretrain_planner.export as pp_export
+
+OPTIMAL = f"{RESULTS}/optimal"
 
 
 rule aggregate:
     input:
         plan=f"{RESULTS}/plan.csv",
         results=PP.cell_files("result.json"),
+        models=PP.catalog.models_path,
+        gpus=PP.catalog.gpus_path,
     output:
         **TABLES,
     log:
         f"{RESULTS}/logs/aggregate.log",
+    params:
+        costs=PP.config.get("costs", {}),
     run:
-        pp_aggregate.build_tables(input.plan, input.results, dict(output.items()), log[0])
+        pp_aggregate.build_tables(
+            input.plan, input.results, dict(output.items()), log[0], PP.catalog, params.costs
+        )
+
+
+rule export_plan:
+    input:
+        time_to_train=TABLES["time_to_train_csv"],
+        feasibility=TABLES["feasibility_csv"],
+        models=PP.catalog.models_path,
+        gpus=PP.catalog.gpus_path,
+    output:
+        directory(OPTIMAL),
+    log:
+        f"{RESULTS}/logs/export_plan.log",
+    params:
+        seed=PP.config["benchmark"]["seed"],
+    run:
+        pp_export.export_plans(
+            input.time_to_train, input.feasibility, output[0], log[0], PP.catalog, params.seed
+        )

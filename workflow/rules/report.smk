@@ -1,13 +1,31 @@
-# Plots from the tables.
+# Plots from the tables, and results/report.md gathering tables and plots.
+
+REPORT = f"{RESULTS}/report.md"
+
+
+rule plots:
+    input:
+        **TABLES,
+    output:
+        **PLOTS,
+    log:
+        f"{RESULTS}/logs/plots.log",
+    params:
+        costs=PP.config.get("costs", {}),
+    run:
+        pp_report.make_plots(dict(input.items()), dict(output.items()), log[0], params.costs)
 
 
 rule report:
     input:
-        cells=TABLES["cells_parquet"],
-        time_to_train=TABLES["time_to_train_csv"],
+        tables=list(TABLES.values()),
+        plots=list(PLOTS.values()),
+        optimal=OPTIMAL,
     output:
-        **PLOTS,
+        report=REPORT,
     log:
         f"{RESULTS}/logs/report.log",
+    params:
+        costs=PP.config.get("costs", {}),
     run:
-        pp_report.make_plots(input.cells, input.time_to_train, dict(output.items()), log[0])
+        pp_report.write_report(TABLES, PLOTS, input.optimal, output.report, log[0], params.costs)

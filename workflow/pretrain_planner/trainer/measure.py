@@ -71,27 +71,32 @@ class Search:
     trials: list[dict[str, Any]] = field(default_factory=list)
 
 
-def find_micro_batch(cfg: RunConfig, env: RankEnv, step: TrainStep) -> Search:
-    """Largest power-of-two micro-batch for which one micro-batch + optimizer step fits on every rank.
+def find_micro_batch(cfg: RunConfig, env: RankEnv, step: TrainStep, start: int | None = None) -> Search:
+    """Largest power-of-two micro-batch for which a step's peak fits on every rank.
 
-    The trial's backward runs without the gradient all-reduce, so a rank that runs out of memory
-    cannot leave the others waiting inside a collective; all ranks then agree through `_any_rank`.
+    The trial reproduces a step's peak: micro-batch, optimizer step (allocates the optimizer state),
+    then another micro-batch while that state and the accumulated gradients are held. Its backward runs
+    without the gradient all-reduce, so a rank that runs out of memory cannot leave the others waiting
+    inside a collective; all ranks then agree through `_any_rank`.
     """
     per_rank = cfg.recipe["global_batch"] // cfg.cell.world_size
     search = Search(None)
-    for mb in micro_batch_candidates(per_rank, cfg.bench.max_micro_batch):
+    candidates = micro_batch_candidates(per_rank, cfg.bench.max_micro_batch)
+    for mb in candidates if start is None else [c for c in candidates if c < start]:
         oom, t0 = False, time.perf_counter()
         try:
             batch = batches_for(cfg, env, mb, 1)
             step.micro(batch[0], 1.0, sync_grads=not env.distributed)
             step.optimizer_step()
+            step.micro(batch[0], 1.0, sync_grads=not env.distributed)
+            step.micro(batch[0], 1.0, sync_grads=not env.distributed)
             env.sync()
         except Exception as exc:  # only OOM is expected; anything else is a real failure
             if not is_oom(exc):
                 raise
             oom = True
         batch = None
-        step.optimizer.zero_grad(set_to_none=True)
+        step.reset_after_trial()
         oom = _any_rank(env, oom)
         search.trials.append({"micro_batch": mb, "fits": not oom, "seconds": round(time.perf_counter() - t0, 4)})
         if oom:

@@ -119,6 +119,12 @@ def apply_method(cfg: RunConfig, env: RankEnv, net: torch.nn.Module, attn_used: 
         enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     compiled = method.free_lunch and cfg.model["supports_compile"]
     # Compile the model, then wrap it in DDP: DDP's gradient hooks and no_sync() stay in eager code.
+    if compiled:  # the micro-batch search compiles one graph per size it tries: allow them all
+        from torch import _dynamo
+
+        for knob in ("recompile_limit", "cache_size_limit"):
+            if hasattr(_dynamo.config, knob):
+                setattr(_dynamo.config, knob, max(getattr(_dynamo.config, knob), 64))
     module = torch.compile(net, dynamic=False) if compiled else net
     ddp = None
     if env.distributed:

@@ -15,7 +15,7 @@ import torch
 from ..flops import mfu, train_flops_per_sample
 from ..results import write_result, write_steps
 from .config import RunConfig
-from .measure import find_micro_batch, percentile, time_steps
+from .measure import find_micro_batch, is_oom, percentile, time_steps
 from .models import build_model
 from .parallel import RankEnv, Unsupported, apply_method, build_optimizer, close_rank, init_rank
 from .step import TrainStep
@@ -67,14 +67,27 @@ def measure_cell(cfg: RunConfig, env: RankEnv) -> tuple[dict[str, Any], list[dic
     step = TrainStep(applied, optimizer, cfg.recipe["grad_clip"], env.device.type)
     settings = {**applied.settings, **opt_settings, "lr_schedule": "constant (benchmark; schedule cost is nil)"}
 
-    search = find_micro_batch(cfg, env, step)
-    result: dict[str, Any] = {"method_settings": settings, "micro_batch_trials": search.trials}
-    if search.micro_batch is None:
-        return {**result, "status": "oom", "reason": "micro-batch 1 does not fit on every rank"}, []
-
-    mb = search.micro_batch
+    trials: list[dict[str, Any]] = []
+    result: dict[str, Any] = {"method_settings": settings, "micro_batch_trials": trials}
+    start = None
+    while True:
+        search = find_micro_batch(cfg, env, step, start)
+        trials.extend(search.trials)
+        if search.micro_batch is None:
+            return {**result, "status": "oom", "reason": "micro-batch 1 does not fit on every rank"}, []
+        mb = search.micro_batch
+        try:
+            timing = time_steps(cfg, env, step, mb)
+            break
+        except Exception as exc:
+            # One rank alone: an OOM while timing (allocator growth) means try the next smaller
+            # micro-batch. With several ranks the others may sit in a collective: let it fail.
+            if env.distributed or not is_oom(exc):
+                raise
+            trials.append({"micro_batch": mb, "fits": False, "while": "timing"})
+            step.reset_after_trial()
+            start = mb
     accum = cfg.recipe["global_batch"] // cfg.cell.world_size // mb
-    timing = time_steps(cfg, env, step, mb)
     median = timing.median
     per_sample = train_flops_per_sample(cfg.model)
     flops_source = "formula"

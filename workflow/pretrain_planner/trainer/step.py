@@ -42,6 +42,12 @@ class TrainStep:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
+    def reset_after_trial(self) -> None:
+        """Drop gradients, and the loss scaler's per-step state (an OOM may strike after unscale_)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scaler is not None:
+            self.scaler = torch.amp.GradScaler(self.device_type, init_scale=self.scaler.get_scale())
+
     def __call__(self, batches: list[dict[str, torch.Tensor]], accum: int) -> torch.Tensor:
         """`accum` micro-batches (cycling through `batches`), all-reduce on the last one only, then step."""
         losses = [

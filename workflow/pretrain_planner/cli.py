@@ -1,0 +1,283 @@
+"""`pretrain-planner` (also `python -m pretrain_planner`): price a setting, look up the best measured one,
+see where a sweep stands. Reads config files and results only; imports no torch.
+
+  pretrain-planner cost --gpu a100 --count 4 --days 17.57
+  pretrain-planner best --model pythia-1b --gpu a100 --count 4 [--results results]
+  pretrain-planner status [--results results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]  # the checkout (config/ lives there); unused when installed elsewhere
+DEFAULT_CONFIG = "config/config.yaml"
+
+
+class CliError(Exception):
+    pass
+
+
+def _resolve(path: str) -> Path:
+    """Relative to the working directory, else to the checkout (like the Snakefile's paths)."""
+    p = Path(path)
+    if p.is_absolute() or p.exists():
+        return p
+    return REPO / p
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
+
+
+def load_config(args: argparse.Namespace) -> dict[str, Any]:
+    """config/config.yaml with --config merged over it (as Snakemake's --configfile), validated, defaults in."""
+    from .schema import load_yaml, validate
+
+    default = _resolve(DEFAULT_CONFIG)
+    config = load_yaml(default) if default.is_file() else {}
+    source = str(default)
+    if args.config:
+        config = _merge(config or {}, load_yaml(_resolve(args.config)) or {})
+        source = args.config
+    if "sweep" not in config:  # no default config at hand: only the keys the CLI needs
+        config["sweep"] = {"models": ["-"], "gpus": ["-"]}
+    validate(config, "config", source)
+    if args.models:
+        config["catalog"]["models"] = args.models
+    if args.gpus:
+        config["catalog"]["gpus"] = args.gpus
+    if getattr(args, "results", None):
+        config["results"] = args.results
+    return config
+
+
+def _catalog(config: dict[str, Any], models: bool = True):
+    from .catalog import Catalog, load_catalog, load_gpus
+
+    gpus_path = _resolve(config["catalog"]["gpus"])
+    if models:
+        return load_catalog(_resolve(config["catalog"]["models"]), gpus_path)
+    gpus, base = load_gpus(gpus_path)
+    return Catalog({}, gpus, base, config["catalog"]["models"], str(gpus_path))
+
+
+def _results_dir(config: dict[str, Any]) -> Path:
+    return Path(config["results"])
+
+
+def _split(count: int, nodes: int) -> int:
+    if count < 1 or nodes < 1 or count % nodes:
+        raise CliError(f"--count {count} GPUs cannot be spread evenly over --nodes {nodes}")
+    return count // nodes
+
+
+# ------------------------------------------------------------------------------------------- commands
+
+
+def cmd_cost(args: argparse.Namespace) -> int:
+    from . import costs
+
+    config = load_config(args)
+    catalog = _catalog(config, models=False)
+    if args.gpu not in catalog.gpus:
+        raise CliError(f"{catalog.gpus_path}: no GPU type {args.gpu!r}; known: {', '.join(catalog.gpus)}")
+    gpn = _split(args.count, args.nodes)
+    years = args.years or costs.settings(config.get("costs"))["amortisation_years"]
+    p = costs.price(catalog.gpus[args.gpu], args.gpu, args.nodes, gpn, args.days, catalog.base_machine_usd, years,
+                    catalog.gpus_path)  # fmt: skip
+    if args.json:
+        print(json.dumps(p.to_dict(), indent=1))
+        return 0
+    g = catalog.gpus[args.gpu]
+    days = f", {args.days:g} days" if args.days is not None else ""
+    print(f"{args.count} x {g.label} ({args.gpu}) on {args.nodes} node(s){days}")
+    hw_how = (
+        f"{args.nodes} x base machine for {gpn} GPUs {costs.usd(p.base_machine_usd)} + {args.count} x "
+        f"{costs.usd(p.gpu_price_usd)}"
+    )
+    print(f"  hardware   {costs.usd(p.hardware_usd):>12}   {hw_how if p.hardware_usd is not None else ''}")
+    if args.days is not None:
+        print(
+            f"  amortised  {costs.usd(p.amortised_usd):>12}   hardware x {args.days:g} days / ({years:g} years x 365)"
+        )
+        rate = f"{costs.usd(p.cloud_usd_per_gpu_hour)}/GPU-hour x {p.gpu_hours:,.1f} GPU-hours"
+        print(f"  cloud      {costs.usd(p.cloud_usd):>12}   {rate if p.cloud_usd is not None else ''}")
+    for note in p.notes:
+        print(f"  note: {note}")
+    return 0
+
+
+def _time_to_train(results: Path, config: dict[str, Any]):
+    """tables/time_to_train.csv if the pipeline wrote it, else the cell results aggregated here."""
+    from . import aggregate
+
+    table = results / "tables" / "time_to_train.csv"
+    if table.is_file():
+        return aggregate.read_table(table), str(table)
+    paths = sorted(str(p) for p in results.glob("cells/*/*/*/*/result.json"))
+    if not paths:
+        raise CliError(f"no results in {results}: neither tables/time_to_train.csv nor cells/*/.../result.json")
+    results_df, _ = aggregate.read_results(paths)
+    plan = results / "plan.csv"
+    plan_df = aggregate.read_plan(plan) if plan.is_file() else aggregate.plan_from_results(results_df)
+    try:
+        catalog = _catalog(config)
+    except Exception:
+        catalog = None
+    cells, problems = aggregate.cells_table(plan_df, paths, catalog)
+    for p, why in problems.select("path", "problem").iter_rows():
+        print(f"skipped {p}: {why}", file=sys.stderr)
+    return aggregate.time_to_train(cells), f"{len(paths)} result files in {results}/cells"
+
+
+def cmd_best(args: argparse.Namespace) -> int:
+    import polars as pl
+
+    from . import costs
+
+    config = load_config(args)
+    results = _results_dir(config)
+    ttt, source = _time_to_train(results, config)
+    sel = ttt.filter((pl.col("model") == args.model) & (pl.col("gpu") == args.gpu))
+    if args.count is not None:
+        sel = sel.filter(pl.col("world_size") == args.count)
+    if args.nodes is not None:
+        sel = sel.filter(pl.col("nodes") == args.nodes)
+    sel = sel.filter(pl.col("training_days").is_not_null() | pl.col("step_time_s").is_not_null())
+    if sel.is_empty():
+        have = ttt.filter(pl.col("model") == args.model).select("gpu", "nodes", "gpus_per_node").rows()
+        known = ", ".join(f"{g} {n}x{k}" for g, n, k in have) or "none"
+        raise CliError(
+            f"no measured setting for {args.model} on {args.count or 'any number of'} {args.gpu} GPUs in {source}; "
+            f"measured settings of {args.model}: {known}"
+        )
+    sel = sel.sort(pl.col("training_days").fill_null(float("inf")), "step_time_s")
+    r = sel.row(0, named=True)
+    try:
+        catalog = _catalog(config, models=False)
+        conf = costs.settings(config.get("costs"))
+        p = costs.price(catalog.gpus.get(r["gpu"]), r["gpu"], r["nodes"], r["gpus_per_node"], r["training_days"],
+                        catalog.base_machine_usd, conf["amortisation_years"], catalog.gpus_path)  # fmt: skip
+    except Exception as exc:  # a broken price file must not hide the measurement
+        p, price_error = None, str(exc)
+    folder = results / "optimal" / r["model"] / r["gpu"] / f"{r['nodes']}x{r['gpus_per_node']}"
+    if args.json:
+        print(json.dumps({**r, "price": p.to_dict() if p else None, "plan": str(folder) if folder.is_dir() else None,
+                          "source": source}, indent=1, default=str))  # fmt: skip
+        return 0
+    days = f"{r['training_days']:.2f} days" if r["training_days"] is not None else "days unknown (no step count)"
+    print(f"{r['model']} on {r['nodes']}x{r['gpus_per_node']} {r['gpu']}: best method {r['best_method']}, {days}")
+    print(
+        f"  micro-batch {r['micro_batch_size']} x {r['grad_accum_steps']} accumulation steps per GPU; step "
+        f"{r['step_time_s']:.4g} s (p10 {r['step_time_p10_s'] or float('nan'):.4g}, "
+        f"p90 {r['step_time_p90_s'] or float('nan'):.4g})"
+    )
+    extra = []
+    if r.get("mfu") is not None:
+        extra.append(f"MFU {r['mfu']:.1%}")
+    if r.get("tokens_per_s") is not None:
+        extra.append(f"{r['tokens_per_s']:,.0f} tokens/s")
+    elif r.get("samples_per_s") is not None:
+        extra.append(f"{r['samples_per_s']:,.1f} samples/s")
+    for m in ("naive", "fl"):
+        if r.get(f"days_{m}") is not None:
+            extra.append(f"{m} alone {r[f'days_{m}']:.2f} days (x{r[f'speedup_vs_{m}']:.2f})")
+    if extra:
+        print("  " + "; ".join(extra))
+    if p is not None:
+        print(
+            f"  cost: hardware {costs.usd(p.hardware_usd)}, amortised {costs.usd(p.amortised_usd)} "
+            f"({p.amortisation_years:g} years), cloud {costs.usd(p.cloud_usd)}"
+        )
+        for note in p.notes:
+            print(f"  note: {note}")
+    else:
+        print(f"  cost: unknown ({price_error})")
+    if sel.height > 1:
+        others = ", ".join(
+            f"{o['nodes']}x{o['gpus_per_node']} {o['best_method']}" for o in sel.tail(-1).iter_rows(named=True)
+        )
+        print(f"  other layouts measured: {others}")
+    if folder.is_dir():
+        print(f"  plan: {folder}/ (training_arguments.json, launch.sh)")
+    print(f"  (from {source})")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from . import status
+
+    config = load_config(args)
+    results = _results_dir(config)
+    plan = status.load_plan(results)
+    plan_source = str(results / "plan.csv")
+    if plan is None:
+        import polars as pl
+
+        from .pipeline import load
+
+        pipe = load(config, REPO, args.config or DEFAULT_CONFIG)
+        plan = pl.DataFrame(pipe.rows())
+        plan_source = f"{args.config or DEFAULT_CONFIG} (no {results}/plan.csv yet)"
+    summary, cells = status.sweep_status(results, plan)
+    if args.json:
+        print(json.dumps({"summary": summary.to_dicts(), "cells": cells.to_dicts()}, indent=1))
+    else:
+        print(status.format_status(summary, cells, str(results), plan_source))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", help=f"a sweep config merged over {DEFAULT_CONFIG} (as snakemake --configfile)")
+    common.add_argument("--models", help="models catalog (default: the config's catalog.models)")
+    common.add_argument("--gpus", help="GPU catalog with prices (default: the config's catalog.gpus)")
+    common.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser = argparse.ArgumentParser(
+        prog="pretrain-planner", description="Price, look up and follow pre-training benchmark sweeps."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("cost", parents=[common], help="price a hypothetical: hardware, amortised, cloud")
+    p.add_argument("--gpu", required=True, help="GPU type (a name in config/gpus.yaml)")
+    p.add_argument("--count", type=int, required=True, help="number of GPUs in all")
+    p.add_argument("--nodes", type=int, default=1, help="machines the GPUs are spread over (default 1)")
+    p.add_argument("--days", type=float, help="days of training (for the amortised and cloud cost)")
+    p.add_argument("--years", type=float, help="amortisation years (default: the config's costs.amortisation_years)")
+    p.set_defaults(func=cmd_cost)
+
+    p = sub.add_parser("best", parents=[common], help="the best measured setting and its days")
+    p.add_argument("--model", required=True)
+    p.add_argument("--gpu", required=True)
+    p.add_argument("--count", type=int, help="number of GPUs in all (default: any)")
+    p.add_argument("--nodes", type=int, help="only this many nodes (default: any)")
+    p.add_argument("--results", help="results folder (default: the config's `results`)")
+    p.set_defaults(func=cmd_best)
+
+    p = sub.add_parser("status", parents=[common], help="where the sweep stands, per GPU type")
+    p.add_argument("--results", help="results folder (default: the config's `results`)")
+    p.set_defaults(func=cmd_status)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from .schema import ConfigError
+
+    try:
+        return args.func(args)
+    except (CliError, ConfigError, FileNotFoundError) as exc:
+        print(f"pretrain-planner {args.command}: {exc}", file=sys.stderr)
+        return 1

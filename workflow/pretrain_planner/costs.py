@@ -1,0 +1,158 @@
+"""What a setting costs: hardware purchase, amortised experiment cost, cloud rent; and the Pareto front.
+
+The "$100K" study's arithmetic (reference/papers.md A, "Costs"): hardware = base machine by GPU count
++ GPUs x GPU price; experiment cost = hardware x days / (years x 365), five-year straight-line
+amortisation. Cloud cost = $/GPU-hour x GPUs x hours. A setting spread over several nodes buys one base
+machine per node (nodes x base machine for the GPUs per node). Prices come from config/gpus.yaml; a
+missing one gives a blank cost and a note saying which key to fill in. Imports no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .catalog import GpuSpec
+
+DEFAULT_YEARS = 5.0
+COST_KINDS = ("hardware", "amortised", "cloud")
+DEFAULTS: dict[str, Any] = {"amortisation_years": DEFAULT_YEARS, "pareto_cost": "hardware"}
+
+
+def settings(costs_config: dict[str, Any] | None) -> dict[str, Any]:
+    """The `costs:` section of config.yaml with defaults filled in (the schema fills them too)."""
+    out = {**DEFAULTS, **(costs_config or {})}
+    if out["pareto_cost"] not in COST_KINDS:
+        raise ValueError(f"costs.pareto_cost: {out['pareto_cost']!r} is not one of {', '.join(COST_KINDS)}")
+    if not out["amortisation_years"] or out["amortisation_years"] <= 0:
+        raise ValueError(f"costs.amortisation_years: {out['amortisation_years']!r} must be > 0")
+    return out
+
+
+@dataclass(frozen=True)
+class Price:
+    """The prices of one setting; a None value is unknown and `notes` says why."""
+
+    gpu: str
+    nodes: int
+    gpus_per_node: int
+    days: float | None
+    amortisation_years: float
+    gpu_price_usd: float | None
+    base_machine_usd: float | None
+    hardware_usd: float | None
+    amortised_usd: float | None
+    cloud_usd_per_gpu_hour: float | None
+    gpu_hours: float | None
+    cloud_usd: float | None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def note(self) -> str | None:
+        return "; ".join(self.notes) or None
+
+    def cost(self, kind: str) -> float | None:
+        return {"hardware": self.hardware_usd, "amortised": self.amortised_usd, "cloud": self.cloud_usd}[kind]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("notes")
+        return {**d, "world_size": self.world_size, "cost_note": self.note}
+
+
+def _finite(x: float | None) -> bool:
+    return x is not None and not (isinstance(x, float) and math.isnan(x))
+
+
+def price(
+    gpu: GpuSpec | None,
+    gpu_name: str,
+    nodes: int,
+    gpus_per_node: int,
+    days: float | None,
+    base_machine_usd: dict[int, float],
+    years: float = DEFAULT_YEARS,
+    gpus_path: str = "config/gpus.yaml",
+) -> Price:
+    """Price `nodes` machines of `gpus_per_node` GPUs of type `gpu` running for `days`."""
+    world = nodes * gpus_per_node
+    notes: list[str] = []
+    days = days if _finite(days) else None
+    if gpu is None:
+        notes.append(f"GPU type {gpu_name!r} is not in {gpus_path}")
+    gpu_price = gpu.price_usd if gpu is not None else None
+    cloud_rate = gpu.cloud_usd_per_gpu_hour if gpu is not None else None
+    base = base_machine_usd.get(gpus_per_node)
+    if gpu is not None and gpu_price is None:
+        notes.append(f"no price_usd for {gpu_name} in {gpus_path}")
+    if base is None:
+        notes.append(f"no base_machine_usd for {gpus_per_node} GPUs in {gpus_path}")
+    hardware = nodes * base + world * gpu_price if base is not None and gpu_price is not None else None
+    if days is None:
+        notes.append("no training days (no measured step time, or a time-budgeted recipe without a step count)")
+    amortised = hardware * days / (years * 365) if hardware is not None and days is not None else None
+    gpu_hours = world * days * 24 if days is not None else None
+    if gpu is not None and cloud_rate is None:
+        notes.append(f"no cloud_usd_per_gpu_hour for {gpu_name} in {gpus_path}")
+    cloud = cloud_rate * gpu_hours if cloud_rate is not None and gpu_hours is not None else None
+    return Price(
+        gpu=gpu_name,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        days=days,
+        amortisation_years=years,
+        gpu_price_usd=gpu_price,
+        base_machine_usd=base,
+        hardware_usd=hardware,
+        amortised_usd=amortised,
+        cloud_usd_per_gpu_hour=cloud_rate,
+        gpu_hours=gpu_hours,
+        cloud_usd=cloud,
+        notes=notes,
+    )
+
+
+def pareto_mask(days: Sequence[float | None], cost: Sequence[float | None]) -> list[bool]:
+    """True for the points no other point dominates in (days, cost), both minimised.
+
+    A point dominates another if it is no worse in both and better in one; identical points do not
+    dominate each other (both stay). Points with an unknown (None/NaN) coordinate are never on the front.
+    """
+    known = [i for i in range(len(days)) if _finite(days[i]) and _finite(cost[i])]
+    order = sorted(known, key=lambda i: (days[i], cost[i]))
+    mask = [False] * len(days)
+    best_cost, best_days = math.inf, None
+    for i in order:
+        if cost[i] < best_cost:
+            mask[i] = True
+            best_cost, best_days = cost[i], days[i]
+        elif cost[i] == best_cost and days[i] == best_days:
+            mask[i] = True  # an exact tie with a point on the front
+    return mask
+
+
+def pareto_by_group(keys: Iterable[Any], days: Sequence[float | None], cost: Sequence[float | None]) -> list[bool]:
+    """`pareto_mask` within each group (e.g. per model)."""
+    keys = list(keys)
+    groups: dict[Any, list[int]] = {}
+    for i, k in enumerate(keys):
+        groups.setdefault(k, []).append(i)
+    mask = [False] * len(keys)
+    for idx in groups.values():
+        sub = pareto_mask([days[i] for i in idx], [cost[i] for i in idx])
+        for i, on in zip(idx, sub, strict=True):
+            mask[i] = on
+    return mask
+
+
+def usd(x: float | None) -> str:
+    """$83,500 / $804 / $12.34; '-' when unknown."""
+    if not _finite(x):
+        return "-"
+    return f"${x:,.2f}" if abs(x) < 100 else f"${x:,.0f}"

@@ -1,0 +1,340 @@
+"""Export the plan: for each model x GPU type x count, the settings that would pre-train it for real.
+
+`results/optimal/{model}/{gpu}/{nodes}x{gpus_per_node}/` gets, for the fastest feasible method of
+tables/time_to_train.csv:
+- `training_arguments.json`: keyword arguments of `transformers.TrainingArguments` (micro-batch,
+  accumulation, the recipe's optimizer, schedule, clipping and precision, the method's TF32 / compile /
+  checkpointing / FSDP / DeepSpeed settings). Written as plain data: neither torch nor transformers is
+  imported here. A ZeRO plan embeds its DeepSpeed config, so loading it needs deepspeed installed (as
+  the run itself does).
+- `deepspeed.json` when the method shards with ZeRO (slug parts zero1/zero2/zero3, with `off`).
+- `launch.sh`: the torchrun line (inside `srun` on SLURM) that starts the run with those arguments.
+- `plan.json`: what the plan rests on (the measurement, the model's architecture, the recipe) and the
+  approximations a Hugging Face Trainer run makes of the recipe.
+A setting where nothing fits gets a README.md saying so, and `index.csv` lists every setting.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from . import methods
+from .aggregate import GROUP, read_table
+from .catalog import Catalog, GpuSpec, ModelSpec
+from .results import atomic_write_text
+
+ZERO_STAGES = {"zero1": 1, "zero2": 2, "zero3": 3}
+INDEX_COLUMNS = ["model", "gpu", "nodes", "gpus_per_node", "world_size", "best_method", "training_days", "folder",
+                 "files", "note"]  # fmt: skip
+
+
+def plan_folder(model: str, gpu: str, nodes: int, gpus_per_node: int) -> str:
+    return f"{model}/{gpu}/{nodes}x{gpus_per_node}"
+
+
+def _is_cpu(gpu: GpuSpec) -> bool:
+    """The `cpu` stand-in GPU type (no CUDA: the run uses CPU processes and gloo)."""
+    return gpu.name == "cpu"
+
+
+def _schedule(model: ModelSpec, max_steps: int) -> tuple[dict[str, Any], list[str]]:
+    """lr_scheduler_type / lr_scheduler_kwargs / warmup_steps for the recipe's schedule."""
+    sched = model.recipe.schedule
+    notes: list[str] = []
+    name = sched.get("name", "constant")
+    warmup: float | int = 0
+    if sched.get("warmup_steps") is not None:
+        warmup = int(sched["warmup_steps"])
+    elif sched.get("warmup_fraction"):
+        warmup = float(sched["warmup_fraction"])  # TrainingArguments reads a value < 1 as a ratio of max_steps
+    out: dict[str, Any] = {"warmup_steps": warmup}
+    if name == "cosine":
+        if sched.get("min_lr_ratio") is not None:
+            out.update(
+                lr_scheduler_type="cosine_with_min_lr", lr_scheduler_kwargs={"min_lr_rate": sched["min_lr_ratio"]}
+            )
+        elif sched.get("min_lr") is not None:
+            out.update(lr_scheduler_type="cosine_with_min_lr", lr_scheduler_kwargs={"min_lr": sched["min_lr"]})
+        else:
+            out["lr_scheduler_type"] = "cosine"
+    elif name == "linear":
+        out["lr_scheduler_type"] = "linear"
+    elif name == "time-linear":
+        out["lr_scheduler_type"] = "linear"
+        notes.append(
+            f"the recipe decays the learning rate linearly in wall-clock time over its "
+            f"{model.recipe.time_budget_hours} h budget; this plan decays it over max_steps = {max_steps}, the steps "
+            "that fit in the budget at the measured step time"
+        )
+    else:
+        out["lr_scheduler_type"] = "constant_with_warmup" if warmup else "constant"
+    return out, notes
+
+
+def _max_steps(model: ModelSpec, step_time_s: float | None) -> int:
+    if model.recipe.steps:
+        return int(model.recipe.steps)
+    if model.recipe.time_budget_hours and step_time_s:
+        return max(1, math.floor(model.recipe.time_budget_hours * 3600 / step_time_s))
+    raise ValueError(f"{model.name}: the recipe has neither steps nor a time budget with a measured step time")
+
+
+def deepspeed_config(
+    method: methods.Method, model: ModelSpec, micro_batch: int, accum: int, world_size: int
+) -> dict[str, Any] | None:
+    """DeepSpeed ZeRO config for a zero1/2/3 method (None otherwise); values match the TrainingArguments."""
+    stage = ZERO_STAGES.get(method.sharding or "")
+    if stage is None:
+        return None
+    r, opt = model.recipe, model.recipe.optimizer
+    zero: dict[str, Any] = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True}
+    if stage == 3:
+        zero.update(stage3_gather_16bit_weights_on_model_save=True)
+    if method.offload:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+        if stage == 3:
+            zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    return {
+        "train_batch_size": micro_batch * accum * world_size,
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": accum,
+        "gradient_clipping": float(r.grad_clip or 0.0),
+        "bf16": {"enabled": r.precision == "bf16"},
+        "fp16": {"enabled": r.precision == "fp16", "loss_scale": 0, "initial_scale_power": 16},
+        "optimizer": {
+            # plain Adam (L2 weight decay) as the recipe has it; DeepSpeed's Adam with adam_w_mode false
+            "type": "AdamW" if opt.name == "adamw" else "Adam",
+            "params": {
+                "lr": opt.lr,
+                "betas": list(opt.betas),
+                "eps": opt.eps,
+                "weight_decay": opt.weight_decay,
+                **({} if opt.name == "adamw" else {"adam_w_mode": False}),
+            },
+        },
+        "zero_optimization": zero,
+        "steps_per_print": 1000,
+        "wall_clock_breakdown": False,
+    }
+
+
+def training_arguments(
+    model: ModelSpec, gpu: GpuSpec, row: dict[str, Any], seed: int = 0, output_dir: str | None = None
+) -> tuple[dict[str, Any], dict[str, Any] | None, list[str]]:
+    """(TrainingArguments kwargs, DeepSpeed config or None, notes) for one time_to_train row."""
+    method = methods.parse(row["best_method"])
+    r, opt = model.recipe, model.recipe.optimizer
+    cpu = _is_cpu(gpu)
+    fl = method.free_lunch
+    mb, accum = int(row["micro_batch_size"]), int(row["grad_accum_steps"])
+    world = int(row["nodes"]) * int(row["gpus_per_node"])
+    max_steps = _max_steps(model, row.get("step_time_s"))
+    notes: list[str] = []
+    if mb * accum * world != r.global_batch:
+        notes.append(f"micro-batch {mb} x {accum} x {world} GPUs != the recipe's global batch {r.global_batch}")
+    if opt.name == "adam" and opt.weight_decay and ZERO_STAGES.get(method.sharding or "") is None:
+        notes.append(
+            "the recipe's Adam adds weight decay to the gradient (L2); the Trainer's optimizer "
+            f"({'adamw_torch_fused' if fl and not cpu else 'adamw_torch'}) decouples it (AdamW)"
+        )
+    slug = method.slug.replace("+", "-")
+    args: dict[str, Any] = {
+        "output_dir": output_dir or f"runs/{model.name}-{gpu.name}-{row['nodes']}x{row['gpus_per_node']}-{slug}",
+        "per_device_train_batch_size": mb,
+        "gradient_accumulation_steps": accum,
+        "max_steps": max_steps,
+        "learning_rate": opt.lr,
+        "adam_beta1": opt.betas[0],
+        "adam_beta2": opt.betas[1],
+        "adam_epsilon": opt.eps,
+        "weight_decay": opt.weight_decay,
+        "optim": "adamw_torch_fused" if fl and not cpu else "adamw_torch",
+        "max_grad_norm": float(r.grad_clip or 0.0),
+        "bf16": r.precision == "bf16",
+        "fp16": r.precision == "fp16",
+        "tf32": bool(fl and gpu.tf32 and not cpu),
+        "torch_compile": bool(fl and model.supports_compile),
+        "gradient_checkpointing": method.checkpointing,
+        "use_cpu": cpu,
+        "seed": seed,
+        "logging_steps": 10,
+        "save_strategy": "steps",
+        "save_steps": min(1000, max_steps),
+        "save_total_limit": 3,
+        "report_to": "none",
+        "dataloader_drop_last": True,
+    }
+    schedule, sched_notes = _schedule(model, max_steps)
+    args.update(schedule)
+    notes += sched_notes
+    if not r.grad_clip:
+        notes.append("the recipe does not clip gradients: max_grad_norm 0 disables clipping")
+    if world > 1:
+        args["ddp_find_unused_parameters"] = False
+    if fl and model.supports_compile is False:
+        notes.append(f"{model.name} does not support torch.compile: free-lunch runs it eagerly")
+    ds = deepspeed_config(method, model, mb, accum, world)
+    if ds is not None:
+        args["deepspeed"] = ds
+    elif method.sharding in ("fsdp-grad", "fsdp-full"):
+        args["fsdp"] = True
+        args["fsdp_config"] = {
+            "version": 2,
+            "reshard_after_forward": method.sharding == "fsdp-full",
+            "cpu_offload": method.offload,
+            "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        }
+    return args, ds, notes
+
+
+def launch_script(model: ModelSpec, gpu: GpuSpec, row: dict[str, Any]) -> str:
+    """A bash script: torchrun on this host (one node), or srun + torchrun inside a SLURM allocation."""
+    nodes, gpn = int(row["nodes"]), int(row["gpus_per_node"])
+    days = row.get("training_days")
+    days_txt = f"{days:.2f} days" if days is not None and not math.isnan(days) else "an unknown time"
+    gres = "" if _is_cpu(gpu) else f"#SBATCH --gpus-per-node={gpn}\n"
+    hours = max(1, math.ceil(days * 24 * 1.1)) if days and not math.isnan(days) else 24
+    return f"""#!/usr/bin/env bash
+# Pre-train {model.name} on {nodes} x {gpn} {gpu.label} ({gpu.name}) with method {row["best_method"]}:
+# micro-batch {row["micro_batch_size"]} x {row["grad_accum_steps"]} accumulation steps per GPU, measured step
+# {row["step_time_s"]:.4g} s -> about {days_txt} for the recipe's steps. Generated by pretrain-planner.
+#
+# TRAIN_SCRIPT: your Hugging Face Trainer script; it gets the path of training_arguments.json as its first
+# argument (e.g. HfArgumentParser(TrainingArguments).parse_json_file(sys.argv[1])) and builds the model of
+# plan.json; extra arguments of this script are passed on. Run it on one node as `bash launch.sh`, or submit it
+# with `sbatch launch.sh` (add your account/partition; the time limit below is the estimate + 10%, capped
+# by your site: a run that long needs checkpoint/resume across jobs).
+#SBATCH --job-name=pp-train-{model.name}-{gpu.name}-{nodes}x{gpn}
+#SBATCH --nodes={nodes}
+#SBATCH --ntasks-per-node=1
+{gres}#SBATCH --time={hours}:00:00
+set -euo pipefail
+PLAN_DIR="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
+TRAIN_SCRIPT="${{TRAIN_SCRIPT:-train.py}}"
+NNODES={nodes}
+NPROC_PER_NODE={gpn}
+export HF_HUB_OFFLINE="${{HF_HUB_OFFLINE:-1}}"
+if [[ -n "${{SLURM_JOB_ID:-}}" ]]; then
+  MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
+  srun --nodes="$NNODES" --ntasks-per-node=1 \\
+    torchrun --nnodes="$NNODES" --nproc-per-node="$NPROC_PER_NODE" \\
+      --rdzv-id="$SLURM_JOB_ID" --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:29500" \\
+      "$TRAIN_SCRIPT" "$PLAN_DIR/training_arguments.json" "$@"
+elif [[ "$NNODES" -eq 1 ]]; then
+  torchrun --standalone --nnodes=1 --nproc-per-node="$NPROC_PER_NODE" \\
+    "$TRAIN_SCRIPT" "$PLAN_DIR/training_arguments.json" "$@"
+else
+  echo "this plan spans $NNODES nodes: submit it with sbatch (or run it inside a SLURM allocation)" >&2
+  exit 2
+fi
+"""
+
+
+def _plan_record(model: ModelSpec, gpu: GpuSpec, row: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+    method = methods.parse(row["best_method"])
+    attn = None
+    if model.family not in ("mamba", "convnext"):
+        attn = "sdpa" if method.free_lunch else "eager"
+    return {
+        "model": model.to_dict(),
+        "gpu": gpu.to_dict(),
+        "nodes": row["nodes"],
+        "gpus_per_node": row["gpus_per_node"],
+        "method": method.slug,
+        "method_description": method.describe(),
+        "attn_implementation": attn,
+        "measured": {
+            k: row.get(k)
+            for k in (
+                "micro_batch_size",
+                "grad_accum_steps",
+                "step_time_s",
+                "step_time_p10_s",
+                "step_time_p90_s",
+                "tokens_per_s",
+                "samples_per_s",
+                "mfu",
+                "peak_mem_gib",
+                "training_days",
+                "analytic_days",
+            )
+        },  # fmt: skip
+        "notes": notes,
+    }
+
+
+def _clean(v: Any) -> Any:
+    return None if isinstance(v, float) and math.isnan(v) else v
+
+
+def export_plans(
+    time_to_train_csv: str,
+    feasibility_csv: str,
+    out_dir: str,
+    log_path: str,
+    catalog: Catalog,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """The `export` rule: one folder per model x GPU x count, and index.csv."""
+    out = Path(out_dir)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    ttt = read_table(time_to_train_csv)
+    feas = read_table(feasibility_csv)
+    best = {tuple(r[k] for k in GROUP): r for r in ttt.iter_rows(named=True)}
+    index, log = [], []
+    for f in feas.sort(GROUP).iter_rows(named=True):
+        key = tuple(f[k] for k in GROUP)
+        folder = plan_folder(*key)
+        target = out / folder
+        target.mkdir(parents=True, exist_ok=True)
+        entry = {**{k: f[k] for k in GROUP}, "world_size": f["world_size"], "best_method": None,
+                 "training_days": None, "folder": folder, "files": "", "note": ""}  # fmt: skip
+        row = best.get(key)
+        model, gpu = catalog.models.get(f["model"]), catalog.gpus.get(f["gpu"])
+        if row is None or model is None or gpu is None:
+            why = (
+                f"no feasible method: {f['verdict']} (naive: {f['naive']}, fl: {f['fl']})"
+                if row is None
+                else f"{f['model']} or {f['gpu']} is no longer in the catalog"
+            )
+            atomic_write_text(target / "README.md", f"# No plan for {f['model']} on {folder}\n\n{why}.\n")
+            entry.update(files="README.md", note=why)
+        else:
+            row = {k: _clean(v) for k, v in row.items()}
+            args, ds, notes = training_arguments(model, gpu, row, seed)
+            files = ["training_arguments.json", "launch.sh", "plan.json"]
+            atomic_write_text(target / "training_arguments.json", json.dumps(args, indent=1) + "\n")
+            if ds is not None:
+                atomic_write_text(target / "deepspeed.json", json.dumps(ds, indent=1) + "\n")
+                files.append("deepspeed.json")
+            atomic_write_text(target / "launch.sh", launch_script(model, gpu, row))
+            (target / "launch.sh").chmod(0o755)
+            atomic_write_text(target / "plan.json", json.dumps(_plan_record(model, gpu, row, notes), indent=1) + "\n")
+            entry.update(best_method=row["best_method"], training_days=row["training_days"], files=" ".join(files),
+                         note="; ".join(notes))  # fmt: skip
+        index.append(entry)
+        log.append(f"{folder}: {entry['best_method'] or entry['note']}")
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=INDEX_COLUMNS)
+    writer.writeheader()
+    writer.writerows(index)
+    atomic_write_text(out / "index.csv", buf.getvalue())
+    planned = sum(1 for e in index if e["best_method"])
+    atomic_write_text(
+        log_path, f"{planned} plans, {len(index) - planned} settings without one\n" + "\n".join(log) + "\n"
+    )
+    return index
+
+
+def read_index(out_dir: str | Path) -> pl.DataFrame:
+    return read_table(Path(out_dir) / "index.csv")
