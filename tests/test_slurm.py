@@ -158,3 +158,17 @@ def test_killed_driver_reattaches_without_resubmitting(slurm_cluster, tmp_path):
     jobs = [j for j in _sacct(since) if j["JobName"].startswith("pp-")]
     assert len(jobs) == 4, jobs  # zero duplicate submissions
     assert {j["JobID"] for j in jobs} == {r["slurm_job_id"] for r in results}
+
+
+def test_multi_node_cell_spans_both_nodes(slurm_cluster, tmp_path):
+    """A 2-node cell is one job with one task per node; DDP's all-reduce runs across the nodes."""
+    since = _last_job_id()
+    cfg = _config(tmp_path / "c.yaml", {"models": ["tiny-bert"], "gpus": ["cpu"], "nodes": [2], "gpus_per_node": [1]})
+    proc = snakemake(tmp_path, "--profile", PROFILE, "--configfile", str(cfg))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    (result,) = _results(tmp_path)
+    assert result["status"] == "ok" and result["world_size"] == 2 and result["nodes"] == 2
+    assert result["method_settings"]["parallel"] == "ddp"
+    (job,) = _wait(lambda: _sacct(since, "pp-tiny-bert-cpu-2x1-naive"), 30, "sacct")
+    assert job["Partition"] == "cpu" and job["NodeList"] in ("node-[a100,h100]", "node-a100,node-h100"), job
+    assert _step_tasks(job["JobID"]) == 2
