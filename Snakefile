@@ -17,6 +17,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/benchmark.smk"
 include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/pretrain.smk"
 
 
 rule all:

@@ -173,3 +173,12 @@ def test_arch_without_intermediate_size_is_refused(tmp_path):
     entry = {**TINY_VIT, "arch": {k: v for k, v in TINY_VIT["arch"].items() if k != "intermediate_size"}}
     with pytest.raises(ConfigError, match=r"models\.tiny-vit\.arch: missing intermediate_size"):
         _load_one(tmp_path, "tiny-vit", entry)
+
+
+def test_sparse_prediction_counts_the_head_on_masked_tokens_only(catalog):
+    dense = catalog.model("bert-24h").to_dict()
+    assert dense["arch"]["sparse_prediction"] is True
+    full = {**dense, "arch": {**dense["arch"], "sparse_prediction": False}}
+    arch, seq = dense["arch"], dense["recipe"]["sequence_length"]
+    head_share = 6 * arch["hidden_size"] * arch["vocab_size"] * seq * (1 - dense["recipe"]["mlm_probability"])
+    assert train_flops_per_sample(full) - train_flops_per_sample(dense) == pytest.approx(head_share)

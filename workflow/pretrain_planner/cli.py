@@ -74,6 +74,10 @@ def _results_dir(config: dict[str, Any]) -> Path:
     return Path(config["results"])
 
 
+def _days(x: float) -> str:
+    return f"{x:.2f}" if abs(x) >= 1 else f"{x:.3g}"
+
+
 def _split(count: int, nodes: int) -> int:
     if count < 1 or nodes < 1 or count % nodes:
         raise CliError(f"--count {count} GPUs cannot be spread evenly over --nodes {nodes}")
@@ -104,13 +108,13 @@ def cmd_cost(args: argparse.Namespace) -> int:
         f"{args.nodes} x base machine for {gpn} GPUs {costs.usd(p.base_machine_usd)} + {args.count} x "
         f"{costs.usd(p.gpu_price_usd)}"
     )
-    print(f"  hardware   {costs.usd(p.hardware_usd):>12}   {hw_how if p.hardware_usd is not None else ''}")
+    print(f"  hardware   {costs.usd(p.hardware_usd):>12}   {hw_how if p.hardware_usd is not None else ''}".rstrip())
     if args.days is not None:
         print(
             f"  amortised  {costs.usd(p.amortised_usd):>12}   hardware x {args.days:g} days / ({years:g} years x 365)"
         )
         rate = f"{costs.usd(p.cloud_usd_per_gpu_hour)}/GPU-hour x {p.gpu_hours:,.1f} GPU-hours"
-        print(f"  cloud      {costs.usd(p.cloud_usd):>12}   {rate if p.cloud_usd is not None else ''}")
+        print(f"  cloud      {costs.usd(p.cloud_usd):>12}   {rate if p.cloud_usd is not None else ''}".rstrip())
     for note in p.notes:
         print(f"  note: {note}")
     return 0
@@ -174,7 +178,7 @@ def cmd_best(args: argparse.Namespace) -> int:
         print(json.dumps({**r, "price": p.to_dict() if p else None, "plan": str(folder) if folder.is_dir() else None,
                           "source": source}, indent=1, default=str))  # fmt: skip
         return 0
-    days = f"{r['training_days']:.2f} days" if r["training_days"] is not None else "days unknown (no step count)"
+    days = f"{_days(r['training_days'])} days" if r["training_days"] is not None else "days unknown (no step count)"
     print(f"{r['model']} on {r['nodes']}x{r['gpus_per_node']} {r['gpu']}: best method {r['best_method']}, {days}")
     print(
         f"  micro-batch {r['micro_batch_size']} x {r['grad_accum_steps']} accumulation steps per GPU; step "
@@ -190,7 +194,7 @@ def cmd_best(args: argparse.Namespace) -> int:
         extra.append(f"{r['samples_per_s']:,.1f} samples/s")
     for m in ("naive", "fl"):
         if r.get(f"days_{m}") is not None:
-            extra.append(f"{m} alone {r[f'days_{m}']:.2f} days (x{r[f'speedup_vs_{m}']:.2f})")
+            extra.append(f"{m} alone {_days(r[f'days_{m}'])} days (x{r[f'speedup_vs_{m}']:.2f})")
     if extra:
         print("  " + "; ".join(extra))
     if p is not None:

@@ -199,7 +199,7 @@ def launch_script(model: ModelSpec, gpu: GpuSpec, row: dict[str, Any]) -> str:
     """A bash script: torchrun on this host (one node), or srun + torchrun inside a SLURM allocation."""
     nodes, gpn = int(row["nodes"]), int(row["gpus_per_node"])
     days = row.get("training_days")
-    days_txt = f"{days:.2f} days" if days is not None and not math.isnan(days) else "an unknown time"
+    days_txt = f"{days:.4g} days" if days is not None and not math.isnan(days) else "an unknown time"
     gres = "" if _is_cpu(gpu) else f"#SBATCH --gpus-per-node={gpn}\n"
     hours = max(1, math.ceil(days * 24 * 1.1)) if days and not math.isnan(days) else 24
     return f"""#!/usr/bin/env bash
@@ -215,7 +215,7 @@ def launch_script(model: ModelSpec, gpu: GpuSpec, row: dict[str, Any]) -> str:
 #SBATCH --job-name=pp-train-{model.name}-{gpu.name}-{nodes}x{gpn}
 #SBATCH --nodes={nodes}
 #SBATCH --ntasks-per-node=1
-{gres}#SBATCH --time={hours}:00:00
+{gres}#SBATCH --time={hours // 24}-{hours % 24:02d}:00:00
 set -euo pipefail
 PLAN_DIR="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
 TRAIN_SCRIPT="${{TRAIN_SCRIPT:-train.py}}"
@@ -271,6 +271,12 @@ def _plan_record(model: ModelSpec, gpu: GpuSpec, row: dict[str, Any], notes: lis
     }
 
 
+def _write(path: Path, text: str) -> None:
+    """Plain write: the folder is one Snakemake output, marked incomplete as a whole if the rule fails (an
+    fsync per file would make a 400-setting export take seconds)."""
+    path.write_text(text)
+
+
 def _clean(v: Any) -> Any:
     return None if isinstance(v, float) and math.isnan(v) else v
 
@@ -307,19 +313,19 @@ def export_plans(
                 if row is None
                 else f"{f['model']} or {f['gpu']} is no longer in the catalog"
             )
-            atomic_write_text(target / "README.md", f"# No plan for {f['model']} on {folder}\n\n{why}.\n")
+            _write(target / "README.md", f"# No plan for {f['model']} on {folder}\n\n{why}.\n")
             entry.update(files="README.md", note=why)
         else:
             row = {k: _clean(v) for k, v in row.items()}
             args, ds, notes = training_arguments(model, gpu, row, seed)
             files = ["training_arguments.json", "launch.sh", "plan.json"]
-            atomic_write_text(target / "training_arguments.json", json.dumps(args, indent=1) + "\n")
+            _write(target / "training_arguments.json", json.dumps(args, indent=1) + "\n")
             if ds is not None:
-                atomic_write_text(target / "deepspeed.json", json.dumps(ds, indent=1) + "\n")
+                _write(target / "deepspeed.json", json.dumps(ds, indent=1) + "\n")
                 files.append("deepspeed.json")
-            atomic_write_text(target / "launch.sh", launch_script(model, gpu, row))
+            _write(target / "launch.sh", launch_script(model, gpu, row))
             (target / "launch.sh").chmod(0o755)
-            atomic_write_text(target / "plan.json", json.dumps(_plan_record(model, gpu, row, notes), indent=1) + "\n")
+            _write(target / "plan.json", json.dumps(_plan_record(model, gpu, row, notes), indent=1) + "\n")
             entry.update(best_method=row["best_method"], training_days=row["training_days"], files=" ".join(files),
                          note="; ".join(notes))  # fmt: skip
         index.append(entry)

@@ -4,7 +4,8 @@ Transformers (Kaplan et al. / the PaLM appendix, as in reference/measurements.md
 6 x (matmul parameters it passes through, LM head included, input embedding excluded) for forward +
 backward, plus 12 x layers x hidden x context for attention scores and values (no causal discount,
 matching what kernels and torch.utils.flop_counter count). Norms, biases and activations are ignored
-(< 2% for real sizes). Families with no formula here (ConvNeXt) return None; the trainer then counts
+(< 2% for real sizes). With sparse prediction (24-hour BERT) the LM head counts for the masked share
+of the tokens only. Families with no formula here (ConvNeXt) return None; the trainer then counts
 the FLOPs of one step with torch.utils.flop_counter. Imports no torch.
 """
 
@@ -32,6 +33,8 @@ def train_flops_per_sample(model: dict[str, Any]) -> float | None:
         else:
             tokens = recipe["sequence_length"]
             head = h * arch["vocab_size"]
+            if arch.get("sparse_prediction"):  # the LM head runs on the masked positions only
+                head *= recipe.get("mlm_probability", 0.15)
         per_token = 6 * (layers * _block_matmul_params(arch) + head) + 12 * layers * h * tokens
         return float(per_token * tokens)
     if family == "mamba":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import os
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -58,9 +59,18 @@ def _save(fig, out: dict[str, str], key: str) -> None:
         path = Path(out[f"{key}_{ext}"])
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp.{ext}")
-        fig.savefig(tmp, dpi=110, format=ext)
+        fig.savefig(tmp, dpi=100, format=ext)
         os.replace(tmp, path)
     plt.close(fig)
+
+
+CHAR_IN = 0.06  # width of a character at font size 7, inches (for fixed margins)
+
+
+def _margins(fig, left: float, right: float, bottom: float, top: float) -> None:
+    """Margins in inches. tight_layout measures every tick label and takes seconds on a large sweep."""
+    width, height = fig.get_size_inches()
+    fig.subplots_adjust(left=left / width, right=1 - right / width, bottom=bottom / height, top=1 - top / height)
 
 
 def _empty(ax, title: str, message: str, xlabel: str = "", ylabel: str = "") -> None:
@@ -69,7 +79,7 @@ def _empty(ax, title: str, message: str, xlabel: str = "", ylabel: str = "") -> 
     ax.set_ylabel(ylabel)
     ax.set_xticks([])
     ax.set_yticks([])
-    ax.text(0.5, 0.5, message, ha="center", va="center", wrap=True, fontsize=10, transform=ax.transAxes)
+    ax.text(0.5, 0.5, message, ha="center", va="center", fontsize=9, transform=ax.transAxes)
 
 
 def _setting(row: dict) -> str:
@@ -86,30 +96,39 @@ def gpu_colours(names) -> dict[str, Any]:
 
 
 def plot_days(ttt: pl.DataFrame, out: dict[str, str]) -> None:
+    """One horizontal bar per setting (its fastest method), grouped by model; colour = GPU type."""
     plt = _plt()
     title = PLOTS["days"][1]
     shown = ttt.filter(pl.col("training_days").is_not_null()).sort("model", "gpu", "world_size", "nodes")
     n = shown.height
     if n > MAX_BARS:
         shown = shown.head(MAX_BARS)
-        title += f" (first {MAX_BARS} of {n} settings; all in tables/time_to_train.csv)"
-    fig, ax = plt.subplots(figsize=(min(40, max(6, 0.45 * max(1, shown.height))), 5))
+        title += f"\n(first {MAX_BARS} of {n} settings; all in tables/time_to_train.csv)"
+    labels = [f"{r['model']}  {_setting(r)}  {r['best_method']}" for r in shown.iter_rows(named=True)]
+    left = 0.4 + CHAR_IN * max((len(x) for x in labels), default=10)
+    fig, ax = plt.subplots(figsize=(left + 7, min(60, 1.3 + 0.22 * max(4, shown.height))))
     if shown.is_empty():
-        _empty(ax, title, "no setting has a measured time to train yet", ylabel="days to train")
+        _empty(ax, title, "no setting has a measured time to train yet", xlabel="days to train")
     else:
         colours = gpu_colours(shown["gpu"])
         rows = list(shown.iter_rows(named=True))
         days = [r["training_days"] for r in rows]
-        ax.bar(range(len(rows)), days, color=[colours[r["gpu"]] for r in rows])
-        ax.set_xticks(range(len(rows)), [f"{r['model']}\n{_setting(r)}\n{r['best_method']}" for r in rows],
-                      fontsize=6 if len(rows) > 30 else 7)  # fmt: skip
-        ax.set_ylabel("days to train (recipe steps x median step)")
+        y = range(len(rows))
+        ax.barh(y, days, color=[colours[r["gpu"]] for r in rows])
+        ax.set_yticks(y, labels, fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlabel("days to train (recipe steps x median step)")
         ax.set_title(title)
         if min(days) > 0 and max(days) / min(days) > 100:
-            ax.set_yscale("log")
+            ax.set_xscale("log")
+            ax.minorticks_off()
+        if len(days) <= 60:
+            for i, d in enumerate(days):
+                ax.text(d, i, f" {d:.3g}", va="center", fontsize=6)
         handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
-        ax.legend(handles, list(colours), title="GPU type", fontsize=7)
-    fig.tight_layout()
+        ax.legend(handles, list(colours), title="GPU type", fontsize=7, loc="lower right")
+        ax.grid(True, axis="x", alpha=0.2)
+    _margins(fig, left, 0.3, 0.55, 0.7 if "\n" in title else 0.45)
     _save(fig, out, "days")
 
 
@@ -167,10 +186,13 @@ def plot_cost_days(costs: pl.DataFrame, out: dict[str, str], kind: str, years: f
     priced = timed.filter(pl.col(col).is_not_null())
     if priced.is_empty():
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        notes = sorted(set(timed["cost_note"].drop_nulls().to_list()))[:3]
+        notes = sorted({n for note in timed["cost_note"].drop_nulls().to_list() for n in note.split("; ")})
+        if kind != "cloud":
+            notes = [n for n in notes if "cloud_usd_per_gpu_hour" not in n]
         msg = f"no setting with a known {kind} cost"
         if not timed.is_empty():
-            msg += " and a time to train:\n" + "\n".join(notes) + "\n(fill in config/gpus.yaml)"
+            lines = [textwrap.fill(n, 70) for n in notes[:4]] + (["..."] if len(notes) > 4 else [])
+            msg += " and a time to train:\n" + "\n".join(lines) + "\n(fill in the prices)"
         _empty(ax, PLOTS["cost_days"][1], msg, "days to train (log)", ylabel)
         fig.tight_layout()
         _save(fig, out, "cost_days")
@@ -207,17 +229,18 @@ def plot_cost_days(costs: pl.DataFrame, out: dict[str, str], kind: str, years: f
         if front.height:
             ax.step(front["training_days"].to_list(), front[col].to_list(), where="post", color="black", lw=1,
                     zorder=2, label="Pareto front")  # fmt: skip
-            for r in front.iter_rows(named=True):
+            for r in front.iter_rows(named=True) if front.height <= 15 else []:
                 ax.annotate(f"{r['world_size']}x{r['gpu']}", (r["training_days"], r[col]), fontsize=6,
                             xytext=(3, 3), textcoords="offset points")  # fmt: skip
         ax.set_xscale("log")
         vals = [v for v in mine[col].to_list() if v > 0]
         if vals and max(vals) / min(vals) > 10:
             ax.set_yscale("log")
+        ax.minorticks_off()  # log axes' minor ticks cost most of the drawing time of a large sweep
         if unpriced:
             ax.text(0.02, 0.02, f"+{unpriced} settings without a price (costs.csv: cost_note)", fontsize=6,
                     transform=ax.transAxes)  # fmt: skip
-        ax.grid(True, which="both", alpha=0.2)
+        ax.grid(True, alpha=0.2)
     for ax in list(axes.flat)[len(models) :]:
         ax.axis("off")
     handles = [Line2D([], [], marker="o", ls="", color=c, label=g) for g, c in colours.items()]
@@ -226,7 +249,10 @@ def plot_cost_days(costs: pl.DataFrame, out: dict[str, str], kind: str, years: f
     handles.append(Line2D([], [], color="black", lw=1, label="Pareto front"))
     fig.legend(handles=handles, loc="upper right", fontsize=7, title="colour: GPU type; size: GPU count")
     fig.suptitle(f"{PLOTS['cost_days'][1]} (best method per setting; {kind} cost)")
-    fig.tight_layout(rect=(0, 0, 0.85, 0.95))
+    width, height = fig.get_size_inches()
+    # fixed margins: tight_layout over many log-scaled panels takes seconds
+    fig.subplots_adjust(left=1.0 / width, right=0.84, bottom=0.6 / height, top=1 - 0.7 / height, wspace=0.35,
+                        hspace=0.45)  # fmt: skip
     _save(fig, out, "cost_days")
 
 
@@ -252,9 +278,10 @@ def plot_feasibility(feas: pl.DataFrame, out: dict[str, str]) -> None:
         i, j = ri[(r["model"], r["gpu"])], ci[(r["nodes"], r["gpus_per_node"])]
         grid[i][j] = order.index(r["verdict"])
         labels[(i, j)] = r["best_method"] or ""
-    fig, ax = plt.subplots(figsize=(min(30, 2.5 + 1.1 * len(cols)), min(60, 1.5 + 0.32 * len(rows))))
-    cmap = ListedColormap([VERDICT_COLOURS[v] for v in order])
-    cmap.set_bad("#f0f0f0")
+    left = 0.6 + CHAR_IN * max(len(f"{m} / {g}") for m, g in rows)
+    legend = 3.9
+    fig, ax = plt.subplots(figsize=(left + min(20, 1.0 * len(cols)) + legend, min(40, 1.4 + 0.25 * len(rows))))
+    cmap = ListedColormap([VERDICT_COLOURS[v] for v in order]).with_extremes(bad="#f0f0f0")
     import numpy as np
 
     ax.imshow(np.ma.masked_invalid(np.array(grid, dtype=float)), cmap=cmap, vmin=-0.5, vmax=len(order) - 0.5,
@@ -270,7 +297,7 @@ def plot_feasibility(feas: pl.DataFrame, out: dict[str, str]) -> None:
     present = [v for v in order if v in set(feas["verdict"].to_list())]
     handles = [plt.Rectangle((0, 0), 1, 1, facecolor=VERDICT_COLOURS[v], edgecolor="grey") for v in present]
     ax.legend(handles, [VERDICTS[v] for v in present], loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=7)
-    fig.tight_layout()
+    _margins(fig, left, legend, 0.6, 0.45)
     _save(fig, out, "feasibility")
 
 
@@ -287,7 +314,7 @@ def plot_mfu(cells: pl.DataFrame, out: dict[str, str]) -> None:
         return
     method_names = sorted(set(ok["method"].to_list()))
     colours = gpu_colours(ok["gpu"])
-    fig, ax = plt.subplots(figsize=(min(40, max(6, 0.7 * len(method_names))), 5))
+    fig, ax = plt.subplots(figsize=(min(40, max(7, 0.7 * len(method_names))), 5.5))
     data = [[v * 100 for v in ok.filter(pl.col("method") == m)["mfu"].to_list()] for m in method_names]
     ax.boxplot(data, showfliers=False)
     import random
@@ -296,15 +323,17 @@ def plot_mfu(cells: pl.DataFrame, out: dict[str, str]) -> None:
     for i, m in enumerate(method_names, start=1):
         sub = ok.filter(pl.col("method") == m)
         ax.scatter([i + rng.uniform(-0.2, 0.2) for _ in range(sub.height)], [v * 100 for v in sub["mfu"].to_list()],
-                   c=[colours[g] for g in sub["gpu"].to_list()], s=12, alpha=0.7, zorder=3)  # fmt: skip
+                   c=[colours[g] for g in sub["gpu"].to_list()], s=12, alpha=0.7, zorder=3,
+                   rasterized=sub.height > 200)  # fmt: skip
     ax.set_xticks(range(1, len(method_names) + 1), method_names, rotation=45 if len(method_names) > 6 else 0,
                   ha="right" if len(method_names) > 6 else "center", fontsize=7)  # fmt: skip
     ax.set_xlabel("method")
     ax.set_ylabel("MFU (% of the dense peak)")
-    ax.set_title(f"{title} (cells that ran, suspect timings excluded; dots coloured by GPU type)")
+    ax.set_title(f"{title} (cells that ran, suspect timings excluded; dots coloured by GPU type)", fontsize=9)
     handles = [plt.Line2D([], [], marker="o", ls="", color=c) for c in colours.values()]
     ax.legend(handles, list(colours), title="GPU type", fontsize=7)
-    fig.tight_layout()
+    longest = max(len(m) for m in method_names)
+    _margins(fig, 0.8, 0.2, 0.7 + (CHAR_IN * 0.75 * longest if len(method_names) > 6 else 0.2), 0.45)
     _save(fig, out, "mfu")
 
 
@@ -415,8 +444,8 @@ def write_report(
             max_rows=200,
         ),
         _img("days", plots, base),
-        "Each bar is one setting with its fastest method (colour: GPU type); a log axis is used when the days "
-        "span more than a factor 100.\n",
+        "Each bar is one setting (model, GPU type, nodes x GPUs per node) with its fastest method, labelled with "
+        "its days (colour: GPU type); the axis is logarithmic when the days span more than a factor 100.\n",
         "## Feasibility\n",
         "Which settings fit in memory at all. `naive` and `fl` say what that method did there: `fits`, `oom` "
         "(even micro-batch 1 did not fit), `unsupported`, `invalid` (the plan rules it out; reason in plan.csv), "

@@ -87,8 +87,15 @@ def sweep_status(results_dir: str | Path, plan: pl.DataFrame) -> tuple[pl.DataFr
         )
         .sort("gpu")
     )
-    invalid = plan.filter(~pl.col("valid")).group_by("gpu").len().rename({"len": "invalid"})
-    summary = summary.join(invalid, on="gpu", how="left").with_columns(pl.col("invalid").fill_null(0).cast(pl.Int64))
+    invalid = plan.group_by("gpu").agg((~pl.col("valid")).sum().cast(pl.Int64).alias("invalid"))
+    summary = (
+        invalid.join(summary, on="gpu", how="left")
+        .with_columns(pl.col(c).fill_null(0) for c in ["cells", *STATES])
+        .with_columns(pl.col("gpu_hours_spent").fill_null(0.0))
+        .with_columns(pl.col("gpu_hours_left_max").fill_null(0.0) if has_max else pl.col("gpu_hours_left_max"))
+        .select("gpu", "cells", *STATES, "invalid", "gpu_hours_spent", "gpu_hours_left_max")
+        .sort("gpu")
+    )
     return summary, cells
 
 

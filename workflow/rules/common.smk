@@ -19,3 +19,21 @@ PLOTS = pp_report.plot_files(f"{RESULTS}/plots")
 
 wildcard_constraints:
     **WILDCARD_CONSTRAINTS,
+
+
+# The time-budgeted BERT stage (pretrain.smk): its settings, validated at parse time.
+import pretrain_planner.budget.config as pp_budget_config
+
+BUDGET = pp_budget_config.load_or_exit(config.get("budget", "config/budget.yaml"), workflow.basedir)
+BUDGET_DIR = f"{RESULTS}/budget"
+BUDGET_TASKS = BUDGET["glue"]["tasks"]
+BUDGET_FROM_MNLI = [t for t in BUDGET["glue"]["from_mnli"] if "mnli" in BUDGET_TASKS]
+BUDGET_THREADS = min(BUDGET["train"]["threads"] or workflow.cores or 1, workflow.cores or 1)
+BUDGET_GLUE = {"csv": f"{BUDGET_DIR}/glue.csv", "md": f"{BUDGET_DIR}/glue.md"}
+
+
+def budget_init_model(wildcards):
+    """RTE, STS-B, MRPC (glue.from_mnli) start from the MNLI-fine-tuned model; the rest from pre-training."""
+    if wildcards.task in BUDGET_FROM_MNLI:
+        return f"{BUDGET_DIR}/glue/mnli/model"
+    return f"{BUDGET_DIR}/pretrain/model"

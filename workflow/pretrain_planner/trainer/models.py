@@ -1,10 +1,21 @@
 """Build each family's transformers model from config values (never from the hub) and its batches.
 
 Adding a family = one builder here + its name in catalog.FAMILY_TASK and the models schema.
+
+Two additions on top of the plain transformers classes, both selected by config values:
+
+* `sparse_prediction: true` in a masked-LM model's `arch` (the 24-hour BERT recipe, papers.md B): the LM
+  head and the loss run only on the masked positions (labels != -100), not on every token. The module
+  keeps the interface the trainer uses, `module(**batch).loss`, and every PreTrainedModel method.
+* ConvNeXt gets activation checkpointing (one checkpoint per ConvNeXt block), which transformers does not
+  implement for it; the "$100K" study added it the same way (its src/models/convnext.py).
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
+from importlib import metadata
 from typing import Any
 
 import torch
@@ -20,16 +31,128 @@ _FAMILIES = {
     "convnext": ("ConvNextConfig", "ConvNextForImageClassification", False),
     "vit": ("ViTConfig", "ViTForImageClassification", True),
 }
+# arch keys read by this module, not passed to the transformers config class
+BUILDER_KEYS = ("sparse_prediction",)
+MASKED_LM_FAMILIES = ("roberta", "roberta-prelayernorm", "bert")
+
+
+class SparsePredictionMixin:
+    """Masked-LM forward with sparse prediction: the encoder runs on every position, the LM head and the
+    cross-entropy only on the masked ones (labels != -100), as in the 24-hour BERT recipe. The loss equals
+    the dense head's (a mean over the same positions); only the masked rows' logits are returned."""
+
+    def _mlm_head(self) -> torch.nn.Module:
+        head = getattr(self, "lm_head", None)  # RoBERTa families
+        return head if head is not None else self.cls  # BERT
+
+    def forward(self, input_ids=None, attention_mask=None, labels=None, **kwargs):
+        from transformers.modeling_outputs import MaskedLMOutput
+
+        if labels is None:  # nothing is masked: inference needs every position's logits
+            return super().forward(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        hidden = self.base_model(input_ids, attention_mask=attention_mask, return_dict=True, **kwargs)[0]
+        flat_labels = labels.reshape(-1).to(hidden.device)
+        rows = torch.nonzero(flat_labels != -100).squeeze(1)  # data-dependent size: the point of it
+        masked_hidden = hidden.reshape(-1, hidden.size(-1)).index_select(0, rows)
+        logits = self._mlm_head()(masked_hidden)
+        loss = torch.nn.functional.cross_entropy(logits, flat_labels.index_select(0, rows))
+        return MaskedLMOutput(loss=loss, logits=logits)
+
+
+@functools.cache
+def sparse_prediction_class(model_cls: type) -> type:
+    """`model_cls` (a transformers *ForMaskedLM class) with sparse prediction; one class per base class."""
+    return type(f"{model_cls.__name__}WithSparsePrediction", (SparsePredictionMixin, model_cls), {})
+
+
+@functools.cache
+def _checkpointable_convnext() -> tuple[type, type]:
+    """(the original ConvNeXt block class, a subclass whose forward transformers can checkpoint)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+    from transformers.models.convnext.modeling_convnext import ConvNextLayer
+
+    class CheckpointableConvNextLayer(GradientCheckpointingLayer, ConvNextLayer):
+        """A ConvNeXt block that `activation_checkpointing_enable()` recomputes in backward."""
+
+    return ConvNextLayer, CheckpointableConvNextLayer
+
+
+def _enable_convnext_checkpointing(net: torch.nn.Module) -> None:
+    """Let transformers' activation_checkpointing_enable() work on a ConvNeXt (it has no support of its own):
+    every block becomes a GradientCheckpointingLayer (same parameters, same forward, off until enabled)."""
+    plain, checkpointable = _checkpointable_convnext()
+    for module in net.modules():
+        if type(module) is plain:
+            module.__class__ = checkpointable
+    net.supports_gradient_checkpointing = True
+
+
+def model_class(model: dict[str, Any]) -> type:
+    """The transformers class `build_model` instantiates for `model` (a ModelSpec.to_dict())."""
+    family, arch = model["family"], model["arch"]
+    cls = getattr(tf, _FAMILIES[family][1])
+    if arch.get("sparse_prediction"):
+        if family not in MASKED_LM_FAMILIES:
+            raise ValueError(
+                f"model {model.get('name', '?')!r}: arch.sparse_prediction is for masked-LM families "
+                f"({', '.join(MASKED_LM_FAMILIES)}), not {family!r}"
+            )
+        cls = sparse_prediction_class(cls)
+    return cls
 
 
 def build_model(model: dict[str, Any], attn_implementation: str | None) -> tuple[torch.nn.Module, str | None]:
-    """The model with fresh weights, and the attention implementation it actually uses (None: no attention)."""
-    config_cls, model_cls, has_attention = _FAMILIES[model["family"]]
-    config = getattr(tf, config_cls)(**model["arch"])
+    """The model with fresh weights, and the attention implementation it actually uses (None: no attention).
+
+    Works under `with torch.device("meta"):` (shapes and parameter counts without memory)."""
+    config_cls, _, has_attention = _FAMILIES[model["family"]]
+    arch = {k: v for k, v in model["arch"].items() if k not in BUILDER_KEYS}
+    config = getattr(tf, config_cls)(**arch)
     kwargs = {"attn_implementation": attn_implementation} if has_attention and attn_implementation else {}
-    net = getattr(tf, model_cls)._from_config(config, **kwargs)
+    net = model_class(model)._from_config(config, **kwargs)
+    if model["family"] == "convnext":
+        _enable_convnext_checkpointing(net)
     used = getattr(net.config, "_attn_implementation", None) if has_attention else None
     return net, used
+
+
+# Fast kernels transformers uses for Mamba when they import (else its slow pure-PyTorch scan): distribution -> module
+_MAMBA_KERNELS = {"mamba-ssm": "mamba_ssm", "causal-conv1d": "causal_conv1d"}
+
+
+def _import_error(module: str) -> str | None:
+    try:
+        importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - a broken CUDA extension can raise anything
+        return f"{type(exc).__name__}: {exc}"[:300]
+    return None
+
+
+def kernel_info(model: dict[str, Any]) -> dict[str, Any]:
+    """The custom kernels the model's training path uses, for method_settings; empty if none apply.
+
+    Mamba: the versions of mamba-ssm and causal-conv1d (None: not installed), why one does not import, and
+    whether transformers' fused training path (`mamba_inner_fn`, CUDA only) or its slow PyTorch scan runs."""
+    if model["family"] != "mamba":
+        return {}
+    info: dict[str, Any] = {}
+    for dist, module in _MAMBA_KERNELS.items():
+        try:
+            version = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            version = None
+        info[f"{module}_version"] = version
+        error = _import_error(module) if version else "not installed"
+        if error:
+            info[f"{module}_error"] = error
+    fast = all(f"{m}_error" not in info for m in _MAMBA_KERNELS.values())
+    info["mamba_fast_kernels"] = fast
+    info["mamba_path"] = (
+        "fused mamba-ssm + causal-conv1d kernels (CUDA)"
+        if fast
+        else "transformers' PyTorch reference scan (slow): install mamba-ssm and causal-conv1d for the fast path"
+    )
+    return info
 
 
 def make_batch(model: dict[str, Any], micro_batch: int, generator: torch.Generator) -> dict[str, torch.Tensor]:

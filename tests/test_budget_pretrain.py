@@ -1,0 +1,115 @@
+"""Budget stage: time-budgeted pre-training; SIGKILL mid-run and resume follows the uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+from pretrain_planner.budget import data, pretrain
+from safetensors.torch import load_file
+
+from .conftest import REPO
+from .test_budget_data import budget_cfg
+
+
+def _steps(run_dir):
+    return [json.loads(ln) for ln in (run_dir / "steps.jsonl").read_text().splitlines()]
+
+
+def _run(cfg, tmp, name, **kw):
+    d = tmp / name
+    return pretrain.pretrain(cfg, tmp / "data/index.json", d / "model", d / "result.json", d / "run", d / "log", **kw)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("pretrain")
+    cfg = budget_cfg(tmp)
+    data.prepare_data(cfg, tmp / "data/index.json")
+    result = _run(cfg, tmp, "a", threads=1)
+    return cfg, tmp, result
+
+
+def test_budget_run(uninterrupted):
+    _, tmp, result = uninterrupted
+    # fake clock: 1 s per step, budget 12 s -> 12 steps, stopped by the budget
+    assert result["steps"] == 12 and result["stop_reason"] == "budget"
+    assert result["elapsed_s"] == pytest.approx(12.0)
+    steps = _steps(tmp / "a/run")
+    assert [s["step"] for s in steps] == list(range(1, 13))
+    assert steps[0]["lr"] == 0.0 and max(s["lr"] for s in steps) <= 1e-3
+    assert result["loss_last"] < result["loss_first"], "loss goes down"
+    vals = [json.loads(ln) for ln in (tmp / "a/run/validation.jsonl").read_text().splitlines()]
+    assert [v["step"] for v in vals] == [3, 6, 9, 12]
+    assert result["val_loss"] == pytest.approx(vals[-1]["val_loss"])
+    assert (tmp / "a/run/finetune-0.50/model.safetensors").is_file()
+    assert (tmp / "a/model/tokenizer.json").is_file() and (tmp / "a/model/config.json").is_file()
+    assert "checkpoint at step 4" in (tmp / "a/log").read_text()
+
+
+def test_sigkill_and_resume_matches_uninterrupted(uninterrupted):
+    cfg, tmp, result = uninterrupted
+    b = tmp / "b"
+    code = (
+        "import json, sys; from pretrain_planner.budget import pretrain;"
+        "cfg, d, b = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3];"
+        "pretrain.pretrain(cfg, d + '/data/index.json', b + '/model', b + '/result.json', b + '/run', b + '/log',"
+        " threads=1, kill_at_step=6)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(cfg), str(tmp), str(b)],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                          cwd=REPO)  # fmt: skip
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    assert len(_steps(b / "run")) == 6  # steps 5 and 6 ran after the last checkpoint (step 4): they are lost
+    assert not (b / "result.json").exists()
+    resumed = _run(cfg, tmp, "b", threads=1)
+    assert "resumed at step 4" in (b / "log").read_text()
+    want, got = _steps(tmp / "a/run"), _steps(b / "run")
+    assert [s["step"] for s in got] == list(range(1, 13))
+    for w, g in zip(want, got, strict=True):
+        assert g["loss"] == pytest.approx(w["loss"], rel=1e-5, abs=1e-6), (w, g)
+        assert g["lr"] == pytest.approx(w["lr"])
+        assert g["elapsed_s"] == pytest.approx(w["elapsed_s"])
+    assert resumed["val_loss"] == pytest.approx(result["val_loss"], rel=1e-5)
+    wa, wb = load_file(tmp / "a/model/model.safetensors"), load_file(b / "model/model.safetensors")
+    assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
+
+
+def test_early_stop_and_max_steps(uninterrupted):
+    cfg, tmp, _ = uninterrupted
+    stop = {**cfg, "train": {**cfg["train"], "early_stop": [{"at_fraction": 0.2, "max_loss": 0.5}]}}
+    res = _run(stop, tmp, "c", threads=1)
+    assert res["stop_reason"].startswith("early stop") and res["steps"] == 3
+    capped = {**cfg, "train": {**cfg["train"], "max_steps": 2}}
+    res = _run(capped, tmp, "d", threads=1)
+    assert res["stop_reason"] == "max_steps" and res["steps"] == 2
+    bf16 = {**cfg, "train": {**cfg["train"], "max_steps": 2, "precision": "bf16"}}
+    res = _run(bf16, tmp, "f", threads=1)
+    assert res["steps"] == 2 and 0 < res["loss_last"] < 20
+
+
+def test_checkpoint_of_another_config_is_refused(uninterrupted):
+    cfg, tmp, _ = uninterrupted
+    other = {**cfg, "train": {**cfg["train"], "lr": 5e-4}}
+    with pytest.raises(RuntimeError, match="another configuration"):
+        _run(other, tmp, "a", threads=1)
+
+
+def test_sigterm_checkpoints_then_resumes(uninterrupted):
+    """Pre-emption (SLURM sends SIGTERM / SIGUSR1): checkpoint after the current step, exit, resume exactly."""
+    cfg, tmp, result = uninterrupted
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit, match="checkpoint saved"):
+        _run(cfg, tmp, "e", threads=1, kill_at_step=5, kill_signal=signal.SIGTERM)
+    assert signal.getsignal(signal.SIGTERM) is before, "the handler is restored"
+    assert "checkpoint at step 6" in (tmp / "e/log").read_text()
+    resumed = _run(cfg, tmp, "e", threads=1)
+    assert "resumed at step 6" in (tmp / "e/log").read_text()
+    got, want = _steps(tmp / "e/run"), _steps(tmp / "a/run")
+    assert [g["loss"] for g in got] == pytest.approx([w["loss"] for w in want], rel=1e-5, abs=1e-6)
+    assert resumed["steps"] == result["steps"]

@@ -1,0 +1,153 @@
+"""The `pretrain-planner` console script on synthetic results folders (subprocesses, as a user runs it)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pretrain_planner import aggregate, cli, status
+
+from .test_aggregate import CATALOG, COSTS, P, cell_result, gpu_set_results, write_set
+
+EXE = Path(sys.executable).parent / "pretrain-planner"
+
+
+def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(EXE), *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """A results folder with tables (as the pipeline leaves it) and one with cell results only."""
+    base = tmp_path_factory.mktemp("cli")
+    full = base / "full"
+    plan, paths = write_set(full, gpu_set_results())
+    aggregate.build_tables(plan, paths, aggregate.table_files(str(full / "tables")), str(base / "log"), CATALOG, COSTS)
+    (full / f"optimal/{P}/a100/1x4").mkdir(parents=True)
+    bare = base / "bare"
+    write_set(bare, gpu_set_results())
+    (bare / "plan.csv").unlink()
+    return base, full, bare
+
+
+def test_cost(tmp_path):
+    proc = run("cost", "--gpu", "a100", "--count", "4", "--days", "17.57", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "$83,500" in out and "$804" in out and "4 x NVIDIA A100" in out
+    assert "base machine for 4 GPUs $7,500 + 4 x $19,000" in out
+    assert "no cloud_usd_per_gpu_hour for a100" in out
+    proc = subprocess.run(
+        [sys.executable, "-m", "pretrain_planner", "cost", "--gpu", "h200", "--count", "4", "--days", "3", "--json"],
+        capture_output=True, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["hardware_usd"] is None and "no price_usd for h200" in data["cost_note"]
+    assert data["gpu_hours"] == pytest.approx(4 * 3 * 24)
+
+
+def test_cost_in_process(capsys):
+    assert cli.main(["cost", "--gpu", "h100", "--count", "4", "--days", "8", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["hardware_usd"] == 127_500 and round(data["amortised_usd"]) == 559
+    assert cli.main(["cost", "--gpu", "rtx3090", "--count", "2", "--json", "--years", "3"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["hardware_usd"] == 4_100 and data["amortisation_years"] == 3 and data["amortised_usd"] is None
+    assert cli.main(["cost", "--gpu", "a100", "--count", "8", "--nodes", "2", "--days", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["hardware_usd"] == 2 * 7_500 + 8 * 19_000
+    assert cli.main(["cost", "--gpu", "tpu", "--count", "4"]) == 1
+    assert "no GPU type 'tpu'" in capsys.readouterr().err
+    assert cli.main(["cost", "--gpu", "a100", "--count", "3", "--nodes", "2"]) == 1
+    assert "cannot be spread evenly" in capsys.readouterr().err
+
+
+def test_best_from_tables(results):
+    base, full, _ = results
+    proc = run("best", "--model", P, "--gpu", "a100", "--count", "4", "--results", str(full), cwd=base)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert out.startswith(f"{P} on 1x4 a100: best method fl+zero1, 17.57 days")
+    assert "micro-batch 4 x 64 accumulation steps" in out
+    assert "naive alone 25.00 days" in out and "hardware $83,500, amortised $804" in out
+    assert "other layouts measured: 2x2" not in out and "2x4" not in out  # 2x4 is 8 GPUs
+    assert f"plan: {full}/optimal/{P}/a100/1x4/" in out
+    assert "time_to_train.csv" in out
+
+
+def test_best_from_cell_results_alone(results):
+    base, _, bare = results
+    proc = run("best", "--model", P, "--gpu", "a100", "--count", "8", "--results", str(bare), "--json", cwd=base)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert (data["nodes"], data["gpus_per_node"], data["best_method"]) == (2, 4, "fl+fsdp-full")
+    assert data["training_days"] == pytest.approx(9.0) and data["price"]["hardware_usd"] == 167_000
+    assert "result files" in data["source"]
+
+
+def test_best_without_a_measured_setting(results, capsys):
+    _, _, bare = results
+    assert cli.main(["best", "--model", P, "--gpu", "rtx3090", "--count", "4", "--results", str(bare)]) == 1
+    err = capsys.readouterr().err
+    assert "no measured setting for pythia-1b on 4 rtx3090" in err and "rtx3090 1x1" in err
+
+
+def _status_folder(root: Path) -> Path:
+    """One cell of every state: ok, oom, unsupported, corrupt, failed, running (two ways), pending."""
+    cells = [cell_result(P, "a100", 1, k, "fl", s, 10.0) for k, s in ((1, "ok"), (2, "oom"), (4, "unsupported"))]
+    cells += [cell_result(P, "a100", 1, 8, "fl", "ok", 10.0)]  # will be corrupt
+    cells += [cell_result(P, "h100", 1, k, "fl", "ok", 10.0) for k in (1, 2, 4, 8)]  # failed, running x2, pending
+    write_set(root, cells, [(P, "v100", 1, 1, "fl", "bf16 is not supported by v100")])
+    cell = root / f"cells/{P}"
+    (cell / "a100/1x8/fl/result.json").write_text('{"status": "ok", "step_')
+    for k in (1, 2, 4, 8):
+        (cell / f"h100/1x{k}/fl/result.json").unlink()
+    (cell / "h100/1x1/fl/cell.log").write_text(
+        "[2026-01-01T00:00:00] submitted SLURM job 12 to partition gpu\n"
+        "[2026-01-01T01:00:00] job 12 did not complete: UncompletedJobError: job 12 (task: 0) with path ...\n"
+    )
+    (cell / "h100/1x2/fl/submitit").mkdir()
+    (cell / "h100/1x4/fl/slurm_job.json").write_text('{"job_id": "13"}')
+    return root
+
+
+def test_status(tmp_path):
+    root = _status_folder(tmp_path / "results")
+    proc = run("status", "--results", str(root), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    header = lines[1].split()
+    assert header == ["gpu", "cells", *status.STATES, "invalid", "gpu_hours_spent", "gpu_hours_left_max"]
+    rows = {ln.split()[0]: ln.split() for ln in lines[2:] if ln and ln.split()[0] in ("a100", "h100", "v100", "total")}
+    a100 = dict(zip(header, rows["a100"], strict=True))
+    assert (a100["cells"], a100["ok"], a100["oom"], a100["unsupported"], a100["corrupt"]) == ("4", "1", "1", "1", "1")
+    # spent: 360 s x world size of the three cells with a result; left: the corrupt cell's bound (8 GPU-hours)
+    assert a100["gpu_hours_spent"] == f"{360 * (1 + 2 + 4) / 3600:.2f}" and a100["gpu_hours_left_max"] == "8.00"
+    h100 = dict(zip(header, rows["h100"], strict=True))
+    assert (h100["failed"], h100["running"], h100["pending"], h100["ok"]) == ("1", "2", "1", "0")
+    assert h100["gpu_hours_left_max"] == f"{1 + 2 + 4 + 8:.2f}" and h100["gpu_hours_spent"] == "0.00"
+    assert rows["v100"][header.index("invalid")] == "1"
+    assert "h100/1x1/fl: failed: job 12 did not complete" in proc.stdout
+    assert "a100/1x8/fl: corrupt: not valid JSON" in proc.stdout
+
+
+def test_status_json_and_log_of_a_vanished_result(tmp_path, capsys):
+    root = _status_folder(tmp_path / "results")
+    log = root / f"cells/{P}/h100/1x8/fl/cell.log"
+    log.write_text("[2026-01-01T00:00:00] job 14 done: status=ok\n")  # done, but its result.json is gone
+    assert cli.main(["status", "--results", str(root), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    by_gpu = {r["gpu"]: r for r in data["summary"]}
+    assert by_gpu["h100"]["failed"] == 2 and by_gpu["h100"]["pending"] == 0
+    states = {c["path"]: (c["state"], c["detail"]) for c in data["cells"]}
+    assert states[f"cells/{P}/h100/1x8/fl"] == ("failed", "the job finished but wrote no result.json")
+
+
+def test_status_without_a_plan_uses_the_config(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert cli.main(["status", "--results", str(tmp_path / "empty")]) == 0
+    out = capsys.readouterr().out
+    assert "no " in out and "plan.csv yet" in out and "pending" in out

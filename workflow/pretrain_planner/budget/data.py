@@ -1,0 +1,310 @@
+"""Text files -> WordPiece tokenizer -> 128-token samples -> static masking x duplication -> .npy shards.
+
+Streaming (documents are read line by line, tokenised `docs_per_batch` at a time, and written one shard
+at a time), deterministic given the seed, and resumable: progress.json records the shards written and
+the document they end at; a restarted run skips those documents and continues. index.json, written
+last, marks the data as complete.
+
+A shard `{split}-{k:05d}` is three arrays: `input_ids` (D, S, L) with masking applied, `positions`
+(D, S, P) the masked positions (-1 = none) and `labels` (D, S, P) the original tokens there (-100 =
+none); D = duplication factor (1 for validation), S = samples, L = seq_len, P = max_predictions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..results import atomic_write_text
+from .config import fingerprint
+
+SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+ARRAYS = ("input_ids", "positions", "labels")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def iter_documents(files: list[str]) -> Iterator[str]:
+    """Every non-empty line of every file, in order, streamed."""
+    for path in files:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                line = line.strip()
+                if line:
+                    yield line
+
+
+def is_validation(doc_index: int, seed: int, fraction: float) -> bool:
+    """Held out or not, from a seeded hash of the document's number (stable, needs no pass over the data)."""
+    digest = hashlib.blake2b(f"{seed}:{doc_index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2**64 < fraction
+
+
+def split_sentences(doc: str) -> list[str]:
+    return [s for s in _SENTENCE_END.split(doc) if s]
+
+
+# ----------------------------------------------------------------------------------------------- tokenizer
+def train_tokenizer(files: list[str], vocab_size: int, lowercase: bool, out_path: str | Path, train_docs=None):
+    """A BERT-style WordPiece tokenizer trained on the (training) documents, saved as tokenizers JSON."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False)
+    tok.train_from_iterator(train_docs if train_docs is not None else iter_documents(files), trainer)
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    # single segment type: type_vocab_size 1 in the recipe
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:0 [SEP]:0", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+    )
+    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out_path))
+    return tok
+
+
+def special_ids(tok) -> dict[str, int]:
+    ids = {t.strip("[]").lower(): tok.token_to_id(t) for t in SPECIAL_TOKENS}
+    missing = [k for k, v in ids.items() if v is None]
+    if missing:
+        raise ValueError(f"tokenizer lacks special tokens {missing} (needs {SPECIAL_TOKENS})")
+    return ids
+
+
+# ----------------------------------------------------------------------------------------------- samples
+def build_samples(sentences_ids: list[list[int]], seq_len: int, cls: int, sep: int, min_tokens: int) -> list[list[int]]:
+    """Single-segment samples of consecutive sentences of one document: [CLS] s_i s_i+1 ... [SEP], at most
+    seq_len tokens; a sentence longer than a sample is cut across samples; a short tail is dropped."""
+    target = seq_len - 2
+    out, cur = [], []
+    for ids in sentences_ids:
+        if cur and len(cur) + len(ids) > target:
+            out.append(cur)
+            cur = []
+        cur.extend(ids)
+        while len(cur) >= target:
+            out.append(cur[:target])
+            cur = cur[target:]
+    if cur and len(cur) >= min(min_tokens, target):
+        out.append(cur)
+    return [[cls, *s, sep] for s in out]
+
+
+def pad_samples(samples: list[list[int]], seq_len: int, pad: int, dtype) -> np.ndarray:
+    arr = np.full((len(samples), seq_len), pad, dtype=dtype)
+    for i, s in enumerate(samples):
+        arr[i, : len(s)] = s
+    return arr
+
+
+def mask_samples(
+    ids: np.ndarray,
+    rng: np.random.Generator,
+    *,
+    vocab_size: int,
+    special: list[int],
+    mask_id: int,
+    probability: float = 0.15,
+    max_predictions: int = 20,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Static masking (BERT): per sequence min(max_predictions, max(1, round(p x real tokens))) positions,
+    chosen uniformly among non-special tokens; 80% -> [MASK], 10% -> a random non-special token, 10% kept.
+    Returns (masked input_ids, positions (N, P) sorted with -1 padding, labels (N, P) with -100 padding)."""
+    n, seq = ids.shape
+    p = max_predictions
+    candidates = ~np.isin(ids, special)
+    n_cand = candidates.sum(axis=1)
+    n_mask = np.minimum(np.minimum(p, n_cand), np.maximum(1, np.rint(n_cand * probability).astype(np.int64)))
+    scores = rng.random((n, seq))
+    scores[~candidates] = 2.0
+    chosen = np.argsort(scores, axis=1, kind="stable")[:, : min(p, seq)]
+    if chosen.shape[1] < p:
+        chosen = np.pad(chosen, ((0, 0), (0, p - chosen.shape[1])))
+    valid = np.arange(p)[None, :] < n_mask[:, None]
+    chosen = np.where(valid, chosen, seq)  # invalid sorts last
+    chosen.sort(axis=1)
+    valid = chosen < seq
+    positions = np.where(valid, chosen, -1)
+    rows = np.arange(n)[:, None]
+    safe = np.where(valid, chosen, 0)
+    labels = np.where(valid, ids[rows, safe].astype(np.int64), -100)
+    r = rng.random((n, p))
+    n_special = max(special) + 1
+    random_tok = rng.integers(n_special, vocab_size, size=(n, p))
+    out = ids.copy()
+    replace = np.where(r < 0.8, mask_id, np.where(r < 0.9, random_tok, labels))
+    out[rows.repeat(p, 1)[valid], safe[valid]] = replace[valid]
+    return out, positions.astype(np.int16 if seq < 32768 else np.int32), labels.astype(np.int32)
+
+
+# ----------------------------------------------------------------------------------------------- shards
+def shard_paths(data_dir: str | Path, name: str) -> dict[str, Path]:
+    return {a: Path(data_dir) / f"{name}.{a}.npy" for a in ARRAYS}
+
+
+def load_shard(data_dir: str | Path, name: str) -> dict[str, np.ndarray]:
+    """A shard's arrays as read-only memmaps."""
+    return {a: np.load(p, mmap_mode="r") for a, p in shard_paths(data_dir, name).items()}
+
+
+def _save(path: Path, arr: np.ndarray) -> None:
+    tmp = path.with_name(f".{path.name}.tmp.npy")
+    np.save(tmp, arr)
+    os.replace(tmp, path)
+
+
+def _write_shard(data_dir, name, samples, copies, seed, split_id, shard_no, cfg_data, vocab, sp, dtype) -> int:
+    ids = pad_samples(samples, cfg_data["seq_len"], sp["pad"], dtype)
+    out = {a: [] for a in ARRAYS}
+    for d in range(copies):
+        rng = np.random.default_rng([seed, split_id, shard_no, d])
+        masked, pos, lab = mask_samples(
+            ids, rng, vocab_size=vocab, special=sorted(sp.values()), mask_id=sp["mask"],
+            probability=cfg_data["mlm_probability"], max_predictions=cfg_data["max_predictions"],
+        )  # fmt: skip
+        out["input_ids"].append(masked)
+        out["positions"].append(pos)
+        out["labels"].append(lab)
+    for a, p in shard_paths(data_dir, name).items():
+        _save(p, np.stack(out[a]))
+    return len(samples)
+
+
+def prepare_data(cfg: dict[str, Any], out_index: str | Path, log: str | Path | None = None, *, stop_after_shards=None):
+    """The whole data preparation; writes the shards next to `out_index`, then `out_index` itself.
+
+    `stop_after_shards` (testing) returns after writing that many training shards, as a killed run would.
+    """
+    from tokenizers import Tokenizer
+
+    from .config import file_logger
+
+    logger = file_logger("data", log)
+    data_dir = Path(out_index).parent
+    data_dir.mkdir(parents=True, exist_ok=True)
+    seed, corpus, cd = cfg["seed"], cfg["corpus"], cfg["data"]
+    files = corpus["files"]
+    frac = corpus["validation_fraction"]
+    fp = fingerprint(seed, corpus, cfg["tokenizer"], cd, [(f, os.path.getsize(f), os.path.getmtime(f)) for f in files])
+    progress_path = data_dir / "progress.json"
+    state = json.loads(progress_path.read_text()) if progress_path.exists() else None
+    if state is None or state.get("fingerprint") != fp:
+        if state is not None:
+            logger.info("config or corpus changed since the last run: starting the data over")
+        for p in data_dir.glob("*.npy"):
+            p.unlink()
+        (data_dir / "tokenizer.json").unlink(missing_ok=True)
+        state = {"fingerprint": fp, "doc_cursor": 0, "shards": {"train": [], "validation": []}, "documents": {}}
+
+    tok_path = data_dir / "tokenizer.json"
+    if not tok_path.exists():
+        t0 = time.perf_counter()
+        if cfg["tokenizer"]["path"]:
+            shutil.copyfile(cfg["tokenizer"]["path"], tok_path)
+            logger.info("tokenizer: copied %s", cfg["tokenizer"]["path"])
+        else:
+            train_docs = (d for i, d in enumerate(iter_documents(files)) if not is_validation(i, seed, frac))
+            train_tokenizer(files, cfg["tokenizer"]["vocab_size"], cfg["tokenizer"]["lowercase"], tok_path, train_docs)
+            logger.info("tokenizer: trained WordPiece on %d files in %.1fs", len(files), time.perf_counter() - t0)
+    tok = Tokenizer.from_file(str(tok_path))
+    sp = special_ids(tok)
+    vocab = tok.get_vocab_size()
+    dtype = np.uint16 if vocab <= np.iinfo(np.uint16).max else np.int32
+    seq_len, per_shard, dup = cd["seq_len"], cd["samples_per_shard"], cd["duplication_factor"]
+
+    buffers: dict[str, list[list[int]]] = {"train": [], "validation": []}
+    counts = {"train": 0, "validation": 0}
+    counts.update(state["documents"])
+    cursor = state["doc_cursor"]
+    if cursor:
+        logger.info("resuming after document %d (%d train shards written)", cursor, len(state["shards"]["train"]))
+    t0 = time.perf_counter()
+
+    def flush() -> bool:
+        """Close the training shard (and the validation buffer with it); record progress. True: stop now."""
+        for split, split_id, copies in (("train", 0, dup), ("validation", 1, 1)):
+            if not buffers[split]:
+                continue
+            k = len(state["shards"][split])
+            name = f"{split}-{k:05d}"
+            n = _write_shard(data_dir, name, buffers[split], copies, seed, split_id, k, cd, vocab, sp, dtype)
+            state["shards"][split].append({"name": name, "samples": n})
+            buffers[split] = []
+        state["doc_cursor"] = doc_no
+        state["documents"] = dict(counts)
+        atomic_write_text(progress_path, json.dumps(state, indent=1))
+        n_train = sum(s["samples"] for s in state["shards"]["train"])
+        logger.info(
+            "documents %d, train shards %d (%d samples x %d copies), validation shards %d, %.0f docs/s",
+            doc_no, len(state["shards"]["train"]), n_train, dup, len(state["shards"]["validation"]),
+            (doc_no - cursor) / max(time.perf_counter() - t0, 1e-9),
+        )  # fmt: skip
+        return stop_after_shards is not None and len(state["shards"]["train"]) >= stop_after_shards
+
+    doc_no = 0
+    batch: list[tuple[int, str]] = []
+    docs = iter_documents(files)
+
+    def process(batch: list[tuple[int, str]]) -> bool:
+        nonlocal doc_no
+        sents = [split_sentences(d) for _, d in batch]
+        flat = [s for ss in sents for s in ss]
+        enc = tok.encode_batch(flat, add_special_tokens=False) if flat else []
+        k = 0
+        for (i, _), ss in zip(batch, sents, strict=True):
+            ids = [e.ids for e in enc[k : k + len(ss)]]
+            k += len(ss)
+            split = "validation" if is_validation(i, seed, frac) else "train"
+            counts[split] += 1
+            buffers[split].extend(build_samples(ids, seq_len, sp["cls"], sp["sep"], cd["min_tokens"]))
+            doc_no = i + 1
+            if len(buffers["train"]) >= per_shard and flush():
+                return True
+        return False
+
+    for i, doc in enumerate(docs):
+        if i < cursor:
+            continue
+        batch.append((i, doc))
+        if len(batch) >= cd["docs_per_batch"]:
+            if process(batch):
+                return None
+            batch = []
+    if batch and process(batch):
+        return None
+    if buffers["train"] or buffers["validation"]:
+        flush()
+    if not state["shards"]["train"] or not state["shards"]["validation"]:
+        raise ValueError(
+            f"corpus too small: {counts['train']} training and {counts['validation']} validation documents "
+            f"gave {len(state['shards']['train'])} / {len(state['shards']['validation'])} shards"
+        )
+    index = {
+        "version": 1,
+        "fingerprint": fp,
+        "seed": seed,
+        "tokenizer": "tokenizer.json",
+        "vocab_size": vocab,
+        "special_ids": sp,
+        "seq_len": seq_len,
+        "max_predictions": cd["max_predictions"],
+        "mlm_probability": cd["mlm_probability"],
+        "duplication_factor": dup,
+        "dtype": np.dtype(dtype).name,
+        "documents": counts,
+        "samples": {s: sum(x["samples"] for x in v) for s, v in state["shards"].items()},
+        "splits": state["shards"],
+    }
+    atomic_write_text(out_index, json.dumps(index, indent=1))
+    logger.info("done: %s", json.dumps(index["samples"]))
+    return index

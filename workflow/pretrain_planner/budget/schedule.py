@@ -1,0 +1,66 @@
+"""What happens when, as a function of progress = elapsed training time / time budget (never of steps).
+
+- the learning rate: linear warm-up over `warmup_fraction` of the budget, then linear decay to 0 at the end;
+- validation points: every `dense_every` in the first `dense_first` and last `dense_last` of the budget,
+  every `every` in between, and at the end;
+- early-stop markers and fine-tuning checkpoints: fractions of the budget.
+Imports no torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def lr_factor(progress: float, warmup_fraction: float) -> float:
+    """Multiplier of the peak learning rate at `progress` in [0, 1]: 0 -> 1 at warm-up's end -> 0 at 1."""
+    p = min(max(progress, 0.0), 1.0)
+    if warmup_fraction > 0 and p < warmup_fraction:
+        return p / warmup_fraction
+    return max(0.0, (1.0 - p) / (1.0 - warmup_fraction))
+
+
+def lr_at(elapsed_s: float, budget_s: float, peak_lr: float, warmup_fraction: float) -> float:
+    return peak_lr * lr_factor(elapsed_s / budget_s, warmup_fraction)
+
+
+def validation_points(v: dict[str, Any]) -> list[float]:
+    """Sorted fractions of the budget at which validation runs (the last is 1.0)."""
+    pts: set[float] = set()
+
+    def grid(start: float, stop: float, step: float) -> None:
+        k = 1
+        while start + k * step < stop - 1e-12:
+            pts.add(round(start + k * step, 9))
+            k += 1
+
+    first, last = min(v["dense_first"], 1.0), max(1.0 - v["dense_last"], 0.0)
+    grid(0.0, first, v["dense_every"])
+    if first > 0:
+        pts.add(round(first, 9))
+    grid(first, last, v["every"])
+    pts.add(round(last, 9))
+    grid(last, 1.0, v["dense_every"])
+    pts.add(1.0)
+    return sorted(p for p in pts if 0 < p <= 1.0)
+
+
+def next_after(points: list[float], progress: float) -> int:
+    """Index of the first point strictly after `progress` (len(points) when none)."""
+    for i, p in enumerate(points):
+        if p > progress + 1e-12:
+            return i
+    return len(points)
+
+
+def early_stop(markers: list[dict[str, float]], progress: float, last_val_loss: float | None) -> str | None:
+    """The reason to stop, when a passed marker's threshold is exceeded by the last validation loss."""
+    if last_val_loss is None:
+        return None
+    for m in markers:
+        if progress >= m["at_fraction"] and last_val_loss > m["max_loss"]:
+            return (
+                f"early stop: validation loss {last_val_loss:.4f} > {m['max_loss']} "
+                f"after {m['at_fraction']:.3f} of the budget"
+            )
+    return None
