@@ -5,20 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..grid import Cell as CellConfig  # the planner's cell is the run's cell: one definition
 from ..methods import Method, parse_canonical
-
-
-@dataclass(frozen=True)
-class CellConfig:
-    model: str
-    gpu: str
-    nodes: int
-    gpus_per_node: int
-    method: str
-
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.gpus_per_node
 
 
 @dataclass(frozen=True)

@@ -2,15 +2,20 @@
 
 Honest means: every timed region is bounded by device synchronisation; warm-up steps (compile,
 autotune, allocator growth) are dropped; a step is a whole optimizer step with its real gradient
-accumulation and the all-reduce only on the last micro-batch; each step's time is the slowest rank's;
+accumulation and the gradient synchronisation where it happens; each step's time is the slowest rank's;
 the median is reported with p10/p90. Batches are made before timing, so no data work is timed.
+
+The search runs on scratch instances of the trained model (`build(micro_batch, accum)`; DeepSpeed needs
+one per micro-batch size); the timed steps run on a fresh instance, so every method starts timing from
+the same initial weights. Each trial and the timing run under `oom.guarded`: an out-of-memory error on
+any rank is every rank's verdict, and all go on with the next smaller micro-batch together.
 """
 
 from __future__ import annotations
 
-import gc
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,31 +24,14 @@ import torch.distributed as torch_dist
 
 from .config import RunConfig
 from .models import make_batch
+from .oom import Verdict, free_memory, guarded, is_oom
 from .parallel import RankEnv
 from .step import TrainStep
 
 BATCH_POOL = 2  # distinct micro-batches cycled through a step (bounded memory for image models)
+Builder = Callable[[int, int], TrainStep]  # (micro_batch, accumulation) -> a fresh step
 
-
-def is_oom(exc: BaseException) -> bool:
-    if isinstance(exc, torch.cuda.OutOfMemoryError):
-        return True
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
-
-
-def _any_rank(env: RankEnv, flag: bool) -> bool:
-    """True on every rank if `flag` is true on any rank (a collective: all ranks must call it)."""
-    if not env.distributed:
-        return flag
-    t = torch.tensor([1.0 if flag else 0.0], device=env.device)
-    torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX)
-    return bool(t.item())
-
-
-def _free(env: RankEnv) -> None:
-    gc.collect()
-    if env.device.type == "cuda":
-        torch.cuda.empty_cache()
+__all__ = ["BATCH_POOL", "Builder", "find_micro_batch", "is_oom", "measure", "time_steps"]
 
 
 def micro_batch_candidates(per_rank_batch: int, cap: int | None) -> list[int]:
@@ -71,39 +59,66 @@ class Search:
     trials: list[dict[str, Any]] = field(default_factory=list)
 
 
-def find_micro_batch(cfg: RunConfig, env: RankEnv, step: TrainStep, start: int | None = None) -> Search:
-    """Largest power-of-two micro-batch for which a step's peak fits on every rank.
+def _close(env: RankEnv, step: TrainStep | None) -> None:
+    if step is not None:
+        step.close()
+    free_memory(env)
 
-    The trial reproduces a step's peak: micro-batch, optimizer step (allocates the optimizer state),
-    then another micro-batch while that state and the accumulated gradients are held. Its backward runs
-    without the gradient all-reduce, so a rank that runs out of memory cannot leave the others waiting
-    inside a collective; all ranks then agree through `_any_rank`.
+
+def _trial_entry(mb: int, verdict: Verdict, seconds: float, **extra: Any) -> dict[str, Any]:
+    entry: dict[str, Any] = {"micro_batch": mb, "fits": not verdict.oom, **extra, "seconds": round(seconds, 4)}
+    if verdict.oom:
+        entry["oom_ranks"] = verdict.ranks
+        entry["error"] = verdict.message
+    return entry
+
+
+def _after_oom(env: RankEnv, verdict: Verdict, step: TrainStep | None) -> TrainStep | None:
+    """Free the memory. A one-rank model without sharding is kept for the next size (a compiled graph
+    too); otherwise the model goes (FSDP or ZeRO state may be half-way through a step) and, if the
+    process group was aborted, every rank joins a fresh one."""
+    if step is not None and not verdict.group_broken and not step.applied.sharded:
+        step.reset_after_trial()
+        free_memory(env)
+        return step
+    _close(env, step)
+    if verdict.group_broken:
+        env.rebuild_group()
+    return None
+
+
+def find_micro_batch(cfg: RunConfig, env: RankEnv, build: Builder, start: int | None = None) -> Search:
+    """Largest power-of-two micro-batch (below `start`) for which a step's peak fits on every rank.
+
+    Each trial (`TrainStep.trial`) reproduces a step's peak; building the model is part of the first
+    trial, so a model that does not fit at all is an OOM too. All ranks agree through `oom.guarded`.
     """
     per_rank = cfg.recipe["global_batch"] // cfg.cell.world_size
     search = Search(None)
     candidates = micro_batch_candidates(per_rank, cfg.bench.max_micro_batch)
-    for mb in candidates if start is None else [c for c in candidates if c < start]:
-        oom, t0 = False, time.perf_counter()
-        try:
-            batch = batches_for(cfg, env, mb, 1)
-            step.micro(batch[0], 1.0, sync_grads=not env.distributed)
-            step.optimizer_step()
-            step.micro(batch[0], 1.0, sync_grads=not env.distributed)
-            step.micro(batch[0], 1.0, sync_grads=not env.distributed)
-            env.sync()
-        except Exception as exc:  # only OOM is expected; anything else is a real failure
-            if not is_oom(exc):
-                raise
-            oom = True
-        batch = None
-        step.reset_after_trial()
-        oom = _any_rank(env, oom)
-        search.trials.append({"micro_batch": mb, "fits": not oom, "seconds": round(time.perf_counter() - t0, 4)})
-        if oom:
-            _free(env)
-            continue
-        search.micro_batch = mb
-        break
+    step: TrainStep | None = None
+    try:
+        for mb in candidates if start is None else [c for c in candidates if c < start]:
+            t0 = time.perf_counter()
+
+            def trial(mb: int = mb) -> None:
+                nonlocal step
+                if step is None or not step.accepts(mb):
+                    _close(env, step)
+                    step = None
+                    step = build(mb, per_rank // mb)
+                batch = batches_for(cfg, env, mb, 1)
+                step.trial(batch[0], env.distributed)
+
+            verdict = guarded(env, trial)
+            search.trials.append(_trial_entry(mb, verdict, time.perf_counter() - t0))
+            if verdict.oom:
+                step = _after_oom(env, verdict, step)
+                continue
+            search.micro_batch = mb
+            break
+    finally:
+        _close(env, step)
     return search
 
 
@@ -157,3 +172,40 @@ def time_steps(cfg: RunConfig, env: RankEnv, step: TrainStep, micro_batch: int) 
         times = t.tolist()
     peak, kind = _peak_memory(env)
     return Timing(times, losses, peak, kind)
+
+
+@dataclass
+class Measured:
+    micro_batch: int | None  # None: micro-batch 1 does not fit
+    timing: Timing | None
+    step: TrainStep | None  # the timed instance, still open (the caller closes it)
+    trials: list[dict[str, Any]]
+
+
+def measure(cfg: RunConfig, env: RankEnv, build: Builder) -> Measured:
+    """Search, then time on a fresh instance; an OOM while timing resumes the search below that size."""
+    per_rank = cfg.recipe["global_batch"] // cfg.cell.world_size
+    trials: list[dict[str, Any]] = []
+    start = None
+    while True:
+        search = find_micro_batch(cfg, env, build, start)
+        trials.extend(search.trials)
+        if search.micro_batch is None:
+            return Measured(None, None, None, trials)
+        mb = search.micro_batch
+        held: dict[str, Any] = {}
+        t0 = time.perf_counter()
+
+        def timed(mb: int = mb, held: dict[str, Any] = held) -> None:
+            held["step"] = build(mb, per_rank // mb)
+            held["timing"] = time_steps(cfg, env, held["step"], mb)
+
+        verdict = guarded(env, timed)
+        if not verdict.oom:
+            return Measured(mb, held["timing"], held["step"], trials)
+        # allocator growth or fragmentation: the trial fitted, the steps did not
+        trials.append(_trial_entry(mb, verdict, time.perf_counter() - t0, **{"while": "timing"}))
+        _close(env, held.get("step"))
+        if verdict.group_broken:
+            env.rebuild_group()
+        start = mb

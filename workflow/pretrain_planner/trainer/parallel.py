@@ -1,4 +1,12 @@
-"""Where a rank runs (device, process group) and how the method is applied to the model."""
+"""Where a rank runs (device, process group) and how the method is applied to the model.
+
+`apply_method` covers the torch-native methods: a single rank, DDP, activation checkpointing, free-lunch,
+and FSDP2 (`fsdp.shard`). DeepSpeed ZeRO owns its optimizer and step, so `zero.build_step` applies it.
+
+Process groups are made from one TCPStore that outlives them: after an out-of-memory error on any rank
+the group may be broken (a rank left a collective half-way), so every rank aborts it and joins a fresh
+one (`RankEnv.rebuild_group`), see `oom.py`.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +21,8 @@ import torch.distributed as torch_dist
 
 from .config import RunConfig
 
+GROUP_TIMEOUT = dt.timedelta(minutes=10)
+
 
 class Unsupported(Exception):
     """The method or precision cannot run where this cell runs: a result, not a failure."""
@@ -24,6 +34,11 @@ class RankEnv:
     world_size: int
     local_rank: int
     device: torch.device
+    backend: str | None = None  # of the process group (None: no group)
+    store: Any = None  # the TCPStore every process group of this run is made from
+    generation: int = 0  # how many times the group was rebuilt
+    trials: int = 0  # guarded regions run so far (keys in the store)
+    store_port: int | None = None  # the TCPStore's port: its connections survive an abort
 
     @property
     def distributed(self) -> bool:
@@ -33,6 +48,89 @@ class RankEnv:
         """Bound a timed region: wait for all queued device work (CPU ops are already synchronous)."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+    def _init_group(self) -> None:
+        prefix = f"pp/pg{self.generation}"
+        store = torch_dist.PrefixStore(prefix, self.store)
+        torch_dist.init_process_group(
+            self.backend, store=store, rank=self.rank, world_size=self.world_size, timeout=GROUP_TIMEOUT
+        )
+
+    def abort_group(self) -> None:
+        """Abort every process group of this process, so that collectives in flight here and on the peers
+        fail at once instead of waiting for the timeout. NCCL: ncclCommAbort. gloo has no abort (its
+        Backend.abort is a no-op and the group lives on while FSDP or DeepSpeed hold it), so its connections
+        are shut down: a blocked receive here or on a peer ends with "Connection closed by peer". The
+        TCPStore's connections are kept. Safe to call from a watcher thread while a collective is blocked."""
+        if self.backend == "gloo" and self.store_port is not None:
+            _shutdown_sockets(keep_port=self.store_port)
+        if torch_dist.is_initialized():
+            from torch.distributed.distributed_c10d import _abort_process_group
+
+            with contextlib.suppress(Exception):  # already aborted: nothing left to close
+                _abort_process_group()
+        forget_deepspeed_groups()
+
+    def rebuild_group(self) -> None:
+        """All ranks together: drop the (maybe broken) process group and join a fresh one."""
+        self.abort_group()
+        self.generation += 1
+        self._init_group()
+
+
+def _shutdown_sockets(keep_port: int | None) -> int:
+    """Shut down this process's connected TCP sockets (gloo's pairs) except those on `keep_port`
+    (the TCPStore). Linux: sockets are found through /proc. Returns how many were shut down."""
+    import socket
+
+    inodes: dict[str, tuple[int, int]] = {}
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        try:
+            with open(table) as fh:
+                next(fh)
+                for line in fh:
+                    f = line.split()
+                    local, remote, state, inode = f[1], f[2], f[3], f[9]
+                    if state == "01":  # ESTABLISHED (never a listener: gloo's accept() would abort)
+                        inodes[inode] = (int(local.rsplit(":", 1)[1], 16), int(remote.rsplit(":", 1)[1], 16))
+        except OSError:
+            continue
+    done = 0
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return 0
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if not target.startswith("socket:["):
+            continue
+        ports = inodes.get(target[len("socket:[") : -1])
+        if ports is None or keep_port in ports:
+            continue
+        try:
+            sock = socket.socket(fileno=os.dup(int(fd)))
+        except OSError:
+            continue
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+            done += 1
+        except OSError:
+            pass
+        finally:
+            sock.close()  # closes the duplicate only; the shutdown holds for gloo's descriptor
+    return done
+
+
+def forget_deepspeed_groups() -> None:
+    """DeepSpeed caches process groups (a clone of WORLD, the data-parallel group): drop them with the group."""
+    import sys
+
+    groups = sys.modules.get("deepspeed.utils.groups")
+    if groups is not None and hasattr(groups, "_release_process_group_references"):
+        groups._release_process_group_references(group=None)
 
 
 def _select_device(cfg: RunConfig, local_rank: int) -> torch.device:
@@ -48,7 +146,11 @@ def _select_device(cfg: RunConfig, local_rank: int) -> torch.device:
 
 
 def init_rank(cfg: RunConfig) -> RankEnv:
-    """Read the rank from submitit's environment (if launched by it) and start the process group."""
+    """Read the rank from submitit's environment (if launched by it) and start the process group.
+
+    Sharding back-ends need a process group even on one rank (FSDP's mesh, DeepSpeed's engine): that one
+    lives in an in-memory store.
+    """
     rank, world, local_rank = 0, 1, 0
     if cfg.cell.world_size > 1:
         from submitit.helpers import TorchDistributedEnvironment
@@ -58,33 +160,56 @@ def init_rank(cfg: RunConfig) -> RankEnv:
         if world != cfg.cell.world_size:
             raise RuntimeError(f"launched with {world} tasks, the cell needs {cfg.cell.world_size}")
     torch.set_num_threads(max(1, cfg.threads_per_rank))
+    env = RankEnv(rank, world, local_rank, torch.device("cpu"))
     try:
-        device = _select_device(cfg, local_rank)
+        env.device = _select_device(cfg, local_rank)
     finally:  # every rank must join the group, even one that will report `unsupported`
-        if world > 1:
-            backend = (
-                "nccl" if torch.cuda.is_available() and cfg.bench.device == "auto" and cfg.cell.gpu != "cpu" else "gloo"
-            )
-            if backend == "nccl":
+        if world > 1 or cfg.method.sharding:
+            on_gpus = torch.cuda.is_available() and cfg.bench.device == "auto" and cfg.cell.gpu != "cpu"
+            env.backend = "nccl" if on_gpus else "gloo"
+            if on_gpus:
                 torch.cuda.set_device(local_rank % torch.cuda.device_count())
-            torch_dist.init_process_group(backend, timeout=dt.timedelta(minutes=10))
-    return RankEnv(rank, world, local_rank, device)
+            if world > 1:
+                env.store_port = int(os.environ["MASTER_PORT"])
+                env.store = torch_dist.TCPStore(
+                    os.environ["MASTER_ADDR"],
+                    env.store_port,
+                    world,
+                    is_master=rank == 0,
+                    timeout=GROUP_TIMEOUT,
+                )
+            else:
+                if torch_dist.is_initialized():
+                    raise Unsupported(
+                        "this process already has a process group (the debug launcher runs cells in the driver's "
+                        "threads): run sharded cells with the local or slurm launcher"
+                    )
+                env.store = torch_dist.HashStore()
+                for var in ("RANK", "LOCAL_RANK"):  # DeepSpeed reads them (a launcher would set them)
+                    os.environ.setdefault(var, "0")
+                os.environ.setdefault("WORLD_SIZE", "1")
+            env._init_group()
+    return env
 
 
 def close_rank(env: RankEnv) -> None:
     if torch_dist.is_available() and torch_dist.is_initialized():
         torch_dist.destroy_process_group()
+    forget_deepspeed_groups()
 
 
 @dataclass
 class Applied:
     """The model as trained, plus every concrete setting that was in effect."""
 
-    module: torch.nn.Module  # what the step calls (maybe compiled / DDP-wrapped)
+    module: torch.nn.Module  # what the step calls (maybe compiled / DDP-wrapped / FSDP-sharded)
     raw: torch.nn.Module  # the transformers model underneath
     ddp: Any = None
     autocast_dtype: torch.dtype | None = None
     settings: dict[str, Any] = field(default_factory=dict)
+    probe: Any = None  # evidence.Probe on one block, when the model is not compiled
+    loss_scaling: bool = False  # fp16: a gradient scaler (sharded across ranks under FSDP)
+    sharded: bool = False
 
     def no_sync(self):
         return self.ddp.no_sync() if self.ddp is not None else contextlib.nullcontext()
@@ -101,58 +226,110 @@ def precision_setup(cfg: RunConfig, env: RankEnv) -> torch.dtype | None:
     return torch.bfloat16 if precision == "bf16" else torch.float16
 
 
-def apply_method(cfg: RunConfig, env: RankEnv, net: torch.nn.Module, attn_used: str | None) -> Applied:
-    """naive / free-lunch, activation checkpointing, DDP. Sharding and offload come with their back-ends."""
-    method = cfg.method
-    if method.sharding or method.offload:
-        raise Unsupported(f"method part {method.sharding or 'off'!r} is not implemented by this trainer yet")
+def blocks(net: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """The model's repeated blocks, children before parents: modules whose class is in transformers'
+    `_no_split_modules` (the units it never splits across devices), and its checkpointing layers."""
+    names = set(getattr(net, "_no_split_modules", None) or ())
+    gc_layer = None
+    with contextlib.suppress(ImportError):
+        from transformers.modeling_layers import GradientCheckpointingLayer as gc_layer
+    found = [
+        (name, mod)
+        for name, mod in net.named_modules()
+        if mod is not net and (type(mod).__name__ in names or (gc_layer is not None and isinstance(mod, gc_layer)))
+    ]
+    # named_modules() is pre-order; reverse depth so inner blocks are wrapped before the blocks holding them
+    return sorted(found, key=lambda nm: -nm[0].count("."))
+
+
+def common_setup(cfg: RunConfig, env: RankEnv, net: torch.nn.Module) -> tuple[bool, torch.dtype | None]:
+    """TF32 (free-lunch on GPUs that have it), the recipe's precision, activation checkpointing."""
     on_cuda = env.device.type == "cuda"
-    tf32 = method.free_lunch and on_cuda and bool(cfg.gpu.get("tf32"))
+    tf32 = cfg.method.free_lunch and on_cuda and bool(cfg.gpu.get("tf32"))
     if on_cuda:
         torch.backends.cuda.matmul.allow_tf32 = tf32
         torch.backends.cudnn.allow_tf32 = tf32
     autocast_dtype = precision_setup(cfg, env)
-    net.to(env.device)
     net.train()
-    if method.checkpointing:
-        enable = getattr(net, "activation_checkpointing_enable", None) or net.gradient_checkpointing_enable
-        enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.method.checkpointing:
+        kwargs = {"use_reentrant": False}
+        if hasattr(net, "activation_checkpointing_enable"):  # transformers >= 5.x; the old name warns
+            net.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            net.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    return tf32, autocast_dtype
+
+
+def _allow_recompiles() -> None:
+    """The micro-batch search compiles one graph per size it tries: allow them all."""
+    from torch import _dynamo
+
+    for knob in ("recompile_limit", "cache_size_limit"):
+        if hasattr(_dynamo.config, knob):
+            setattr(_dynamo.config, knob, max(getattr(_dynamo.config, knob), 64))
+
+
+def apply_method(cfg: RunConfig, env: RankEnv, net: torch.nn.Module, attn_used: str | None) -> Applied:
+    """naive / free-lunch, activation checkpointing, DDP or FSDP2 (DeepSpeed: see zero.build_step)."""
+    from .evidence import Probe
+
+    method = cfg.method
+    if method.sharding and not method.sharding.startswith("fsdp"):
+        raise ValueError(f"{method.sharding} is applied by trainer.zero, not apply_method")
+    tf32, autocast_dtype = common_setup(cfg, env, net)
+    loss_scaling = autocast_dtype == torch.float16
     compiled = method.free_lunch and cfg.model["supports_compile"]
-    # Compile the model, then wrap it in DDP: DDP's gradient hooks and no_sync() stay in eager code.
-    if compiled:  # the micro-batch search compiles one graph per size it tries: allow them all
-        from torch import _dynamo
+    if compiled:
+        _allow_recompiles()
+    ddp = probe = None
+    parallel: dict[str, Any] = {}
+    if method.sharding:
+        from .fsdp import shard
 
-        for knob in ("recompile_limit", "cache_size_limit"):
-            if hasattr(_dynamo.config, knob):
-                setattr(_dynamo.config, knob, max(getattr(_dynamo.config, knob), 64))
-    module = torch.compile(net, dynamic=False) if compiled else net
-    ddp = None
-    if env.distributed:
-        from torch.nn.parallel import DistributedDataParallel as DDP
+        module, autocast_dtype, parallel = shard(cfg, env, net, compiled, autocast_dtype)
+        if not compiled:
+            probe = Probe.on(net)
+    else:
+        net.to(env.device)
+        if not compiled:  # hooks in a compiled graph would cost a recompile when removed
+            probe = Probe.on(net)
+        # Compile the model, then wrap it in DDP: DDP's gradient hooks and no_sync() stay in eager code.
+        module = torch.compile(net, dynamic=False) if compiled else net
+        if env.distributed:
+            from torch.nn.parallel import DistributedDataParallel as DDP
 
-        ddp_kwargs = {"device_ids": [env.device.index]} if on_cuda else {}
-        ddp = module = DDP(module, gradient_as_bucket_view=True, **ddp_kwargs)
+            ddp_kwargs = {"device_ids": [env.device.index]} if env.device.type == "cuda" else {}
+            ddp = module = DDP(module, gradient_as_bucket_view=True, **ddp_kwargs)
+            parallel = {
+                "parallel": "ddp",
+                "ddp": {"gradient_as_bucket_view": True, "accumulate_with_no_sync": True},
+            }
+        else:
+            parallel = {"parallel": "single", "ddp": None}
     settings = {
         "base": method.base,
-        "attn_implementation": attn_used,
+        "attn_implementation": None,  # filled by the caller
         "compile": compiled,
         "compile_note": None if compiled or not method.free_lunch else "model does not support torch.compile",
         "tf32": tf32,
         "autocast": str(autocast_dtype).replace("torch.", "") if autocast_dtype else None,
-        "grad_scaler": autocast_dtype == torch.float16,
+        "grad_scaler": (("ShardedGradScaler" if method.sharding else "GradScaler") if loss_scaling else None),
         "activation_checkpointing": method.checkpointing,
-        "parallel": "ddp" if env.distributed else "single",
-        "ddp": {"gradient_as_bucket_view": True, "accumulate_with_no_sync": True} if env.distributed else None,
+        **parallel,
         "device": str(env.device.type),
         "torch_threads": torch.get_num_threads(),
     }
-    return Applied(module, net, ddp, autocast_dtype, settings)
+    settings["attn_implementation"] = attn_used
+    return Applied(module, net, ddp, autocast_dtype, settings, probe, loss_scaling, bool(method.sharding))
 
 
-def build_optimizer(cfg: RunConfig, env: RankEnv, params) -> tuple[torch.optim.Optimizer, dict[str, Any]]:
+def build_optimizer(
+    cfg: RunConfig, env: RankEnv, params, offload: bool = False
+) -> tuple[torch.optim.Optimizer, dict[str, Any]]:
     opt = cfg.recipe["optimizer"]
     cls = torch.optim.AdamW if opt["name"] == "adamw" else torch.optim.Adam
-    fused = cfg.method.free_lunch and env.device.type == "cuda"
+    # fused AdamW on CUDA (free-lunch); with FSDP's CPU offload the optimizer steps CPU tensors
+    fused = cfg.method.free_lunch and env.device.type == "cuda" and not offload
     kwargs = {"lr": opt["lr"], "betas": tuple(opt["betas"]), "eps": opt["eps"], "weight_decay": opt["weight_decay"]}
     if fused:
         kwargs["fused"] = True

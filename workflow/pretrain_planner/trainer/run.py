@@ -14,10 +14,12 @@ import torch
 
 from ..flops import mfu, train_flops_per_sample
 from ..results import write_result, write_steps
+from . import zero
 from .config import RunConfig
-from .measure import find_micro_batch, is_oom, percentile, time_steps
-from .models import build_model
-from .parallel import RankEnv, Unsupported, apply_method, build_optimizer, close_rank, init_rank
+from .measure import measure, percentile
+from .models import build_model, kernel_info
+from .oom import FakeOom
+from .parallel import RankEnv, Unsupported, apply_method, build_optimizer, close_rank, init_rank, precision_setup
 from .step import TrainStep
 
 
@@ -43,7 +45,7 @@ def _device_name(env: RankEnv | None) -> str:
     return f"CPU ({model or platform.machine()})"
 
 
-def _counted_flops(cfg: RunConfig, applied, step: TrainStep, env: RankEnv) -> float | None:
+def _counted_flops(cfg: RunConfig, step: TrainStep, env: RankEnv) -> float | None:
     """FLOPs of one sample's forward + backward, counted, for families without a declared formula."""
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -52,48 +54,72 @@ def _counted_flops(cfg: RunConfig, applied, step: TrainStep, env: RankEnv) -> fl
     batch = batches_for(cfg, env, 1, 1)[0]
     with FlopCounterMode(display=False) as counter:
         step.micro(batch, 1.0, sync_grads=not env.distributed)
-    step.optimizer.zero_grad(set_to_none=True)
+    step.reset_after_trial()
     return float(counter.get_total_flops())
 
 
-def measure_cell(cfg: RunConfig, env: RankEnv) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    torch.manual_seed(cfg.bench.seed)
+def check_supported(cfg: RunConfig, env: RankEnv) -> None:
+    """Raise Unsupported, the same on every rank and before any collective, if the cell cannot run here."""
+    precision_setup(cfg, env)
+    if cfg.method.sharding in zero.STAGES:
+        zero.check_supported(cfg, env)
+
+
+def make_builder(cfg: RunConfig, env: RankEnv, built: list[dict[str, Any]]):
+    """`build(micro_batch, accum)`: a fresh model (same seed, same weights on every rank and in every
+    method) with the method applied, as a TrainStep. Appends each instance's settings to `built`."""
     attn = None
     if cfg.model["family"] not in ("mamba", "convnext"):
         attn = "sdpa" if cfg.method.free_lunch else "eager"
-    net, attn_used = build_model(cfg.model, attn)
-    applied = apply_method(cfg, env, net, attn_used)
-    optimizer, opt_settings = build_optimizer(cfg, env, net.parameters())
-    step = TrainStep(applied, optimizer, cfg.recipe["grad_clip"], env.device.type)
-    settings = {**applied.settings, **opt_settings, "lr_schedule": "constant (benchmark; schedule cost is nil)"}
+    fake = FakeOom.from_env()
+    kernels = kernel_info(cfg.model)
 
-    trials: list[dict[str, Any]] = []
-    result: dict[str, Any] = {"method_settings": settings, "micro_batch_trials": trials}
-    start = None
-    while True:
-        search = find_micro_batch(cfg, env, step, start)
-        trials.extend(search.trials)
-        if search.micro_batch is None:
-            return {**result, "status": "oom", "reason": "micro-batch 1 does not fit on every rank"}, []
-        mb = search.micro_batch
-        try:
-            timing = time_steps(cfg, env, step, mb)
-            break
-        except Exception as exc:
-            # One rank alone: an OOM while timing (allocator growth) means try the next smaller
-            # micro-batch. With several ranks the others may sit in a collective: let it fail.
-            if env.distributed or not is_oom(exc):
-                raise
-            trials.append({"micro_batch": mb, "fits": False, "while": "timing"})
-            step.reset_after_trial()
-            start = mb
+    def build(micro_batch: int, accum: int) -> TrainStep:
+        torch.manual_seed(cfg.bench.seed)
+        net, attn_used = build_model(cfg.model, attn)
+        if fake is not None:
+            fake.install(net, env.rank)
+        if cfg.method.sharding in zero.STAGES:
+            step: TrainStep = zero.build_step(cfg, env, net, attn_used, micro_batch, accum)
+        else:
+            applied = apply_method(cfg, env, net, attn_used)
+            optimizer, opt_settings = build_optimizer(cfg, env, net.parameters(), offload=cfg.method.offload)
+            settings = {**applied.settings, **opt_settings}
+            step = TrainStep(applied, optimizer, cfg.recipe["grad_clip"], env.device.type, settings)
+        step.settings["lr_schedule"] = "constant (benchmark; schedule cost is nil)"
+        if kernels:
+            step.settings["kernels"] = kernels
+        if fake is not None:
+            step.settings["test_hooks"] = {"fake_oom": fake.describe()}
+        built.append(step.settings)
+        return step
+
+    return build
+
+
+def measure_cell(cfg: RunConfig, env: RankEnv) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    check_supported(cfg, env)
+    built: list[dict[str, Any]] = []
+    measured = measure(cfg, env, make_builder(cfg, env, built))
+    result: dict[str, Any] = {"method_settings": built[-1] if built else None, "micro_batch_trials": measured.trials}
+    if built:  # after an OOM every rank joined a fresh process group (oom.py)
+        built[-1]["process_group_rebuilds"] = env.generation
+    if measured.micro_batch is None:
+        last = measured.trials[-1] if measured.trials else {}
+        where = f" (out of memory on rank {', '.join(map(str, last.get('oom_ranks') or []))}: {last.get('error')})"
+        return {**result, "status": "oom", "reason": "micro-batch 1 does not fit on every rank" + where}, []
+    step, timing, mb = measured.step, measured.timing, measured.micro_batch
+    settings = step.settings
+    settings["observed"] = step.observed()
+    result["method_settings"] = settings
     accum = cfg.recipe["global_batch"] // cfg.cell.world_size // mb
     median = timing.median
     per_sample = train_flops_per_sample(cfg.model)
     flops_source = "formula"
     if per_sample is None:
-        per_sample, flops_source = _counted_flops(cfg, applied, step, env), "flop_counter"
+        per_sample, flops_source = _counted_flops(cfg, step, env), "flop_counter"
     settings["flops_source"] = flops_source
+    step.close()
     gb = cfg.recipe["global_batch"]
     flops_per_step = per_sample * gb if per_sample else None
     peak = None

@@ -1,8 +1,16 @@
-"""One whole optimizer step: every micro-batch of the accumulation, then the optimizer."""
+"""One whole optimizer step: every micro-batch of the accumulation, then the optimizer.
+
+`TrainStep` drives a torch optimizer (one rank, DDP, FSDP2); `zero.DeepSpeedStep` overrides the
+micro-batch and the optimizer step with the DeepSpeed engine's own backward and step. Both offer what
+the measurement needs: `micro`, `optimizer_step`, `trial` (a step's memory peak, for the micro-batch
+search), `reset_after_trial`, `__call__` (one timed step), `accepts` (can this instance run that
+micro-batch size, or must a new one be built) and `close`.
+"""
 
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import torch
 
@@ -10,25 +18,59 @@ from .parallel import Applied
 
 
 class TrainStep:
-    def __init__(self, applied: Applied, optimizer: torch.optim.Optimizer, grad_clip: float | None, device_type: str):
+    def __init__(
+        self,
+        applied: Applied,
+        optimizer: torch.optim.Optimizer,
+        grad_clip: float | None,
+        device_type: str,
+        settings: dict[str, Any] | None = None,
+    ):
         self.applied = applied
         self.optimizer = optimizer
         self.grad_clip = grad_clip
         self.device_type = device_type
-        self.scaler = torch.amp.GradScaler(device_type) if applied.autocast_dtype == torch.float16 else None
+        self.settings = dict(applied.settings) if settings is None else settings
+        self.probe = applied.probe
+        self.probe_report: dict[str, Any] | None = None
+        self.scaler = self._new_scaler()
+
+    def _new_scaler(self, init_scale: float | None = None):
+        if not self.applied.loss_scaling:
+            return None
+        kwargs = {} if init_scale is None else {"init_scale": init_scale}
+        if self.applied.sharded:  # each rank sees its shard of the gradients: agree on inf/nan
+            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+            return ShardedGradScaler(self.device_type, **kwargs)
+        return torch.amp.GradScaler(self.device_type, **kwargs)
+
+    def accepts(self, micro_batch: int) -> bool:
+        """Whether this instance can run micro-batches of that size (a torch optimizer: any size)."""
+        return True
 
     def _autocast(self):
         dtype = self.applied.autocast_dtype
         return torch.autocast(self.device_type, dtype=dtype) if dtype else contextlib.nullcontext()
 
-    def micro(self, batch: dict[str, torch.Tensor], scale: float, sync_grads: bool) -> torch.Tensor:
-        """Forward + backward of one micro-batch; gradients are all-reduced only when `sync_grads`."""
+    def _micro(self, batch: dict[str, torch.Tensor], scale: float, sync_grads: bool) -> torch.Tensor:
         ctx = contextlib.nullcontext() if sync_grads else self.applied.no_sync()
         with ctx:
             with self._autocast():
                 loss = self.applied.module(**batch).loss * scale
             (self.scaler.scale(loss) if self.scaler else loss).backward()
         return loss.detach()
+
+    def micro(self, batch: dict[str, torch.Tensor], scale: float, sync_grads: bool) -> torch.Tensor:
+        """Forward + backward of one micro-batch; under DDP gradients are all-reduced only when `sync_grads`
+        (FSDP reduce-scatters every micro-batch). The first one is watched by the evidence probe."""
+        if self.probe is None:
+            return self._micro(batch, scale, sync_grads)
+        probe, self.probe = self.probe, None
+        try:
+            return probe.watch(lambda: self._micro(batch, scale, sync_grads))
+        finally:
+            self.probe_report = probe.report()
 
     def optimizer_step(self) -> None:
         if self.grad_clip:
@@ -42,16 +84,39 @@ class TrainStep:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
+    def trial(self, batch: dict[str, torch.Tensor], distributed: bool) -> None:
+        """A step's memory peak: a micro-batch, the optimizer step (allocates the optimizer state), then two
+        more micro-batches while that state and the accumulated gradients are held. Under DDP the
+        backward skips the gradient all-reduce (FSDP's reduce-scatter cannot be skipped; oom.guarded makes
+        a rank that fails inside a collective harmless to the others)."""
+        self.micro(batch, 1.0, sync_grads=not distributed)
+        self.optimizer_step()
+        self.micro(batch, 1.0, sync_grads=not distributed)
+        self.micro(batch, 1.0, sync_grads=not distributed)
+
     def reset_after_trial(self) -> None:
         """Drop gradients, and the loss scaler's per-step state (an OOM may strike after unscale_)."""
         self.optimizer.zero_grad(set_to_none=True)
         if self.scaler is not None:
-            self.scaler = torch.amp.GradScaler(self.device_type, init_scale=self.scaler.get_scale())
+            self.scaler = self._new_scaler(init_scale=self.scaler.get_scale())
 
     def __call__(self, batches: list[dict[str, torch.Tensor]], accum: int) -> torch.Tensor:
-        """`accum` micro-batches (cycling through `batches`), all-reduce on the last one only, then step."""
+        """`accum` micro-batches (cycling through `batches`), gradients synchronised on the last, then step."""
         losses = [
             self.micro(batches[i % len(batches)], 1.0 / accum, sync_grads=i == accum - 1).float() for i in range(accum)
         ]
         self.optimizer_step()
         return torch.stack(losses).sum()
+
+    def observed(self) -> dict[str, Any] | None:
+        """What the evidence probe saw during the first micro-batch (None: not probed, e.g. compiled)."""
+        return self.probe_report
+
+    def close(self) -> None:
+        """Drop every reference to the model and optimizer so their memory can be freed."""
+        if self.probe is not None:
+            self.probe.detach()
+        self.probe = None
+        self.optimizer = None
+        self.applied = None
+        self.scaler = None

@@ -1,0 +1,108 @@
+"""FSDP2 (`fully_shard`): one FSDP unit per transformer block, then the root.
+
+`fsdp-grad` keeps a block's parameters gathered from its forward to its backward
+(`reshard_after_forward=False`, ZeRO-2-like: gradients and optimizer state sharded); `fsdp-full` frees
+them after the forward and gathers them again in backward (`True`, ZeRO-3-like). Gradients are
+reduce-scattered on every micro-batch, so they stay sharded during accumulation. The recipe's bf16/fp16
+becomes a MixedPrecisionPolicy (parameters cast for compute, gradients reduced in fp32) instead of
+autocast; `+off` adds CPUOffloadPolicy (sharded parameters, gradients and the optimizer step on CPU).
+Under free-lunch each block is compiled before it is sharded (torchtitan's order).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import torch
+
+from .config import RunConfig
+from .evidence import fsdp_sharding
+from .parallel import RankEnv, Unsupported, blocks
+
+
+def _tied_outside(net: torch.nn.Module, found: list[tuple[str, torch.nn.Module]]) -> dict[str, str]:
+    """Blocks holding a parameter that is also used outside them (tied embeddings): FSDP needs such
+    parameters in one group, so they stay with the root. Maps block name -> the name of the other use."""
+    names_of: dict[int, list[str]] = {}
+    for name, p in net.named_parameters(remove_duplicate=False):
+        names_of.setdefault(id(p), []).append(name)
+    tied = {}
+    for block_name, block in found:
+        for p in block.parameters():
+            outside = [n for n in names_of[id(p)] if not n.startswith(block_name + ".")]
+            if outside:
+                tied[block_name] = outside[0]
+                break
+    return tied
+
+
+def _outermost(found: list[tuple[str, torch.nn.Module]]) -> list[tuple[str, torch.nn.Module]]:
+    names = [n for n, _ in found]
+    return [(n, m) for n, m in found if not any(n.startswith(o + ".") for o in names)]
+
+
+def shard(
+    cfg: RunConfig, env: RankEnv, net: torch.nn.Module, compiled: bool, autocast_dtype: torch.dtype | None
+) -> tuple[torch.nn.Module, torch.dtype | None, dict[str, Any]]:
+    """Shard `net` in place; return it, the autocast dtype still to use (None: the policy casts), settings."""
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+    except ImportError:  # torch < 2.6
+        raise Unsupported(
+            f"FSDP2 (torch.distributed.fsdp.fully_shard) is not available in torch {torch.__version__}"
+        ) from None
+    method = cfg.method
+    reshard = method.sharding == "fsdp-full"
+    mp_note = None
+    if compiled and autocast_dtype is not None and env.device.type == "cpu":
+        # inductor's C++ backend miscompiles kernels over bf16 parameters (torch 2.13: "conflicting
+        # declaration 'auto at_BFloat16_tmp_acc0_vec'"); autocast over fp32 parameters compiles fine
+        mp_note = "compiled on CPU: autocast over fp32 parameters (inductor's C++ backend fails on bf16 parameters)"
+    use_policy = autocast_dtype is not None and mp_note is None
+    mp = (
+        MixedPrecisionPolicy(param_dtype=autocast_dtype, reduce_dtype=torch.float32)
+        if use_policy
+        else MixedPrecisionPolicy()
+    )
+    pin = env.device.type == "cuda"
+    offload = CPUOffloadPolicy(pin_memory=pin) if method.offload else OffloadPolicy()
+    net.to(env.device)
+    mesh = init_device_mesh(env.device.type, (env.world_size,))
+    candidates = blocks(net)
+    tied = _tied_outside(net, candidates)
+    found = [(n, m) for n, m in candidates if n not in tied]
+    if compiled:
+        for _, block in _outermost(found):
+            block.compile(dynamic=False)
+    wrapped: Counter[str] = Counter()
+    for _, block in found:
+        wrapped[type(block).__name__] += 1
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp, offload_policy=offload)
+    root = type(net).__name__
+    fully_shard(net, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp, offload_policy=offload)
+    settings = {
+        "parallel": "fsdp2",
+        "fsdp": {
+            "api": "torch.distributed.fsdp.fully_shard (FSDP2)",
+            "reshard_after_forward": reshard,
+            "sharded_modules": dict(wrapped),
+            "left_to_root": {n: f"parameter tied with {other}" for n, other in tied.items()},
+            "root": root,
+            "wrap_rule": "modules named in the model's _no_split_modules, and its GradientCheckpointingLayers; "
+            "then the root",
+            "mesh": {"device_type": env.device.type, "shape": [env.world_size]},
+            "mixed_precision": (
+                {"param_dtype": str(autocast_dtype).replace("torch.", ""), "reduce_dtype": "float32"}
+                if use_policy
+                else None
+            ),
+            "mixed_precision_note": mp_note,
+            "offload": {"policy": "CPUOffloadPolicy", "pin_memory": pin} if method.offload else None,
+            "gradient_sync": "reduce-scatter on every micro-batch (gradients stay sharded while accumulating)",
+            "compile": "per block, before sharding" if compiled else None,
+            **fsdp_sharding(net),
+        },
+    }
+    return net, None if use_policy else autocast_dtype, settings

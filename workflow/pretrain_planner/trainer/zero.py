@@ -1,0 +1,217 @@
+"""DeepSpeed ZeRO-1/-2/-3 (`zero1`, `zero2`, `zero3`), with CPU offload for `+off`.
+
+The engine owns the optimizer, the backward (loss scaling, gradient reduction) and the step, so a
+cell under ZeRO uses `DeepSpeedStep`: the trainer marks each micro-batch as an accumulation boundary
+or not (`set_gradient_accumulation_boundary`), scales the loss by 1/accumulation itself (as the other
+back-ends do) and calls `engine.backward` / `engine.step`. The DeepSpeed config names the micro-batch
+and the accumulation, so an engine is built for one micro-batch size (`accepts`).
+
+Optimizer: the recipe's torch optimizer as DeepSpeed's client optimizer; with offload DeepSpeed needs
+its own CPU optimizer, so the config names Adam (adam_w_mode per the recipe) and DeepSpeed picks
+DeepSpeedCPUAdam (a prebuilt op, see envs/setup.sh).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from typing import Any
+
+import torch
+
+from .config import RunConfig
+from .evidence import Probe, zero_sharding
+from .parallel import Applied, RankEnv, Unsupported, _allow_recompiles, build_optimizer, common_setup
+from .step import TrainStep
+
+STAGES = {"zero1": 1, "zero2": 2, "zero3": 3}
+STEPS_PER_PRINT = 2**31 - 1  # DeepSpeed's progress log, never
+
+
+def import_deepspeed(env: RankEnv):
+    """The deepspeed module for this device, or Unsupported with the reason."""
+    # DeepSpeed picks its accelerator at import: make it the one this cell runs on (a CPU cell on a GPU node)
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if env.device.type == "cuda" else "cpu")
+    try:
+        import deepspeed
+    except ImportError as exc:
+        raise Unsupported(
+            f"DeepSpeed is not installed ({exc}); `bash envs/setup.sh test` installs it with its CPU ops prebuilt"
+        ) from None
+    for name in ("DeepSpeed", "deepspeed"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    return deepspeed
+
+
+def check_supported(cfg: RunConfig, env: RankEnv) -> None:
+    """Raise Unsupported before anything is built if ZeRO cannot run here (the same on every rank)."""
+    deepspeed = import_deepspeed(env)
+    accel = deepspeed.get_accelerator().device_name()
+    if accel != env.device.type:
+        raise Unsupported(f"DeepSpeed's accelerator is {accel!r} but the cell runs on {env.device.type!r}")
+    if cfg.recipe["precision"] == "fp16" and env.device.type != "cuda":
+        raise Unsupported("DeepSpeed runs fp16 (loss scaling) only on a GPU: 'Type fp16 is not supported' on CPU")
+    if cfg.method.offload:
+        from deepspeed.ops.op_builder import CPUAdamBuilder
+
+        builder = CPUAdamBuilder()
+        if not builder.is_compatible(verbose=False):
+            raise Unsupported("ZeRO-Offload needs DeepSpeed's cpu_adam op, which cannot be built here")
+
+
+def ds_config(cfg: RunConfig, env: RankEnv, micro_batch: int, accum: int) -> dict[str, Any]:
+    """The DeepSpeed config of this cell at one micro-batch size (validates with DeepSpeedConfig)."""
+    method, recipe = cfg.method, cfg.recipe
+    stage = STAGES[method.sharding]
+    pin = env.device.type == "cuda"
+    zero: dict[str, Any] = {"stage": stage}
+    if method.offload:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin}
+        if stage == 3:
+            zero["offload_param"] = {"device": "cpu", "pin_memory": pin}
+    precision = recipe["precision"]
+    config: dict[str, Any] = {
+        "train_batch_size": micro_batch * accum * env.world_size,
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": accum,
+        "gradient_clipping": float(recipe.get("grad_clip") or 0.0),
+        "zero_optimization": zero,
+        "bf16": {"enabled": precision == "bf16"},
+        "fp16": {"enabled": precision == "fp16", **({"loss_scale": 0} if precision == "fp16" else {})},
+        "steps_per_print": STEPS_PER_PRINT,
+        "wall_clock_breakdown": False,
+    }
+    if method.offload:  # ZeRO-Offload refuses a client optimizer: DeepSpeed's CPU Adam from the config
+        opt = recipe["optimizer"]
+        config["optimizer"] = {
+            "type": "Adam",
+            "params": {
+                "lr": opt["lr"],
+                "betas": list(opt["betas"]),
+                "eps": opt["eps"],
+                "weight_decay": opt["weight_decay"],
+                "adam_w_mode": opt["name"] == "adamw",
+            },
+        }
+    return config
+
+
+class DeepSpeedStep(TrainStep):
+    def __init__(self, engine, applied: Applied, micro_batch: int, device_type: str, settings: dict[str, Any]):
+        super().__init__(applied, engine.optimizer, None, device_type, settings)
+        self.engine = engine
+        self.micro_batch = micro_batch
+
+    def _new_scaler(self, init_scale=None):
+        return None  # the engine scales fp16 losses itself
+
+    def accepts(self, micro_batch: int) -> bool:
+        return micro_batch == self.micro_batch
+
+    def _micro(self, batch, scale, sync_grads):
+        self.engine.set_gradient_accumulation_boundary(sync_grads)
+        loss = self.engine(**batch).loss * scale
+        self.engine.backward(loss, scale_wrt_gas=False)
+        return loss.detach()
+
+    def optimizer_step(self) -> None:
+        self.engine.set_gradient_accumulation_boundary(True)
+        self.engine.step()  # clips, steps, zeroes the gradients
+
+    def trial(self, batch, distributed: bool) -> None:
+        # ZeRO reduces (stage 1) or reduce-scatters (2, 3) at boundaries; a trial on a scratch engine
+        # keeps every micro-batch a boundary so its state stays consistent (oom.guarded covers the collectives)
+        self.micro(batch, 1.0, sync_grads=True)
+        self.optimizer_step()
+        self.micro(batch, 1.0, sync_grads=True)
+        self.micro(batch, 1.0, sync_grads=True)
+
+    def reset_after_trial(self) -> None:
+        opt = self.engine.optimizer
+        if hasattr(opt, "zero_grad"):
+            opt.zero_grad()
+        self.engine.zero_grad()
+
+    def close(self) -> None:
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            # a scratch engine whose process group was aborted: drop it all the same
+            with contextlib.suppress(Exception):
+                engine.destroy()
+        super().close()
+
+
+def _offload_device(offload_config) -> str | None:
+    device = getattr(offload_config, "device", None)
+    device = getattr(device, "value", device)
+    return None if device in (None, "none") else str(device)
+
+
+def build_step(
+    cfg: RunConfig, env: RankEnv, net: torch.nn.Module, attn_used: str | None, micro_batch: int, accum: int
+) -> DeepSpeedStep:
+    deepspeed = import_deepspeed(env)
+    method = cfg.method
+    tf32, _ = common_setup(cfg, env, net)  # the engine casts bf16/fp16 itself: no autocast
+    config = ds_config(cfg, env, micro_batch, accum)
+    optimizer = opt_settings = None
+    if not method.offload:
+        optimizer, opt_settings = build_optimizer(cfg, env, net.parameters())
+    engine, *_ = deepspeed.initialize(
+        model=net, optimizer=optimizer, config=config, model_parameters=None if optimizer else net.parameters()
+    )
+    compiled = method.free_lunch and cfg.model["supports_compile"]
+    if compiled:
+        _allow_recompiles()
+        engine.compile(compile_kwargs={"dynamic": False})
+    probe = None if compiled else Probe.on(net)
+    base = getattr(engine.optimizer, "optimizer", engine.optimizer)
+    if opt_settings is None:
+        p = config["optimizer"]["params"]
+        opt_settings = {
+            "optimizer": f"{type(base).__name__} (DeepSpeed config: Adam, adam_w_mode={p['adam_w_mode']})",
+            "fused_optimizer": False,
+            **{k: v for k, v in p.items() if k != "adam_w_mode"},
+        }
+    precision = cfg.recipe["precision"]
+    settings = {
+        "base": method.base,
+        "attn_implementation": attn_used,
+        "compile": bool(compiled and getattr(engine, "is_compiled", False)),
+        "compile_note": (
+            "DeepSpeedEngine.compile(compile_kwargs={'dynamic': False})"
+            if compiled
+            else None
+            if not method.free_lunch
+            else "model does not support torch.compile"
+        ),
+        "tf32": tf32,
+        "autocast": None,
+        "grad_scaler": "DeepSpeed dynamic loss scaling" if precision == "fp16" else None,
+        "activation_checkpointing": method.checkpointing,
+        "parallel": "deepspeed",
+        "ddp": None,
+        "deepspeed": {
+            "version": deepspeed.__version__,
+            "config": config,
+            "zero_stage": engine.zero_optimization_stage(),
+            "precision": {
+                "fp32": "fp32 weights and optimizer",
+                "bf16": "bf16 model weights and compute, fp32 master weights and optimizer state",
+                "fp16": "fp16 model weights and compute, fp32 master weights, dynamic loss scaling",
+            }[precision],
+            "optimizer_source": (
+                "DeepSpeed config (ZeRO-Offload)" if method.offload else "client (the recipe's torch optimizer)"
+            ),
+            "offload_optimizer": _offload_device(engine.zero_offload_optimizer()),
+            "offload_param": _offload_device(engine.zero_offload_param()),
+            "accumulation": "engine.backward / engine.step, boundary set per micro-batch; loss scaled 1/accum",
+            **zero_sharding(engine),
+        },
+        "device": env.device.type,
+        "torch_threads": torch.get_num_threads(),
+        **opt_settings,
+    }
+    applied = Applied(engine, net, None, None, {}, probe, precision == "fp16", True)
+    return DeepSpeedStep(engine, applied, micro_batch, env.device.type, settings)
