@@ -10,6 +10,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+# The smallest GPT-NeoX the catalog accepts: shared by the catalog and grid unit tests.
+TINY_GPTNEOX_ARCH = {
+    "hidden_size": 32,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "vocab_size": 64,
+    "intermediate_size": 64,
+}
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -14,6 +14,8 @@ import yaml
 from pretrain_planner.catalog import FAMILY_TASK, load_catalog, load_gpus, load_models
 from pretrain_planner.schema import ConfigError, validate
 
+from .conftest import TINY_GPTNEOX_ARCH
+
 ROOT = Path(__file__).resolve().parents[1]
 MODELS_YAML = ROOT / "config" / "models.yaml"
 GPUS_YAML = ROOT / "config" / "gpus.yaml"
@@ -279,13 +281,7 @@ def _tiny_model(**recipe_overrides):
     recipe.update(recipe_overrides)
     return {
         "family": "gptneox",
-        "arch": {
-            "hidden_size": 32,
-            "num_hidden_layers": 1,
-            "num_attention_heads": 2,
-            "vocab_size": 64,
-            "intermediate_size": 64,
-        },
+        "arch": dict(TINY_GPTNEOX_ARCH),
         "recipe": recipe,
     }
 

@@ -14,6 +14,8 @@ from pretrain_planner.catalog import load_catalog
 from pretrain_planner.grid import CELL_PATTERN, WILDCARD_CONSTRAINTS, Cell, PlannedCell
 from pretrain_planner.schema import ConfigError
 
+from .conftest import TINY_GPTNEOX_ARCH
+
 ROOT = Path(__file__).resolve().parents[1]
 MODELS_YAML = ROOT / "config" / "models.yaml"
 GPUS_YAML = ROOT / "config" / "gpus.yaml"
@@ -27,13 +29,7 @@ def catalog():
 def _tiny(global_batch=16, precision="fp32", checkpointing=True):
     model = {
         "family": "gptneox",
-        "arch": {
-            "hidden_size": 32,
-            "num_hidden_layers": 1,
-            "num_attention_heads": 2,
-            "vocab_size": 64,
-            "intermediate_size": 64,
-        },
+        "arch": dict(TINY_GPTNEOX_ARCH),
         "recipe": {
             "global_batch": global_batch,
             "steps": 10,
