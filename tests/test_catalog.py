@@ -354,50 +354,61 @@ def _error(path) -> str:
     return msg
 
 
-def test_unknown_family(tmp_path):
-    path = _broken(tmp_path, lambda m: m.update(family="llama"))
-    msg = _error(path)
-    assert "models.m.family" in msg
-    assert "'llama'" in msg
-    assert "gptneox" in msg  # what is allowed
+def _image_family(m):
+    m["family"] = "vit"
 
 
-def test_missing_global_batch(tmp_path):
-    path = _broken(tmp_path, lambda m: m["recipe"].pop("global_batch"))
-    msg = _error(path)
-    assert "models.m.recipe" in msg
-    assert "'global_batch' is a required property" in msg
+def _image_size_instead_of_sequence_length(m):
+    m["recipe"].pop("sequence_length")
+    m["recipe"]["image_size"] = 32
 
 
-def test_wrong_type(tmp_path):
-    path = _broken(tmp_path, lambda m: m["recipe"].update(global_batch="lots"))
-    msg = _error(path)
-    assert "models.m.recipe.global_batch" in msg
-    assert "'lots'" in msg
-    assert "integer" in msg
+# a broken entry -> what the error must name: the dotted key, the bad value, what is allowed
+BROKEN_ENTRIES = {
+    "unknown family": (lambda m: m.update(family="llama"), ["models.m.family", "'llama'", "gptneox"]),
+    "missing global_batch": (
+        lambda m: m["recipe"].pop("global_batch"),
+        ["models.m.recipe", "'global_batch' is a required property"],
+    ),
+    "wrong type": (
+        lambda m: m["recipe"].update(global_batch="lots"),
+        ["models.m.recipe.global_batch", "'lots'", "integer"],
+    ),
+    "wrong type nested in a list": (
+        lambda m: m["recipe"]["optimizer"].update(betas=[0.9, "x"]),
+        ["models.m.recipe.optimizer.betas[1]", "'x'"],
+    ),
+    "unknown key": (
+        lambda m: m.update(colour="blue"),
+        ["models.m:", "'colour'", "allowed keys: family, arch, recipe, supports, source"],
+    ),
+    "unknown recipe key": (
+        lambda m: m["recipe"].update(batch_size=8),
+        ["models.m.recipe:", "'batch_size'", "allowed keys:", "global_batch", "sequence_length"],
+    ),
+    "text model without sequence_length": (
+        lambda m: m["recipe"].pop("sequence_length"),
+        ["models.m.recipe", "sequence_length"],
+    ),
+    "text model with image_size": (
+        _image_size_instead_of_sequence_length,
+        ["models.m.recipe", "'gptneox' needs sequence_length"],
+    ),
+    "image model with sequence_length": (_image_family, ["models.m.recipe", "needs image_size"]),
+    "both sequence_length and image_size": (lambda m: m["recipe"].update(image_size=32), ["models.m.recipe"]),
+    "neither steps nor time budget": (
+        lambda m: m["recipe"].pop("steps"),
+        ["models.m.recipe", "steps", "time_budget_hours"],
+    ),
+}
 
 
-def test_wrong_type_nested_in_list(tmp_path):
-    path = _broken(tmp_path, lambda m: m["recipe"]["optimizer"].update(betas=[0.9, "x"]))
-    msg = _error(path)
-    assert "models.m.recipe.optimizer.betas[1]" in msg
-    assert "'x'" in msg
-
-
-def test_unknown_key_lists_allowed_keys(tmp_path):
-    path = _broken(tmp_path, lambda m: m.update(colour="blue"))
-    msg = _error(path)
-    assert "models.m:" in msg
-    assert "'colour'" in msg
-    assert "allowed keys: family, arch, recipe, supports, source" in msg
-
-
-def test_unknown_recipe_key_lists_allowed_keys(tmp_path):
-    path = _broken(tmp_path, lambda m: m["recipe"].update(batch_size=8))
-    msg = _error(path)
-    assert "models.m.recipe:" in msg
-    assert "'batch_size'" in msg
-    assert "allowed keys:" in msg and "global_batch" in msg and "sequence_length" in msg
+@pytest.mark.parametrize("case", list(BROKEN_ENTRIES))
+def test_broken_entry_names_key_value_and_allowed(tmp_path, case):
+    mutate, expected = BROKEN_ENTRIES[case]
+    msg = _error(_broken(tmp_path, mutate))
+    missing = [e for e in expected if e not in msg]
+    assert not missing, (missing, msg)
 
 
 def test_unknown_gpu_key_lists_allowed_keys(tmp_path):
@@ -414,11 +425,15 @@ def test_unknown_gpu_key_lists_allowed_keys(tmp_path):
     assert "allowed keys: name, memory_gib, peak_tflops, bf16, fp16, tf32, price_usd" in msg
 
 
-def test_invalid_yaml_syntax(tmp_path):
+@pytest.mark.parametrize(
+    "text, expected",
+    [("models:\n  m: {family: gptneox, arch: [\n", "not valid YAML"), ("- a\n- b\n", "mapping")],
+    ids=["invalid YAML", "top level not a mapping"],
+)
+def test_unreadable_file(tmp_path, text, expected):
     path = tmp_path / "models.yaml"
-    path.write_text("models:\n  m: {family: gptneox, arch: [\n")
-    msg = _error(path)
-    assert "not valid YAML" in msg
+    path.write_text(text)
+    assert expected in _error(path)
 
 
 def test_missing_file(tmp_path):
@@ -429,50 +444,6 @@ def test_missing_file(tmp_path):
         load_catalog(path, GPUS_YAML)
     with pytest.raises(ConfigError, match="file not found"):
         load_catalog(MODELS_YAML, tmp_path / "nogpus.yaml")
-
-
-def test_top_level_not_a_mapping(tmp_path):
-    path = tmp_path / "models.yaml"
-    path.write_text("- a\n- b\n")
-    msg = _error(path)
-    assert "mapping" in msg
-
-
-def test_text_model_without_sequence_length(tmp_path):
-    path = _broken(tmp_path, lambda m: m["recipe"].pop("sequence_length"))
-    msg = _error(path)
-    assert "models.m.recipe" in msg
-    assert "sequence_length" in msg
-
-
-def test_text_model_with_image_size_instead_of_sequence_length(tmp_path):
-    def mutate(m):
-        m["recipe"].pop("sequence_length")
-        m["recipe"]["image_size"] = 32
-
-    msg = _error(_broken(tmp_path, mutate))
-    assert "models.m.recipe" in msg
-    assert "'gptneox' needs sequence_length" in msg
-
-
-def test_image_model_with_sequence_length(tmp_path):
-    def mutate(m):
-        m["family"] = "vit"
-
-    msg = _error(_broken(tmp_path, mutate))
-    assert "models.m.recipe" in msg
-    assert "needs image_size" in msg
-
-
-def test_both_sequence_length_and_image_size(tmp_path):
-    msg = _error(_broken(tmp_path, lambda m: m["recipe"].update(image_size=32)))
-    assert "models.m.recipe" in msg
-
-
-def test_neither_steps_nor_time_budget(tmp_path):
-    msg = _error(_broken(tmp_path, lambda m: m["recipe"].pop("steps")))
-    assert "models.m.recipe" in msg
-    assert "steps" in msg and "time_budget_hours" in msg
 
 
 def test_bad_model_name(tmp_path):

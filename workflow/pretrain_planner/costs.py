@@ -33,7 +33,7 @@ def settings(costs_config: dict[str, Any] | None) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Price:
-    """The prices of one setting; a None value is unknown and `notes` says why."""
+    """The prices of one setting, derived from its inputs; a None value is unknown and `notes` says why."""
 
     gpu: str
     nodes: int
@@ -42,16 +42,35 @@ class Price:
     amortisation_years: float
     gpu_price_usd: float | None
     base_machine_usd: float | None
-    hardware_usd: float | None
-    amortised_usd: float | None
     cloud_usd_per_gpu_hour: float | None
-    gpu_hours: float | None
-    cloud_usd: float | None
     notes: list[str] = field(default_factory=list)
 
     @property
     def world_size(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def hardware_usd(self) -> float | None:
+        if self.base_machine_usd is None or self.gpu_price_usd is None:
+            return None
+        return self.nodes * self.base_machine_usd + self.world_size * self.gpu_price_usd
+
+    @property
+    def amortised_usd(self) -> float | None:
+        hardware = self.hardware_usd
+        if hardware is None or self.days is None:
+            return None
+        return hardware * self.days / (self.amortisation_years * 365)
+
+    @property
+    def gpu_hours(self) -> float | None:
+        return self.world_size * self.days * 24 if self.days is not None else None
+
+    @property
+    def cloud_usd(self) -> float | None:
+        if self.cloud_usd_per_gpu_hour is None or self.gpu_hours is None:
+            return None
+        return self.cloud_usd_per_gpu_hour * self.gpu_hours
 
     @property
     def note(self) -> str | None:
@@ -63,7 +82,8 @@ class Price:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("notes")
-        return {**d, "world_size": self.world_size, "cost_note": self.note}
+        derived = ("hardware_usd", "amortised_usd", "gpu_hours", "cloud_usd", "world_size")
+        return {**d, **{k: getattr(self, k) for k in derived}, "cost_note": self.note}
 
 
 def _finite(x: float | None) -> bool:
@@ -81,7 +101,6 @@ def price(
     gpus_path: str = "config/gpus.yaml",
 ) -> Price:
     """Price `nodes` machines of `gpus_per_node` GPUs of type `gpu` running for `days`."""
-    world = nodes * gpus_per_node
     notes: list[str] = []
     days = days if _finite(days) else None
     if gpu is None:
@@ -93,29 +112,11 @@ def price(
         notes.append(f"no price_usd for {gpu_name} in {gpus_path}")
     if base is None:
         notes.append(f"no base_machine_usd for {gpus_per_node} GPUs in {gpus_path}")
-    hardware = nodes * base + world * gpu_price if base is not None and gpu_price is not None else None
     if days is None:
         notes.append("no training days (no measured step time, or a time-budgeted recipe without a step count)")
-    amortised = hardware * days / (years * 365) if hardware is not None and days is not None else None
-    gpu_hours = world * days * 24 if days is not None else None
     if gpu is not None and cloud_rate is None:
         notes.append(f"no cloud_usd_per_gpu_hour for {gpu_name} in {gpus_path}")
-    cloud = cloud_rate * gpu_hours if cloud_rate is not None and gpu_hours is not None else None
-    return Price(
-        gpu=gpu_name,
-        nodes=nodes,
-        gpus_per_node=gpus_per_node,
-        days=days,
-        amortisation_years=years,
-        gpu_price_usd=gpu_price,
-        base_machine_usd=base,
-        hardware_usd=hardware,
-        amortised_usd=amortised,
-        cloud_usd_per_gpu_hour=cloud_rate,
-        gpu_hours=gpu_hours,
-        cloud_usd=cloud,
-        notes=notes,
-    )
+    return Price(gpu_name, nodes, gpus_per_node, days, years, gpu_price, base, cloud_rate, notes)
 
 
 def pareto_mask(days: Sequence[float | None], cost: Sequence[float | None]) -> list[bool]:
