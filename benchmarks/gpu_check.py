@@ -80,6 +80,11 @@ class Plan:
     reference: str | None = None  # key into REFERENCE
     skip: str | None = None  # reason to skip without running
     kind: str = "cell"  # "cell" (run_rank) or "honesty" (the timing-honesty check; cap = its micro-batch)
+    compile: bool | None = None  # override the model's supports_compile (None: the catalog's)
+    run_invalid: bool = False  # run even if the grid rules the cell out (world size 1 sharding, CPU kernels)
+    may_be_unsupported: bool = False  # `unsupported` with a reason is a pass (back-end absent here)
+    expect_unsupported: bool = False  # `unsupported` is the only pass (a GPU-only back-end on the CPU)
+    fake_oom_above: int | None = None  # CPU: force an OOM above this micro-batch (trainer.oom.FakeOom)
 
 
 # reference/measurements.md, one H200 SXM, torch 2.11, sequence 2048, SDPA, bf16 autocast, fused AdamW.
@@ -129,11 +134,58 @@ REFERENCE: dict[str, dict[str, Any]] = {
 # measurements.md, "The reference benchmark's unsynchronised timer" (micro-batch 16, 8 accumulation steps)
 REFERENCE_HONESTY = {"pythia-410m": {"reference": 1.955, "synchronised": 2.137, "actual": 2.153, "error": -0.092}}
 
-# Run in priority order, so that if the time budget runs out the paths not yet exercised are the least
-# important ones: fp16 + GradScaler and the OOM back-off first, then compile/TF32/fused AdamW on each size.
+# Every method, in the order a budget cut should drop them last-first. Sharded methods run at world size
+# 1 here: the grid keeps them out of sweeps on one GPU without offload (nothing to shard across), but the
+# back-end paths (DeepSpeed engine, FSDP2 mesh, offload) are the same and must work.
+METHODS = [
+    # (method, compile the model?, may be unsupported here) -- compile only where the method is about it
+    ("naive", None, False),
+    ("fl", None, False),
+    ("fl+ac", False, False),
+    ("fl+flce", False, False),
+    ("fl+cstep", None, False),
+    ("fl+cg", None, True),
+    ("fl+fa2", False, True),
+    ("fl+liger", False, True),
+    ("fl+zero1", False, True),
+    ("fl+zero2", None, True),  # DeepSpeedEngine.compile once
+    ("fl+zero3", False, True),
+    ("fl+zero1+off", False, True),
+    ("fl+zero2+off", False, True),
+    ("fl+zero3+off", False, True),
+    ("fl+fsdp-grad", None, False),  # FSDP2 with per-block compile once
+    ("fl+fsdp-full", False, False),
+    ("fl+fsdp-grad+off", False, False),
+    ("fl+fsdp-full+off", False, False),
+]
+GPU_ONLY = ("fl+cg", "fl+fa2", "fl+liger")
+_GPU_CAPS = {"pythia-160m": 16, "pythia-410m": 8}
+_GPU_REFS = {("pythia-160m", "fl"): "160m-eager", ("pythia-410m", "fl"): "410m-compile"}
+
+
+def _method_plans(model: str, cap: int, smoke: bool) -> list[Plan]:
+    out = []
+    for method, compile_, maybe in METHODS:
+        if smoke:  # CPU compile costs ~40 s a model: only cstep compiles (its optimizer step), nothing else
+            compile_ = False
+        out.append(
+            Plan(
+                f"{model}/{method}",
+                model,
+                method,
+                cap,
+                compile=compile_,
+                run_invalid=True,
+                may_be_unsupported=maybe,
+                expect_unsupported=smoke and method in GPU_ONLY,
+                reference=None if smoke else _GPU_REFS.get((model, method)),
+            )
+        )
+    return out
+
+
 GPU_PLANS = [
-    # fp16 recipe -> GradScaler; eager attention at micro-batch 32 may itself need to back off to 16
-    Plan("pythia-160m/naive", "pythia-160m", "naive", 32, reference="160m-eager"),
+    *_method_plans("pythia-160m", _GPU_CAPS["pythia-160m"], smoke=False),
     # micro-batch 256 of Pythia-1B (eager attention, 50k-wide logits) cannot fit in 141 GB: the search must
     # hit CUDA OOM at least once and back off. Few steps: after backing off, a step has many micro-batches.
     Plan(
@@ -146,29 +198,24 @@ GPU_PLANS = [
         timed_steps=2,
         expect_failed_trial=True,
     ),
+    *_method_plans("pythia-410m", _GPU_CAPS["pythia-410m"], smoke=False),
     Plan("timing honesty", "pythia-410m", "fl", 16, kind="honesty"),
-    Plan("pythia-1b/fl", "pythia-1b", "fl", 16, reference="1b-compile"),  # bf16, compile, TF32, fused AdamW
-    Plan("roberta-large/fl", "roberta-large", "fl", 64),  # fp16 + GradScaler + compile, masked LM
-    Plan("pythia-410m/fl", "pythia-410m", "fl", 16, reference="410m-compile"),
-    Plan("pythia-1b/naive", "pythia-1b", "naive", 16, reference="1b-eager"),
-    Plan("pythia-410m/naive", "pythia-410m", "naive", 16, reference="410m-eager"),
-    Plan("pythia-160m/fl", "pythia-160m", "fl", 32, reference="160m-eager"),
 ]
 SMOKE_PLANS = [
-    Plan("tiny-gptneox/naive", "tiny-gptneox", "naive", 4),
+    *_method_plans("tiny-gptneox", 2, smoke=True),
+    # no CUDA OOM on a CPU: trainer.oom.FakeOom raises one above micro-batch 2, the same back-off path
     Plan(
         "tiny-gptneox/naive OOM probe",
         "tiny-gptneox",
         "naive",
-        256,
-        global_batch=256,
+        8,
+        global_batch=8,
         expect_failed_trial=True,
-        skip="smoke mode runs on the CPU: there is no CUDA out-of-memory to provoke (the probe runs on GPU only)",
+        fake_oom_above=2,
     ),
+    Plan("tiny-bert/naive", "tiny-bert", "naive", 2),  # the masked-LM path
+    Plan("tiny-bert/fl+flce", "tiny-bert", "fl+flce", 2, compile=False),
     Plan("timing honesty", "tiny-gptneox", "fl", 2, kind="honesty"),
-    Plan("tiny-gptneox/fl", "tiny-gptneox", "fl", 4),
-    # masked-LM path without a second CPU compile (that alone can take a minute on 2 loaded cores, cold cache)
-    Plan("tiny-bert/naive", "tiny-bert", "naive", 4),
 ]
 
 
@@ -251,6 +298,23 @@ def _cleanup() -> int | None:
 
 # ------------------------------------------------------------------------------------------ cells
 
+FAKE_OOM_ENV = "PRETRAIN_PLANNER_FAKE_OOM_ABOVE"  # trainer.oom.FAKE_OOM_ENV (a test hook)
+
+
+@contextlib.contextmanager
+def _environ(values: dict[str, str]):
+    """Set environment variables for the duration of one cell."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
 
 def make_spec(plan: Plan, catalog: Catalog, gpu: str, args: argparse.Namespace, folder: Path) -> tuple[dict, dict]:
     cap = plan.cap if args.max_micro_batch is None or plan.expect_failed_trial else args.max_micro_batch
@@ -276,32 +340,59 @@ def make_spec(plan: Plan, catalog: Catalog, gpu: str, args: argparse.Namespace, 
         "warmup_steps": config["benchmark"]["warmup_steps"],
         "timed_steps": config["benchmark"]["timed_steps"],
     }
+    if args.smoke and spec["model"]["recipe"]["precision"] != "fp32" and "zero" not in plan.method:
+        # bf16 autocast on a CPU is ~5x slower than fp32 (no bf16 matmul units): keep the smoke short.
+        # ZeRO cells keep bf16 (DeepSpeed's own bf16 path, fast here); the GPU run checks every precision.
+        override["precision"] = f"fp32 (recipe: {spec['model']['recipe']['precision']})"
+        spec["model"]["recipe"]["precision"] = "fp32"
+    if plan.compile is not None and plan.compile != spec["model"]["supports_compile"]:
+        spec["model"]["supports_compile"] = plan.compile
+        override["supports_compile"] = plan.compile
     return spec, override
 
 
 AUTOCAST = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}  # recipe precision -> method_settings.autocast
 
 
+def expected_attention(plan: Plan, on_gpu: bool) -> tuple[str | None, str]:
+    """(attn_implementation, prefix of the kernel that must have run) for a plan's method."""
+    parts = plan.method.split("+")
+    if "fa2" in parts:
+        return "flash_attention_2", "flash-attn"
+    if parts[0] == "fl":
+        return "sdpa", "sdpa:"
+    return "eager", "eager"
+
+
 def checks_for(plan: Plan, rec: dict[str, Any], on_gpu: bool, gpu_spec: dict[str, Any]) -> list[tuple[str, bool]]:
     """What must hold for this cell if the trainer's path works; (description, passed)."""
     r = rec.get("result") or {}
-    out: list[tuple[str, bool]] = [("status ok", r.get("status") == "ok")]
-    if r.get("status") != "ok":
+    status = r.get("status")
+    if plan.expect_unsupported:
+        return [("status unsupported, with a reason", status == "unsupported" and bool(r.get("reason")))]
+    if plan.may_be_unsupported and status == "unsupported":
+        return [("unsupported here, with a reason (back-end absent)", bool(r.get("reason")))]
+    out: list[tuple[str, bool]] = [("status ok", status == "ok")]
+    if status != "ok":
         return out
     s = r.get("method_settings") or {}
     precision = r.get("precision")
-    fl = plan.method.startswith("fl")
+    parts = plan.method.split("+")
+    fl = parts[0] == "fl"
+    sharded = any(p.startswith(("zero", "fsdp")) for p in parts)
+    deepspeed = any(p.startswith("zero") for p in parts)
+    offload = "off" in parts
+    compiled = fl and (plan.compile if plan.compile is not None else True)
+    attn, kernel = expected_attention(plan, on_gpu)
+    tf32 = fl and on_gpu and bool(gpu_spec.get("tf32"))
+    fused = fl and on_gpu and not offload
     out += [
         ("device " + ("cuda" if on_gpu else "cpu"), s.get("device") == ("cuda" if on_gpu else "cpu")),
-        (f"attention {'sdpa' if fl else 'eager'}", s.get("attn_implementation") == ("sdpa" if fl else "eager")),
-        (f"compile {fl}", s.get("compile") is fl),
-        (
-            f"tf32 {fl and on_gpu and bool(gpu_spec.get('tf32'))}",
-            s.get("tf32") is (fl and on_gpu and bool(gpu_spec.get("tf32"))),
-        ),
-        (f"fused AdamW {fl and on_gpu}", s.get("fused_optimizer") is (fl and on_gpu)),
-        (f"autocast {AUTOCAST.get(precision)}", s.get("autocast") == AUTOCAST.get(precision)),
-        (f"grad scaler {precision == 'fp16'}", s.get("grad_scaler") is (precision == "fp16")),
+        (f"attention {attn}", s.get("attn_implementation") == attn),
+        (f"attention kernel {kernel}*", str(s.get("attention_kernel") or "").startswith(kernel)),
+        (f"compile {compiled}", bool(s.get("compile")) is compiled),
+        (f"tf32 {tf32}", s.get("tf32") is tf32),
+        (f"fused AdamW {fused}", s.get("fused_optimizer") is fused),
         (
             "micro-batch x accum = global batch",
             (r.get("micro_batch_size") or 0) * (r.get("grad_accum_steps") or 0) == r.get("global_batch"),
@@ -319,6 +410,25 @@ def checks_for(plan: Plan, rec: dict[str, Any], on_gpu: bool, gpu_spec: dict[str
             and abs(r["final_loss"]) != float("inf"),
         ),
     ]
+    if not sharded:  # ZeRO's engine and FSDP2's MixedPrecisionPolicy cast instead of autocast
+        out += [
+            (f"autocast {AUTOCAST.get(precision)}", s.get("autocast") == AUTOCAST.get(precision)),
+            (f"grad scaler {precision == 'fp16'}", bool(s.get("grad_scaler")) is (precision == "fp16")),
+        ]
+    if deepspeed:
+        out.append(("DeepSpeed engine", s.get("parallel") == "deepspeed"))
+    elif sharded:
+        out.append(("FSDP2", s.get("parallel") == "fsdp2"))
+    if "ac" in parts:
+        out.append(("activation checkpointing on", s.get("activation_checkpointing") is True))
+    if "flce" in parts:
+        out.append(("fused CE head recorded", bool((s.get("method_parts") or {}).get("fused_ce"))))
+    if "cstep" in parts:
+        out.append(("optimizer step compiled", bool(s.get("compile_optimizer_step"))))
+    if "cg" in parts:
+        out.append(("CUDA graphs", s.get("compile_mode") == "reduce-overhead"))
+    if "liger" in parts:
+        out.append(("Liger applied", bool(((s.get("method_parts") or {}).get("liger") or {}).get("applied"))))
     if on_gpu:
         out.append(("MFU reported", r.get("mfu") is not None))
     if plan.expect_failed_trial:
@@ -345,12 +455,16 @@ def run_plan(plan: Plan, catalog: Catalog, gpu: str, args: argparse.Namespace, c
     shutil.rmtree(folder, ignore_errors=True)
     spec, override = make_spec(plan, catalog, gpu, args, folder)
     rec.update(override=override, spec_cell=spec["cell"], folder=str(folder))
-    if reason:
+    if reason and not plan.run_invalid:
         rec.update(status="skipped", reason=f"invalid cell: {reason}")
         return rec
+    if reason:
+        rec["grid_reason"] = f"run anyway (the grid rules it out of sweeps: {reason})"
     t0 = time.perf_counter()
+    fake = {FAKE_OOM_ENV: str(plan.fake_oom_above)} if plan.fake_oom_above is not None else {}
     try:
-        run_rank(spec)
+        with _environ(fake):
+            run_rank(spec)
         result_path, steps_path = Path(spec["outputs"]["result"]), Path(spec["outputs"]["steps"])
         if not result_path.is_file():
             raise RuntimeError(f"run_rank returned but wrote no {result_path}")
@@ -492,6 +606,73 @@ def _md_escape(s: str) -> str:
     return s.replace("|", "\\|").replace("\n", " ")
 
 
+def _check_text(rec: dict[str, Any]) -> str:
+    checks = rec.get("checks") or []
+    failed = [c for c, ok in checks if not ok]
+    if failed:
+        return "FAIL: " + "; ".join(failed)
+    return f"all {len(checks)} pass" if checks else "–"
+
+
+def _status_text(rec: dict[str, Any]) -> str:
+    r = rec.get("result") or {}
+    status = rec["status"] or "not run"
+    if r.get("suspect"):
+        status += " (SUSPECT)"
+    if status in ("unsupported", "skipped", "oom", "error"):
+        status += f": {r.get('reason') or rec.get('reason') or rec.get('error') or ''}"[:160]
+    return status
+
+
+def _setting(key: str):
+    return lambda rec, r, s: _f(s.get(key), "{}")
+
+
+# (header, value of a record) -- one list for the Markdown table and the table printed at the end
+COLUMNS: list[tuple[str, Any]] = [
+    ("cell", lambda rec, r, s: rec["label"]),
+    ("status", lambda rec, r, s: _status_text(rec)),
+    ("checks", lambda rec, r, s: _check_text(rec)),
+    ("micro-batch", lambda rec, r, s: _f(r.get("micro_batch_size"), "{}")),
+    ("accum", lambda rec, r, s: _f(r.get("grad_accum_steps"), "{}")),
+    (
+        "global batch (recipe)",
+        lambda rec, r, s: (
+            f"{(rec.get('override') or {}).get('global_batch', '–')} "
+            f"({(rec.get('override') or {}).get('recipe_global_batch', '–')})"
+        ),
+    ),
+    ("step median s", lambda rec, r, s: _f(r.get("step_time_s"), "{:.4f}")),
+    ("p10", lambda rec, r, s: _f(r.get("step_time_p10_s"), "{:.4f}")),
+    ("p90", lambda rec, r, s: _f(r.get("step_time_p90_s"), "{:.4f}")),
+    ("tokens/s", lambda rec, r, s: _f(r.get("tokens_per_s"), "{:,.0f}")),
+    ("MFU", lambda rec, r, s: _f(r.get("mfu"), "{:.1%}")),
+    ("peak GiB", lambda rec, r, s: _f(r.get("peak_mem_gib"), "{:.1f}")),
+    ("attention", _setting("attn_implementation")),
+    ("attention kernel", _setting("attention_kernel")),
+    ("compile", _setting("compile")),
+    ("parallel", _setting("parallel")),
+    ("tf32", _setting("tf32")),
+    ("autocast", _setting("autocast")),
+    ("grad scaler", _setting("grad_scaler")),
+    ("fused AdamW", _setting("fused_optimizer")),
+    ("micro-batch trials", lambda rec, r, s: _trials(r)),
+    ("wall s", lambda rec, r, s: _f(rec.get("cell_wall_s"), "{:.0f}")),
+]
+SHORT_COLUMNS = ("cell", "status", "micro-batch", "step median s", "tokens/s", "MFU", "peak GiB", "attention kernel")
+
+
+def table(records: list[dict[str, Any]], columns: tuple[str, ...] | None = None) -> str:
+    """The cells as a Markdown table (all COLUMNS, or the named ones)."""
+    cols = [(h, fn) for h, fn in COLUMNS if columns is None or h in columns]
+    lines = ["| " + " | ".join(h for h, _ in cols) + " |", "|" + "---|" * len(cols)]
+    for rec in records:
+        r = rec.get("result") or {}
+        s = r.get("method_settings") or {}
+        lines.append("| " + " | ".join(_md_escape(str(fn(rec, r, s))) for _, fn in cols) + " |")
+    return "\n".join(lines)
+
+
 def render(meta: dict[str, Any], records: list[dict[str, Any]], honesty: dict[str, Any] | None) -> str:
     L: list[str] = []
     a = L.append
@@ -528,59 +709,12 @@ def render(meta: dict[str, Any], records: list[dict[str, Any]], honesty: dict[st
 
     a("## Cells\n")
     a(
-        "In run order (priority order on GPU, so a budget cut skips the least important paths). Checks: what must "
-        "hold if the trainer's path works (status, device, attention, compile, TF32, fused AdamW, autocast, grad "
-        "scaler, batch arithmetic, steps.jsonl, not suspect, finite loss; the OOM probe: a failed trial then a fit).\n"
+        "In run order (a budget cut skips the last cells). Checks: what must hold if the trainer's path works "
+        "(status, or `unsupported` with a reason where the back-end is absent; device, attention and the kernel that "
+        "ran, compile, TF32, fused AdamW, autocast, grad scaler, the parts' evidence, batch arithmetic, steps.jsonl, "
+        "not suspect, finite loss; the OOM probe: a failed trial then a fit). Sharded cells run at world size 1.\n"
     )
-    a(
-        "| cell | status | checks | micro-batch | accum | global batch (recipe) | step median s | p10 | p90 "
-        "| tokens/s | MFU | peak GiB | attention | compile | tf32 | autocast | grad scaler | fused AdamW "
-        "| micro-batch trials | wall s |"
-    )
-    a("|" + "---|" * 20)
-    for rec in records:
-        r = rec.get("result") or {}
-        s = r.get("method_settings") or {}
-        checks = rec.get("checks") or []
-        failed = [c for c, ok in checks if not ok]
-        check_txt = (
-            ("all " + str(len(checks)) + " pass")
-            if checks and not failed
-            else ("FAIL: " + "; ".join(failed) if failed else "–")
-        )
-        ov = rec.get("override") or {}
-        status = rec["status"] or "not run"
-        if r.get("suspect"):
-            status += " (SUSPECT)"
-        a(
-            "| "
-            + " | ".join(
-                _md_escape(str(x))
-                for x in [
-                    rec["label"],
-                    status,
-                    check_txt,
-                    _f(r.get("micro_batch_size"), "{}"),
-                    _f(r.get("grad_accum_steps"), "{}"),
-                    f"{ov.get('global_batch', '–')} ({ov.get('recipe_global_batch', '–')})",
-                    _f(r.get("step_time_s"), "{:.4f}"),
-                    _f(r.get("step_time_p10_s"), "{:.4f}"),
-                    _f(r.get("step_time_p90_s"), "{:.4f}"),
-                    _f(r.get("tokens_per_s"), "{:,.0f}"),
-                    _f(r.get("mfu"), "{:.1%}"),
-                    _f(r.get("peak_mem_gib"), "{:.1f}"),
-                    _f(s.get("attn_implementation"), "{}"),
-                    _f(s.get("compile"), "{}"),
-                    _f(s.get("tf32"), "{}"),
-                    _f(s.get("autocast"), "{}"),
-                    _f(s.get("grad_scaler"), "{}"),
-                    _f(s.get("fused_optimizer"), "{}"),
-                    _trials(r),
-                    _f(rec.get("cell_wall_s"), "{:.0f}"),
-                ]
-            )
-            + " |"
-        )
+    a(table(records))
     a("")
     a("Peak GiB: CUDA max allocated during the timed steps (on CPU: the process's max RSS, cumulative over the run).\n")
 
@@ -894,6 +1028,7 @@ def main(argv: list[str] | None = None) -> int:
 
     meta["finished"] = True
     safe_write(out, meta, records, honesty)
+    print(table(records, SHORT_COLUMNS), flush=True)
     bad = [r["label"] for r in records if r["status"] == "error" or any(not ok for _, ok in r.get("checks") or [])]
     log(
         f"done in {time.perf_counter() - T_START:.0f} s; report {out}, data {out.with_suffix('.json')}"

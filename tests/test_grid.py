@@ -397,3 +397,88 @@ def test_check_plan_each_rule_can_empty_a_model(tmp_catalog):
         grid.check_plan(grid.expand(cfg, tmp_catalog))
     cfg = _config(models=["tiny", "no-ac"], gpus=["a100"], gpus_per_node=[1, 2], methods=["fl", "fl+ac"])
     grid.check_plan(grid.expand(cfg, tmp_catalog))  # no-ac has valid fl cells
+
+
+# ------------------------------------------------------------------------------------------ extra method parts
+
+
+@pytest.mark.parametrize("method", ["naive+flce", "naive+fa2", "naive+cstep", "naive+liger+ac"])
+def test_extras_need_the_free_lunch_base(catalog, method):
+    reason = _reason(catalog, "pythia-160m", "h100", method=method)
+    assert reason and "free-lunch base" in reason and "use fl+" in reason
+
+
+@pytest.mark.parametrize(
+    ("model", "gpu", "method", "expected"),
+    [
+        ("mamba-2.8b", "h100", "fl+fa2", "has no attention layer"),
+        ("convnext-xlarge-22k", "h100", "fl+fa2", "has no attention layer"),
+        ("tiny-gptneox", "cpu", "fl+fa2", "CUDA GPUs only"),
+        ("pythia-160m", "v100", "fl+fa2", "Ampere"),
+        ("mamba-2.8b", "h100", "fl+liger", "no kernels for the mamba family"),
+        ("tiny-gptneox", "cpu", "fl+liger", "CUDA GPUs only"),
+        ("vit-large-in21k", "h100", "fl+flce", "no vocabulary head"),
+        ("convnext-xlarge-22k", "h100", "fl+flce", "no vocabulary head"),
+        ("tiny-gptneox", "cpu", "fl+cg", "need a CUDA GPU"),
+    ],
+)
+def test_meaningless_extras(catalog, model, gpu, method, expected):
+    reason = _reason(catalog, model, gpu, method=method, launcher="slurm")
+    assert reason and expected in reason, reason
+
+
+def test_fa2_needs_half_precision(tmp_catalog):
+    reason = _reason(tmp_catalog, "tiny", "h100", method="fl+fa2")
+    assert reason and "fp16/bf16 only" in reason and "fp32" in reason
+
+
+@pytest.mark.parametrize(
+    ("method", "expected"),
+    [
+        ("fl+flce+zero3", "ZeRO-3"),
+        ("fl+cstep+zero2", "owns the optimizer step"),
+        ("fl+cstep+fsdp-grad+off", "offload"),
+        ("fl+cg+fsdp-full", "collectives"),
+    ],
+)
+def test_extras_with_sharding(catalog, method, expected):
+    reason = _reason(catalog, "pythia-410m", "h100", nodes=1, gpn=8, method=method)
+    assert reason and expected in reason, reason
+
+
+def test_compile_parts_need_a_compilable_model(tmp_path):
+    model = _tiny(precision="bf16")
+    model["supports"] = {"compile": False}
+    path = tmp_path / "models.yaml"
+    path.write_text(yaml.safe_dump({"models": {"nc": model}}))
+    cat = load_catalog(path, GPUS_YAML)
+    for part in ("cstep", "cg"):
+        reason = _reason(cat, "nc", "h100", method=f"fl+{part}")
+        assert reason and "does not support torch.compile" in reason
+
+
+@pytest.mark.parametrize(
+    ("model", "gpu", "gpn", "method"),
+    [
+        ("pythia-160m", "h100", 1, "fl+fa2"),
+        ("pythia-160m", "h100", 1, "fl+fa2+liger+flce+cstep"),
+        ("pythia-410m", "h100", 8, "fl+flce+zero2"),
+        ("pythia-410m", "h100", 8, "fl+fa2+cg+ac"),
+        ("roberta-large", "a100", 1, "fl+flce+liger"),
+        ("tiny-gptneox", "cpu", 1, "fl+flce+cstep"),
+        ("tiny-bert", "cpu", 1, "fl+flce"),
+        ("mamba-2.8b", "h100", 1, "fl+flce"),
+    ],
+)
+def test_meaningful_extras_are_valid(catalog, model, gpu, gpn, method):
+    assert _reason(catalog, model, gpu, gpn=gpn, method=method) is None
+
+
+def test_family_tables_agree_with_the_trainer():
+    """grid's torch-free family tables must say what trainer.models builds."""
+    from pretrain_planner.catalog import FAMILY_TASK
+    from pretrain_planner.trainer import models
+
+    for family in FAMILY_TASK:
+        assert (family in grid.NO_ATTENTION_FAMILIES) is (not models._FAMILIES[family][2]), family
+    assert set(grid.LIGER_FAMILIES) <= set(FAMILY_TASK)

@@ -116,3 +116,63 @@ def test_parse_canonical_rejects_non_canonical(slug):
 def test_parse_canonical_rejects_invalid():
     with pytest.raises(ConfigError):
         parse_canonical("fl+bogus")
+
+
+# ------------------------------------------------------------------------------------------ extra parts
+
+
+@pytest.mark.parametrize(
+    ("slug", "expected"),
+    [
+        ("fl+fa2", Method("fl", kernels=("fa2",))),
+        ("fl+liger", Method("fl", kernels=("liger",))),
+        ("fl+fa2+liger", Method("fl", kernels=("fa2", "liger"))),
+        ("fl+flce", Method("fl", fused_ce=True)),
+        ("fl+cstep", Method("fl", compile_mode="cstep")),
+        ("fl+cg", Method("fl", compile_mode="cg")),
+        ("fl+fa2+liger+flce+cstep+ac+zero2+off", Method("fl", True, "zero2", True, ("fa2", "liger"), True, "cstep")),
+    ],
+)
+def test_extra_parts_parse_canonically(slug, expected):
+    assert parse(slug) == expected
+    assert expected.slug == slug
+    assert parse_canonical(slug) == expected
+
+
+@pytest.mark.parametrize(
+    ("slug", "canonical"),
+    [
+        ("fl+ac+flce", "fl+flce+ac"),
+        ("fl+liger+fa2", "fl+fa2+liger"),
+        ("fl+zero3+off+cg+fa2", "fl+fa2+cg+zero3+off"),
+        ("fl+cstep+flce", "fl+flce+cstep"),
+    ],
+)
+def test_extra_parts_any_order(slug, canonical):
+    assert parse(slug).slug == canonical
+    with pytest.raises(ValueError, match="not canonical"):
+        parse_canonical(slug)
+
+
+def test_old_slugs_and_positional_construction_unchanged():
+    """Adding parts must not move any existing cell's path: the old fields, order and slugs are as before."""
+    for slug in ("naive", "fl", "fl+ac", "fl+zero3+off", "fl+ac+fsdp-grad+off", "naive+ac+zero1"):
+        m = parse(slug)
+        assert m.slug == slug and m.extras == [] and not m.flash_attn and not m.liger
+        assert Method(m.base, m.checkpointing, m.sharding, m.offload) == m
+
+
+@pytest.mark.parametrize("slug", ["fl+cstep+cg", "fl+fa2+fa2", "fl+flce+flce"])
+def test_extra_parts_at_most_once(slug):
+    with pytest.raises(ConfigError, match="unknown or repeated"):
+        parse(slug)
+
+
+def test_extras_are_listed_and_described():
+    text = parse("fl+fa2+flce+cg").describe()
+    for part in ("fa2", "flce", "cg"):
+        assert methods.ALL_PARTS[part] in text
+    assert set(methods.EXTRA_PARTS) == {"fa2", "liger", "flce", "cstep", "cg"}
+    with pytest.raises(ValueError):
+        Method("fl", kernels=("fa3",))
+    assert Method("fl", kernels=("liger", "fa2")).kernels == ("fa2", "liger")  # one Method per slug

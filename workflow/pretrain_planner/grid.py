@@ -96,6 +96,57 @@ def _is_power_of_two(n: float) -> bool:
     return n >= 1 and float(n).is_integer() and (int(n) & (int(n) - 1)) == 0
 
 
+# Families whose model has no attention layer (flash-attn has nothing to replace), and those whose layers
+# Liger's kernels cover (nn.LayerNorm; trainer.kernels swaps them). trainer.models checks both against its table.
+NO_ATTENTION_FAMILIES = ("mamba", "convnext")
+LIGER_FAMILIES = ("gptneox", "roberta", "roberta-prelayernorm", "bert", "vit")
+FUSED_CE_TASKS = ("causal_lm", "masked_lm")  # the tasks with a vocabulary head
+
+
+def extras_reason(method: methods.Method, model: ModelSpec, gpu: GpuSpec) -> str | None:
+    """Why the method's extra parts (fa2, liger, flce, cstep, cg) are meaningless for this cell, or None."""
+    if not method.extras:
+        return None
+    if not method.free_lunch:
+        return f"{'+'.join(method.extras)} refine the free-lunch base: use fl+{'+'.join(method.extras)}"
+    on_cpu = gpu.name == "cpu"
+    if method.flash_attn:
+        if model.family in NO_ATTENTION_FAMILIES:
+            return f"fa2: {model.name} ({model.family}) has no attention layer"
+        if on_cpu:
+            return "fa2: flash-attn runs on CUDA GPUs only"
+        if model.recipe.precision == "fp32":
+            return f"fa2: flash-attn computes in fp16/bf16 only; {model.name}'s recipe precision is fp32"
+        if not gpu.bf16:
+            return f"fa2: flash-attn 2 needs an Ampere or newer GPU ({gpu.name} has no bf16: older)"
+    if method.liger:
+        if model.family not in LIGER_FAMILIES:
+            return f"liger: Liger has no kernels for the {model.family} family ({', '.join(LIGER_FAMILIES)})"
+        if on_cpu:
+            return "liger: Liger's Triton kernels run on CUDA GPUs only"
+    if method.fused_ce:
+        if model.task not in FUSED_CE_TASKS:
+            return f"flce: {model.name} ({model.task}) has no vocabulary head to fuse with its loss"
+        if method.sharding == "zero3":
+            return (
+                "flce: ZeRO-3 gathers a layer's weights only inside that layer's forward; "
+                "the fused head reads them directly"
+            )
+    if method.compile_mode:
+        part = method.compile_mode
+        if not model.supports_compile:
+            return f"{part}: {model.name} does not support torch.compile"
+        if part == "cstep" and method.sharding in ("zero1", "zero2", "zero3"):
+            return "cstep: DeepSpeed's engine owns the optimizer step; it cannot be compiled with the model"
+        if part == "cstep" and method.offload:
+            return "cstep: with offload the optimizer step runs on the CPU, outside the compiled step"
+        if part == "cg" and on_cpu:
+            return "cg: CUDA graphs need a CUDA GPU"
+        if part == "cg" and method.sharding:
+            return f"cg: CUDA graphs cannot capture {method.sharding}'s collectives and hooks"
+    return None
+
+
 def invalid_reason(cell: Cell, model: ModelSpec, gpu: GpuSpec, launcher: str, catalog: Catalog) -> str | None:
     """Why a cell cannot run (the study's rules, then the launcher's), or None if it can."""
     method = methods.parse(cell.method)
@@ -117,6 +168,9 @@ def invalid_reason(cell: Cell, model: ModelSpec, gpu: GpuSpec, launcher: str, ca
         return "offload needs a sharding method (zero1/2/3, fsdp-grad, fsdp-full)"
     if method.checkpointing and not model.supports_checkpointing:
         return f"{model.name} does not support activation checkpointing ({catalog.models_path})"
+    extras = extras_reason(method, model, gpu)
+    if extras:
+        return extras
     if launcher in ("local", "debug") and cell.nodes > 1:
         return f"the {launcher} launcher runs on one node; use the slurm launcher for {cell.nodes} nodes"
     if launcher == "debug" and world > 1:

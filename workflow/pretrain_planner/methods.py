@@ -1,7 +1,9 @@
-"""Training methods as composable slugs: `naive`, `fl`, `fl+ac`, `fl+zero3+off`, ...
+"""Training methods as composable slugs: `naive`, `fl`, `fl+ac`, `fl+zero3+off`, `fl+fa2+flce`, ...
 
 A slug is `base[+part...]` in a canonical order, so each method has exactly one path on disk and new
-knobs need no rule changes: add a part here and teach the trainer to apply it.
+knobs need no rule changes: add a part here and teach the trainer to apply it. Canonical order: base,
+kernel extras (`fa2`, `liger`), head (`flce`), compile variant (`cstep` | `cg`), `ac`, sharding, `off`.
+The extras come after the base so that every slug written before they existed keeps its spelling.
 """
 
 from __future__ import annotations
@@ -26,8 +28,24 @@ SHARDING = {
     "fsdp-full": "FSDP2, full sharding (parameters resharded after forward)",
 }
 OFFLOAD = {"off": "offload optimizer state (and ZeRO-3/FSDP parameters) to CPU memory"}
+# Free-lunch extras (need the `fl` base; grid.invalid_reason says where else they are meaningless)
+KERNELS = {
+    "fa2": 'flash-attn 2 attention (attn_implementation="flash_attention_2"; CUDA, needs the flash-attn package)',
+    "liger": "Liger Triton kernels (LayerNorm etc.; CUDA, needs the liger-kernel package)",
+}
+HEADS = {
+    "flce": (
+        "fused linear + cross-entropy head: the [tokens x vocab] logits are never held whole "
+        "(Liger's kernel on CUDA when installed, else a chunked PyTorch head)"
+    ),
+}
+COMPILE = {
+    "cstep": "compile the whole step: the model and the optimizer step (torch.compile)",
+    "cg": 'CUDA graphs: torch.compile(mode="reduce-overhead") of the model (CUDA only)',
+}
 
-ALL_PARTS = {**CHECKPOINTING, **SHARDING, **OFFLOAD}
+ALL_PARTS = {**KERNELS, **HEADS, **COMPILE, **CHECKPOINTING, **SHARDING, **OFFLOAD}
+EXTRA_PARTS = {**KERNELS, **HEADS, **COMPILE}  # the parts that refine the `fl` base
 
 
 @dataclass(frozen=True)
@@ -36,10 +54,37 @@ class Method:
     checkpointing: bool = False
     sharding: str | None = None
     offload: bool = False
+    # parts added later: defaults keep Method(base, ac, sharding, off) and every old slug as they were
+    kernels: tuple[str, ...] = ()  # subset of KERNELS, in KERNELS order
+    fused_ce: bool = False  # `flce`
+    compile_mode: str | None = None  # one of COMPILE
+
+    def __post_init__(self) -> None:
+        order = tuple(k for k in KERNELS if k in self.kernels)
+        if set(order) != set(self.kernels) or len(order) != len(self.kernels):
+            raise ValueError(f"kernels {self.kernels!r} must be distinct parts of {', '.join(KERNELS)}")
+        object.__setattr__(self, "kernels", order)  # one spelling, one Method
+
+    @property
+    def extras(self) -> list[str]:
+        """The extra parts in canonical order (empty for every method that predates them)."""
+        return [
+            *self.kernels,
+            *(["flce"] if self.fused_ce else []),
+            *([self.compile_mode] if self.compile_mode else []),
+        ]
+
+    @property
+    def flash_attn(self) -> bool:
+        return "fa2" in self.kernels
+
+    @property
+    def liger(self) -> bool:
+        return "liger" in self.kernels
 
     @property
     def slug(self) -> str:
-        parts = [self.base]
+        parts = [self.base, *self.extras]
         if self.checkpointing:
             parts.append("ac")
         if self.sharding:
@@ -63,8 +108,16 @@ def parse(slug: str, where: str = "method") -> Method:
     if base not in BASES:
         raise ConfigError(f"{where}: {slug!r} must start with a base method, one of {', '.join(BASES)} (got {base!r})")
     checkpointing, sharding, offload = False, None, False
+    kernels: list[str] = []
+    fused_ce, compile_mode = False, None
     for p in rest:
-        if p in CHECKPOINTING and not checkpointing:
+        if p in KERNELS and p not in kernels:
+            kernels.append(p)
+        elif p in HEADS and not fused_ce:
+            fused_ce = True
+        elif p in COMPILE and compile_mode is None:
+            compile_mode = p
+        elif p in CHECKPOINTING and not checkpointing:
             checkpointing = True
         elif p in SHARDING and sharding is None:
             sharding = p
@@ -73,9 +126,9 @@ def parse(slug: str, where: str = "method") -> Method:
         else:
             raise ConfigError(
                 f"{where}: {slug!r}: part {p!r} is unknown or repeated; parts after the base are "
-                f"{', '.join(ALL_PARTS)} (at most one sharding)"
+                f"{', '.join(ALL_PARTS)} (at most one sharding, at most one of {', '.join(COMPILE)})"
             )
-    return Method(base, checkpointing, sharding, offload)
+    return Method(base, checkpointing, sharding, offload, tuple(kernels), fused_ce, compile_mode)
 
 
 def parse_canonical(slug: str) -> Method:

@@ -87,21 +87,37 @@ def _enable_convnext_checkpointing(net: torch.nn.Module) -> None:
     net.supports_gradient_checkpointing = True
 
 
-def model_class(model: dict[str, Any]) -> type:
-    """The transformers class `build_model` instantiates for `model` (a ModelSpec.to_dict())."""
+def has_attention(model: dict[str, Any]) -> bool:
+    """Whether the family has attention layers that take `attn_implementation`."""
+    return _FAMILIES[model["family"]][2]
+
+
+def model_class(model: dict[str, Any], fused_ce: bool = False) -> type:
+    """The transformers class `build_model` instantiates for `model` (a ModelSpec.to_dict()); with
+    `fused_ce`, its loss comes from the fused linear + cross-entropy head (trainer.heads, method part flce)."""
     family, arch = model["family"], model["arch"]
     cls = getattr(tf, _FAMILIES[family][1])
-    if arch.get("sparse_prediction"):
-        if family not in MASKED_LM_FAMILIES:
-            raise ValueError(
-                f"model {model.get('name', '?')!r}: arch.sparse_prediction is for masked-LM families "
-                f"({', '.join(MASKED_LM_FAMILIES)}), not {family!r}"
-            )
+    sparse = bool(arch.get("sparse_prediction"))
+    if sparse and family not in MASKED_LM_FAMILIES:
+        raise ValueError(
+            f"model {model.get('name', '?')!r}: arch.sparse_prediction is for masked-LM families "
+            f"({', '.join(MASKED_LM_FAMILIES)}), not {family!r}"
+        )
+    if fused_ce:
+        from ..catalog import FAMILY_TASK
+        from .heads import fused_head_class
+
+        if FAMILY_TASK[family] not in ("causal_lm", "masked_lm"):
+            raise ValueError(f"model {model.get('name', '?')!r}: flce needs a vocabulary head ({family!r} has none)")
+        return fused_head_class(cls, family in MASKED_LM_FAMILIES, sparse)
+    if sparse:
         cls = sparse_prediction_class(cls)
     return cls
 
 
-def build_model(model: dict[str, Any], attn_implementation: str | None) -> tuple[torch.nn.Module, str | None]:
+def build_model(
+    model: dict[str, Any], attn_implementation: str | None, fused_ce: bool = False
+) -> tuple[torch.nn.Module, str | None]:
     """The model with fresh weights, and the attention implementation it actually uses (None: no attention).
 
     Works under `with torch.device("meta"):` (shapes and parameter counts without memory)."""
@@ -109,7 +125,7 @@ def build_model(model: dict[str, Any], attn_implementation: str | None) -> tuple
     arch = {k: v for k, v in model["arch"].items() if k not in BUILDER_KEYS}
     config = getattr(tf, config_cls)(**arch)
     kwargs = {"attn_implementation": attn_implementation} if has_attention and attn_implementation else {}
-    net = model_class(model)._from_config(config, **kwargs)
+    net = model_class(model, fused_ce)._from_config(config, **kwargs)
     if model["family"] == "convnext":
         _enable_convnext_checkpointing(net)
     used = getattr(net.config, "_attn_implementation", None) if has_attention else None

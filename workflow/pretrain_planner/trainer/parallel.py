@@ -210,6 +210,7 @@ class Applied:
     probe: Any = None  # evidence.Probe on one block, when the model is not compiled
     loss_scaling: bool = False  # fp16: a gradient scaler (sharded across ranks under FSDP)
     sharded: bool = False
+    cuda_graphs: bool = False  # `cg`: a step's outputs live in the graph pool until the next replay
 
     def no_sync(self):
         return self.ddp.no_sync() if self.ddp is not None else contextlib.nullcontext()
@@ -279,6 +280,11 @@ def apply_method(cfg: RunConfig, env: RankEnv, net: torch.nn.Module, attn_used: 
     tf32, autocast_dtype = common_setup(cfg, env, net)
     loss_scaling = autocast_dtype == torch.float16
     compiled = method.free_lunch and cfg.model["supports_compile"]
+    compile_kwargs: dict[str, Any] = {"dynamic": False}
+    if method.compile_mode == "cg":
+        if method.sharding:
+            raise Unsupported(f"cg: CUDA graphs cannot capture {method.sharding}'s collectives and hooks")
+        compile_kwargs["mode"] = "reduce-overhead"  # inductor + CUDA graph trees
     if compiled:
         _allow_recompiles()
     ddp = probe = None
@@ -294,7 +300,7 @@ def apply_method(cfg: RunConfig, env: RankEnv, net: torch.nn.Module, attn_used: 
         if not compiled:  # hooks in a compiled graph would cost a recompile when removed
             probe = Probe.on(net)
         # Compile the model, then wrap it in DDP: DDP's gradient hooks and no_sync() stay in eager code.
-        module = torch.compile(net, dynamic=False) if compiled else net
+        module = torch.compile(net, **compile_kwargs) if compiled else net
         if env.distributed:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -311,6 +317,8 @@ def apply_method(cfg: RunConfig, env: RankEnv, net: torch.nn.Module, attn_used: 
         "attn_implementation": None,  # filled by the caller
         "compile": compiled,
         "compile_note": None if compiled or not method.free_lunch else "model does not support torch.compile",
+        "compile_mode": compile_kwargs.get("mode", "default") if compiled else None,
+        "cuda_graphs": compiled and method.compile_mode == "cg",
         "tf32": tf32,
         "autocast": str(autocast_dtype).replace("torch.", "") if autocast_dtype else None,
         "grad_scaler": (("ShardedGradScaler" if method.sharding else "GradScaler") if loss_scaling else None),
@@ -320,7 +328,8 @@ def apply_method(cfg: RunConfig, env: RankEnv, net: torch.nn.Module, attn_used: 
         "torch_threads": torch.get_num_threads(),
     }
     settings["attn_implementation"] = attn_used
-    return Applied(module, net, ddp, autocast_dtype, settings, probe, loss_scaling, bool(method.sharding))
+    cuda_graphs = bool(settings["cuda_graphs"])
+    return Applied(module, net, ddp, autocast_dtype, settings, probe, loss_scaling, bool(method.sharding), cuda_graphs)
 
 
 def build_optimizer(

@@ -14,10 +14,10 @@ import torch
 
 from ..flops import mfu, train_flops_per_sample
 from ..results import write_result, write_steps
-from . import zero
+from . import kernels, zero
 from .config import RunConfig
-from .measure import measure, percentile
-from .models import build_model, kernel_info
+from .measure import batches_for, measure, percentile
+from .models import build_model, has_attention, kernel_info, model_class
 from .oom import FakeOom
 from .parallel import RankEnv, Unsupported, apply_method, build_optimizer, close_rank, init_rank, precision_setup
 from .step import TrainStep
@@ -49,8 +49,6 @@ def _counted_flops(cfg: RunConfig, step: TrainStep, env: RankEnv) -> float | Non
     """FLOPs of one sample's forward + backward, counted, for families without a declared formula."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from .measure import batches_for
-
     batch = batches_for(cfg, env, 1, 1)[0]
     with FlopCounterMode(display=False) as counter:
         step.micro(batch, 1.0, sync_grads=not env.distributed)
@@ -61,22 +59,65 @@ def _counted_flops(cfg: RunConfig, step: TrainStep, env: RankEnv) -> float | Non
 def check_supported(cfg: RunConfig, env: RankEnv) -> None:
     """Raise Unsupported, the same on every rank and before any collective, if the cell cannot run here."""
     precision_setup(cfg, env)
+    kernels.check_supported(cfg.method, env.device)
+    if cfg.method.flash_attn and not getattr(model_class(cfg.model), "_supports_flash_attn", False):
+        raise Unsupported(f"fa2: transformers has no flash-attn 2 path for {model_class(cfg.model).__name__}")
     if cfg.method.sharding in zero.STAGES:
         zero.check_supported(cfg, env)
+        if cfg.method.compile_mode:
+            raise Unsupported(f"{cfg.method.compile_mode}: DeepSpeed compiles through its engine only (plain compile)")
+        if cfg.method.fused_ce and cfg.method.sharding == "zero3":
+            raise Unsupported("flce: ZeRO-3 partitions the head's weight; the fused head reads it outside its forward")
+
+
+def _fused_ce_impl(cfg: RunConfig, env: RankEnv) -> str | None:
+    """Which fused linear + cross-entropy head `flce` uses here: Liger's on CUDA when it imports, else ours."""
+    if not cfg.method.fused_ce:
+        return None
+    if env.device.type == "cuda" and kernels.import_error("liger_kernel.transformers") is None:
+        return "liger"
+    return "chunked"
+
+
+def _attention_evidence(cfg: RunConfig, env: RankEnv, step: TrainStep, micro_batch: int) -> dict[str, Any] | None:
+    """Which attention kernel ran: one more micro-batch of the timed size (no recompile), profiled."""
+    if not has_attention(cfg.model):
+        return None
+    batch = batches_for(cfg, env, micro_batch, 1)[0]
+    try:
+        return kernels.attention_kernel(lambda: step.micro(batch, 1.0, sync_grads=not env.distributed))
+    except Exception as exc:  # noqa: BLE001 - evidence is secondary: the timing is already taken
+        if env.distributed:  # a rank that failed inside a collective: the group cannot be trusted
+            raise
+        return {"attention_kernel": None, "error": f"{type(exc).__name__}: {exc}"[:300]}
+    finally:
+        step.reset_after_trial()
 
 
 def make_builder(cfg: RunConfig, env: RankEnv, built: list[dict[str, Any]]):
     """`build(micro_batch, accum)`: a fresh model (same seed, same weights on every rank and in every
     method) with the method applied, as a TrainStep. Appends each instance's settings to `built`."""
-    attn = None
-    if cfg.model["family"] not in ("mamba", "convnext"):
-        attn = "sdpa" if cfg.method.free_lunch else "eager"
+    method = cfg.method
+    attn = kernels.attn_implementation(method, has_attention(cfg.model))
     fake = FakeOom.from_env()
-    kernels = kernel_info(cfg.model)
+    kernel_versions = kernel_info(cfg.model)
+    fused_ce = _fused_ce_impl(cfg, env)
 
     def build(micro_batch: int, accum: int) -> TrainStep:
         torch.manual_seed(cfg.bench.seed)
-        net, attn_used = build_model(cfg.model, attn)
+        net, attn_used = build_model(cfg.model, attn, fused_ce=method.fused_ce)
+        extras: dict[str, Any] = {}
+        if fused_ce:
+            net.fused_ce_impl = fused_ce
+            extras["fused_ce"] = (
+                "liger_kernel LigerFusedLinearCrossEntropyLoss"
+                if fused_ce == "liger"
+                else "trainer.heads.ChunkedLinearCrossEntropy (PyTorch, chunked, gradients in forward)"
+            )
+        if method.liger:
+            extras["liger"] = kernels.apply_liger(net)
+        if method.flash_attn:
+            extras["flash_attn_version"] = kernels.version("flash-attn")
         if fake is not None:
             fake.install(net, env.rank)
         if cfg.method.sharding in zero.STAGES:
@@ -86,9 +127,12 @@ def make_builder(cfg: RunConfig, env: RankEnv, built: list[dict[str, Any]]):
             optimizer, opt_settings = build_optimizer(cfg, env, net.parameters(), offload=cfg.method.offload)
             settings = {**applied.settings, **opt_settings}
             step = TrainStep(applied, optimizer, cfg.recipe["grad_clip"], env.device.type, settings)
+            if method.compile_mode == "cstep":
+                step.compile_optimizer_step()
         step.settings["lr_schedule"] = "constant (benchmark; schedule cost is nil)"
-        if kernels:
-            step.settings["kernels"] = kernels
+        step.settings["method_parts"] = {"slug": method.slug, "extras": method.extras, **extras}
+        if kernel_versions:
+            step.settings["kernels"] = kernel_versions
         if fake is not None:
             step.settings["test_hooks"] = {"fake_oom": fake.describe()}
         built.append(step.settings)
@@ -111,6 +155,8 @@ def measure_cell(cfg: RunConfig, env: RankEnv) -> tuple[dict[str, Any], list[dic
     step, timing, mb = measured.step, measured.timing, measured.micro_batch
     settings = step.settings
     settings["observed"] = step.observed()
+    settings["attention"] = _attention_evidence(cfg, env, step, mb)
+    settings["attention_kernel"] = (settings["attention"] or {}).get("attention_kernel")
     result["method_settings"] = settings
     accum = cfg.recipe["global_batch"] // cfg.cell.world_size // mb
     median = timing.median

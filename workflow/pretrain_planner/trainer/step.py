@@ -34,6 +34,31 @@ class TrainStep:
         self.probe = applied.probe
         self.probe_report: dict[str, Any] | None = None
         self.scaler = self._new_scaler()
+        self.compiled_step: Any = None  # `cstep`: the optimizer step (with grad clipping) compiled
+
+    def compile_optimizer_step(self) -> None:
+        """`cstep`: torch.compile the optimizer step, with gradient clipping unless a GradScaler must unscale
+        first (its inf/nan check is data-dependent and stays eager; the optimizer's step is compiled then)."""
+        from .parallel import _allow_recompiles
+
+        _allow_recompiles()
+        eager_step = self.optimizer.step
+        params = [p for p in self.applied.raw.parameters() if p.requires_grad]
+        clip = self.grad_clip
+
+        def step_fn() -> None:
+            if clip:
+                torch.nn.utils.clip_grad_norm_(params, clip, foreach=True)
+            eager_step()
+
+        if self.scaler is None:
+            self.compiled_step = torch.compile(step_fn)
+            covers = "clip_grad_norm_ + optimizer.step" if clip else "optimizer.step"
+        else:  # GradScaler.step(optimizer) calls optimizer.step(): make that the compiled one
+            compiled = torch.compile(lambda: eager_step())
+            self.optimizer.step = lambda *a, **k: compiled()
+            covers = "optimizer.step (GradScaler's unscale and inf check stay eager)"
+        self.settings["compile_optimizer_step"] = covers
 
     def _new_scaler(self, init_scale: float | None = None):
         if not self.applied.loss_scaling:
@@ -59,7 +84,8 @@ class TrainStep:
             with self._autocast():
                 loss = self.applied.module(**batch).loss * scale
             (self.scaler.scale(loss) if self.scaler else loss).backward()
-        return loss.detach()
+        # under CUDA graphs the loss lives in the graph's memory pool, overwritten by the next replay
+        return loss.detach().clone() if self.applied.cuda_graphs else loss.detach()
 
     def micro(self, batch: dict[str, torch.Tensor], scale: float, sync_grads: bool) -> torch.Tensor:
         """Forward + backward of one micro-batch; under DDP gradients are all-reduced only when `sync_grads`
@@ -73,6 +99,10 @@ class TrainStep:
             self.probe_report = probe.report()
 
     def optimizer_step(self) -> None:
+        if self.compiled_step is not None and self.scaler is None:
+            self.compiled_step()
+            self.optimizer.zero_grad(set_to_none=True)
+            return
         if self.grad_clip:
             if self.scaler:
                 self.scaler.unscale_(self.optimizer)
@@ -120,3 +150,4 @@ class TrainStep:
         self.optimizer = None
         self.applied = None
         self.scaler = None
+        self.compiled_step = None

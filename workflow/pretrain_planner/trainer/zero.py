@@ -58,6 +58,13 @@ def check_supported(cfg: RunConfig, env: RankEnv) -> None:
         builder = CPUAdamBuilder()
         if not builder.is_compatible(verbose=False):
             raise Unsupported("ZeRO-Offload needs DeepSpeed's cpu_adam op, which cannot be built here")
+        try:  # prebuilt (envs/setup.sh) or JIT-built now; a wheel carried from another Python has neither
+            builder.load(verbose=False)
+        except Exception as exc:  # noqa: BLE001 - a failed JIT build raises anything
+            raise Unsupported(
+                f"ZeRO-Offload needs DeepSpeed's cpu_adam op, which neither loads nor builds here: "
+                f"{type(exc).__name__}: {exc}"[:400]
+            ) from None
 
 
 def ds_config(cfg: RunConfig, env: RankEnv, micro_batch: int, accum: int) -> dict[str, Any]:

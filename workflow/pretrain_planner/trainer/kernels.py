@@ -1,0 +1,147 @@
+"""Optional kernels (flash-attn 2, Liger) and the evidence of which attention kernel really ran.
+
+A method can ask for a kernel that cannot run where the cell runs (flash-attn not installed, Liger on a
+CPU): `check_supported` raises `Unsupported` with the reason before anything is built, so the cell's
+result says so instead of crashing or being retried.
+
+Which attention kernel ran is not what `attn_implementation` says: SDPA picks flash, memory-efficient,
+cuDNN or math at run time (dtype, head size, mask, GPU). `attention_kernel` profiles one micro-batch and
+names the kernel from the aten / flash-attn ops that appeared.
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib import metadata
+from typing import Any
+
+import torch
+
+from .parallel import Unsupported
+
+# op name (substring of the profiler event) -> kernel, most specific first
+ATTENTION_OPS = (
+    ("flash_attn", "flash-attn (flash_attn package)"),  # flash_attn::_flash_attn_forward / FlashAttnFunc
+    ("_scaled_dot_product_flash_attention_for_cpu", "sdpa:flash (CPU)"),
+    ("_scaled_dot_product_flash_attention", "sdpa:flash"),
+    ("_scaled_dot_product_efficient_attention", "sdpa:efficient"),
+    ("_scaled_dot_product_cudnn_attention", "sdpa:cudnn"),
+    ("_scaled_dot_product_fused_attention_overrideable", "sdpa:fused (backend override)"),
+    ("_scaled_dot_product_attention_math", "sdpa:math"),
+    # CUDA kernel names (what a CUDA-graph replay shows instead of aten ops)
+    ("pytorch_flash::flash_fwd", "sdpa:flash"),
+    ("flash::flash_fwd", "flash-attn (flash_attn package)"),
+    ("fmha_cutlass", "sdpa:efficient"),
+    ("cudnn_generated_fort_native_sdpa", "sdpa:cudnn"),
+)
+EAGER = "eager (matmul + softmax)"
+
+
+def version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def import_error(module: str) -> str | None:
+    """None if `module` imports, else why not (a broken CUDA extension can raise anything)."""
+    try:
+        importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001
+        return f"{type(exc).__name__}: {exc}"[:300]
+    return None
+
+
+def check_supported(method: Any, device: torch.device) -> None:
+    """Raise Unsupported if a kernel part of `method` (fa2, liger, cg) cannot run on `device`."""
+    on_cuda = device.type == "cuda"
+    if method.flash_attn:
+        if not on_cuda:
+            raise Unsupported("fa2: flash-attn runs on CUDA GPUs only")
+        error = import_error("flash_attn")
+        if error:
+            raise Unsupported(f"fa2: the flash-attn package does not import ({error}); `pip install flash-attn`")
+        major, _ = torch.cuda.get_device_capability(device)
+        if major < 8:
+            raise Unsupported(
+                f"fa2: flash-attn 2 needs compute capability >= 8.0, {torch.cuda.get_device_name(device)}"
+            )
+    if method.liger:
+        if not on_cuda:
+            raise Unsupported("liger: Liger's Triton kernels run on CUDA GPUs only")
+        error = import_error("liger_kernel.transformers")
+        if error:
+            raise Unsupported(f"liger: the liger-kernel package does not import ({error}); `pip install liger-kernel`")
+    if method.compile_mode == "cg" and not on_cuda:
+        raise Unsupported("cg: CUDA graphs need a CUDA GPU")
+
+
+def attn_implementation(method: Any, has_attention: bool) -> str | None:
+    """What the model is built with: eager (naive), SDPA (fl), flash-attn 2 (fl+fa2); None without attention."""
+    if not has_attention:
+        return None
+    if method.flash_attn:
+        return "flash_attention_2"
+    return "sdpa" if method.free_lunch else "eager"
+
+
+def apply_liger(net: torch.nn.Module) -> dict[str, Any]:
+    """Liger kernels on `net`, in place: the model type's own patch where Liger has one (Llama-like models),
+    else every nn.LayerNorm becomes a LigerLayerNorm with the same weights. Returns what was done."""
+    from liger_kernel.transformers import LigerLayerNorm
+
+    model_type = getattr(getattr(net, "config", None), "model_type", None)
+    try:
+        from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+    except ImportError:
+        MODEL_TYPE_TO_APPLY_LIGER_FN = {}  # noqa: N806 - the library's name
+    info: dict[str, Any] = {"version": version("liger-kernel"), "model_type": model_type}
+    fn = MODEL_TYPE_TO_APPLY_LIGER_FN.get(model_type)
+    if fn is not None:
+        fn(model=net)
+        info["applied"] = f"{fn.__name__}(model=...)"
+        return info
+    swapped = 0
+    for parent in list(net.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is torch.nn.LayerNorm and child.elementwise_affine and len(child.normalized_shape) == 1:
+                new = LigerLayerNorm(child.normalized_shape[0], eps=child.eps, bias=child.bias is not None)
+                new.to(device=child.weight.device, dtype=child.weight.dtype)
+                with torch.no_grad():
+                    new.weight.copy_(child.weight)
+                    if child.bias is not None:
+                        new.bias.copy_(child.bias)
+                setattr(parent, name, new)
+                swapped += 1
+    if not swapped:
+        raise Unsupported(f"liger: no Liger kernel applies to {type(net).__name__} (no patch, no nn.LayerNorm)")
+    info["applied"] = f"nn.LayerNorm -> LigerLayerNorm x {swapped}"
+    return info
+
+
+def kernel_from_ops(names: set[str]) -> tuple[str | None, list[str]]:
+    """The attention kernel named by a set of profiled op names, and the matching ops."""
+    matched = sorted(n for n in names if any(key in n for key, _ in ATTENTION_OPS))
+    for key, kernel in ATTENTION_OPS:
+        if any(key in n for n in matched):
+            return kernel, matched
+    if any("softmax" in n and "log_softmax" not in n for n in names) and any(
+        n.endswith(("::matmul", "::bmm", "::baddbmm")) for n in names
+    ):
+        return EAGER, sorted(n for n in names if n.endswith(("::bmm", "::baddbmm", "::_softmax", "::softmax")))
+    return None, matched
+
+
+def attention_kernel(run_micro) -> dict[str, Any]:
+    """Profile `run_micro()` (one forward + backward) and say which attention kernel ran."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        run_micro()
+    names = {e.name for e in prof.events()}
+    kernel, ops = kernel_from_ops(names)
+    return {"attention_kernel": kernel, "attention_ops": ops, "how": "torch.profiler over one micro-batch"}
