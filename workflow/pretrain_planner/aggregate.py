@@ -80,10 +80,11 @@ VERDICTS = {
 _STR_COLS = {"model", "gpu", "method", "best_method", "status", "reason", "path", "problem", "cost_note", "cost_kind",
              "verdict", "naive", "fl", "fitting_methods", "partition", "precision", "suspect_reason", "peak_mem_kind",
              "device_name", "hostname", "slurm_job_id", "slurm_nodelist", "submitit_job_id", "started_at",
-             "finished_at", "folder", "files", "note", "state", "detail"}  # fmt: skip
+             "finished_at", "folder", "files", "note", "state", "detail", "strategy"}  # fmt: skip
 _INT_COLS = {"nodes", "gpus_per_node", "world_size", "micro_batch_size", "grad_accum_steps", "methods_ok",
              "methods_oom", "methods_unsupported", "methods_suspect", "methods_valid", "methods_not_measured",
-             "global_batch", "timed_steps", "warmup_steps", "recipe_steps", "time_limit_min"}  # fmt: skip
+             "global_batch", "timed_steps", "warmup_steps", "recipe_steps", "time_limit_min", "methods_run",
+             "methods_pruned"}  # fmt: skip
 _BOOL_COLS = {"valid", "suspect", "fits_naive", "fits_fl", "fits_any", "pareto"}
 
 
@@ -97,7 +98,11 @@ def column_dtype(name: str) -> type[pl.DataType]:
     return pl.Float64
 
 
-TABLE_NAMES = ("cells", "time_to_train", "feasibility", "costs", "pareto", "problems")
+TABLE_NAMES = ("cells", "time_to_train", "feasibility", "costs", "pareto", "problems", "benchmark_cost")
+BENCHMARK_COST_COLUMNS = [
+    "model", "gpu", "nodes", "gpus_per_node", "world_size", "strategy", "best_method", "methods_valid",
+    "methods_run", "methods_pruned", "gpu_hours_spent", "gpu_hours_max_run", "gpu_hours_max_exhaustive",
+]  # fmt: skip
 
 
 def table_files(folder: str) -> dict[str, str]:
@@ -252,9 +257,11 @@ def cells_table(
     plan: str | Path | pl.DataFrame,
     result_paths: Iterable[str],
     catalog: Catalog | None = None,
+    pruned: dict[tuple[str, str, int, int, str], str] | None = None,
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(cells, problems): the plan joined with the results. Invalid cells keep their reason (status
-    `invalid`); cells without a result are `missing`; cells whose file is unusable are `corrupt`."""
+    `invalid`); cells without a result are `missing`, or `pruned` with the adaptive search's reason;
+    cells whose file is unusable are `corrupt`."""
     results, problems = read_results(result_paths)
     plan_df = plan if isinstance(plan, pl.DataFrame) else read_plan(plan)
     results = results.drop("world_size")
@@ -278,6 +285,26 @@ def cells_table(
             pl.when(pl.col("reason") != "").then(pl.col("reason")),
         ).alias("reason"),
     ).drop("reason_result", "_problem")
+    if pruned:
+        why = pl.DataFrame(
+            [(*k, r) for k, r in pruned.items()],
+            schema={**{c: column_dtype(c) for c in KEYS}, "_pruned": pl.String},
+            orient="row",
+        )
+        cells = (
+            cells.join(why, on=KEYS, how="left")
+            .with_columns(
+                pl.when((pl.col("status") == "missing") & pl.col("_pruned").is_not_null())
+                .then(pl.lit("pruned"))
+                .otherwise(pl.col("status"))
+                .alias("status"),
+                pl.when((pl.col("status") == "missing") & pl.col("_pruned").is_not_null())
+                .then(pl.col("_pruned"))
+                .otherwise(pl.col("reason"))
+                .alias("reason"),
+            )
+            .drop("_pruned")
+        )
     return with_analytic(cells, catalog), problems
 
 
@@ -461,6 +488,30 @@ def pareto_table(costs: pl.DataFrame, costs_config: dict[str, Any] | None = None
     )
 
 
+def benchmark_cost(cells: pl.DataFrame, ttt: pl.DataFrame, strategy: str) -> pl.DataFrame:
+    """Per setting: GPU-hours the benchmark itself spent (wall time x GPUs of every measured cell) beside the
+    time-limit bound of the cells it ran and of every valid cell (what exhaustive search could spend)."""
+    measured = pl.col("status").is_in(["ok", "oom", "unsupported", "corrupt"])
+    wall = pl.col("wall_time_s") if "wall_time_s" in cells.columns else pl.lit(None, pl.Float64)
+    bound = pl.col("gpu_hours_max") if "gpu_hours_max" in cells.columns else pl.lit(None, pl.Float64)
+    table = (
+        cells.filter(pl.col("valid"))
+        .group_by(GROUP)
+        .agg(
+            pl.col("world_size").first(),
+            pl.len().cast(pl.Int64).alias("methods_valid"),
+            measured.sum().cast(pl.Int64).alias("methods_run"),
+            (pl.col("status") == "pruned").sum().cast(pl.Int64).alias("methods_pruned"),
+            (wall * pl.col("world_size") / 3600).sum().alias("gpu_hours_spent"),
+            bound.filter(measured).sum().alias("gpu_hours_max_run"),
+            bound.sum().alias("gpu_hours_max_exhaustive"),
+        )
+        .join(ttt.select(*GROUP, "best_method"), on=GROUP, how="left")
+        .with_columns(pl.lit(strategy).alias("strategy"))
+    )
+    return table.select(BENCHMARK_COST_COLUMNS).sort(GROUP)
+
+
 # ------------------------------------------------------------------------------------------- writing
 
 
@@ -500,6 +551,9 @@ TABLE_INTROS = {
     "experiment cost, cloud rent. A blank cost has its reason in `cost_note`.",
     "pareto": "Per model, the settings that no other setting beats in both days to train and cost.",
     "problems": "Result files that could not be used (skipped by the aggregation), and why.",
+    "benchmark_cost": "GPU-hours the benchmark itself spent per setting (wall time x GPUs of each measured cell), "
+    "the cells it ran and pruned (adaptive search; reasons in cells.csv), and the time-limit bound of the cells "
+    "run beside that of every valid cell (what the exhaustive search could spend).",
 }
 
 
@@ -515,9 +569,11 @@ def build_all(
     result_paths: Iterable[str],
     catalog: Catalog | None = None,
     costs_config: dict[str, Any] | None = None,
+    pruned: dict[tuple[str, str, int, int, str], str] | None = None,
+    strategy: str = "exhaustive",
 ) -> dict[str, pl.DataFrame]:
     """Every table, in memory."""
-    cells, problems = cells_table(plan, result_paths, catalog)
+    cells, problems = cells_table(plan, result_paths, catalog, pruned)
     ttt = time_to_train(cells)
     costs = costs_table(ttt, catalog, costs_config)
     return {
@@ -527,6 +583,7 @@ def build_all(
         "costs": costs,
         "pareto": pareto_table(costs, costs_config),
         "problems": problems,
+        "benchmark_cost": benchmark_cost(cells, ttt, strategy),
     }
 
 
@@ -537,10 +594,17 @@ def build_tables(
     log_path: str,
     catalog: Catalog | None = None,
     costs_config: dict[str, Any] | None = None,
+    search: Iterable[str] = (),
 ) -> dict[str, pl.DataFrame]:
-    """The `aggregate` rule: every table to CSV + Markdown (cells also Parquet), a log naming problems."""
+    """The `aggregate` rule: every table to CSV + Markdown (cells also Parquet), a log naming problems.
+    With the adaptive search, `search` lists each setting's search.json: the cells it ran and those pruned."""
+    from .search import read_searches
+
     t0 = time.perf_counter()
-    tables = build_all(plan_csv, list(result_paths), catalog, costs_config)
+    searched, pruned = read_searches(search)
+    paths = [*result_paths, *searched]
+    strategy = "adaptive" if list(search) else "exhaustive"
+    tables = build_all(plan_csv, paths, catalog, costs_config, pruned, strategy)
     cells = tables["cells"]
     Path(out["cells_parquet"]).parent.mkdir(parents=True, exist_ok=True)
     cells.write_parquet(out["cells_parquet"])
@@ -552,7 +616,8 @@ def build_tables(
     lines = [
         f"{cells.height} cells: {by_status}; {tables['time_to_train'].height} time-to-train rows; "
         f"{tables['pareto'].height} on a Pareto front; {problems.height} unusable result files "
-        f"({time.perf_counter() - t0:.2f} s)"
+        f"({time.perf_counter() - t0:.2f} s)",
+        f"{strategy} search: {tables['benchmark_cost']['gpu_hours_spent'].sum():.3f} GPU-hours spent by the benchmark",
     ]
     lines += [f"SKIPPED {p}: {why}" for p, why in problems.select("path", "problem").iter_rows()]
     atomic_write_text(log_path, "\n".join(lines) + "\n")

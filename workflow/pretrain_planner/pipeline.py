@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from . import grid
+from . import search as pp_search
 from .catalog import Catalog, load_catalog
 from .launch import cell_spec
 from .results import atomic_write_text
@@ -37,6 +38,44 @@ class Pipeline:
     @property
     def results(self) -> str:
         return self.config["results"]
+
+    @property
+    def adaptive(self) -> bool:
+        return self.config["search"]["strategy"] == "adaptive"
+
+    @property
+    def settings(self) -> dict[str, pp_search.Setting]:
+        """The adaptive search's settings by folder ({model}/{gpu}/{N}x{G}), each with its valid methods."""
+        if not hasattr(self, "_settings"):
+            s, b = self.config["search"], self.config["benchmark"]
+            found = pp_search.settings(
+                self.planned, self.catalog, b["max_micro_batch"], s["saturated_tokens"], b["suspect_mfu"], s["margin"]
+            )
+            self._settings = {x.folder: x for x in found}
+        return self._settings
+
+    def setting(self, wildcards: Any) -> pp_search.Setting:
+        get = wildcards.get if isinstance(wildcards, dict) else (lambda k: getattr(wildcards, k))
+        return self.settings[f"{get('model')}/{get('gpu')}/{get('nodes')}x{get('gpus_per_node')}"]
+
+    def search_files(self) -> list[str]:
+        """Each setting's final search decision (adaptive), what the aggregation waits for."""
+        return [f"{self.results}/search/{folder}/search.json" for folder in self.settings]
+
+    def expected_adaptive(self) -> tuple[int, float, int]:
+        """(cells, GPU-hour bound, probe cells) the adaptive search is expected to run, replaying it on what
+        the memory model predicts (every method fits at the largest micro-batch where it has no capacity)."""
+        hours = {(r["model"], r["gpu"], r["nodes"], r["gpus_per_node"], r["method"]): r["gpu_hours_max"]
+                 for r in self.rows()}  # fmt: skip
+        cells, bound, probes = 0, 0.0, 0
+        for st in self.settings.values():
+            key = (st.model, st.gpu, st.nodes, st.gpus_per_node)
+            h = {m: hours[(*key, m)] for m in st.methods}
+            rep = pp_search.replay(st, pp_search.predicted_table(st, h))
+            cells += len(rep.ran)
+            bound += rep.gpu_hours
+            probes += len(rep.rounds[0]) if rep.rounds else 0
+        return cells, bound, probes
 
     @property
     def cells(self) -> list[grid.Cell]:
@@ -99,12 +138,25 @@ class Pipeline:
                 f"  partition {part}: {agg['cells']} cells, {min(agg['gpus'])}-{max(agg['gpus'])} GPUs per cell, "
                 f"time limit {'/'.join(map(str, sorted(agg['limit'])))} min, at most {agg['hours']:.1f} GPU-hours"
             )
-        lines.append(f"  total: at most {sum(a['hours'] for a in by_part.values()):.1f} GPU-hours")
+        total = sum(a["hours"] for a in by_part.values())
+        lines.append(f"  total: at most {total:.1f} GPU-hours")
+        if self.adaptive:
+            cells, bound, probes = self.expected_adaptive()
+            lines.append(
+                f"  adaptive search: {len(self.settings)} settings, {probes} probe cells first; expected about "
+                f"{cells} of the {len(rows)} cells, at most {bound:.1f} of the {total:.1f} GPU-hours of the "
+                f"exhaustive upper bound (decisions in {self.results}/search/)"
+            )
         return "\n".join(lines)
 
     def plan_params(self) -> dict[str, Any]:
         """What plan.csv depends on besides the catalog files (a change re-plans)."""
         return {"sweep": self.config["sweep"], "launcher": self.config["launcher"]["kind"]}
+
+    def search_params(self, wildcards: Any) -> dict[str, Any]:
+        """What a setting's search rounds depend on (a change of methods or micro-batch cap re-decides)."""
+        st = self.setting(wildcards)
+        return {"methods": list(st.methods), "top": st.top, "saturated": st.saturated, "margin": st.margin}
 
 
 def load(config: dict[str, Any], basedir: str | Path, source: str = "config") -> Pipeline:

@@ -395,6 +395,27 @@ def _summary_lines(ttt: pl.DataFrame, pareto: pl.DataFrame) -> list[str]:
     return lines or ["- no setting has run successfully yet"]
 
 
+def _benchmark_cost_section(cost: pl.DataFrame, tables: dict[str, str], base: Path) -> list[str]:
+    """What the benchmark itself cost: GPU-hours spent, and (adaptive search) the cells it pruned."""
+    spent = cost["gpu_hours_spent"].sum() or 0.0
+    bound = cost["gpu_hours_max_exhaustive"].sum() or 0.0
+    adaptive = cost.height and (cost["strategy"] == "adaptive").any()
+    lines = [
+        "## Benchmark cost\n",
+        f"The benchmark spent **{spent:.3g} GPU-hours** (wall time x GPUs of every measured cell); measuring every "
+        f"valid cell could take up to {bound:.3g} GPU-hours (the time limits' bound). "
+        + (
+            f"The adaptive search ran {int(cost['methods_run'].sum())} cells and pruned "
+            f"{int(cost['methods_pruned'].sum())} that could not be their setting's fastest (status `pruned` in "
+            "cells.csv, with the reason). "
+            if adaptive
+            else ""
+        )
+        + f"Full table: {_link('benchmark_cost', tables, base)}.\n",
+    ]
+    return lines
+
+
 def write_report(
     tables: dict[str, str],
     plots: dict[str, str],
@@ -507,11 +528,14 @@ def write_report(
             "for ZeRO methods, `launch.sh` (torchrun, or srun + torchrun on SLURM) and `plan.json` (the "
             "measurement and the model it rests on).\n",
         ]
+    if "benchmark_cost_csv" in tables and Path(tables["benchmark_cost_csv"]).is_file():
+        md += _benchmark_cost_section(read_table(tables["benchmark_cost_csv"]), tables, base)
     md += [
         "## Files\n",
         "\n".join(
             f"- {_link(n, tables, base)}"
-            for n in ("cells", "time_to_train", "feasibility", "costs", "pareto", "problems")
+            for n in ("cells", "time_to_train", "feasibility", "costs", "pareto", "problems", "benchmark_cost")
+            if f"{n}_csv" in tables
         )  # fmt: skip
         + f"\n- [cells.parquet]({_rel(tables['cells_parquet'], base)}): every column, nested settings included\n",
     ]

@@ -5,6 +5,7 @@ A valid cell of plan.csv is, by what its folder holds:
 - failed: no result.json and cell.log says the job did not complete (launch.run_cell logs
   "job ... did not complete", or "... done" / "finished in-process" without a result);
 - running: no result.json but a slurm_job.json or a submitit/ folder (submitted, not finished);
+- pruned: no result, and the adaptive search decided it cannot be the setting's fastest (its reason);
 - pending: nothing yet.
 GPU-hours spent are the results' wall_time_s x world_size; GPU-hours left at most are plan.csv's
 gpu_hours_max of the cells without a result.
@@ -20,8 +21,9 @@ import polars as pl
 
 from .aggregate import parse_result, read_plan
 from .launch import JOB_RECORD
+from .search import latest_rounds
 
-STATES = ("ok", "oom", "unsupported", "corrupt", "failed", "running", "pending")
+STATES = ("ok", "oom", "unsupported", "corrupt", "failed", "running", "pending", "pruned")
 _DONE_WITHOUT_RESULT = re.compile(r"\] (job \S+ done: status=|finished in-process)")
 
 
@@ -59,10 +61,14 @@ def sweep_status(results_dir: str | Path, plan: pl.DataFrame) -> tuple[pl.DataFr
     results_dir = Path(results_dir)
     valid = plan.filter(pl.col("valid"))
     has_max = "gpu_hours_max" in plan.columns
+    rounds = latest_rounds(results_dir)
     rows = []
     for r in valid.iter_rows(named=True):
         path = r.get("path") or f"cells/{r['model']}/{r['gpu']}/{r['nodes']}x{r['gpus_per_node']}/{r['method']}"
         state, result, detail = cell_state(results_dir / path)
+        folder = f"{r['model']}/{r['gpu']}/{r['nodes']}x{r['gpus_per_node']}"
+        if state == "pending" and r["method"] in rounds.get(folder, {}).get("pruned", {}):
+            state, detail = "pruned", rounds[folder]["pruned"][r["method"]]
         world = r["nodes"] * r["gpus_per_node"]
         spent = None
         if result is not None and result.get("wall_time_s") is not None:
@@ -123,6 +129,15 @@ def format_status(summary: pl.DataFrame, cells: pl.DataFrame, results_dir: str, 
             lines.append("  ".join("-" * w for w in widths))
     if "gpu_hours_max" not in cells.columns or cells["gpu_hours_max"].null_count() == cells.height and cells.height:
         lines.append("(GPU-hours left unknown: this plan.csv has no gpu_hours_max column; re-plan with snakemake -n)")
+    pruned = cells.filter(pl.col("state") == "pruned")
+    if pruned.height or (cells.height and Path(results_dir, "search").is_dir()):
+        spent = cells["gpu_hours_spent"].sum() or 0.0
+        bound = cells["gpu_hours_max"].sum() if "gpu_hours_max" in cells.columns else None
+        lines.append(
+            f"adaptive search: {pruned.height} of {cells.height} cells pruned (cannot be their setting's fastest; "
+            f"reasons in {results_dir}/search/); benchmark GPU-hours spent {spent:.2f}"
+            + (f" of an exhaustive upper bound of {bound:.2f}" if bound else "")
+        )
     problems = cells.filter(pl.col("state").is_in(["failed", "corrupt"]))
     if problems.height:
         lines.append("")

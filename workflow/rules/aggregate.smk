@@ -9,7 +9,8 @@ OPTIMAL = f"{RESULTS}/optimal"
 rule aggregate:
     input:
         plan=f"{RESULTS}/plan.csv",
-        results=PP.cell_files("result.json"),
+        results=[] if PP.adaptive else PP.cell_files("result.json"),
+        search=PP.search_files() if PP.adaptive else [],
         models=PP.catalog.models_path,
         gpus=PP.catalog.gpus_path,
     output:
@@ -20,7 +21,13 @@ rule aggregate:
         costs=PP.config.get("costs", {}),
     run:
         pp_aggregate.build_tables(
-            input.plan, input.results, dict(output.items()), log[0], PP.catalog, params.costs
+            input.plan,
+            input.results,
+            dict(output.items()),
+            log[0],
+            PP.catalog,
+            params.costs,
+            search=input.search,
         )
 
 

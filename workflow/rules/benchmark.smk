@@ -26,3 +26,30 @@ rule benchmark_cell:
         spec=PP.spec,
     run:
         pp_launch.run_cell(params.spec, log[0], threads)
+
+
+if PP.adaptive:
+
+    checkpoint search_round:
+        input:
+            unpack(search_round_input),
+        output:
+            decision=f"{SEARCH_DIR}/round{{k}}.json",
+        log:
+            f"{SEARCH_DIR}/round{{k}}.log",
+        wildcard_constraints:
+            k=r"\d+",
+        params:
+            search=PP.search_params,
+        run:
+            pp_search.write_round(PP.setting(wildcards), wildcards.k, input, RESULTS, output[0], log[0])
+
+    rule search_done:
+        input:
+            unpack(search_done_input),
+        output:
+            search=f"{SEARCH_DIR}/search.json",
+        log:
+            f"{SEARCH_DIR}/search.log",
+        run:
+            pp_search.write_search(input.last, output.search, log[0])
