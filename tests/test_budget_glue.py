@@ -45,19 +45,21 @@ def test_readers_of_the_standard_layout(tmp_path):
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory):
-    """A Snakefile of our own that includes common.smk and pretrain.smk, run to the `budget` target."""
+    """A Snakefile of our own that includes common.smk and pretrain.smk, run to the `budget` target with the
+    local launcher: pre-training on two ranks, each fine-tune in a process of its own."""
     work = tmp_path_factory.mktemp("budget_e2e")
     (work / "Snakefile").write_text(
         f'configfile: "main.yaml"\n\n\ninclude: "{REPO}/workflow/rules/common.smk"\n'
         f'include: "{REPO}/workflow/rules/pretrain.smk"\n'
     )
     main = {"catalog": {"models": str(REPO / "config/models.yaml"), "gpus": str(REPO / "config/gpus.yaml")},
-            "sweep": {"models": ["tiny-bert"], "gpus": ["cpu"]}, "launcher": {"kind": "debug"}}  # fmt: skip
+            "sweep": {"models": ["tiny-bert"], "gpus": ["cpu"]}, "launcher": {"kind": "local"}}  # fmt: skip
     (work / "main.yaml").write_text(yaml.safe_dump(main))
     cfg = yaml.safe_load((REPO / "config/budget.yaml").read_text())
     cfg["corpus"]["files"] = [str(REPO / "tests/data/corpus/*.txt")]
     cfg["glue"].update(data_dir=str(REPO / "tests/data/glue"), epochs=1)
-    cfg["train"].update(budget_hours=10 / 3600, fake_step_s=1.0, checkpoint_every_s=5)
+    # two data-parallel ranks (gloo processes of the local launcher): global batch 32 = 8 x 2 x 2
+    cfg["train"].update(budget_hours=10 / 3600, fake_step_s=1.0, checkpoint_every_s=5, gpus_per_node=2, micro_batch=8)
     cfg["train"]["validation"].update(every=0.5, dense_first=0.0, dense_last=0.0)
     (work / "config").mkdir()
     (work / "config/budget.yaml").write_text(yaml.safe_dump(cfg))
@@ -89,6 +91,13 @@ def test_end_to_end_pretraining_and_logs(pipeline):
     result = json.loads((res / "budget/pretrain/result.json").read_text())
     assert result["stop_reason"] == "budget" and result["steps"] == 10
     assert result["loss_last"] < result["loss_first"]
+    assert result["world_size"] == 2 and result["method_settings"]["parallel"] == "ddp"
+    assert result["setting"] == {"gpu": "cpu", "nodes": 1, "gpus_per_node": 2, "world_size": 2, "source": "config",
+                                 "plan": None, "micro_batch": 8, "grad_accum_steps": 2, "global_batch": 32,
+                                 "method": "fl"}  # fmt: skip
+    assert result["sparse_prediction"] and result["model_class"].endswith("WithSparsePrediction")
+    assert "submitted local job" in (res / "logs/budget/pretrain.log").read_text()
+    assert "submitted local job" in (res / "logs/budget/finetune_rte.log").read_text()
     assert json.loads((res / "budget/data/index.json").read_text())["samples"]["train"] > 0
     for name in ("prepare_data", "pretrain", "finetune_mnli", "finetune_rte", "finetune_stsb", "finetune_mrpc",
                  "glue_table"):  # fmt: skip

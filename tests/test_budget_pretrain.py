@@ -10,7 +10,9 @@ import sys
 
 import pytest
 import torch
-from pretrain_planner.budget import data, pretrain
+from pretrain_planner.budget import config as bconfig
+from pretrain_planner.budget import data, jobs, pretrain
+from pretrain_planner.schema import ConfigError
 from safetensors.torch import load_file
 
 from .conftest import REPO
@@ -50,6 +52,7 @@ def test_budget_run(uninterrupted):
     assert (tmp / "a/run/finetune-0.50/model.safetensors").is_file()
     assert (tmp / "a/model/tokenizer.json").is_file() and (tmp / "a/model/config.json").is_file()
     assert "checkpoint at step 4" in (tmp / "a/log").read_text()
+    assert result["sparse_prediction"] and result["model_class"].endswith("WithSparsePrediction")
 
 
 def test_sigkill_and_resume_matches_uninterrupted(uninterrupted):
@@ -113,3 +116,17 @@ def test_sigterm_checkpoints_then_resumes(uninterrupted):
     got, want = _steps(tmp / "e/run"), _steps(tmp / "a/run")
     assert [g["loss"] for g in got] == pytest.approx([w["loss"] for w in want], rel=1e-5, abs=1e-6)
     assert resumed["steps"] == result["steps"]
+
+
+def test_debug_launcher_runs_in_process_and_refuses_ranks(uninterrupted):
+    cfg, tmp, _ = uninterrupted
+    capped = {**cfg, "train": {**cfg["train"], "max_steps": 2}}
+    d = tmp / "g"
+    res = jobs.pretrain(capped, {"kind": "debug", "timeout_min": 1, "slurm": None}, str(tmp / "data/index.json"),
+                        str(d / "model"), str(d / "result.json"), str(d / "run"), str(d / "log"))  # fmt: skip
+    assert res["steps"] == 2 and res["world_size"] == 1 and res["method_settings"]["parallel"] == "single"
+    assert "launcher debug, 1 rank(s)" in (d / "log").read_text() and not (d / "submitit").exists()
+    main = {"launcher": {"kind": "debug", "timeout_min": 1, "site": "x"}}
+    two = {**cfg, "train": {**cfg["train"], "gpus_per_node": 2}}
+    with pytest.raises(ConfigError, match="launcher.kind debug runs one rank"):
+        bconfig.launch_settings(main, two, REPO)

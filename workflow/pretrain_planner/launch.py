@@ -1,4 +1,7 @@
-"""Hand a cell to an executor, wait for it, and make sure its result landed. Imports no torch.
+"""Hand a job to an executor, wait for it, and make sure its result landed. Imports no torch.
+
+`run_job` runs any picklable callable on a request's ranks (a benchmark cell, the budget stage's pre-training
+or a GLUE fine-tune); `run_cell` is the benchmark cell's use of it.
 
 Launchers: `slurm` (submitit SlurmExecutor: one job per cell, one task per GPU, the partition and GPU
 request of the site file; re-attaches to a job recorded in the cell folder), `local` (submitit
@@ -14,6 +17,7 @@ import hashlib
 import json
 import shutil
 import subprocess
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +58,8 @@ def cell_spec(
 
 
 class _Log:
+    """Timestamped lines in a rule's log file (truncated when the rule starts)."""
+
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -87,17 +93,43 @@ def _slurm_state(job) -> str:
     return state
 
 
-def _reattach(spec: dict[str, Any], record_path: Path, log: _Log):
-    """A job this cell submitted before the driver restarted, if it can still deliver; else None."""
+@dataclass
+class JobRequest:
+    """One job for the launcher: a picklable callable run once per rank (`nodes` x `gpus_per_node`).
+
+    Cells and the budget stage's pre-training and fine-tuning all go through `run_job`, so each gets the
+    same executors, GPU requests, requeue contract and re-attachment."""
+
+    fn: Any  # picklable; a submitit Checkpointable is requeued on preemption / time-out
+    name: str  # SLURM job name
+    kind: str  # local | slurm (debug runs the callable in the caller)
+    folder: Path  # submitit's logs and pickles
+    nodes: int = 1
+    gpus_per_node: int = 1
+    timeout_min: int = 60  # local executor's limit (SLURM: the site's time_limit_min)
+    use_gpus: bool = False  # local executor: give each rank a GPU
+    slurm: dict[str, Any] | None = None  # the site's settings for the job's GPU type (+ poll_max_s)
+    record: Path | None = None  # slurm_job.json: lets a restarted driver re-attach
+    identity: dict[str, Any] | None = None  # what the job computes: a recorded job of another identity is not reused
+    max_num_timeout: int = 3  # requeues after a time-out that submitit allows (a long budget run needs more)
+    extra_record: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+def _reattach(req: JobRequest, log: _Log):
+    """A job this request submitted before the driver restarted, if it can still deliver; else None."""
     import submitit
 
-    if not record_path.is_file():
+    if req.record is None or not req.record.is_file():
         return None
-    record = json.loads(record_path.read_text())
-    if record.get("spec_hash") != _spec_hash(spec):
+    record = json.loads(req.record.read_text())
+    if record.get("spec_hash") != _spec_hash(req.identity or {}):
         log(f"recorded job {record.get('job_id')} ran another spec (config changed): not re-attaching")
         return None
-    job = submitit.SlurmJob(folder=record["folder"], job_id=record["job_id"], tasks=tuple(range(_world(spec))))
+    job = submitit.SlurmJob(folder=record["folder"], job_id=record["job_id"], tasks=tuple(range(req.world)))
     state = _slurm_state(job)
     if state in LIVE_STATES:
         log(f"re-attached to job {job.job_id} (state {state}) submitted at {record.get('submitted_at')}")
@@ -106,39 +138,62 @@ def _reattach(spec: dict[str, Any], record_path: Path, log: _Log):
     return None
 
 
-def _submit_slurm(spec: dict[str, Any], folder: Path, record_path: Path, log: _Log):
+def _submit_slurm(req: JobRequest, log: _Log):
     import submitit
 
-    settings = spec["slurm"]
-    submitit.SlurmJob.watcher._delay_s = settings["poll_max_s"]  # one shared sacct poll for all cells
-    ex = submitit.SlurmExecutor(folder=folder)
-    params = sbatch_parameters(settings, spec["cell"]["nodes"], spec["cell"]["gpus_per_node"], spec["name"])
+    settings = req.slurm
+    if settings is None:
+        raise ValueError(f"job {req.name}: the slurm launcher needs the site's settings for its GPU type")
+    submitit.SlurmJob.watcher._delay_s = settings["poll_max_s"]  # one shared sacct poll for all jobs
+    ex = submitit.SlurmExecutor(folder=req.folder, max_num_timeout=req.max_num_timeout)
+    params = sbatch_parameters(settings, req.nodes, req.gpus_per_node, req.name)
     ex.update_parameters(**params)
-    job = ex.submit(CellJob(spec))
-    record = {
-        "job_id": job.job_id,
-        "folder": str(folder),
-        "spec_hash": _spec_hash(spec),
-        "submitted_at": dt.datetime.now().isoformat(timespec="seconds"),
-        "cell": spec["cell"],
-        "sbatch": params,
-    }
-    atomic_write_text(record_path, json.dumps(record, indent=1) + "\n")
+    job = ex.submit(req.fn)
+    if req.record is not None:
+        record = {
+            "job_id": job.job_id,
+            "folder": str(req.folder),
+            "spec_hash": _spec_hash(req.identity or {}),
+            "submitted_at": dt.datetime.now().isoformat(timespec="seconds"),
+            **req.extra_record,
+            "sbatch": params,
+        }
+        atomic_write_text(req.record, json.dumps(record, indent=1) + "\n")
     log(f"submitted SLURM job {job.job_id} to partition {params.get('partition')} ({json.dumps(params)})")
     return job
 
 
-def _submit_local(spec: dict[str, Any], folder: Path, log: _Log):
+def _submit_local(req: JobRequest, log: _Log):
     import submitit
 
-    shutil.rmtree(folder, ignore_errors=True)  # logs of an earlier attempt of this cell
-    world = _world(spec)
-    ex = submitit.LocalExecutor(folder=folder)
-    gpus = 0 if spec["cell"]["gpu"] == "cpu" or spec["benchmark"].get("device") == "cpu" else world
-    ex.update_parameters(nodes=1, tasks_per_node=world, timeout_min=spec["launcher"]["timeout_min"], gpus_per_node=gpus)
-    job = ex.submit(CellJob(spec))
-    log(f"submitted local job {job.job_id} ({world} processes); logs in {folder}")
+    shutil.rmtree(req.folder, ignore_errors=True)  # logs of an earlier attempt
+    ex = submitit.LocalExecutor(folder=req.folder, max_num_timeout=req.max_num_timeout)
+    gpus = req.world if req.use_gpus else 0
+    ex.update_parameters(nodes=1, tasks_per_node=req.world, timeout_min=req.timeout_min, gpus_per_node=gpus)
+    job = ex.submit(req.fn)
+    log(f"submitted local job {job.job_id} ({req.world} processes); logs in {req.folder}")
     return job
+
+
+def run_job(req: JobRequest, log: _Log, what: str, log_path: str | Path) -> tuple[str, Any]:
+    """Submit (or re-attach to) the job, wait for every rank; (job id, rank 0's value); raise if it failed."""
+    if req.kind == "slurm":
+        job = _reattach(req, log) or _submit_slurm(req, log)
+    elif req.kind == "local":
+        if req.nodes != 1:
+            raise ValueError(f"{what}: the local launcher runs on one node, not {req.nodes}")
+        job = _submit_local(req, log)
+    else:
+        raise ValueError(f"unknown launcher {req.kind!r} (allowed: local, debug, slurm)")
+    try:
+        outs = job.results()
+    except Exception as exc:
+        log(f"job {job.job_id} did not complete: {type(exc).__name__}: {str(exc)[:2000]}")
+        log.append_file("rank 0 stderr", job.paths.stderr)
+        raise RuntimeError(f"{what} failed in job {job.job_id}; see {log_path}") from exc
+    finally:
+        log.append_file("rank 0 stdout", job.paths.stdout)
+    return job.job_id, (outs[0] if outs else None)
 
 
 def _materialise(payload: dict[str, Any], spec: dict[str, Any]) -> None:
@@ -168,24 +223,24 @@ def run_cell(spec: dict[str, Any], log_path: str, threads: int = 1) -> dict[str,
         payload = CellJob(spec)()
         log(f"finished in-process: status={payload['result'].get('status')}")
     else:
-        folder = cell_dir / "submitit"
-        if kind == "slurm":
-            record = cell_dir / JOB_RECORD
-            job = _reattach(spec, record, log) or _submit_slurm(spec, folder, record, log)
-        elif kind == "local":
-            job = _submit_local(spec, folder, log)
-        else:
-            raise ValueError(f"unknown launcher {kind!r} (allowed: local, debug, slurm)")
-        try:
-            outs = job.results()
-        except Exception as exc:
-            log(f"job {job.job_id} did not complete: {type(exc).__name__}: {str(exc)[:2000]}")
-            log.append_file("rank 0 stderr", job.paths.stderr)
-            raise RuntimeError(f"cell {spec['cell']} failed in job {job.job_id}; see {log_path}") from exc
-        finally:
-            log.append_file("rank 0 stdout", job.paths.stdout)
-        payload = outs[0] if outs else {}
-        log(f"job {job.job_id} done: status={(payload.get('result') or {}).get('status')}")
+        on_cpu = spec["cell"]["gpu"] == "cpu" or spec["benchmark"].get("device") == "cpu"
+        req = JobRequest(
+            fn=CellJob(spec),
+            name=spec["name"],
+            kind=kind,
+            folder=cell_dir / "submitit",
+            nodes=spec["cell"]["nodes"],
+            gpus_per_node=spec["cell"]["gpus_per_node"],
+            timeout_min=spec["launcher"]["timeout_min"],
+            use_gpus=not on_cpu,
+            slurm=spec.get("slurm"),
+            record=cell_dir / JOB_RECORD,
+            identity=spec,
+            extra_record={"cell": spec["cell"]},
+        )
+        job_id, payload = run_job(req, log, f"cell {spec['cell']}", log_path)
+        payload = payload or {}
+        log(f"job {job_id} done: status={(payload.get('result') or {}).get('status')}")
     _materialise(payload, spec)
     if not result_path.is_file():
         raise RuntimeError(f"cell {spec['cell']} finished but wrote no {result_path}; see {log_path}")

@@ -24,14 +24,16 @@ BUILTIN_DEFAULTS: dict[str, Any] = {
 }
 
 
-def load_site(path: str | Path, gpu_types: list[str], source: str = "config") -> dict[str, Any]:
+def load_site(
+    path: str | Path, gpu_types: list[str], source: str = "config", key: str = "sweep.gpus"
+) -> dict[str, Any]:
     """Validate the site file and resolve every GPU type of the sweep to its full settings."""
     data = validate(load_yaml(path), "site", path)
     defaults = {**BUILTIN_DEFAULTS, **data["defaults"]}
     missing = [g for g in gpu_types if g not in data["gpus"]]
     if missing:
         raise ConfigError(
-            f"{path}: gpus: no entry for GPU type(s) {', '.join(map(repr, missing))} used in {source} sweep.gpus; "
+            f"{path}: gpus: no entry for GPU type(s) {', '.join(map(repr, missing))} used in {source} {key}; "
             f"mapped: {', '.join(data['gpus']) or 'none'}. Add e.g.\n  gpus:\n    {missing[0]}: "
             f"{{partition: <partition>, gres_type: {missing[0]}}}"
         )

@@ -17,7 +17,8 @@ rule prepare_data:
         prepare_data(BUDGET, output.index, log[0])
 
 
-# run/ (checkpoint, step log, fine-tuning checkpoints) is not an output: a killed job's rerun resumes from it
+# run/ (checkpoint, step log, fine-tuning checkpoints) is not an output: a killed job's rerun resumes from it.
+# The job runs on train.nodes x train.gpus_per_node ranks with the main config's launcher (local / slurm / debug).
 rule pretrain:
     input:
         index=rules.prepare_data.output.index,
@@ -26,14 +27,23 @@ rule pretrain:
         result=f"{BUDGET_DIR}/pretrain/result.json",
     log:
         f"{RESULTS}/logs/budget/pretrain.log",
-    threads: BUDGET_THREADS
+    threads: BUDGET_PRETRAIN_THREADS
     params:
         run_dir=f"{BUDGET_DIR}/pretrain/run",
-        settings={k: BUDGET[k] for k in ("model", "train")},
+        settings={k: BUDGET[k] for k in ("model", "train", "setting")},
     run:
-        from pretrain_planner.budget.pretrain import pretrain
+        from pretrain_planner.budget.jobs import pretrain
 
-        pretrain(BUDGET, input.index, output.model, output.result, params.run_dir, log[0], threads=threads)
+        pretrain(
+            BUDGET,
+            BUDGET_LAUNCH,
+            input.index,
+            output.model,
+            output.result,
+            params.run_dir,
+            log[0],
+            threads=threads,
+        )
 
 
 rule finetune_mnli:
@@ -44,13 +54,22 @@ rule finetune_mnli:
         model=directory(f"{BUDGET_DIR}/glue/mnli/model"),
     log:
         f"{RESULTS}/logs/budget/finetune_mnli.log",
-    threads: BUDGET_THREADS
+    threads: BUDGET_JOB_THREADS
     params:
         glue=BUDGET["glue"],
     run:
-        from pretrain_planner.budget.glue import finetune
+        from pretrain_planner.budget.jobs import finetune
 
-        finetune(BUDGET, "mnli", input.model, output.metrics, log[0], out_model=output.model, threads=threads)
+        finetune(
+            BUDGET,
+            BUDGET_LAUNCH,
+            "mnli",
+            input.model,
+            output.metrics,
+            log[0],
+            out_model=output.model,
+            threads=threads,
+        )
 
 
 rule finetune:
@@ -62,14 +81,23 @@ rule finetune:
         f"{RESULTS}/logs/budget/finetune_{{task}}.log",
     wildcard_constraints:
         task="(?!mnli$)[a-z0-9]+",
-    threads: BUDGET_THREADS
+    threads: BUDGET_JOB_THREADS
     params:
         glue=BUDGET["glue"],
         init=lambda wc: "mnli" if wc.task in BUDGET_FROM_MNLI else "pretrained",
     run:
-        from pretrain_planner.budget.glue import finetune
+        from pretrain_planner.budget.jobs import finetune
 
-        finetune(BUDGET, wildcards.task, input.model, output.metrics, log[0], init_kind=params.init, threads=threads)
+        finetune(
+            BUDGET,
+            BUDGET_LAUNCH,
+            wildcards.task,
+            input.model,
+            output.metrics,
+            log[0],
+            init_kind=params.init,
+            threads=threads,
+        )
 
 
 rule glue_table:

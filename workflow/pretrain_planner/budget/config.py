@@ -13,6 +13,7 @@ from typing import Any
 from ..catalog import load_models
 from ..pipeline import resolve
 from ..schema import ConfigError, load_yaml, validate
+from ..site import load_site
 
 # Jobs of one Snakemake process (--force-use-threads) share torch's global RNG and thread settings: the
 # budget stage's torch jobs take turns, so that each is deterministic given its seed.
@@ -25,8 +26,9 @@ TASK_DIRS = {
 }  # fmt: skip
 
 
-def load(path: str | Path, basedir: str | Path = ".") -> dict[str, Any]:
-    """The validated budget config (defaults filled), with corpus files, GLUE dir and model resolved."""
+def load(path: str | Path, basedir: str | Path = ".", results: str | Path | None = None) -> dict[str, Any]:
+    """The validated budget config (defaults filled), with corpus files, GLUE dir, model and the training
+    setting (`cfg["setting"]`, from the benchmark plan under `results` or from the config) resolved."""
     path = resolve(str(path), basedir)
     if not Path(path).is_file():
         raise ConfigError(f"{path}: budget config not found")
@@ -43,19 +45,114 @@ def load(path: str | Path, basedir: str | Path = ".") -> dict[str, Any]:
         cfg["tokenizer"]["path"] = str(resolve(cfg["tokenizer"]["path"], basedir))
     cfg["glue"]["data_dir"] = str(resolve(cfg["glue"]["data_dir"], basedir))
     cfg["model"] = _model(cfg, path, basedir)
-    tr = cfg["train"]
-    if tr["global_batch"] % tr["micro_batch"]:
-        raise ConfigError(
-            f"{path}: train.global_batch {tr['global_batch']} is not a multiple of "
-            f"train.micro_batch {tr['micro_batch']}"
-        )
+    cfg["setting"] = resolve_setting(cfg, results, str(path), missing_ok=results is not None)
     cfg["source"] = str(path)
     return cfg
 
 
-def load_or_exit(path: str | Path, basedir: str | Path = ".") -> dict[str, Any]:
+def load_or_exit(path: str | Path, basedir: str | Path = ".", results: str | Path | None = None) -> dict[str, Any]:
     try:
-        return load(path, basedir)
+        return load(path, basedir, results)
+    except ConfigError as exc:
+        raise SystemExit(f"pretrain-planner: budget configuration error\n{exc}") from None
+
+
+def plan_path(cfg: dict[str, Any], results: str | Path) -> Path:
+    """Where the export_plan rule puts the benchmark's best setting for this model, GPU type and count."""
+    tr = cfg["train"]
+    return (
+        Path(results)
+        / "optimal"
+        / cfg["model"]["name"]
+        / tr["gpu"]
+        / f"{tr['nodes']}x{tr['gpus_per_node']}"
+        / "plan.json"
+    )
+
+
+def resolve_setting(
+    cfg: dict[str, Any], results: str | Path | None, source: str = "budget config", missing_ok: bool = False
+) -> dict[str, Any]:
+    """Micro-batch, accumulation and method of the run: the benchmark's plan (train.setting benchmark, or auto
+    when the plan exists) or the config's train.micro_batch / global_batch / method. Read at parse time, so a
+    changed plan changes the pretrain rule's params (it reruns). A plan asked for but missing raises, or with
+    `missing_ok` gives source "missing" (the workflow's parse: a benchmark sweep may still write it)."""
+    tr = cfg["train"]
+    world = tr["nodes"] * tr["gpus_per_node"]
+    base = {"gpu": tr["gpu"], "nodes": tr["nodes"], "gpus_per_node": tr["gpus_per_node"], "world_size": world}
+    plan = plan_path(cfg, results) if results is not None else None
+    if tr["setting"] != "config" and plan is not None and plan.is_file():
+        try:
+            rec = json.loads(plan.read_text())
+            mb, accum = int(rec["measured"]["micro_batch_size"]), int(rec["measured"]["grad_accum_steps"])
+            method = str(rec["method"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"{plan}: not a plan of the export_plan rule ({type(exc).__name__}: {exc})") from None
+        return {**base, "source": "benchmark", "plan": str(plan), "micro_batch": mb, "grad_accum_steps": accum,
+                "global_batch": mb * accum * world, "method": method}  # fmt: skip
+    if tr["setting"] == "benchmark":
+        where = str(plan) if plan is not None else "results/optimal/{model}/{gpu}/{nodes}x{gpus_per_node}/plan.json"
+        msg = (
+            f"{source}: train.setting: benchmark, but there is no benchmark plan {where} for model "
+            f"{cfg['model']['name']!r} on {tr['nodes']}x{tr['gpus_per_node']} {tr['gpu']!r} (train.gpu, train.nodes, "
+            "train.gpus_per_node). Run the benchmark sweep with that model, GPU type and count up to the export_plan "
+            "rule first, or set train.setting: config (train.micro_batch, train.global_batch, train.method)"
+        )
+        if not missing_ok or plan is None:
+            raise ConfigError(msg)
+        # parsing goes on (a benchmark sweep need not stop); the pretrain job stops with msg (setting_of)
+        return {**base, "source": "missing", "plan": str(plan), "error": msg}
+    micro, gb = tr["micro_batch"], tr["global_batch"]
+    if gb % (micro * world):
+        raise ConfigError(
+            f"{source}: train.global_batch {gb} is not a multiple of train.micro_batch {micro} x {world} ranks "
+            "(train.nodes x train.gpus_per_node)"
+        )
+    return {**base, "source": "config", "plan": None, "micro_batch": micro, "grad_accum_steps": gb // (micro * world),
+            "global_batch": gb, "method": tr["method"]}  # fmt: skip
+
+
+def setting_of(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The resolved setting (a config dict built without `load` gets the config's own). A benchmark plan that
+    was missing when the workflow was parsed raises here, in the pretrain job: a plan read mid-run would not
+    be in the rule's params, and the next run would redo the pre-training."""
+    setting = cfg.get("setting") or resolve_setting(cfg, None)
+    if setting["source"] == "missing":
+        later = Path(setting["plan"]).is_file()
+        raise ConfigError(
+            setting["error"] + (". It exists now (written after this run started): run the workflow again, "
+            "which reads it when it starts" if later else "")
+        )  # fmt: skip
+    return setting
+
+
+def launch_settings(main: dict[str, Any], cfg: dict[str, Any], basedir: str | Path) -> dict[str, Any]:
+    """How the stage's jobs run: the main config's launcher kind, and on SLURM the site's settings for
+    train.gpu (its partition and GPU request). A launcher that cannot run the setting stops the dry run; a site
+    without train.gpu stops only the budget's jobs (`slurm_error`), not a benchmark sweep's parse."""
+    launcher, tr = main["launcher"], cfg["train"]
+    world = tr["nodes"] * tr["gpus_per_node"]
+    out: dict[str, Any] = {"kind": launcher["kind"], "timeout_min": launcher["timeout_min"], "slurm": None}
+    if launcher["kind"] == "debug" and world > 1:
+        raise ConfigError(
+            f"{cfg['source']}: train.nodes x train.gpus_per_node = {world} ranks, but launcher.kind debug runs one "
+            "rank in the driver's process: use launcher.kind local or slurm"
+        )
+    if launcher["kind"] == "local" and tr["nodes"] > 1:
+        raise ConfigError(f"{cfg['source']}: train.nodes {tr['nodes']}: the local launcher runs on one node")
+    if launcher["kind"] == "slurm":
+        try:
+            site = load_site(resolve(launcher["site"], basedir), [tr["gpu"]], cfg["source"], key="train.gpu")
+        except ConfigError as exc:  # a benchmark sweep need not map the budget's GPU: only its jobs stop
+            out["slurm_error"] = str(exc)
+        else:
+            out["slurm"] = {**site["gpus"][tr["gpu"]], "poll_max_s": site["poll_max_s"]}
+    return out
+
+
+def launch_or_exit(main: dict[str, Any], cfg: dict[str, Any], basedir: str | Path) -> dict[str, Any]:
+    try:
+        return launch_settings(main, cfg, basedir)
     except ConfigError as exc:
         raise SystemExit(f"pretrain-planner: budget configuration error\n{exc}") from None
 

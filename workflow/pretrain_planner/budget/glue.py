@@ -183,7 +183,9 @@ def _finetune(
     if threads:
         torch.set_num_threads(threads)
     torch.manual_seed(cfg["seed"])
-    device = torch.device("cuda" if torch.cuda.is_available() and cfg["train"]["device"] != "cpu" else "cpu")
+    tr = cfg["train"]
+    wants_gpu = tr["device"] == "cuda" or (tr["device"] == "auto" and tr.get("gpu", "cpu") != "cpu")
+    device = torch.device("cuda" if wants_gpu and torch.cuda.is_available() else "cpu")
     folder = task_dir(g["data_dir"], task_name)
     train_x, train_y = read_tsv(folder / "train.tsv", task)
     if g["max_train_samples"]:

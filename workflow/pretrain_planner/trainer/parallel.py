@@ -280,7 +280,8 @@ def apply_method(cfg: RunConfig, env: RankEnv, net: torch.nn.Module, attn_used: 
     tf32, autocast_dtype = common_setup(cfg, env, net)
     loss_scaling = autocast_dtype == torch.float16
     compiled = method.free_lunch and cfg.model["supports_compile"]
-    compile_kwargs: dict[str, Any] = {"dynamic": False}
+    # static shapes (the benchmark's fixed batches); a model dict may ask otherwise (None: automatic dynamic)
+    compile_kwargs: dict[str, Any] = {"dynamic": cfg.model.get("compile_dynamic", False)}
     if method.compile_mode == "cg":
         if method.sharding:
             raise Unsupported(f"cg: CUDA graphs cannot capture {method.sharding}'s collectives and hooks")
@@ -342,4 +343,55 @@ def build_optimizer(
     kwargs = {"lr": opt["lr"], "betas": tuple(opt["betas"]), "eps": opt["eps"], "weight_decay": opt["weight_decay"]}
     if fused:
         kwargs["fused"] = True
-    return cls(params, **kwargs), {"optimizer": cls.__name__, "fused_optimizer": fused, **kwargs}
+    extra: dict[str, Any] = {}
+    if opt.get("no_decay_1d"):  # biases and norm weights (1-d parameters) without weight decay (BERT recipes)
+        params = list(params)
+        decay, no_decay = [p for p in params if p.ndim >= 2], [p for p in params if p.ndim < 2]
+        params = [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+        extra["weight_decay_groups"] = "1-d parameters (biases, norms) without weight decay"
+    return cls(params, **kwargs), {"optimizer": cls.__name__, "fused_optimizer": fused, **kwargs, **extra}
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    """What `apply_method`, `build_optimizer`, `fsdp.shard` and `zero.build_step` read of a RunConfig, for a
+    caller without a benchmark cell (the budget stage's pre-training): `method_config` builds one."""
+
+    method: Any  # methods.Method
+    model: dict[str, Any]  # needs supports_compile
+    gpu: dict[str, Any]  # needs tf32 (whether free-lunch may turn it on)
+    recipe: dict[str, Any]  # precision, grad_clip, optimizer {name, lr, betas, eps, weight_decay[, no_decay_1d]}
+
+
+def method_config(
+    method_slug: str,
+    model: dict[str, Any],
+    *,
+    precision: str,
+    lr: float,
+    betas: tuple[float, float] | list[float],
+    eps: float,
+    weight_decay: float,
+    grad_clip: float | None = None,
+    optimizer: str = "adamw",
+    no_decay_1d: bool = False,
+    tf32: bool = True,
+    supports_compile: bool = True,
+    compile_dynamic: bool | None = False,
+    where: str = "method",
+) -> MethodConfig:
+    """A MethodConfig from a plain method slug and recipe values (`where` names the slug in errors).
+    `compile_dynamic`: torch.compile's `dynamic` for the whole model (None: automatic, for data-dependent
+    shapes such as sparse prediction's masked rows)."""
+    from ..methods import parse
+
+    opt = {"name": optimizer, "lr": lr, "betas": list(betas), "eps": eps, "weight_decay": weight_decay}
+    if no_decay_1d:
+        opt["no_decay_1d"] = True
+    supports = bool(model.get("supports_compile", True) and supports_compile)
+    return MethodConfig(
+        method=parse(method_slug, where),
+        model={**model, "supports_compile": supports, "compile_dynamic": compile_dynamic},
+        gpu={"tf32": tf32},
+        recipe={"precision": precision, "grad_clip": grad_clip, "optimizer": opt},
+    )
