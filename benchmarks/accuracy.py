@@ -34,6 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO / "workflow") not in sys.path:
     sys.path.insert(0, str(REPO / "workflow"))
 
+from gpu_check import _cleanup  # noqa: E402  (the same cleanup between cells; benchmarks/ is on sys.path)
 from pretrain_planner.catalog import Catalog, load_catalog  # noqa: E402
 from pretrain_planner.grid import Cell  # noqa: E402
 from pretrain_planner.launch import cell_spec  # noqa: E402
@@ -135,22 +136,6 @@ def run_model(model: str, args: argparse.Namespace, catalog: Catalog) -> dict[st
     finally:
         _cleanup()
     return rec
-
-
-def _cleanup() -> None:
-    import gc
-
-    import torch
-
-    try:
-        import torch._dynamo
-
-        torch._dynamo.reset()
-    except Exception:  # noqa: BLE001 - best effort
-        pass
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def render(meta: dict[str, Any], records: list[dict[str, Any]]) -> str:

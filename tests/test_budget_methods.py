@@ -5,27 +5,16 @@ fails at job start, naming train.method."""
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
-from pretrain_planner.budget import data, jobs, pretrain
+from pretrain_planner.budget import data, pretrain
 from pretrain_planner.budget.method import MethodError
 
 from .test_budget_data import budget_cfg
+from .test_budget_distributed import _run, _steps
 
 pytestmark = pytest.mark.slow
-LOCAL = {"kind": "local", "timeout_min": 10, "slurm": None}
-
-
-def _steps(run_dir):
-    return [json.loads(ln) for ln in (run_dir / "steps.jsonl").read_text().splitlines()]
-
-
-def _run(cfg, tmp, name, **kw):
-    d = tmp / name
-    return jobs.pretrain(cfg, LOCAL, str(tmp / "data/index.json"), str(d / "model"), str(d / "result.json"),
-                         str(d / "run"), str(d / "log"), threads=2, **kw)  # fmt: skip
 
 
 def _cfg(tmp, method):

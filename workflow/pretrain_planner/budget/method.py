@@ -189,7 +189,7 @@ def build(
 ) -> Built:
     """The model (fresh weights from `seed`, the same on every rank) with the method applied, as a step.
     `fl_attn`: the attention of `fl` without `fa2` (train.attn_implementation)."""
-    from ..trainer.models import build_model
+    from ..trainer.run import build_with_extras
 
     m = cfg.method
     check(cfg, env)
@@ -197,23 +197,10 @@ def build(
     if m.free_lunch and not m.flash_attn:
         attn = fl_attn
     fused_ce = _fused_ce_impl(cfg, env)
-    torch.manual_seed(seed)
-    net, attn_used = build_model(model, attn, fused_ce=m.fused_ce)
-    extras: dict[str, Any] = {}
-    if fused_ce:
-        net.fused_ce_impl = fused_ce
-        extras["fused_ce"] = (
-            "liger_kernel LigerFusedLinearCrossEntropyLoss"
-            if fused_ce == "liger"
-            else "trainer.heads.ChunkedLinearCrossEntropy (PyTorch, chunked, gradients in forward)"
-        )
-    if m.liger:
-        try:
-            extras["liger"] = kernels.apply_liger(net)
-        except Unsupported as exc:
-            raise MethodError(f"train.method {m.slug!r}: {exc}") from None
-    if m.flash_attn:
-        extras["flash_attn_version"] = kernels.version("flash-attn")
+    try:
+        net, attn_used, extras = build_with_extras(model, m, attn, fused_ce, seed)
+    except Unsupported as exc:
+        raise MethodError(f"train.method {m.slug!r}: {exc}") from None
     engine = None
     if m.sharding in zero.STAGES:
         step: TrainStep = zero.build_step(cfg, env, net, attn_used, micro, accum)

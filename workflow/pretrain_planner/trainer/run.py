@@ -94,6 +94,28 @@ def _attention_evidence(cfg: RunConfig, env: RankEnv, step: TrainStep, micro_bat
         step.reset_after_trial()
 
 
+def build_with_extras(
+    model: dict[str, Any], method: Any, attn: str | None, fused_ce: str | None, seed: int
+) -> tuple[torch.nn.Module, str | None, dict[str, Any]]:
+    """A fresh model (`seed`: the same weights on every rank and for every method) with the method's
+    model-level extras (fused linear + CE head, Liger kernels, flash-attn); also what each extra used."""
+    torch.manual_seed(seed)
+    net, attn_used = build_model(model, attn, fused_ce=method.fused_ce)
+    extras: dict[str, Any] = {}
+    if fused_ce:
+        net.fused_ce_impl = fused_ce
+        extras["fused_ce"] = (
+            "liger_kernel LigerFusedLinearCrossEntropyLoss"
+            if fused_ce == "liger"
+            else "trainer.heads.ChunkedLinearCrossEntropy (PyTorch, chunked, gradients in forward)"
+        )
+    if method.liger:
+        extras["liger"] = kernels.apply_liger(net)
+    if method.flash_attn:
+        extras["flash_attn_version"] = kernels.version("flash-attn")
+    return net, attn_used, extras
+
+
 def make_builder(cfg: RunConfig, env: RankEnv, built: list[dict[str, Any]]):
     """`build(micro_batch, accum)`: a fresh model (same seed, same weights on every rank and in every
     method) with the method applied, as a TrainStep. Appends each instance's settings to `built`."""
@@ -104,20 +126,7 @@ def make_builder(cfg: RunConfig, env: RankEnv, built: list[dict[str, Any]]):
     fused_ce = _fused_ce_impl(cfg, env)
 
     def build(micro_batch: int, accum: int) -> TrainStep:
-        torch.manual_seed(cfg.bench.seed)
-        net, attn_used = build_model(cfg.model, attn, fused_ce=method.fused_ce)
-        extras: dict[str, Any] = {}
-        if fused_ce:
-            net.fused_ce_impl = fused_ce
-            extras["fused_ce"] = (
-                "liger_kernel LigerFusedLinearCrossEntropyLoss"
-                if fused_ce == "liger"
-                else "trainer.heads.ChunkedLinearCrossEntropy (PyTorch, chunked, gradients in forward)"
-            )
-        if method.liger:
-            extras["liger"] = kernels.apply_liger(net)
-        if method.flash_attn:
-            extras["flash_attn_version"] = kernels.version("flash-attn")
+        net, attn_used, extras = build_with_extras(cfg.model, method, attn, fused_ce, cfg.bench.seed)
         if fake is not None:
             fake.install(net, env.rank)
         if cfg.method.sharding in zero.STAGES:
