@@ -5,6 +5,7 @@ fails at job start, naming train.method."""
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -113,3 +114,5 @@ def test_one_rank_extras_and_offload_in_process(prepared):
         else:
             assert ms["parallel"] == "fsdp2" and ms["fsdp"]["offload"]["policy"] == "CPUOffloadPolicy"
             assert (d / "model/model.safetensors").is_file()
+    # the in-process group's variables are taken back: later code (e.g. TrainingArguments) sees no distributed run
+    assert not {"RANK", "LOCAL_RANK", "WORLD_SIZE"} & set(os.environ)

@@ -141,6 +141,7 @@ class Ranks:
 
         self.rank, self.world, self.local_rank = 0, 1, 0
         self.backend: str | None = None
+        self._env_set: list[str] = []  # variables this process's one-rank group set (an in-process run)
         if world_size > 1:
             from submitit.helpers import TorchDistributedEnvironment
 
@@ -162,7 +163,9 @@ class Ranks:
                     raise RuntimeError("a sharded method on one rank needs this process's process group: run the "
                                        "pre-training through the local or slurm launcher")  # fmt: skip
                 for var, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
-                    os.environ.setdefault(var, value)  # DeepSpeed reads them
+                    if var not in os.environ:  # DeepSpeed reads them; close() takes them back
+                        os.environ[var] = value
+                        self._env_set.append(var)
                 torch_dist.init_process_group(backend, store=torch_dist.HashStore(), rank=0, world_size=1)
             self.backend = backend
 
@@ -206,6 +209,9 @@ class Ranks:
             from ..trainer.parallel import forget_deepspeed_groups
 
             forget_deepspeed_groups()
+        for var in self._env_set:  # an in-process run must not leave a distributed environment behind
+            os.environ.pop(var, None)
+        self._env_set.clear()
 
 
 def _step_seed(seed: int, rank: int, step: int) -> int:
