@@ -13,7 +13,7 @@ from pretrain_planner.budget import data, pretrain
 from pretrain_planner.budget.method import MethodError
 
 from .test_budget_data import budget_cfg
-from .test_budget_distributed import _run, _steps
+from .test_budget_distributed import _run, _steps, assert_kill_resume_matches
 
 pytestmark = pytest.mark.slow
 
@@ -57,15 +57,7 @@ def prepared_dir(result):
 
 def test_fsdp_resume_after_rank0_killed(fsdp, prepared):
     cfg, result = fsdp
-    with pytest.raises(RuntimeError, match="failed in job"):
-        _run(cfg, prepared, "fsdp-b", kill_at_step=6)  # rank 0 dies; rank 1's next collective fails
-    assert len(_steps(prepared / "fsdp-b/run")) == 6 and not (prepared / "fsdp-b/result.json").exists()
-    resumed = _run(cfg, prepared, "fsdp-b")
-    assert "resumed at step 4" in (prepared / "fsdp-b/log").read_text()
-    want, got = _steps(prepared / "fsdp/run"), _steps(prepared / "fsdp-b/run")
-    assert [s["step"] for s in got] == list(range(1, 13))
-    assert [g["loss"] for g in got] == pytest.approx([w["loss"] for w in want], rel=1e-4, abs=1e-5)
-    assert resumed["val_loss"] == pytest.approx(result["val_loss"], rel=1e-4)
+    assert_kill_resume_matches(cfg, prepared, "fsdp", "fsdp-b", result, rel=1e-4, abs_=1e-5)
 
 
 def test_zero2_trains_sharded(prepared):
