@@ -29,6 +29,30 @@ from .conftest import REPO, snakemake
 SAT = 4  # samples of 2048 tokens: search.saturated_tokens 8192 in these lattices; the simulator's GPUs saturate there
 
 
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+    """The simulator's speeds (the search assumes none of them: its time model ranges over wide grids)."""
+
+    bus: float = 100e9  # all-reduce bus bandwidth, bytes/s
+    cpu_adam: float = 5e9  # model-state bytes a CPU optimizer step gets through per second
+    pcie: float = 25e9  # host-to-device bytes/s
+    small_batch_exponent: float = 0.5  # below saturation, efficiency ~ (mb / saturated) ** this
+
+
+# other hardware than the default: slower and faster interconnects, CPUs and PCIe, other small-batch slowdowns
+OTHER_HARDWARE = [
+    Hardware(60e9, 3e9, 16e9),
+    Hardware(160e9, 8e9, 32e9),
+    Hardware(60e9, 8e9, 16e9, 0.6),
+    Hardware(160e9, 3e9, 32e9, 0.4),
+    Hardware(50e9, 2.5e9, 12e9),
+    Hardware(25e9, 1.5e9, 8e9),
+    Hardware(400e9, 16e9, 64e9),
+    Hardware(small_batch_exponent=0.3),
+    Hardware(small_batch_exponent=0.7),
+]
+
+
 @pytest.fixture(scope="module")
 def paper():
     config = yaml.safe_load((REPO / "config/config.yaml").read_text())
@@ -40,7 +64,7 @@ def paper():
 # ---------------------------------------------------------------------------------------- the simulator
 
 
-def simulate(setting: Setting, model, peak_tflops: float) -> dict[str, Observation]:
+def simulate(setting: Setting, model, peak_tflops: float, hw: Hardware = Hardware()) -> dict[str, Observation]:
     """Ground truth for every method of a setting: what fits, the step time, what the cell costs."""
     params, cap, world = setting.memory.params, setting.memory.capacity, setting.world
     act = setting.memory.activation_est * 1.3  # the real activations are larger than the analytic estimate
@@ -59,23 +83,24 @@ def simulate(setting: Setting, model, peak_tflops: float) -> dict[str, Observati
             table[slug] = Observation("oom", gpu_hours=(60 + 8 * tries) * world / 3600)
             continue
         accum = setting.per_rank_batch // mb
-        efficiency = 0.5 * min(1.0, (mb / setting.saturated) ** 0.5)
+        efficiency = 0.5 * min(1.0, (mb / setting.saturated) ** hw.small_batch_exponent)
         work = (1.33 if s.ac else 1.0) * (1.6 if s.family == "naive" else 1.0)
         step = setting.per_rank_batch * flops * work / (peak_tflops * 1e12 * efficiency)
         if world > 1:  # all-reduce once per step (DDP), or per micro-batch when sharded
-            all_reduce = 2 * 4 * params * (world - 1) / world / 100e9
+            all_reduce = 2 * 4 * params * (world - 1) / world / hw.bus
             factor = {0: 1.0, 1: 1.5, 2: 1.55, 3: 2.3}[s.level] * (1.05 if s.sharding and "fsdp" in s.sharding else 1)
             step += all_reduce * factor * (accum if s.sharding else 1)
         step += 16 * params / 2e12  # the optimizer on the GPU
         if s.offload:  # CPU Adam on this rank's shard + PCIe both ways
-            step += 16 * params / (world if s.level else 1) / 5e9 + 8 * params / 25e9 * (accum if s.level >= 3 else 1)
+            step += 16 * params / (world if s.level else 1) / hw.cpu_adam
+            step += 8 * params / hw.pcie * (accum if s.level >= 3 else 1)
         wall = 60 + (30 if s.family == "fl" else 0) + 8 * tries + 4 * step
         peak = (states + mb * per_sample) / GIB
         table[slug] = Observation("ok", mb, step, peak, "cuda_max_allocated", wall * world / 3600)
     return table
 
 
-def lattice(paper, model: str, gpu: str, counts, capacity_gib: float | None = None):
+def lattice(paper, model: str, gpu: str, counts, capacity_gib: float | None = None, hw: Hardware = Hardware()):
     out = []
     for st in paper.settings.values():
         if st.model != model or st.gpu != gpu or st.gpus_per_node not in counts:
@@ -85,7 +110,7 @@ def lattice(paper, model: str, gpu: str, counts, capacity_gib: float | None = No
             st = dataclasses.replace(st, memory=mem)
         spec = paper.catalog.models[model]
         peak = paper.catalog.gpus[gpu].peak_for(spec.recipe.precision, tf32=True)
-        out.append((st, simulate(st, spec, peak)))
+        out.append((st, simulate(st, spec, peak, hw)))
     assert out
     return out
 
@@ -136,7 +161,7 @@ KINDS = {
     "does not fit": "does not fit micro-batch 1",
     "offload": "offloading is slower than not offloading whenever both fit",
     "sharding": "full sharding only when memory forces it",
-    "predicted": "% margin (the calibrated time model",
+    "predicted": "% tolerance (the time model: ",
 }
 
 
@@ -248,17 +273,43 @@ def test_less_saving_methods_are_measured_first():
     assert "fl+zero1+off" not in search.decide(st, fourth).run
 
 
-def test_the_margin_bounds_the_time_model(paper):
-    """With an unbounded search.margin nothing is pruned on a prediction; the default prunes with the figures."""
+def test_the_time_model_prunes_on_its_most_favourable_prediction(paper):
+    """A prediction prunes only when even the most favourable hardware the measured cells allow is slower than the
+    best measured less search.tolerance; a wider search.model_error keeps more hardware and spends more."""
     (st, table), *_ = lattice(paper, "pythia-6.9b", "a100", (4,))
-    loose = search.replay(dataclasses.replace(st, margin=1e9), table)
-    assert not any("calibrated time model" in why for why in loose.pruned.values())
     tight = search.replay(st, table)
-    assert tight.gpu_hours < loose.gpu_hours
-    why = next(why for why in tight.pruned.values() if "calibrated time model" in why)
-    assert (
-        "a prediction, not a proof" in why and f"+ {st.margin:.0%} margin" in why and "s a step at micro-batch" in why
-    )
+    why = next(why for why in tight.pruned.values() if "the time model: " in why)
+    assert "predicted at least" in why and f"less the {st.tolerance:.0%} tolerance" in why, why
+    assert "hardware hypotheses explain the" in why and "a prediction, not a proof" in why, why
+    loose = search.replay(dataclasses.replace(st, model_error=1.0, tolerance=0.0), table)
+    assert loose.gpu_hours > tight.gpu_hours
+    assert fastest(st, {m: table[m] for m in loose.ran}) == fastest(st, {m: table[m] for m in tight.ran})
+
+
+def _check_lattices(paper, hw: Hardware) -> dict[str, float]:
+    """Replay every lattice simulated on `hw`: the exhaustive optimum within 2% everywhere; hours spent / exhaustive."""
+    ratios = {}
+    for name, (model, gpu, counts, capacity, _kinds) in CASES.items():
+        spent = total = 0.0
+        for st, table in lattice(paper, model, gpu, counts, capacity, hw):
+            rep = search.replay(st, table)
+            want, want_days = fastest(st, table)
+            got, got_days = fastest(st, {m: table[m] for m in rep.ran})
+            assert (got is None) == (want is None), (hw, st.folder, want, got)
+            if want is not None:
+                assert got_days <= want_days * 1.02, (hw, st.folder, want, got, rep.pruned.get(want))
+            spent, total = spent + rep.gpu_hours, total + rep.gpu_hours_exhaustive
+        ratios[name] = spent / total
+    return ratios
+
+
+@pytest.mark.parametrize("hw", OTHER_HARDWARE, ids=lambda hw: "-".join(f"{v:g}" for v in dataclasses.astuple(hw)))
+def test_replay_on_other_hardware_still_picks_the_optimum(paper, hw):
+    """The time model assumes no speed: on interconnects, CPUs and PCIe from 4x slower to 4x faster than the default
+    lattices', and other small-batch slowdowns, the pick stays within 2% of the exhaustive optimum, for about a
+    fifth of the hours (benchmarks/results/search_robustness.md: at most 0.215 on one lattice)."""
+    ratios = _check_lattices(paper, hw)
+    assert max(ratios.values()) <= 0.25, ratios
 
 
 def test_model_states_prune_before_anything_runs(paper):

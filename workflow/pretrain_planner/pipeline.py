@@ -49,8 +49,9 @@ class Pipeline:
         if not hasattr(self, "_settings"):
             s, b = self.config["search"], self.config["benchmark"]
             found = pp_search.settings(
-                self.planned, self.catalog, b["max_micro_batch"], s["saturated_tokens"], b["suspect_mfu"], s["margin"]
-            )
+                self.planned, self.catalog, b["max_micro_batch"], s["saturated_tokens"], b["suspect_mfu"],
+                s["tolerance"], s["model_error"],
+            )  # fmt: skip
             self._settings = {x.folder: x for x in found}
         return self._settings
 
@@ -156,7 +157,8 @@ class Pipeline:
     def search_params(self, wildcards: Any) -> dict[str, Any]:
         """What a setting's search rounds depend on (a change of methods or micro-batch cap re-decides)."""
         st = self.setting(wildcards)
-        return {"methods": list(st.methods), "top": st.top, "saturated": st.saturated, "margin": st.margin}
+        return {"methods": list(st.methods), "top": st.top, "saturated": st.saturated,
+                "tolerance": st.tolerance, "model_error": st.model_error}  # fmt: skip
 
 
 def load(config: dict[str, Any], basedir: str | Path, source: str = "config") -> Pipeline:

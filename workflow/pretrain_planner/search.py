@@ -40,11 +40,12 @@ method it is compared with is open and expected to fit enough; a pruned one stan
    likewise a lever family (`fl+liger`) against its base: the family whose probe was faster (when all OOM,
    the one expected to hold less) is searched ("fl was faster than naive (or both did not fit): ...").
 
-The calibrated time model (`TimeModel`; a prediction, not a proof): a step = compute (seconds per sample
-fitted to this setting's measured cells, x4/3 with checkpointing, slower below saturation) + communication
-(per sync, fitted to the measured sharded cells) + offload (fitted to the measured offload cells), analytic
-priors until a cell calibrates them. A method it predicts slower than the best measured step by more than
-`search.margin` is pruned, the reason showing both times; among the candidates it orders what to measure.
+The time model (timemodel.py; a prediction, not a proof) assumes no hardware speed: every interconnect,
+CPU-Adam and PCIe bandwidth and small-batch slowdown on wide grids is a hypothesis, fitted to the setting's
+measured cells; a method is pruned when even the most favourable kept hypothesis, at the largest micro-batch
+it may plausibly reach (`_optimistic_mb`), puts it no more than `search.tolerance` faster than the best
+measured step, the reason showing that price and the hardware behind it; among the candidates it orders what
+to measure (`_next`). Rule 3 compares at that micro-batch too: a larger one may pay for the sharding.
 Imports no torch.
 """
 
@@ -57,8 +58,9 @@ from pathlib import Path
 from typing import Any
 
 from .flops import train_flops_per_sample
-from .memory import GIB, GRAD_B, SHARDING_ENGINE, SHARDING_LEVEL, MemoryFacts, state_bytes_lb
+from .memory import GIB, SHARDING_ENGINE, SHARDING_LEVEL, MemoryFacts, state_bytes_lb
 from .results import atomic_write_text
+from .timemodel import Features, Hypotheses, features
 
 STRATEGIES = ("exhaustive", "adaptive")
 ROUND_PATTERN = "search/{model}/{gpu}/{nodes}x{gpus_per_node}/round{k}.json"
@@ -67,14 +69,10 @@ ACTIVATION_LB_SHARE = 0.5  # of the measured activation bytes per sample, for th
 AC_ESTIMATE_SHARE = 0.1  # activations kept with checkpointing, for the guess of the next method only
 AC_EXTRA_WORK = 0.25  # checkpointing's extra time, for the guess of the next method only
 RECOMPUTE_SHARE = 1 / 3  # the forward's share of a step's training FLOPs (2 of 6 per parameter and token)
-DEFAULT_MARGIN = 0.15  # search.margin: prune what the time model predicts this much slower than the best measured
+DEFAULT_TOLERANCE = 0.02  # search.tolerance: the pick may be this much slower than the exhaustive optimum
+ORDER_REALISM = 0.5  # what to measure next: 0 = the most favourable prediction, 1 = the median (see _next)
+DEFAULT_MODEL_ERROR = 0.03  # search.model_error: the time model's error on top of its worst fit to measured cells
 MEMORY_SAVING_LEVERS = ("fa2", "liger", "flce")  # throughput levers that also hold less (rule 4's tie-break)
-# The time model's assumptions and priors (a prediction, calibrated by the setting's measured cells)
-SMALL_BATCH_EXPONENT = 0.5  # below saturation, a step's compute time grows as (saturated / micro-batch) ** this
-PRIOR_MFU_SHARE = 0.5  # before any cell is measured: a step runs at half the plausible MFU ceiling
-PRIOR_BUS_BYTES_S = 100e9  # all-reduce bus bandwidth (NVLink class) before a multi-GPU cell is measured
-PRIOR_CPU_ADAM_BYTES_S = 5e9  # model-state bytes a CPU optimizer step gets through per second (offload)
-PRIOR_PCIE_BYTES_S = 25e9  # host-to-device bandwidth (PCIe 4.0 x16, effective) for offloaded parameters
 
 
 # ------------------------------------------------------------------------------------------ the lattice
@@ -162,7 +160,8 @@ class Setting:
     memory: MemoryFacts = field(default_factory=lambda: MemoryFacts(None, None, None))
     saturated: int = 8  # a micro-batch this large already keeps the GPU busy (search.saturated_tokens)
     compute_floor_s: float = 0.0  # a step's training FLOPs at the plausible MFU ceiling (0 = unknown)
-    margin: float = DEFAULT_MARGIN  # search.margin
+    tolerance: float = DEFAULT_TOLERANCE  # search.tolerance
+    model_error: float = DEFAULT_MODEL_ERROR  # search.model_error
 
     @property
     def world(self) -> int:
@@ -297,8 +296,9 @@ def decide(setting: Setting, observed: Mapping[str, Observation]) -> Decision:
     """One round: prune what cannot win (with the reason), schedule what might; nothing scheduled = done.
 
     First the sound rules (`_bound`, `_cannot_win`), then the study's findings (`_domain_rules`), then the
-    calibrated time model (`TimeModel`): it prunes what it predicts slower than the best measured step by more
-    than `search.margin`, and picks the one candidate to measure next (probes first, all in round 0)."""
+    time model (timemodel.py): it prunes what even its most favourable prediction puts no more than
+    `search.tolerance` faster than the best measured step, and picks the one candidate to measure next (probes
+    first, all in round 0)."""
     measured_act = _measured_activation(setting, observed)
     pruned: dict[str, str] = {}
     open_: dict[str, int] = {}
@@ -318,7 +318,8 @@ def decide(setting: Setting, observed: Mapping[str, Observation]) -> Decision:
             continue
         open_[slug] = cap
     predicted = _predicted_mbs(setting, observed, open_, measured_act)
-    tm = TimeModel.calibrate(setting, observed)
+    hopeful = {m: _optimistic_mb(setting, shape(m), cap, predicted[m], observed) for m, cap in open_.items()}
+    tm = time_model(setting, observed)
     best = _best(observed)
     probes = [m for m in open_ if shape(m).is_probe]
     deferred: set[str] = set()
@@ -328,21 +329,22 @@ def decide(setting: Setting, observed: Mapping[str, Observation]) -> Decision:
         for slug in sorted(open_, key=_lattice_rank):
             if slug in pruned:
                 continue
-            verdict, why = _domain_rules(setting, slug, observed, open_, pruned, nofit, predicted)
+            verdict, why = _domain_rules(setting, slug, observed, open_, pruned, nofit, predicted, hopeful)
             if verdict == "prune":
                 pruned[slug] = f"{slug}: {why}"
             elif verdict == "defer":
                 deferred.add(slug)
-        if best and tm and not probes:
+        if best and not probes:
             for slug in open_:
                 if slug in pruned:
                     continue
-                mb = max(1, predicted[slug])
-                t = tm.step(shape(slug), mb)
-                if t is not None and t > best[0] * (1 + setting.margin):
+                mb = hopeful[slug]
+                t, hardware = tm.lower(_features(setting, shape(slug), mb))
+                if t >= best[0] * (1 - setting.tolerance):
                     pruned[slug] = (
-                        f"{slug}: predicted {t:.4g} s a step at micro-batch {mb} > {best[0]:.4g} s of {best[1]} + "
-                        f"{setting.margin:.0%} margin (the calibrated time model: {tm.describe()}; a prediction, "
+                        f"{slug}: predicted at least {t:.4g} s a step at micro-batch {mb}"
+                        f"{f' ({hardware})' if hardware else ''} >= {best[0]:.4g} s of {best[1]} less the "
+                        f"{setting.tolerance:.0%} tolerance (the time model: {tm.describe()}; a prediction, "
                         f"not a proof)"
                     )
         if len(pruned) == before:
@@ -351,6 +353,38 @@ def decide(setting: Setting, observed: Mapping[str, Observation]) -> Decision:
     if probes:
         return Decision([m for m in probes if m in candidates], pruned)
     return Decision(_next(setting, candidates, predicted, tm), pruned)
+
+
+def _optimistic_mb(setting: Setting, s: Shape, cap: int, guess: int, observed: Mapping[str, Observation]) -> int:
+    """The micro-batch the time model's most favourable prediction uses: the memory model's guess (which errs on
+    the safe side), or the largest that fits on a measured CUDA peak of the family with the same checkpointing
+    (the one holding the closest model states): that peak + the difference in model states + half its
+    activations per sample for each further sample."""
+    mem, guess = setting.memory, max(1, guess)
+    if not (mem.params and mem.capacity):
+        return guess
+    anchors = [
+        (shape(m), ob) for m, ob in observed.items()
+        if ob.status == "ok" and ob.micro_batch and ob.peak_mem_gib and (ob.peak_mem_kind or "").startswith("cuda")
+        and shape(m).family == s.family and shape(m).ac == s.ac
+    ]  # fmt: skip
+    if not anchors:
+        return guess
+
+    def states(x: Shape) -> float:
+        return state_bytes_lb(x.sharding, x.offload, mem.params, setting.world)
+
+    a, ob = min(anchors, key=lambda ao: abs(states(ao[0]) - states(s)))
+    peak, ma = ob.peak_mem_gib * GIB, ob.micro_batch
+    act = max(0.0, peak - states(a)) / ma
+    # nor more than a method of the family with the same checkpointing and no more model states reached
+    mb = min([cap] + [o.micro_batch for x, o in anchors if states(x) <= states(s)])
+    while mb > guess:
+        per_sample = act
+        if peak + states(s) - states(a) + (mb - ma) * per_sample <= mem.capacity:
+            break
+        mb //= 2
+    return max(guess, mb)
 
 
 def _predict_mb(
@@ -482,6 +516,7 @@ def _domain_rules(
     pruned: Mapping[str, str],
     nofit: set[str],
     predicted: Mapping[str, int],
+    hopeful: Mapping[str, int],
 ) -> tuple[str, str]:
     """The study's findings (rules 1-4 of the module docstring): ("prune", why), ("defer", why) or ("run", "")."""
     s = shape(slug)
@@ -543,6 +578,7 @@ def _domain_rules(
     # 3. full sharding only when memory forces it: a less-sharded method of the same engine (or, for full
     # sharding, of either engine) that fits the micro-batch this one is expected to reach makes it pointless
     if s.sharding:
+        mb_self = hopeful.get(slug, mb_self)  # the time model's micro-batch: a larger one may pay for the sharding
         lower = [None] + [
             sh for sh in SHARDING_LEVEL
             if SHARDING_LEVEL[sh] < s.level and (SHARDING_ENGINE[sh] == SHARDING_ENGINE[s.sharding] or s.level == 3)
@@ -568,111 +604,32 @@ def _domain_rules(
     return "run", ""
 
 
-@dataclass
-class TimeModel:
-    """A step's predicted seconds: compute + communication + offload, calibrated on this setting's cells.
-
-    compute = per-rank batch x seconds per sample (`tau`, per family) x 4/3 with checkpointing x (saturated /
-    micro-batch) ** SMALL_BATCH_EXPONENT below saturation; communication = syncs x volume x `sync_s` (one sync
-    per step unsharded, one per micro-batch sharded; ZeRO-3 / full FSDP move 1.5x the volume); offload = the CPU
-    optimizer on this rank's shard (`cpu_s` / ranks) + fetching the parameters every micro-batch at full
-    sharding (`fetch_s`). Priors (analytic, used until a cell calibrates them): `tau` from the FLOPs at
-    PRIOR_MFU_SHARE of the plausible ceiling, `sync_s` from PRIOR_BUS_BYTES_S, `cpu_s` from PRIOR_CPU_ADAM_BYTES_S,
-    `fetch_s` from PRIOR_PCIE_BYTES_S."""
-
-    setting: Setting
-    tau: dict[str, float]
-    sync_s: float
-    cpu_s: float
-    fetch_s: float
-    sources: list[str]
-
-    @classmethod
-    def calibrate(cls, setting: Setting, observed: Mapping[str, Observation]) -> TimeModel | None:
-        """The priors, then fitted to the setting's measured cells (None: no FLOPs and nothing measured)."""
-        params, world, b = setting.memory.params or 0.0, setting.world, setting.per_rank_batch
-        prior_tau = setting.compute_floor_s / b / PRIOR_MFU_SHARE if setting.compute_floor_s else None
-        sync = 2 * GRAD_B * params * (world - 1) / world / PRIOR_BUS_BYTES_S if world > 1 else 0.0
-        tm = cls(setting, {}, sync, 16 * params / PRIOR_CPU_ADAM_BYTES_S, 4 * params / PRIOR_PCIE_BYTES_S, [])
-        cells = [
-            (shape(m), ob) for m, ob in observed.items()
-            if ob.status == "ok" and not ob.suspect and ob.step_time_s and ob.micro_batch
-        ]  # fmt: skip
-        for fam in {s.family for s, _ob in cells}:
-            mine = [(s, ob) for s, ob in cells if s.family == fam]
-            plain = [(s, ob) for s, ob in mine if not s.offload] or mine
-            tm._fit_compute(fam, plain)
-            tm.sources.append(f"compute of {fam} from {', '.join(s.slug for s, _ob in plain)}")
-        if not tm.tau and prior_tau is None:
-            return None
-        if prior_tau is not None:
-            tm.tau.setdefault("", prior_tau)
-        off = [(s, ob) for s, ob in cells if s.offload]
-        if off:
-            tm._fit_offload(off)
-        return tm
-
-    def _units(self, s: Shape, mb: int) -> tuple[float, float, float, float]:
-        """(compute units, syncs x volume, CPU optimizer share, parameter fetches) of a step."""
-        st = self.setting
-        eff = (st.saturated / mb) ** SMALL_BATCH_EXPONENT if mb < st.saturated else 1.0
-        u = st.per_rank_batch * (1 + RECOMPUTE_SHARE if s.ac else 1.0) * eff
-        accum = max(1, st.per_rank_batch // mb)
-        v = 0.0 if st.world == 1 else (accum if s.sharding else 1) * (1.5 if s.level >= 3 else 1.0)
-        cpu = (1 / (st.world if s.sharding else 1)) if s.offload else 0.0
-        fetch = accum if s.offload and s.level >= 3 else 0.0
-        return u, v, cpu, fetch
-
-    def _fit_compute(self, fam: str, cells: list[tuple[Shape, Observation]]) -> None:
-        """tau (and sync_s when two cells differ enough in their share of communication): least squares."""
-        rows = []
-        for s, ob in cells:
-            u, v, cpu, fetch = self._units(s, ob.micro_batch)
-            rows.append((u, v, ob.step_time_s - cpu * self.cpu_s - fetch * self.fetch_s))
-        suu = sum(u * u for u, _v, _t in rows)
-        suv = sum(u * v for u, v, _t in rows)
-        svv = sum(v * v for _u, v, _t in rows)
-        sut = sum(u * t for u, _v, t in rows)
-        svt = sum(v * t for _u, v, t in rows)
-        det = suu * svv - suv * suv
-        if len(rows) >= 2 and svv > 0 and det > 0.05 * suu * svv:
-            tau, sync = (sut * svv - svt * suv) / det, (suu * svt - suv * sut) / det
-            if tau > 0 and sync >= 0:
-                self.tau[fam], self.sync_s = tau, sync
-                return
-        self.tau[fam] = max(1e-12, sum(t - v * self.sync_s for _u, v, t in rows) / sum(u for u, _v, _t in rows))
-
-    def _fit_offload(self, cells: list[tuple[Shape, Observation]]) -> None:
-        """Scale the offload priors to what the measured offload cells spent beyond compute and communication."""
-        cpu_scale, fetch_scale = [], []
-        for s, ob in cells:
-            u, v, cpu, fetch = self._units(s, ob.micro_batch)
-            rest = ob.step_time_s - u * self.tau.get(s.family, self.tau.get("", 0.0)) - v * self.sync_s
-            prior = cpu * self.cpu_s + fetch * self.fetch_s
-            if prior > 0:
-                (fetch_scale if fetch else cpu_scale).append(max(0.0, rest) / prior)
-        if cpu_scale:
-            self.cpu_s *= sorted(cpu_scale)[len(cpu_scale) // 2]
-        if fetch_scale:
-            self.fetch_s *= sorted(fetch_scale)[len(fetch_scale) // 2]
-            if not cpu_scale:
-                self.cpu_s *= sorted(fetch_scale)[len(fetch_scale) // 2]
-        self.sources.append(f"offload from {', '.join(s.slug for s, _ob in cells)}")
-
-    def step(self, s: Shape, mb: int) -> float | None:
-        tau = self.tau.get(s.family, self.tau.get(""))
-        if tau is None:
-            return None
-        u, v, cpu, fetch = self._units(s, mb)
-        return u * tau + v * self.sync_s + cpu * self.cpu_s + fetch * self.fetch_s
-
-    def describe(self) -> str:
-        return "; ".join(self.sources) or "analytic priors only"
+def time_model(setting: Setting, observed: Mapping[str, Observation]) -> Hypotheses:
+    """The setting's hardware hypotheses fitted to its timed cells (timemodel.py)."""
+    mem = setting.memory
+    hyp = Hypotheses.grid(
+        mem.params or 0.0, setting.world, setting.per_rank_batch, setting.saturated,
+        setting.compute_floor_s / setting.per_rank_batch, setting.model_error,
+        any(shape(m).offload for m in setting.methods),
+    )  # fmt: skip
+    timed = [
+        (_features(setting, shape(m), ob.micro_batch), ob.step_time_s) for m, ob in observed.items()
+        if ob.status == "ok" and not ob.suspect and ob.step_time_s and ob.micro_batch
+    ]  # fmt: skip
+    return hyp.fit(timed)
 
 
-def _next(setting: Setting, open_: Mapping[str, int], predicted: Mapping[str, int], tm: TimeModel | None) -> list[str]:
-    """The one candidate the time model expects fastest (at the micro-batch the memory model expects); when the
-    memory model expects none to fit, the most memory-saving ones (an OOM there prunes the rest)."""
+def _features(setting: Setting, s: Shape, mb: int) -> Features:
+    st = setting
+    return features(s.family, s.ac, s.level, bool(s.sharding), s.offload, mb, st.per_rank_batch, st.world, s.slug)
+
+
+def _next(setting: Setting, open_: Mapping[str, int], predicted: Mapping[str, int], tm: Hypotheses) -> list[str]:
+    """The one candidate with the lowest price (at the micro-batch the memory model expects): halfway between its
+    most favourable and its median prediction (ORDER_REALISM); either it wins or measuring it rules out the
+    hardware that made it look good, and the median keeps long exploratory cells (a micro-batch of 1 on
+    offload) from going first. Nothing measured yet: the median. When the memory model expects none to fit,
+    the most memory-saving ones (an OOM there prunes the rest)."""
     if not open_:
         return []
     shapes = {m: shape(m) for m in open_}
@@ -680,10 +637,16 @@ def _next(setting: Setting, open_: Mapping[str, int], predicted: Mapping[str, in
     if not fitting:
         pool = list(open_)
         return [m for m in pool if not any(o != m and covers(shapes[o], shapes[m]) for o in pool)]
-    if tm is not None:
-        times = {m: tm.step(shapes[m], mb) for m, mb in fitting.items()}
-        if all(t is not None for t in times.values()):
-            return [min(fitting, key=lambda m: (times[m], _lattice_rank(m)))]
+    if tm.cells or tm.tau_floor:
+
+        def guess(f: Features) -> float:  # between the most favourable and the median prediction
+            if not tm.cells:
+                return tm.central(f)
+            lo = tm.lower(f)[0]
+            return lo + ORDER_REALISM * (tm.central(f) - lo)
+
+        times = {m: guess(_features(setting, shapes[m], mb)) for m, mb in fitting.items()}
+        return [min(fitting, key=lambda m: (times[m], _lattice_rank(m)))]
     # no time model (no FLOPs and nothing measured): the least work among those expected to reach the most
     capped = {m: min(mb, setting.saturated) for m, mb in fitting.items()}
     target = max(capped.values())
@@ -747,7 +710,8 @@ def settings(
     max_micro_batch: int | None,
     saturated_tokens: int = 16384,
     mfu_ceiling: float = 0.85,
-    margin: float = DEFAULT_MARGIN,
+    tolerance: float = DEFAULT_TOLERANCE,
+    model_error: float = DEFAULT_MODEL_ERROR,
 ) -> list[Setting]:
     """The settings of a plan (grid.PlannedCell list) with their valid methods, in plan order."""
     groups: dict[tuple[str, str, int, int], list[str]] = {}
@@ -768,7 +732,7 @@ def settings(
                 model, gpu, nodes, gpn, tuple(methods), per_rank, top_micro_batch(per_rank, max_micro_batch),
                 MemoryFacts.of(spec, catalog.gpus[gpu].memory_gib),
                 max(1, saturated_tokens // tokens_per_sample(spec)),
-                compute_floor_s(spec, catalog.gpus[gpu], per_rank, mfu_ceiling), margin,
+                compute_floor_s(spec, catalog.gpus[gpu], per_rank, mfu_ceiling), tolerance, model_error,
             )
         )  # fmt: skip
     return out
