@@ -22,10 +22,12 @@ Sound: what cannot win under a worst-case model (a proof, given the model):
   scaled by the most its larger micro-batch could gain, is already no faster than the best step measured.
 
 The study's findings (the "$100K" study; issue 8), adopted as this model's assumptions, each with its reason.
-"Expected to reach" is the memory model's micro-batch (`_predicted_mbs`: model states + the overhead a
-measured peak showed + activations per sample, inflated until it predicts no measured cell to fit more
-than it did); "enough" is that micro-batch, capped at saturation for an unsharded step (a sharded one
-communicates every micro-batch, so a larger one pays beyond it). A method waits ("defer") while the
+"Expected to reach" is, for the method compared with, the memory model's micro-batch (`_predicted_mbs`:
+model states + the overhead a measured peak showed + activations per sample, inflated until it predicts no
+measured cell to fit more than it did), and for the method judged the most it may plausibly reach
+(`_optimistic_mb`, no less than the memory model's: the doubt goes to the method); "enough" is that
+micro-batch, capped at saturation for an unsharded step (a sharded one communicates every micro-batch, so a
+larger one pays beyond it). A method waits ("defer") while the
 method it is compared with is open and expected to fit enough; a pruned one stands in by its expectation.
 1. Offloading is slower than not offloading whenever both fit: X+off is a candidate only when X (the same
    method without `off`) does not fit, or fits less than enough ("offloading is slower ...").
@@ -45,7 +47,7 @@ CPU-Adam and PCIe bandwidth and small-batch slowdown on wide grids is a hypothes
 measured cells; a method is pruned when even the most favourable kept hypothesis, at the largest micro-batch
 it may plausibly reach (`_optimistic_mb`), puts it no more than `search.tolerance` faster than the best
 measured step, the reason showing that price and the hardware behind it; among the candidates it orders what
-to measure (`_next`). Rule 3 compares at that micro-batch too: a larger one may pay for the sharding.
+to measure (`_next`).
 Imports no torch.
 """
 
@@ -70,7 +72,6 @@ AC_ESTIMATE_SHARE = 0.1  # activations kept with checkpointing, for the guess of
 AC_EXTRA_WORK = 0.25  # checkpointing's extra time, for the guess of the next method only
 RECOMPUTE_SHARE = 1 / 3  # the forward's share of a step's training FLOPs (2 of 6 per parameter and token)
 DEFAULT_TOLERANCE = 0.02  # search.tolerance: the pick may be this much slower than the exhaustive optimum
-ORDER_REALISM = 0.5  # what to measure next: 0 = the most favourable prediction, 1 = the median (see _next)
 DEFAULT_MODEL_ERROR = 0.03  # search.model_error: the time model's error on top of its worst fit to measured cells
 MEMORY_SAVING_LEVERS = ("fa2", "liger", "flce")  # throughput levers that also hold less (rule 4's tie-break)
 
@@ -357,34 +358,50 @@ def decide(setting: Setting, observed: Mapping[str, Observation]) -> Decision:
 
 def _optimistic_mb(setting: Setting, s: Shape, cap: int, guess: int, observed: Mapping[str, Observation]) -> int:
     """The micro-batch the time model's most favourable prediction uses: the memory model's guess (which errs on
-    the safe side), or the largest that fits on a measured CUDA peak of the family with the same checkpointing
-    (the one holding the closest model states): that peak + the difference in model states + half its
-    activations per sample for each further sample."""
+    the safe side), or the largest that fits by the measured CUDA peaks of the family with the same
+    checkpointing: peak = model states + overhead + micro-batch x activations per sample, the two fitted when
+    those cells ran two micro-batches or more, else from the one with the closest model states and half its
+    activations per sample beyond its micro-batch (the sound bound's assumption). Never more than such a
+    method with no more model states reached."""
     mem, guess = setting.memory, max(1, guess)
     if not (mem.params and mem.capacity):
-        return guess
-    anchors = [
-        (shape(m), ob) for m, ob in observed.items()
-        if ob.status == "ok" and ob.micro_batch and ob.peak_mem_gib and (ob.peak_mem_kind or "").startswith("cuda")
-        and shape(m).family == s.family and shape(m).ac == s.ac
-    ]  # fmt: skip
-    if not anchors:
         return guess
 
     def states(x: Shape) -> float:
         return state_bytes_lb(x.sharding, x.offload, mem.params, setting.world)
 
-    a, ob = min(anchors, key=lambda ao: abs(states(ao[0]) - states(s)))
-    peak, ma = ob.peak_mem_gib * GIB, ob.micro_batch
-    act = max(0.0, peak - states(a)) / ma
-    # nor more than a method of the family with the same checkpointing and no more model states reached
-    mb = min([cap] + [o.micro_batch for x, o in anchors if states(x) <= states(s)])
+    anchors = [
+        (states(shape(m)), ob.peak_mem_gib * GIB, ob.micro_batch) for m, ob in observed.items()
+        if ob.status == "ok" and ob.micro_batch and ob.peak_mem_gib and (ob.peak_mem_kind or "").startswith("cuda")
+        and shape(m).family == s.family and shape(m).ac == s.ac
+    ]  # fmt: skip
+    if not anchors:
+        return guess
+    mine = states(s)
+    fitted = _overhead_and_activation(anchors)
+    sa, peak, ma = min(anchors, key=lambda a: abs(a[0] - mine))
+    mb = min([cap] + [m for st, _p, m in anchors if st <= mine])
     while mb > guess:
-        per_sample = act
-        if peak + states(s) - states(a) + (mb - ma) * per_sample <= mem.capacity:
+        if fitted:
+            need = mine + fitted[0] + mb * fitted[1]
+        else:
+            need = peak + mine - sa + (mb - ma) * (peak - sa) / ma
+        if need <= mem.capacity:
             break
         mb //= 2
     return max(guess, mb)
+
+
+def _overhead_and_activation(cells: list[tuple[float, float, int]]) -> tuple[float, float] | None:
+    """Least squares of peak - model states = overhead + micro-batch x activations per sample over (model states,
+    peak, micro-batch) cells; None unless they ran two micro-batches or more and the fit is physical."""
+    if len({m for _s, _p, m in cells}) < 2:
+        return None
+    xs, ys = [float(m) for _s, _p, m in cells], [p - st for st, p, _m in cells]
+    n, mx, my = len(xs), sum(xs) / len(xs), sum(ys) / len(ys)
+    act = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    overhead = my - act * mx
+    return (overhead, act) if act > 0 and n else None
 
 
 def _predict_mb(
@@ -551,7 +568,7 @@ def _domain_rules(
                 "prune",
                 f"{winner} was faster than {own} (or both did not fit): {twin} is the same method with {what}",
             )
-    mb_self = predicted.get(slug, 0)
+    mb_self = hopeful.get(slug, predicted.get(slug, 0))  # the time model's micro-batch: a larger one may pay
     # 1. offloading is slower than not offloading whenever both fit (at the micro-batch that matters), and
     # 2. activation checkpointing only pays when it lets a larger micro-batch or the model fit at all
     for saver, finding in (
@@ -578,7 +595,6 @@ def _domain_rules(
     # 3. full sharding only when memory forces it: a less-sharded method of the same engine (or, for full
     # sharding, of either engine) that fits the micro-batch this one is expected to reach makes it pointless
     if s.sharding:
-        mb_self = hopeful.get(slug, mb_self)  # the time model's micro-batch: a larger one may pay for the sharding
         lower = [None] + [
             sh for sh in SHARDING_LEVEL
             if SHARDING_LEVEL[sh] < s.level and (SHARDING_ENGINE[sh] == SHARDING_ENGINE[s.sharding] or s.level == 3)
@@ -625,11 +641,10 @@ def _features(setting: Setting, s: Shape, mb: int) -> Features:
 
 
 def _next(setting: Setting, open_: Mapping[str, int], predicted: Mapping[str, int], tm: Hypotheses) -> list[str]:
-    """The one candidate with the lowest price (at the micro-batch the memory model expects): halfway between its
-    most favourable and its median prediction (ORDER_REALISM); either it wins or measuring it rules out the
-    hardware that made it look good, and the median keeps long exploratory cells (a micro-batch of 1 on
-    offload) from going first. Nothing measured yet: the median. When the memory model expects none to fit,
-    the most memory-saving ones (an OOM there prunes the rest)."""
+    """The one candidate with the fastest median prediction of the kept hypotheses (at the micro-batch the memory
+    model expects): the likeliest winner, measured before long exploratory cells (the most favourable
+    prediction, which decides pruning, would send a micro-batch of 1 on offload first). When the memory model
+    expects none to fit, the most memory-saving ones (an OOM there prunes the rest)."""
     if not open_:
         return []
     shapes = {m: shape(m) for m in open_}
@@ -638,14 +653,7 @@ def _next(setting: Setting, open_: Mapping[str, int], predicted: Mapping[str, in
         pool = list(open_)
         return [m for m in pool if not any(o != m and covers(shapes[o], shapes[m]) for o in pool)]
     if tm.cells or tm.tau_floor:
-
-        def guess(f: Features) -> float:  # between the most favourable and the median prediction
-            if not tm.cells:
-                return tm.central(f)
-            lo = tm.lower(f)[0]
-            return lo + ORDER_REALISM * (tm.central(f) - lo)
-
-        times = {m: guess(_features(setting, shapes[m], mb)) for m, mb in fitting.items()}
+        times = {m: tm.central(_features(setting, shapes[m], mb)) for m, mb in fitting.items()}
         return [min(fitting, key=lambda m: (times[m], _lattice_rank(m)))]
     # no time model (no FLOPs and nothing measured): the least work among those expected to reach the most
     capped = {m: min(mb, setting.saturated) for m, mb in fitting.items()}
