@@ -57,7 +57,7 @@ def cell_spec(
     return spec
 
 
-class _Log:
+class RuleLog:
     """Timestamped lines in a rule's log file (truncated when the rule starts)."""
 
     def __init__(self, path: str | Path) -> None:
@@ -74,6 +74,18 @@ class _Log:
         if path.is_file():
             with self.path.open("a") as fh:
                 fh.write(f"----- {title}: {path}\n{path.read_text(errors='replace')[-20000:]}\n")
+
+
+def threads_per_rank(kind: str, slurm: dict[str, Any] | None, threads: int, world: int) -> int:
+    """CPU threads for each rank: the site's CPUs per GPU under SLURM, else the rule's threads shared out."""
+    if kind == "slurm" and slurm:
+        return int(slurm["cpus_per_gpu"])
+    return max(1, threads // max(1, world))
+
+
+def uses_gpus(gpu: str, device: str | None) -> bool:
+    """Whether a job asks its launcher for GPUs: not for the `cpu` GPU type nor a run forced onto the CPU."""
+    return gpu != "cpu" and device != "cpu"
 
 
 def _spec_hash(spec: dict[str, Any]) -> str:
@@ -119,7 +131,7 @@ class JobRequest:
         return self.nodes * self.gpus_per_node
 
 
-def _reattach(req: JobRequest, log: _Log):
+def _reattach(req: JobRequest, log: RuleLog):
     """A job this request submitted before the driver restarted, if it can still deliver; else None."""
     import submitit
 
@@ -138,7 +150,7 @@ def _reattach(req: JobRequest, log: _Log):
     return None
 
 
-def _submit_slurm(req: JobRequest, log: _Log):
+def _submit_slurm(req: JobRequest, log: RuleLog):
     import submitit
 
     settings = req.slurm
@@ -163,7 +175,7 @@ def _submit_slurm(req: JobRequest, log: _Log):
     return job
 
 
-def _submit_local(req: JobRequest, log: _Log):
+def _submit_local(req: JobRequest, log: RuleLog):
     import submitit
 
     shutil.rmtree(req.folder, ignore_errors=True)  # logs of an earlier attempt
@@ -175,7 +187,7 @@ def _submit_local(req: JobRequest, log: _Log):
     return job
 
 
-def run_job(req: JobRequest, log: _Log, what: str, log_path: str | Path) -> tuple[str, Any]:
+def run_job(req: JobRequest, log: RuleLog, what: str, log_path: str | Path) -> tuple[str, Any]:
     """Submit (or re-attach to) the job, wait for every rank; (job id, rank 0's value); raise if it failed."""
     if req.kind == "slurm":
         job = _reattach(req, log) or _submit_slurm(req, log)
@@ -209,7 +221,7 @@ def run_cell(spec: dict[str, Any], log_path: str, threads: int = 1) -> dict[str,
     """Run one cell to completion with the configured launcher; raise if it crashed (Snakemake retries)."""
     kind = spec["launcher"]["kind"]
     world = _world(spec)
-    per_rank = spec["slurm"]["cpus_per_gpu"] if kind == "slurm" else max(1, threads // max(1, world))
+    per_rank = threads_per_rank(kind, spec.get("slurm"), threads, world)
     spec = {
         **spec,
         "threads_per_rank": per_rank,
@@ -217,13 +229,12 @@ def run_cell(spec: dict[str, Any], log_path: str, threads: int = 1) -> dict[str,
     }
     result_path = Path(spec["outputs"]["result"])
     cell_dir = result_path.parent
-    log = _Log(log_path)
+    log = RuleLog(log_path)
     log(f"cell {json.dumps(spec['cell'])} launcher={kind} ranks={world} threads/rank={per_rank}")
     if kind == "debug":
         payload = CellJob(spec)()
         log(f"finished in-process: status={payload['result'].get('status')}")
     else:
-        on_cpu = spec["cell"]["gpu"] == "cpu" or spec["benchmark"].get("device") == "cpu"
         req = JobRequest(
             fn=CellJob(spec),
             name=spec["name"],
@@ -232,7 +243,7 @@ def run_cell(spec: dict[str, Any], log_path: str, threads: int = 1) -> dict[str,
             nodes=spec["cell"]["nodes"],
             gpus_per_node=spec["cell"]["gpus_per_node"],
             timeout_min=spec["launcher"]["timeout_min"],
-            use_gpus=not on_cpu,
+            use_gpus=uses_gpus(spec["cell"]["gpu"], spec["benchmark"].get("device")),
             slurm=spec.get("slurm"),
             record=cell_dir / JOB_RECORD,
             identity=spec,

@@ -13,25 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from ..job import BudgetJob
-from ..launch import JobRequest, _Log, run_job
+from ..launch import JobRequest, RuleLog, run_job, threads_per_rank, uses_gpus
 from .config import TORCH_LOCK, setting_of
-
-
-def _per_rank_threads(launch: dict[str, Any], threads: int, world: int) -> int:
-    if launch["kind"] == "slurm":
-        return int(launch["slurm"]["cpus_per_gpu"])
-    return max(1, threads // max(1, world))
-
-
-def _uses_gpus(cfg: dict[str, Any]) -> bool:
-    return cfg["train"]["gpu"] != "cpu" and cfg["train"]["device"] != "cpu"
 
 
 def _run(
     entry: str,
     kwargs: dict[str, Any],
     req: JobRequest,
-    log: _Log,
+    log: RuleLog,
     log_path: str,
     outputs: list[Path],
     launch_error: str | None = None,
@@ -75,11 +65,11 @@ def pretrain(
     kwargs = {
         "cfg": cfg, "index_path": str(Path(index).resolve()), "out_model": str(Path(out_model).resolve()),
         "out_result": str(Path(out_result).resolve()), "run_dir": str(run), "log": str(Path(log_path).resolve()),
-        "threads": _per_rank_threads(launch, threads, world),
+        "threads": threads_per_rank(launch["kind"], launch["slurm"], threads, world),
     }  # fmt: skip
     if kill_at_step is not None:
         kwargs["kill_at_step"] = kill_at_step
-    log = _Log(log_path)
+    log = RuleLog(log_path)
     log(
         f"pretrain: launcher {launch['kind']}, {world} rank(s) ({tr['nodes']}x{tr['gpus_per_node']} {tr['gpu']}), "
         f"setting from {setting['source']}{' (' + setting['plan'] + ')' if setting['plan'] else ''}: micro-batch "
@@ -100,7 +90,7 @@ def pretrain(
         nodes=tr["nodes"],
         gpus_per_node=tr["gpus_per_node"],
         timeout_min=timeout,
-        use_gpus=_uses_gpus(cfg),
+        use_gpus=uses_gpus(cfg["train"]["gpu"], cfg["train"]["device"]),
         slurm=launch["slurm"],
         record=run.parent / "slurm_job.json",
         identity={"entry": "pretrain", **kwargs},
@@ -128,9 +118,9 @@ def finetune(
     kwargs = {
         "cfg": cfg, "task_name": task, "init_model": str(Path(init_model).resolve()), "out_metrics": str(out),
         "log": str(Path(log_path).resolve()), "out_model": str(Path(out_model).resolve()) if out_model else None,
-        "init_kind": init_kind, "threads": _per_rank_threads(launch, threads, 1),
+        "init_kind": init_kind, "threads": threads_per_rank(launch["kind"], launch["slurm"], threads, 1),
     }  # fmt: skip
-    log = _Log(log_path)
+    log = RuleLog(log_path)
     log(f"finetune {task} from {init_kind}: launcher {launch['kind']}, 1 rank ({tr['gpu']})")
     req = JobRequest(
         fn=BudgetJob("finetune", kwargs),
@@ -138,7 +128,7 @@ def finetune(
         kind=launch["kind"],
         folder=out.parent / "submitit",
         timeout_min=launch["timeout_min"],
-        use_gpus=_uses_gpus(cfg),
+        use_gpus=uses_gpus(cfg["train"]["gpu"], cfg["train"]["device"]),
         slurm=launch["slurm"],
         record=out.parent / "slurm_job.json",
         identity={"entry": "finetune", **kwargs},

@@ -178,12 +178,6 @@ class Built:
         return self.step.observed()
 
 
-def _fused_ce_impl(cfg: MethodConfig, env: RankEnv) -> str | None:
-    from ..trainer.run import _fused_ce_impl
-
-    return _fused_ce_impl(cfg, env)
-
-
 def build(
     cfg: MethodConfig, env: RankEnv, model: dict[str, Any], micro: int, accum: int, seed: int, fl_attn: str = "sdpa"
 ) -> Built:
@@ -196,7 +190,7 @@ def build(
     attn = kernels.attn_implementation(m, True)
     if m.free_lunch and not m.flash_attn:
         attn = fl_attn
-    fused_ce = _fused_ce_impl(cfg, env)
+    fused_ce = kernels.fused_ce_impl(m, env.device)
     try:
         net, attn_used, extras = build_with_extras(model, m, attn, fused_ce, seed)
     except Unsupported as exc:

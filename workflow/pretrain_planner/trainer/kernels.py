@@ -77,6 +77,15 @@ def check_supported(method: Any, device: torch.device) -> None:
         raise Unsupported("cg: CUDA graphs need a CUDA GPU")
 
 
+def fused_ce_impl(method: Any, device: torch.device) -> str | None:
+    """Which fused linear + cross-entropy head `flce` uses here: Liger's on CUDA when it imports, else ours."""
+    if not method.fused_ce:
+        return None
+    if device.type == "cuda" and import_error("liger_kernel.transformers") is None:
+        return "liger"
+    return "chunked"
+
+
 def attn_implementation(method: Any, has_attention: bool) -> str | None:
     """What the model is built with: eager (naive), SDPA (fl), flash-attn 2 (fl+fa2); None without attention."""
     if not has_attention:

@@ -70,15 +70,6 @@ def check_supported(cfg: RunConfig, env: RankEnv) -> None:
             raise Unsupported("flce: ZeRO-3 partitions the head's weight; the fused head reads it outside its forward")
 
 
-def _fused_ce_impl(cfg: RunConfig, env: RankEnv) -> str | None:
-    """Which fused linear + cross-entropy head `flce` uses here: Liger's on CUDA when it imports, else ours."""
-    if not cfg.method.fused_ce:
-        return None
-    if env.device.type == "cuda" and kernels.import_error("liger_kernel.transformers") is None:
-        return "liger"
-    return "chunked"
-
-
 def _attention_evidence(cfg: RunConfig, env: RankEnv, step: TrainStep, micro_batch: int) -> dict[str, Any] | None:
     """Which attention kernel ran: one more micro-batch of the timed size (no recompile), profiled."""
     if not has_attention(cfg.model):
@@ -123,7 +114,7 @@ def make_builder(cfg: RunConfig, env: RankEnv, built: list[dict[str, Any]]):
     attn = kernels.attn_implementation(method, has_attention(cfg.model))
     fake = FakeOom.from_env()
     kernel_versions = kernel_info(cfg.model)
-    fused_ce = _fused_ce_impl(cfg, env)
+    fused_ce = kernels.fused_ce_impl(cfg.method, env.device)
 
     def build(micro_batch: int, accum: int) -> TrainStep:
         net, attn_used, extras = build_with_extras(cfg.model, method, attn, fused_ce, cfg.bench.seed)
