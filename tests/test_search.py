@@ -373,3 +373,11 @@ def test_pruned_cells_are_a_status_with_their_reason():
     assert cost.select("methods_valid", "methods_run", "methods_pruned", "gpu_hours_max_exhaustive").row(0) == (
         2, 0, 1, 2.0,
     )  # fmt: skip
+
+
+def test_the_old_margin_key_says_what_replaced_it():
+    from pretrain_planner.schema import ConfigError, validate
+
+    with pytest.raises(ConfigError) as err:
+        validate({"search": {"strategy": "adaptive", "margin": 0.15}}, "config", "my.yaml")
+    assert "my.yaml" in str(err.value) and "'margin' was replaced by tolerance and model_error" in str(err.value)

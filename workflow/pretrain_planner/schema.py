@@ -56,6 +56,9 @@ def _describe(error) -> str:
     schema = error.schema if isinstance(error.schema, dict) else {}
     if error.validator == "additionalProperties" and "properties" in schema:
         msg += f"; allowed keys: {', '.join(schema['properties'])}"
+        renamed = schema.get("x-renamed", {})  # keys of earlier versions: what replaced them
+        for key in (k for k in error.instance if k in renamed and k not in schema["properties"]):
+            msg += f"; {key!r} was replaced by {renamed[key]}"
     elif error.validator in ("oneOf", "anyOf"):
         msg = f"{error.instance!r} does not match the schema: " + "; ".join(
             sorted({c.message for c in error.context})[:4]
