@@ -62,7 +62,7 @@ from typing import Any
 from .flops import train_flops_per_sample
 from .memory import GIB, SHARDING_ENGINE, SHARDING_LEVEL, MemoryFacts, state_bytes_lb
 from .results import atomic_write_text
-from .timemodel import Features, Hypotheses, features
+from .timemodel import RECOMPUTE_SHARE, Features, Hypotheses, features
 
 STRATEGIES = ("exhaustive", "adaptive")
 ROUND_PATTERN = "search/{model}/{gpu}/{nodes}x{gpus_per_node}/round{k}.json"
@@ -70,7 +70,6 @@ SEARCH_PATTERN = "search/{model}/{gpu}/{nodes}x{gpus_per_node}/search.json"
 ACTIVATION_LB_SHARE = 0.5  # of the measured activation bytes per sample, for the upper bound of a micro-batch
 AC_ESTIMATE_SHARE = 0.1  # activations kept with checkpointing, for the guess of the next method only
 AC_EXTRA_WORK = 0.25  # checkpointing's extra time, for the guess of the next method only
-RECOMPUTE_SHARE = 1 / 3  # the forward's share of a step's training FLOPs (2 of 6 per parameter and token)
 DEFAULT_TOLERANCE = 0.02  # search.tolerance: the pick may be this much slower than the exhaustive optimum
 DEFAULT_MODEL_ERROR = 0.03  # search.model_error: the time model's error on top of its worst fit to measured cells
 MEMORY_SAVING_LEVERS = ("fa2", "liger", "flce")  # throughput levers that also hold less (rule 4's tie-break)
@@ -398,10 +397,9 @@ def _overhead_and_activation(cells: list[tuple[float, float, int]]) -> tuple[flo
     if len({m for _s, _p, m in cells}) < 2:
         return None
     xs, ys = [float(m) for _s, _p, m in cells], [p - st for st, p, _m in cells]
-    n, mx, my = len(xs), sum(xs) / len(xs), sum(ys) / len(ys)
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     act = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
-    overhead = my - act * mx
-    return (overhead, act) if act > 0 and n else None
+    return (my - act * mx, act) if act > 0 else None
 
 
 def _predict_mb(

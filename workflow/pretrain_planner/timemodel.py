@@ -36,7 +36,7 @@ BUS_B_S = np.geomspace(5e9, 1.6e12, 26)  # all-reduce bus bandwidth: Ethernet / 
 CPU_ADAM_B_S = np.geomspace(0.5e9, 64e9, 15)  # model-state bytes a CPU optimizer step gets through per second
 PCIE_B_S = np.geomspace(4e9, 128e9, 11)  # host-to-device bandwidth for offloaded parameters
 EXPONENTS = np.array([0.25, 0.375, 0.5, 0.625, 0.75])  # below saturation: step time ~ (saturated / mb) ** e
-RECOMPUTE = 4 / 3  # checkpointing runs the forward again: 8 of 6 FLOPs per parameter and token
+RECOMPUTE_SHARE = 1 / 3  # checkpointing runs the forward again: its 2 of a step's 6 FLOPs per parameter and token
 CENTRAL_MFU_SHARE = 0.5  # a family not measured yet runs at half the MFU ceiling (for the order only)
 FULL_SHARD_VOLUME = 1.5  # ZeRO-3 / full FSDP gather the parameters again for the backward
 
@@ -105,7 +105,7 @@ class Hypotheses:
     def _compute_units(self, f: Features) -> np.ndarray:
         """Samples' worth of compute per hypothesis (the exponent varies)."""
         slow = (self.saturated / f.mb) ** self.e if f.mb < self.saturated else np.ones_like(self.e)
-        return self.batch * (RECOMPUTE if f.ac else 1.0) * slow
+        return self.batch * (1 + RECOMPUTE_SHARE if f.ac else 1.0) * slow
 
     def _rest(self, f: Features) -> np.ndarray:
         return f.syncs * self.sync_s + f.cpu * self.cpu_s + f.fetches * self.fetch_s

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..job import BudgetJob
-from ..launch import JobRequest, RuleLog, run_job, threads_per_rank, uses_gpus
+from ..launch import JOB_RECORD, JobRequest, RuleLog, run_job, threads_per_rank, uses_gpus
 from .config import TORCH_LOCK, setting_of
 
 
@@ -44,6 +44,23 @@ def _run(
             req.record.unlink(missing_ok=True)  # do not re-attach to that job again
         log(f"job {job_id} finished without {', '.join(str(p) for p in outputs if not p.exists())}: running again")
     raise RuntimeError(f"budget {entry}: the job finished twice without writing {outputs}; see {log_path}")
+
+
+def _request(
+    entry: str, kwargs: dict[str, Any], cfg: dict[str, Any], launch: dict[str, Any], folder: Path, **more: Any
+) -> JobRequest:
+    """The job of a budget rule: `entry` with `kwargs` on train.gpu, its submitit folder and SLURM record in
+    `folder` (what identifies it for a re-attach: the entry and its arguments)."""
+    return JobRequest(
+        fn=BudgetJob(entry, kwargs),
+        kind=launch["kind"],
+        folder=folder / "submitit",
+        use_gpus=uses_gpus(cfg["train"]["gpu"], cfg["train"]["device"]),
+        slurm=launch["slurm"],
+        record=folder / JOB_RECORD,
+        identity={"entry": entry, **kwargs},
+        **more,
+    )
 
 
 def pretrain(
@@ -82,20 +99,11 @@ def pretrain(
     if launch["slurm"]:
         usable = max(1.0, launch["slurm"]["time_limit_min"] - launch["slurm"]["signal_delay_s"] / 60)
         max_requeues = math.ceil(budget_min * 1.5 / usable) + 3  # a budget longer than the time limit
-    req = JobRequest(
-        fn=BudgetJob("pretrain", kwargs),
+    req = _request(
+        "pretrain", kwargs, cfg, launch, run.parent,
         name=f"pp-budget-pretrain-{cfg['model']['name']}-{tr['gpu']}-{tr['nodes']}x{tr['gpus_per_node']}",
-        kind=launch["kind"],
-        folder=run.parent / "submitit",
-        nodes=tr["nodes"],
-        gpus_per_node=tr["gpus_per_node"],
-        timeout_min=timeout,
-        use_gpus=uses_gpus(cfg["train"]["gpu"], cfg["train"]["device"]),
-        slurm=launch["slurm"],
-        record=run.parent / "slurm_job.json",
-        identity={"entry": "pretrain", **kwargs},
-        max_num_timeout=max_requeues,
-    )
+        nodes=tr["nodes"], gpus_per_node=tr["gpus_per_node"], timeout_min=timeout, max_num_timeout=max_requeues,
+    )  # fmt: skip
     outputs = [Path(out_model), Path(out_result)]
     return _run("pretrain", kwargs, req, log, log_path, outputs, launch.get("slurm_error"))
 
@@ -122,16 +130,8 @@ def finetune(
     }  # fmt: skip
     log = RuleLog(log_path)
     log(f"finetune {task} from {init_kind}: launcher {launch['kind']}, 1 rank ({tr['gpu']})")
-    req = JobRequest(
-        fn=BudgetJob("finetune", kwargs),
-        name=f"pp-budget-glue-{task}",
-        kind=launch["kind"],
-        folder=out.parent / "submitit",
-        timeout_min=launch["timeout_min"],
-        use_gpus=uses_gpus(cfg["train"]["gpu"], cfg["train"]["device"]),
-        slurm=launch["slurm"],
-        record=out.parent / "slurm_job.json",
-        identity={"entry": "finetune", **kwargs},
+    req = _request(
+        "finetune", kwargs, cfg, launch, out.parent, name=f"pp-budget-glue-{task}", timeout_min=launch["timeout_min"]
     )
     outputs = [Path(out_metrics)] + ([Path(out_model)] if out_model else [])
     return _run("finetune", kwargs, req, log, log_path, outputs, launch.get("slurm_error"))
