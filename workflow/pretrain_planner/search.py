@@ -319,9 +319,9 @@ def decide(setting: Setting, observed: Mapping[str, Observation]) -> Decision:
         open_[slug] = cap
     predicted = _predicted_mbs(setting, observed, open_, measured_act)
     hopeful = {m: _optimistic_mb(setting, shape(m), cap, predicted[m], observed) for m, cap in open_.items()}
-    tm = time_model(setting, observed)
     best = _best(observed)
     probes = [m for m in open_ if shape(m).is_probe]
+    tm = None if probes else time_model(setting, observed)  # probes first: round 0 needs no time model
     deferred: set[str] = set()
     for _ in range(len(setting.methods) + 1):  # until nothing changes: a pruning can release a deferred method
         before = len(pruned)
@@ -334,7 +334,7 @@ def decide(setting: Setting, observed: Mapping[str, Observation]) -> Decision:
                 pruned[slug] = f"{slug}: {why}"
             elif verdict == "defer":
                 deferred.add(slug)
-        if best and not probes:
+        if best and tm is not None:
             for slug in open_:
                 if slug in pruned:
                     continue
