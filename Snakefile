@@ -9,8 +9,12 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
-# the default sweep, found from any working directory; --configfile my.yaml is merged over it
-configfile: os.path.join(workflow.basedir, "config/config.yaml")
+# The demo sweep (tiny models on this machine's CPUs) applies only when no --configfile is given: a user's
+# file is not merged over it, so what the file leaves out takes the schema's defaults, never the demo's caps.
+if not workflow.overwrite_configfiles:
+
+    configfile: os.path.join(workflow.basedir, "config/config.yaml")
+
 
 
 include: "workflow/rules/common.smk"
@@ -23,6 +27,7 @@ include: "workflow/rules/pretrain.smk"
 rule all:
     input:
         plan=f"{RESULTS}/plan.csv",
+        cells=all_cell_outputs,
         tables=list(TABLES.values()),
         plots=list(PLOTS.values()),
         optimal=OPTIMAL,

@@ -54,6 +54,7 @@ def make_spec(model: str, args: argparse.Namespace, catalog: Catalog, folder: Pa
             "timed_steps": args.timed_steps,
             "max_micro_batch": args.max_micro_batch,
             "seed": 0,
+            **({"max_spread": 50.0} if args.smoke else {}),  # smoke: CPU wiring on a shared machine, not timing
         },
         "launcher": {"kind": "debug", "timeout_min": 30},
     }

@@ -6,7 +6,12 @@ What it runs (in this process, world size 1, through the trainer's own entry poi
 * a list of cells (model x method) on GPU type `h200`: SDPA vs eager attention, torch.compile, TF32,
   fused AdamW, bf16 autocast, fp16 autocast with GradScaler (Pythia-160M/410M and RoBERTa-large are fp16
   recipes), and a deliberate CUDA out-of-memory cell whose micro-batch search must back off;
-* a timing-honesty check: the "$100K" benchmark's unsynchronised timer vs our synchronised whole steps.
+* a timing-honesty check: the "$100K" benchmark's unsynchronised timer vs our synchronised whole steps;
+* issue 14's multi-GPU paths, on two ranks (separate processes, started as the local launcher starts them,
+  benchmarks/multirank.py; they need 2 GPUs and are skipped with the reason on fewer): FSDP2 + CPU offload with
+  clipping and fp16 after an out-of-memory error at build time on one rank (items 1, 3, 6, 7, 8, 9), and ZeRO-3
+  with one GPU visible per task after an out-of-memory error (items 4, 5, 7, 9, 11); plus checks on the
+  one-rank cells (`cg` under accumulation against `fl`: item 2; cuDNN autotuning under `fl`: item 13).
 
 Each cell's recipe global batch is overridden to `--accum-factor` x its micro-batch cap so a step has a
 few accumulation micro-batches instead of 64 (the override is recorded). Tokens/s and MFU are compared
@@ -85,6 +90,10 @@ class Plan:
     may_be_unsupported: bool = False  # `unsupported` with a reason is a pass (back-end absent here)
     expect_unsupported: bool = False  # `unsupported` is the only pass (a GPU-only back-end on the CPU)
     fake_oom_above: int | None = None  # CPU: force an OOM above this micro-batch (trainer.oom.FakeOom)
+    ranks: int = 1  # >1: one process per rank (benchmarks/multirank.py), one GPU each
+    one_gpu_per_task: bool = False  # GPU: each rank sees only its own GPU (CUDA_VISIBLE_DEVICES), as --gpus-per-task
+    fake_oom: str | None = None  # PRETRAIN_PLANNER_FAKE_OOM_ABOVE for the ranks, e.g. "4:1@build"
+    issue_items: str | None = None  # which items of issue 14 this cell checks (for the report)
 
 
 # reference/measurements.md, one H200 SXM, torch 2.11, sequence 2048, SDPA, bf16 autocast, fused AdamW.
@@ -184,8 +193,44 @@ def _method_plans(model: str, cap: int, smoke: bool) -> list[Plan]:
     return out
 
 
+def _multi_plans(model: str, cap: int, smoke: bool) -> list[Plan]:
+    """Issue 14 on two ranks. An out-of-memory error is forced on rank 1 above cap/2 (at build time for FSDP2:
+    before that rank's first collective), so both ranks must agree, rebuild the group and halve together."""
+    half = cap // 2
+    return [
+        Plan(
+            f"{model}/fl+fsdp-full+off x2 OOM@build",
+            model,
+            "fl+fsdp-full+off",
+            cap,
+            ranks=2,
+            compile=False,
+            run_invalid=True,
+            fake_oom=f"{half}:1@build",
+            issue_items="1 offload+clipping on NCCL+gloo, 3 fp16 scaler after rebuild, 6 eager NCCL + OOM before a "
+            "collective, 7 meta build, 8 one reduce-scatter per step, 9 skipped steps",
+        ),
+        Plan(
+            f"{model}/fl+zero3 x2 one GPU per task",
+            model,
+            "fl+zero3",
+            cap,
+            ranks=2,
+            one_gpu_per_task=True,
+            compile=False if smoke else None,
+            run_invalid=True,
+            may_be_unsupported=True,
+            fake_oom=f"{half}:1",
+            issue_items="4 device rule, 5 DeepSpeed groups after rebuild, 7 zero.Init, 9 skipped steps, 11 compile",
+        ),
+    ]
+
+
+MULTI_SMOKE = _multi_plans("tiny-gptneox", 4, smoke=True)
+
 GPU_PLANS = [
     *_method_plans("pythia-160m", _GPU_CAPS["pythia-160m"], smoke=False),
+    *_multi_plans("pythia-160m", 8, smoke=False),
     # micro-batch 256 of Pythia-1B (eager attention, 50k-wide logits) cannot fit in 141 GB: the search must
     # hit CUDA OOM at least once and back off. Few steps: after backing off, a step has many micro-batches.
     Plan(
@@ -213,6 +258,7 @@ SMOKE_PLANS = [
         expect_failed_trial=True,
         fake_oom_above=2,
     ),
+    *MULTI_SMOKE,
     Plan("tiny-bert/naive", "tiny-bert", "naive", 2),  # the masked-LM path
     Plan("tiny-bert/fl+flce", "tiny-bert", "fl+flce", 2, compile=False),
     Plan("timing honesty", "tiny-gptneox", "fl", 2, kind="honesty"),
@@ -324,13 +370,14 @@ def make_spec(plan: Plan, catalog: Catalog, gpu: str, args: argparse.Namespace, 
             "timed_steps": plan.timed_steps if plan.timed_steps is not None else args.timed_steps,
             "max_micro_batch": cap,
             "seed": 0,
+            **({"max_spread": 50.0} if args.smoke else {}),  # smoke: CPU wiring on a shared machine, not timing
         },
-        "launcher": {"kind": "debug", "timeout_min": 20},
+        "launcher": {"kind": "debug" if plan.ranks == 1 else "local", "timeout_min": 20},
     }
-    cell = Cell(plan.model, gpu, 1, 1, plan.method)
+    cell = Cell(plan.model, gpu, 1, plan.ranks, plan.method)
     spec = cell_spec(cell, catalog, config, str(folder / "result.json"), str(folder / "steps.jsonl"))
     recipe_gb = spec["model"]["recipe"]["global_batch"]
-    gb = plan.global_batch or args.accum_factor * cap
+    gb = plan.global_batch or args.accum_factor * cap * plan.ranks
     spec["model"]["recipe"]["global_batch"] = gb
     spec["threads_per_rank"] = args.threads
     override = {
@@ -394,8 +441,8 @@ def checks_for(plan: Plan, rec: dict[str, Any], on_gpu: bool, gpu_spec: dict[str
         (f"tf32 {tf32}", s.get("tf32") is tf32),
         (f"fused AdamW {fused}", s.get("fused_optimizer") is fused),
         (
-            "micro-batch x accum = global batch",
-            (r.get("micro_batch_size") or 0) * (r.get("grad_accum_steps") or 0) == r.get("global_batch"),
+            "micro-batch x accum x ranks = global batch",
+            (r.get("micro_batch_size") or 0) * (r.get("grad_accum_steps") or 0) * plan.ranks == r.get("global_batch"),
         ),
         ("steps.jsonl has one line per timed step", len(rec.get("steps") or []) == r.get("timed_steps")),
         (
@@ -431,6 +478,7 @@ def checks_for(plan: Plan, rec: dict[str, Any], on_gpu: bool, gpu_spec: dict[str
         out.append(("Liger applied", bool(((s.get("method_parts") or {}).get("liger") or {}).get("applied"))))
     if on_gpu:
         out.append(("MFU reported", r.get("mfu") is not None))
+    out += issue14_checks(plan, r, s, on_gpu)
     if plan.expect_failed_trial:
         trials = r.get("micro_batch_trials") or []
         out.append(
@@ -442,6 +490,94 @@ def checks_for(plan: Plan, rec: dict[str, Any], on_gpu: bool, gpu_spec: dict[str
     return out
 
 
+def issue14_checks(plan: Plan, r: dict[str, Any], s: dict[str, Any], on_gpu: bool) -> list[tuple[str, bool]]:
+    """What issue 14's fixes must show in a cell that ran (status ok)."""
+    parts = plan.method.split("+")
+    fl = parts[0] == "fl"
+    tuned = fl and on_gpu
+    out: list[tuple[str, bool]] = [(f"cudnn.benchmark {tuned} (13)", s.get("cudnn_benchmark") is tuned)]
+    if r.get("precision") == "fp16":  # 9: skipped steps counted, never timed; the scale of every timed step
+        out.append(("fp16: skipped steps counted (9)", isinstance(r.get("skipped_steps"), int)))
+        out.append(("fp16: loss scale recorded (9)", r.get("loss_scale") is not None))
+    if s.get("compile"):
+        out.append(("compile_observed recorded (11)", bool((s.get("compile_observed") or {}).get("how"))))
+    if plan.ranks > 1:
+        trials = r.get("micro_batch_trials") or []
+        out.append(("the forced OOM on rank 1, agreed by both (6)", bool(trials) and trials[0].get("oom_ranks") == [1]))
+        out.append(("process group rebuilt once (3, 5, 6)", s.get("process_group_rebuilds") == 1))
+        fsdp = s.get("fsdp") or {}
+        if fsdp:
+            units = sum((fsdp.get("sharded_modules") or {}).values()) + 1
+            rs = (s.get("collectives_per_step") or {}).get("reduce_scatter")
+            accum = r.get("grad_accum_steps") or 1
+            want = units if fsdp.get("grad_sync") == "last" else units * accum
+            out.append((f"reduce-scatters per step {want} (8)", rs == want))
+            out.append(("rank 1 built on the meta device (7)", "meta device" in str(fsdp.get("build"))))
+        ds = s.get("deepspeed") or {}
+        if ds.get("zero_stage") == 3:
+            out.append(("ZeRO-3 partitioned by zero.Init (7)", "zero.Init" in str(ds.get("build"))))
+    return out
+
+
+def cross_checks(records: list[dict[str, Any]]) -> None:
+    """Item 2: `cg` (CUDA graphs) under gradient accumulation trains like `fl`: final losses within 5%."""
+    by_label = {rec["label"]: rec for rec in records}
+    for rec in records:
+        if not rec["label"].endswith("/fl+cg") or (rec.get("result") or {}).get("status") != "ok":
+            continue
+        ref = (by_label.get(rec["label"][: -len("+cg")]) or {}).get("result") or {}
+        mine = rec["result"]
+        ok = (
+            ref.get("status") == "ok"
+            and mine.get("grad_accum_steps", 1) > 1
+            and abs(mine["final_loss"] - ref["final_loss"]) <= 0.05 * abs(ref["final_loss"])
+        )
+        rec.setdefault("checks", []).append(("cg with accumulation: final loss within 5% of fl's (2)", ok))
+
+
+def _visible_gpus() -> list[str]:
+    import torch
+
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env:
+        return [d.strip() for d in env.split(",") if d.strip()]
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def rank_worker(payload: dict[str, Any]) -> dict[str, Any]:
+    """One rank of a multi-rank plan (run by benchmarks/multirank.py): the trainer's entry point."""
+    from pretrain_planner.trainer.run import run_rank
+
+    out = run_rank(payload["spec"])
+    return {"rank": out["rank"]}
+
+
+def _run_multi(plan: Plan, spec: dict[str, Any], on_gpu: bool, cells_dir: Path) -> None:
+    """Run a plan's ranks as separate processes; raise if a rank failed."""
+    from multirank import run_ranks
+
+    gpus = _visible_gpus() if on_gpu else []
+    if on_gpu and len(gpus) < plan.ranks:
+        raise _Skip(f"needs {plan.ranks} GPUs, {len(gpus)} visible")
+
+    def extra_env(rank: int) -> dict[str, str]:
+        env = {FAKE_OOM_ENV: plan.fake_oom} if plan.fake_oom else {}
+        if on_gpu and plan.one_gpu_per_task:
+            env["CUDA_VISIBLE_DEVICES"] = gpus[rank]
+        return env
+
+    recs = run_ranks("gpu_check:rank_worker", plan.ranks, {"spec": spec}, 300 if on_gpu else 150, extra_env, cells_dir)
+    bad = [r for r in recs if r["returncode"] != 0 or r["timed_out"]]
+    if bad:
+        r = bad[0]
+        why = "timed out (a hang?)" if r["timed_out"] else f"exit {r['returncode']}"
+        raise RuntimeError(f"rank {r['rank']} {why}: {r.get('error')}\n{r.get('traceback', '')}\n{r['stderr'][-3000:]}")
+
+
+class _Skip(Exception):
+    """The plan cannot run here (too few GPUs): skipped, with the reason."""
+
+
 def run_plan(plan: Plan, catalog: Catalog, gpu: str, args: argparse.Namespace, cells_dir: Path) -> dict[str, Any]:
     from pretrain_planner.trainer.run import run_rank
 
@@ -449,7 +585,7 @@ def run_plan(plan: Plan, catalog: Catalog, gpu: str, args: argparse.Namespace, c
     if plan.skip:
         rec.update(status="skipped", reason=plan.skip)
         return rec
-    cell = Cell(plan.model, gpu, 1, 1, plan.method)
+    cell = Cell(plan.model, gpu, 1, plan.ranks, plan.method)
     reason = invalid_reason(cell, catalog.model(plan.model), catalog.gpu(gpu), "debug", catalog)
     folder = cells_dir / plan.label.replace("/", "__").replace(" ", "_")
     shutil.rmtree(folder, ignore_errors=True)
@@ -463,8 +599,12 @@ def run_plan(plan: Plan, catalog: Catalog, gpu: str, args: argparse.Namespace, c
     t0 = time.perf_counter()
     fake = {FAKE_OOM_ENV: str(plan.fake_oom_above)} if plan.fake_oom_above is not None else {}
     try:
-        with _environ(fake):
-            run_rank(spec)
+        if plan.ranks > 1:
+            spec = {**spec, "threads_per_rank": max(1, args.threads // plan.ranks)}
+            _run_multi(plan, spec, gpu != "cpu", cells_dir)
+        else:
+            with _environ(fake):
+                run_rank(spec)
         result_path, steps_path = Path(spec["outputs"]["result"]), Path(spec["outputs"]["steps"])
         if not result_path.is_file():
             raise RuntimeError(f"run_rank returned but wrote no {result_path}")
@@ -472,6 +612,8 @@ def run_plan(plan: Plan, catalog: Catalog, gpu: str, args: argparse.Namespace, c
         lines = steps_path.read_text().splitlines() if steps_path.is_file() else []
         steps = [json.loads(ln) for ln in lines if ln.strip()]
         rec.update(status=result["status"], result=result, steps=steps)
+    except _Skip as exc:
+        rec.update(status="skipped", reason=str(exc))
     except Exception as exc:  # noqa: BLE001 - one failing cell must not stop the others
         rec.update(
             status="error", error=f"{type(exc).__name__}: {exc}"[:2000], traceback=traceback.format_exc()[-6000:]
@@ -1026,6 +1168,7 @@ def main(argv: list[str] | None = None) -> int:
             run_cell_plan(plan, catalog, gpu, args, cells_dir, on_gpu, records)
         safe_write(out, meta, records, honesty)
 
+    cross_checks(records)
     meta["finished"] = True
     safe_write(out, meta, records, honesty)
     print(table(records, SHORT_COLUMNS), flush=True)

@@ -352,3 +352,23 @@ def test_empty_mfu_plot_is_labelled(tmp_path):
         assert (tmp_path / "plots" / plots[key].rsplit("/", 1)[1]).stat().st_size > 0
     assert "no MFU known" in (tmp_path / "plots/mfu_by_method.svg").read_text()
     assert "no setting with a known hardware cost" in (tmp_path / "plots/cost_vs_days.svg").read_text()
+
+
+def test_a_noisy_timing_fits_but_is_never_the_answer(tmp_path):
+    """status `noisy` (spread above benchmark.max_spread twice): the setting fits with it, but the fastest
+    method that counts is the quiet one; the count of noisy methods is shown."""
+    quiet = cell_result(P, "a100", 1, 1, "fl", days=30.0)
+    noisy = {**cell_result(P, "a100", 1, 1, "fl+ac", days=20.0), "status": "noisy", "spread": 2.4,
+             "reason": "p90/p10 2.40 above benchmark.max_spread 1.5, twice"}  # fmt: skip
+    only_noisy = {**cell_result(P, "a100", 1, 2, "fl", days=10.0), "status": "noisy", "reason": "spread"}
+    plan, paths = write_set(tmp_path, [quiet, noisy, only_noisy])
+    tables = aggregate.build_all(plan, paths, CATALOG, COSTS)
+    ttt, feas = tables["time_to_train"], tables["feasibility"]
+    r = _row(ttt, "a100", 1, 1)
+    assert r["best_method"] == "fl" and r["training_days"] == pytest.approx(30.0) and r["methods_noisy"] == 1
+    assert ttt.filter(pl.col("gpus_per_node") == 2).is_empty()  # a noisy timing alone gives no days
+    two = feas.filter(pl.col("gpus_per_node") == 2).row(0, named=True)
+    assert two["fits_any"] and two["fl"] == "fits"
+    cells = tables["cells"]
+    assert cells.filter(pl.col("method") == "fl+ac")["status"].to_list() == ["noisy"]
+    assert tables["problems"].height == 0

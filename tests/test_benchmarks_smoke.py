@@ -1,8 +1,9 @@
 """The GPU benchmark scripts' CPU smoke modes: the same code paths as on the GPU, on tiny models.
 
 gpu_check runs every method (naive, fl, fl+ac, flce, cstep, ZeRO-1/2/3 (+off), FSDP2 grad/full (+off) at
-world size 1, the GPU-only parts that must say `unsupported` on a CPU, and the OOM back-off through a
-forced OOM); accuracy runs its measure-then-sustain comparison. Each must exit 0 and write its report.
+world size 1, the GPU-only parts that must say `unsupported` on a CPU, the OOM back-off through a
+forced OOM, and issue 14's two-rank cells on gloo); accuracy runs its measure-then-sustain comparison. Each
+must exit 0 and write its report.
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ def test_gpu_check_smoke_runs_every_method(tmp_path):
         want = "unsupported" if method in gpu_check.GPU_ONLY else "ok"
         assert rec["status"] == want, (method, rec.get("reason"), rec.get("error"), rec.get("result", {}).get("reason"))
         assert rec["checks"] and all(ok for _, ok in rec["checks"]), (method, rec["checks"])
+    for plan in gpu_check.MULTI_SMOKE:  # two ranks: the forced OOM on rank 1 agreed, the fixes' evidence checked
+        rec = cells[plan.label]
+        assert rec["status"] == "ok", (plan.label, rec.get("reason"), rec.get("error"))
+        assert rec["checks"] and all(ok for _, ok in rec["checks"]), (plan.label, rec["checks"])
+        assert rec["result"]["world_size"] == 2
     oom = cells["tiny-gptneox/naive OOM probe"]["result"]["micro_batch_trials"]
     assert [t["fits"] for t in oom] == [False, False, True]
     kernels = {c["result"]["method_settings"]["attention_kernel"] for c in data["cells"] if c["status"] == "ok"}

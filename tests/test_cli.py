@@ -151,3 +151,21 @@ def test_status_without_a_plan_uses_the_config(tmp_path, capsys):
     assert cli.main(["status", "--results", str(tmp_path / "empty")]) == 0
     out = capsys.readouterr().out
     assert "no " in out and "plan.csv yet" in out and "pending" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--count", "4", "--days", "-17"], "argument --days: -17 must be a positive number"),
+        (["--count", "-4"], "argument --count: -4 must be a positive integer"),
+        (["--count", "0"], "argument --count: 0 must be a positive integer"),
+        (["--count", "4", "--nodes", "0"], "argument --nodes: 0 must be a positive integer"),
+        (["--count", "4", "--days", "nan"], "argument --days: nan must be a positive number"),
+        (["--count", "4", "--years", "0"], "argument --years: 0 must be a positive number"),
+        (["--count", "four"], "argument --count: 'four' is not an integer"),
+    ],
+)
+def test_cost_refuses_non_positive_numbers(tmp_path, args, says):
+    proc = run("cost", "--gpu", "a100", *args, cwd=tmp_path)
+    assert proc.returncode == 2 and says in proc.stderr, proc.stderr
+    assert "$" not in proc.stdout  # no price printed

@@ -24,7 +24,7 @@ def sweep(tmp_path_factory):
         work / "sweep.yaml",
         sweep={"models": MODELS, "gpus": ["cpu"], "nodes": [1], "gpus_per_node": RANKS, "methods": METHODS},
         launcher={"kind": "local", "timeout_min": 15},
-        benchmark={"warmup_steps": 1, "timed_steps": TIMED, "max_micro_batch": 4},
+        benchmark={"warmup_steps": 1, "timed_steps": TIMED, "max_micro_batch": 4, "max_spread": 50},  # wiring
     )
     proc = snakemake(work, "--profile", str(REPO / "cluster/local"), "--cores", "2", "--configfile", str(cfg))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
@@ -100,3 +100,47 @@ def test_rerun_does_nothing(sweep):
     proc = snakemake(work, "--profile", str(REPO / "cluster/local"), "--cores", "2", "--configfile", str(cfg))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Nothing to be done" in proc.stdout + proc.stderr
+
+
+def test_cpu_cells_ran_one_at_a_time_each_rank_on_its_own_core(sweep):
+    """On a CPU host a cell holds the whole host: no two cells' timed runs overlap, each rank pinned to a core."""
+    work, _, _ = sweep
+    results = [json.loads((d / "result.json").read_text()) for d in _cell_dirs(work)]
+    spans = sorted(r["devices"]["interval"] for r in results)
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False)), spans
+    for r in results:
+        ranks = r["devices"]["ranks"]
+        assert r["devices"]["placement"]["whole_host"] and len(ranks) == r["world_size"]
+        assert all(len(x["cpus"]) == 1 and x["threads"] == 1 for x in ranks)
+        assert len({x["cpus"][0] for x in ranks}) == r["world_size"]  # 2 cores here: one each
+
+
+def test_damaged_or_missing_results_are_measured_again(sweep):
+    """A garbage result.json, a missing steps.jsonl and a deleted result.json: the next run moves the damaged
+    files aside, says so, measures those three cells again and touches no other cell."""
+    work, cfg, _ = sweep
+    dirs = _cell_dirs(work)
+    garbage, no_steps, deleted = dirs[0], dirs[1], dirs[2]
+    (garbage / "result.json").write_text('{"status": "ok", "step_ti')
+    (no_steps / "steps.jsonl").unlink()
+    (deleted / "result.json").unlink()
+    untouched = {d: (d / "result.json").stat().st_mtime_ns for d in dirs[3:]}
+    dry = snakemake(work, "-n", "--profile", str(REPO / "cluster/local"), "--cores", "2", "--configfile", str(cfg))
+    assert dry.returncode == 0 and "Nothing to be done" not in dry.stdout + dry.stderr
+    assert f"damaged result in results/cells/{garbage.relative_to(work / 'results/cells')}" in dry.stderr
+    assert (garbage / "result.json").read_text().startswith('{"status": "ok", "step_ti')  # a dry run moves nothing
+    proc = snakemake(work, "--profile", str(REPO / "cluster/local"), "--cores", "2", "--configfile", str(cfg))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for d in (garbage, no_steps):
+        (kept,) = (d / "damaged").iterdir()
+        assert (kept / "WHY.txt").read_text().strip() and (kept / "result.json").is_file()
+        assert "measuring it again" in proc.stderr
+    assert (garbage / "damaged").is_dir() and "not valid JSON" in next((garbage / "damaged").iterdir()).joinpath(
+        "WHY.txt"
+    ).read_text()
+    for d in (garbage, no_steps, deleted):
+        result = json.loads((d / "result.json").read_text())
+        assert result["status"] == "ok" and len((d / "steps.jsonl").read_text().splitlines()) == TIMED
+    assert {d: (d / "result.json").stat().st_mtime_ns for d in dirs[3:]} == untouched
+    problems = pl.read_csv(work / "results/tables/problems.csv")
+    assert problems.height == 0

@@ -44,7 +44,7 @@ def _result(**extra):
 def test_declared_types_are_known():
     assert set(RESULT_FIELDS.values()) <= set(TYPES) | {"json"}
     assert "status" in RESULT_FIELDS and "reason" in RESULT_FIELDS
-    assert STATUSES == ("ok", "oom", "unsupported")
+    assert STATUSES == ("ok", "noisy", "oom", "unsupported")
 
 
 def test_empty_result_has_every_field():

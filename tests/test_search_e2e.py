@@ -24,7 +24,7 @@ RANKS = [1, 2]
 METHODS = ["naive", "fl", "fl+ac", "fl+fsdp-grad", "fl+ac+fsdp-grad", "fl+fsdp-grad+off"]
 COMMON = {
     "launcher": {"kind": "local", "timeout_min": 15},
-    "benchmark": {"warmup_steps": 1, "timed_steps": 2, "max_micro_batch": 4},
+    "benchmark": {"warmup_steps": 1, "timed_steps": 2, "max_micro_batch": 4, "max_spread": 50},
 }
 
 

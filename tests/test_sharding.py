@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 MODEL = "tiny-bert"  # fp32 recipe: losses agree across methods to float rounding
 METHODS = ["naive", "naive+ac", "naive+fsdp-grad", "naive+fsdp-full", "naive+fsdp-full+off", "fl+fsdp-full"]
 TIMED = 3
-BENCH = {"warmup_steps": 1, "timed_steps": TIMED, "max_micro_batch": 4}
+BENCH = {"warmup_steps": 1, "timed_steps": TIMED, "max_micro_batch": 4, "max_spread": 50}  # wiring, not noise
 
 
 def snakemake_bounded(workdir: Path, *args: str, env: dict | None = None, timeout: int = 600):

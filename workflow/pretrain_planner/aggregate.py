@@ -23,7 +23,7 @@ from . import costs as pp_costs
 from . import methods
 from .catalog import Catalog
 from .flops import train_flops_per_sample
-from .results import RESULT_FIELDS, STATUSES, atomic_write_text
+from .results import RAN, RESULT_FIELDS, STATUSES, atomic_write_text
 
 _PL_TYPES = {"str": pl.String, "int": pl.Int64, "float": pl.Float64, "bool": pl.Boolean, "json": pl.String}
 RESULT_SCHEMA = {name: _PL_TYPES[kind] for name, kind in RESULT_FIELDS.items()}
@@ -33,6 +33,7 @@ JSON_FIELDS = [k for k, kind in RESULT_FIELDS.items() if kind == "json"]
 COORDS = {"model": "str", "gpu": "str", "nodes": "int", "gpus_per_node": "int", "method": "str"}
 # what a result of each status must carry to be usable
 REQUIRED = {"ok": ("micro_batch_size", "grad_accum_steps", "step_time_s"), "oom": (), "unsupported": ()}
+REQUIRED["noisy"] = REQUIRED["ok"]
 
 ANALYTIC_COLUMNS = [
     "analytic_flops_per_step", "analytic_peak_tflops", "analytic_step_time_s", "analytic_days",
@@ -43,7 +44,7 @@ TIME_TO_TRAIN_COLUMNS = [
     "grad_accum_steps", "step_time_s", "step_time_p10_s", "step_time_p90_s", "tokens_per_s", "samples_per_s",
     "mfu", "peak_mem_gib", "training_days", "days_naive", "days_fl", "speedup_vs_naive", "speedup_vs_fl",
     "analytic_step_time_s", "analytic_days", "measured_over_analytic",
-    "methods_ok", "methods_oom", "methods_unsupported", "methods_suspect",
+    "methods_ok", "methods_oom", "methods_unsupported", "methods_suspect", "methods_noisy",
 ]  # fmt: skip
 FEASIBILITY_COLUMNS = [
     "model", "gpu", "nodes", "gpus_per_node", "world_size", "verdict", "naive", "fl", "fits_naive", "fits_fl",
@@ -82,7 +83,8 @@ _STR_COLS = {"model", "gpu", "method", "best_method", "status", "reason", "path"
              "device_name", "hostname", "slurm_job_id", "slurm_nodelist", "submitit_job_id", "started_at",
              "finished_at", "folder", "files", "note", "state", "detail", "strategy"}  # fmt: skip
 _INT_COLS = {"nodes", "gpus_per_node", "world_size", "micro_batch_size", "grad_accum_steps", "methods_ok",
-             "methods_oom", "methods_unsupported", "methods_suspect", "methods_valid", "methods_not_measured",
+             "methods_oom", "methods_unsupported", "methods_suspect", "methods_noisy", "methods_valid",
+             "methods_not_measured",
              "global_batch", "timed_steps", "warmup_steps", "recipe_steps", "time_limit_min", "methods_run",
              "methods_pruned"}  # fmt: skip
 _BOOL_COLS = {"valid", "suspect", "fits_naive", "fits_fl", "fits_any", "pareto"}
@@ -199,7 +201,7 @@ def parse_result(path: str | Path) -> tuple[dict[str, Any] | None, str | None]:
         missing = [k for k in REQUIRED[status] if row[k] is None]
         if missing:
             problems.append(f"status {status} but no {', '.join(missing)} (a partial result)")
-        if status == "ok" and row["step_time_s"] is not None and not row["step_time_s"] > 0:
+        if status in RAN and row["step_time_s"] is not None and not row["step_time_s"] > 0:
             problems.append(f"step_time_s {row['step_time_s']} is not positive")
     cell = _path_coords(path)
     for key in COORDS:
@@ -381,6 +383,7 @@ def time_to_train(cells: pl.DataFrame) -> pl.DataFrame:
             (pl.col("status") == "oom").sum().alias("methods_oom"),
             (pl.col("status") == "unsupported").sum().alias("methods_unsupported"),
             pl.col("suspect").fill_null(False).sum().alias("methods_suspect"),
+            (pl.col("status") == "noisy").sum().alias("methods_noisy"),
         )
     )
     table = (
@@ -393,13 +396,13 @@ def time_to_train(cells: pl.DataFrame) -> pl.DataFrame:
             (pl.col("days_fl") / pl.col("training_days")).alias("speedup_vs_fl"),
         )
     )
-    return table.select(TIME_TO_TRAIN_COLUMNS).cast({c: pl.Int64 for c in TIME_TO_TRAIN_COLUMNS[-4:]}).sort(GROUP)
+    return table.select(TIME_TO_TRAIN_COLUMNS).cast({c: pl.Int64 for c in TIME_TO_TRAIN_COLUMNS[-5:]}).sort(GROUP)
 
 
 def _method_state(cells: pl.DataFrame, method: str) -> pl.DataFrame:
     return cells.filter(pl.col("method") == method).select(
         *GROUP,
-        pl.when(pl.col("status") == "ok").then(pl.lit("fits")).otherwise(pl.col("status")).alias(method),
+        pl.when(pl.col("status").is_in(RAN)).then(pl.lit("fits")).otherwise(pl.col("status")).alias(method),
     )
 
 
@@ -412,8 +415,8 @@ def feasibility(cells: pl.DataFrame, ttt: pl.DataFrame) -> pl.DataFrame:
     status = pl.col("status")
     groups = cells.group_by(GROUP).agg(
         pl.col("world_size").first(),
-        (status == "ok").any().alias("fits_any"),
-        pl.col("method").filter(status == "ok").sort().alias("_fitting"),
+        status.is_in(RAN).any().alias("fits_any"),
+        pl.col("method").filter(status.is_in(RAN)).sort().alias("_fitting"),
         pl.col("valid").sum().cast(pl.Int64).alias("methods_valid"),
         (status == "ok").sum().cast(pl.Int64).alias("methods_ok"),
         (status == "oom").sum().cast(pl.Int64).alias("methods_oom"),
@@ -491,7 +494,7 @@ def pareto_table(costs: pl.DataFrame, costs_config: dict[str, Any] | None = None
 def benchmark_cost(cells: pl.DataFrame, ttt: pl.DataFrame, strategy: str) -> pl.DataFrame:
     """Per setting: GPU-hours the benchmark itself spent (wall time x GPUs of every measured cell) beside the
     time-limit bound of the cells it ran and of every valid cell (what exhaustive search could spend)."""
-    measured = pl.col("status").is_in(["ok", "oom", "unsupported", "corrupt"])
+    measured = pl.col("status").is_in([*STATUSES, "corrupt"])
     wall = pl.col("wall_time_s") if "wall_time_s" in cells.columns else pl.lit(None, pl.Float64)
     bound = pl.col("gpu_hours_max") if "gpu_hours_max" in cells.columns else pl.lit(None, pl.Float64)
     table = (
@@ -542,9 +545,10 @@ def to_markdown(df: pl.DataFrame, max_rows: int | None = None) -> str:
 
 
 TABLE_INTROS = {
-    "cells": "Every cell of the plan joined with its result (status ok, oom, unsupported, invalid, missing, "
+    "cells": "Every cell of the plan joined with its result (status ok, noisy, oom, unsupported, invalid, missing, "
     "corrupt); all columns are in cells.csv / cells.parquet.",
-    "time_to_train": "Fastest method that ran per model x GPU type x count (suspect timings excluded), beside "
+    "time_to_train": "Fastest method that ran per model x GPU type x count (suspect and noisy timings excluded), "
+    "beside "
     "naive and free-lunch (`fl`) alone and the analytic estimate at 100% of the dense peak.",
     "feasibility": "Which settings fit in memory with naive, with free-lunch alone, and with any method.",
     "costs": "What the best setting of each model x GPU type x count costs: hardware purchase, amortised "

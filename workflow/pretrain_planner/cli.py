@@ -9,7 +9,6 @@ see where a sweep stands. Reads config files and results only; imports no torch.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import sys
 from pathlib import Path
@@ -31,24 +30,15 @@ def _resolve(path: str) -> Path:
     return REPO / p
 
 
-def _merge(base: dict, over: dict) -> dict:
-    out = copy.deepcopy(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
-    return out
-
-
 def load_config(args: argparse.Namespace) -> dict[str, Any]:
-    """config/config.yaml with --config merged over it (as Snakemake's --configfile), validated, defaults in."""
+    """--config alone (as Snakemake's --configfile: the demo sweep is not merged under it), else the demo
+    sweep config/config.yaml; validated, defaults in."""
     from .schema import load_yaml, validate
 
-    default = _resolve(DEFAULT_CONFIG)
-    config = load_yaml(default) if default.is_file() else {}
-    source = str(default)
-    if args.config:
-        config = _merge(config or {}, load_yaml(_resolve(args.config)) or {})
-        source = args.config
-    if "sweep" not in config:  # no default config at hand: only the keys the CLI needs
+    path = _resolve(args.config) if args.config else _resolve(DEFAULT_CONFIG)
+    config = (load_yaml(path) if args.config or path.is_file() else {}) or {}
+    source = args.config or str(path)
+    if "sweep" not in config:  # no sweep at hand: only the keys the CLI needs
         config["sweep"] = {"models": ["-"], "gpus": ["-"]}
     validate(config, "config", source)
     if args.models:
@@ -72,6 +62,22 @@ def _catalog(config: dict[str, Any], models: bool = True):
 
 def _results_dir(config: dict[str, Any]) -> Path:
     return Path(config["results"])
+
+
+def _positive(kind: type):
+    """An argparse type: a number of `kind` above zero (a count, days, years), else a clear error."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a{'n integer' if kind is int else ' number'}") from None
+        if not value > 0 or value != value or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"{text} must be a positive {'integer' if kind is int else 'number'}")
+        return value
+
+    parse.__name__ = f"positive {kind.__name__}"
+    return parse
 
 
 def _days(x: float) -> str:
@@ -256,17 +262,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("cost", parents=[common], help="price a hypothetical: hardware, amortised, cloud")
     p.add_argument("--gpu", required=True, help="GPU type (a name in config/gpus.yaml)")
-    p.add_argument("--count", type=int, required=True, help="number of GPUs in all")
-    p.add_argument("--nodes", type=int, default=1, help="machines the GPUs are spread over (default 1)")
-    p.add_argument("--days", type=float, help="days of training (for the amortised and cloud cost)")
-    p.add_argument("--years", type=float, help="amortisation years (default: the config's costs.amortisation_years)")
+    p.add_argument("--count", type=_positive(int), required=True, help="number of GPUs in all")
+    p.add_argument("--nodes", type=_positive(int), default=1, help="machines the GPUs are spread over (default 1)")
+    p.add_argument("--days", type=_positive(float), help="days of training (for the amortised and cloud cost)")
+    p.add_argument("--years", type=_positive(float),
+                   help="amortisation years (default: the config's costs.amortisation_years)")  # fmt: skip
     p.set_defaults(func=cmd_cost)
 
     p = sub.add_parser("best", parents=[common], help="the best measured setting and its days")
     p.add_argument("--model", required=True)
     p.add_argument("--gpu", required=True)
-    p.add_argument("--count", type=int, help="number of GPUs in all (default: any)")
-    p.add_argument("--nodes", type=int, help="only this many nodes (default: any)")
+    p.add_argument("--count", type=_positive(int), help="number of GPUs in all (default: any)")
+    p.add_argument("--nodes", type=_positive(int), help="only this many nodes (default: any)")
     p.add_argument("--results", help="results folder (default: the config's `results`)")
     p.set_defaults(func=cmd_best)
 

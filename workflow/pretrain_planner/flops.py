@@ -2,8 +2,10 @@
 
 Transformers (Kaplan et al. / the PaLM appendix, as in reference/measurements.md): a token costs
 6 x (matmul parameters it passes through, LM head included, input embedding excluded) for forward +
-backward, plus 12 x layers x hidden x context for attention scores and values (no causal discount,
-matching what kernels and torch.utils.flop_counter count). Norms, biases and activations are ignored
+backward, plus 12 x layers x hidden x context for attention scores and values. Causal attention is counted
+in full, deliberately (issue 14): the PaLM appendix, Megatron and torch.utils.flop_counter count it so, and
+MFU must compare with their figures; a causal flash kernel skips about half of it, so at long contexts MFU
+overstates the arithmetic done by up to half the attention share. Norms, biases and activations are ignored
 (< 2% for real sizes). With sparse prediction (24-hour BERT) the LM head counts for the masked share
 of the tokens only. Families with no formula here (ConvNeXt) return None; the trainer then counts
 the FLOPs of one step with torch.utils.flop_counter. Imports no torch.

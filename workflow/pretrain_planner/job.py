@@ -3,37 +3,138 @@ until called."""
 
 from __future__ import annotations
 
+import json
+import os
+import socket
+import time
+from pathlib import Path
 from typing import Any
 
 import submitit
 
+from . import progress
 
-class CellJob(submitit.helpers.Checkpointable):
-    """Measure one cell. On preemption or time-out submitit calls `checkpoint`, which (inherited)
-    requeues this same callable: a benchmark restarts cleanly from its first step."""
+SLURM_RECORD = "slurm_job.json"  # the SLURM job that measures a folder (written by the launcher)
+LOCAL_RECORD = "local_job.json"  # the local job that measures a folder
+
+
+def recorded_job(workdir: str | os.PathLike) -> str | None:
+    """The job id the launcher recorded for `workdir` (None: no record). Only that job may write the
+    folder's outputs: another one (requeued after its replacement was submitted, left by a killed driver)
+    must not overwrite them."""
+    name = SLURM_RECORD if os.environ.get("SLURM_JOB_ID") else LOCAL_RECORD
+    try:
+        return str(json.loads((Path(workdir) / name).read_text())["job_id"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _local_rank() -> int:
+    for var in ("SUBMITIT_LOCAL_LOCALID", "SLURM_LOCALID", "LOCAL_RANK"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0
+
+
+def _global_rank() -> int:
+    for var in ("SUBMITIT_LOCAL_GLOBALID", "SLURM_PROCID", "RANK"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0
+
+
+def job_id_here() -> str | None:
+    """The id of the job this process belongs to (SLURM's, or submitit's local controller pid)."""
+    return os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID")
+
+
+def observe_rank() -> dict[str, Any]:
+    """Where this rank runs, as the operating system and the scheduler see it."""
+    out: dict[str, Any] = {
+        "rank": _global_rank(), "local_rank": _local_rank(), "host": socket.gethostname(), "pid": os.getpid(),
+        "cpus": sorted(os.sched_getaffinity(0)), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }  # fmt: skip
+    for var in ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "GPU_DEVICE_ORDINAL"):
+        if os.environ.get(var) is not None:
+            out[var.lower()] = os.environ[var]
+    return out
+
+
+class RankJob(submitit.helpers.Checkpointable):
+    """A job's callable. The launcher sets `context` before submitting: the job's folder (`workdir`), its
+    record file, the devices it holds on this host (`placement`, local jobs) and what a refusal to requeue
+    must say. Each rank first pins itself to its cores, then runs `run()`."""
+
+    restartable = True  # a time-out requeue starts from scratch (see progress.py)
+
+    def __init__(self) -> None:
+        self.context: dict[str, Any] = {}
+
+    def __call__(self) -> Any:
+        self._started = time.time()
+        ctx = getattr(self, "context", None) or {}
+        place = ctx.get("placement")
+        if place:
+            cpus = place["cpus_by_rank"][_local_rank() % len(place["cpus_by_rank"])]
+            os.sched_setaffinity(0, cpus)  # before torch starts its thread pools: they inherit it
+            os.environ["OMP_NUM_THREADS"] = str(place["threads_per_rank"])
+        if ctx.get("workdir") and ctx.get("kind") == "local":
+            pids = Path(ctx["workdir"]) / "local_ranks"
+            pids.mkdir(parents=True, exist_ok=True)
+            from .hostpool import start_time
+
+            me = {"pid": os.getpid(), "start": start_time(os.getpid()), "job_id": job_id_here()}
+            (pids / f"rank{_global_rank()}.json").write_text(json.dumps(me))
+        return self.run()
+
+    def run(self) -> Any:
+        raise NotImplementedError
+
+    def progress_units(self) -> int | None:
+        return progress.current()
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission | None:
+        """On USR2 (rank 0): requeue, unless this is a time-out that would loop without progress."""
+        ctx = getattr(self, "context", None) or {}
+        slurm = ctx.get("slurm") or {}
+        started = getattr(self, "_started", time.time())
+        if ctx.get("workdir") and slurm.get("time_limit_min") and progress.timed_out(started, slurm["time_limit_min"]):
+            reason = progress.decide_requeue(
+                ctx["workdir"], job_id_here(), self.progress_units(), self.restartable, slurm, ctx.get("what", "job")
+            )
+            if reason:
+                print(f"pretrain-planner: not requeued: {reason}", flush=True)
+                return None  # submitit: "Job not requeued because: checkpoint function returned None"
+        return super().checkpoint(*args, **kwargs)
+
+
+class CellJob(RankJob):
+    """Measure one cell. On preemption or time-out submitit calls `checkpoint`, which requeues this same
+    callable: a benchmark restarts cleanly from its first step."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
+        super().__init__()
         self.spec = spec
 
-    def __call__(self) -> dict[str, Any]:
+    def run(self) -> dict[str, Any]:
         from .trainer.run import run_rank  # torch is imported here, on the compute side only
 
-        return run_rank(self.spec)
+        return run_rank({**self.spec, "launch_context": getattr(self, "context", None) or {}})
 
 
-class BudgetJob(submitit.helpers.Checkpointable):
+class BudgetJob(RankJob):
     """One job of the budget stage on every rank: `pretrain` (the time-budgeted run) or `finetune` (a GLUE
     task). On preemption or time-out the pre-training finishes its step and writes a checkpoint first
     (budget.pretrain chains submitit's handler), then submitit requeues this callable, which resumes."""
 
     def __init__(self, entry: str, kwargs: dict[str, Any]) -> None:
+        super().__init__()
         if entry not in ("pretrain", "finetune"):
             raise ValueError(f"unknown budget job {entry!r}")
         self.entry, self.kwargs = entry, kwargs
+        self.restartable = entry != "pretrain"  # pre-training resumes from its checkpoint
 
-    def __call__(self) -> Any:
-        import os
-
+    def run(self) -> Any:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         if self.entry == "pretrain":

@@ -16,7 +16,7 @@ from . import search as pp_search
 from .catalog import Catalog, load_catalog
 from .launch import cell_spec
 from .results import atomic_write_text
-from .schema import ConfigError, validate
+from .schema import ConfigError, load_yaml, non_defaults, validate
 from .site import load_site
 
 
@@ -34,6 +34,7 @@ class Pipeline:
     catalog: Catalog
     planned: list[grid.PlannedCell]
     site: dict[str, Any] | None = None
+    sources: list[tuple[str, Any]] | None = None  # the config files merged, in order (for the dry run)
 
     @property
     def results(self) -> str:
@@ -130,13 +131,14 @@ class Pipeline:
             agg["gpus"].add(r["world_size"])
             agg["limit"].add(r["time_limit_min"])
             agg["hours"] += r["gpu_hours_max"]
-        lines = [
+        lines = [*self.settings_lines()]
+        lines += [
             f"pretrain-planner plan: {len(rows)} cells to run, {len(self.planned) - len(rows)} invalid "
             f"(reasons in {self.results}/plan.csv); launcher {self.config['launcher']['kind']}"
         ]
         for part, agg in sorted(by_part.items()):
             lines.append(
-                f"  partition {part}: {agg['cells']} cells, {min(agg['gpus'])}-{max(agg['gpus'])} GPUs per cell, "
+                f"  partition {part}: {agg['cells']} cells, {_span(agg['gpus'])} GPUs per cell, "
                 f"time limit {'/'.join(map(str, sorted(agg['limit'])))} min, at most {agg['hours']:.1f} GPU-hours"
             )
         total = sum(a["hours"] for a in by_part.values())
@@ -150,6 +152,20 @@ class Pipeline:
             )
         return "\n".join(lines)
 
+    def settings_lines(self) -> list[str]:
+        """The effective settings that differ from the schema's defaults, each with the file it came from:
+        nothing a user did not write (or see written in the demo config) applies silently."""
+        if self.sources is None:
+            return []
+        diff = non_defaults(self.config, "config", self.sources, CLI_CONFIG)
+        lines = ["pretrain-planner settings (those differing from workflow/schemas/config.schema.yaml's defaults):"]
+        width = max((len(f"{k} = {v}") for k, v, _ in diff), default=0)
+        lines += [f"  {f'{k} = {v}':<{width}}  <- {origin}" for k, v, origin in diff]
+        if any(origin == DEMO_LABEL for *_, origin in diff):
+            lines.append(f"  ({DEMO_CONFIG} is the demo sweep, tiny models on CPUs: it applies only when no "
+                         "--configfile is given)")  # fmt: skip
+        return lines
+
     def plan_params(self) -> dict[str, Any]:
         """What plan.csv depends on besides the catalog files (a change re-plans)."""
         return {"sweep": self.config["sweep"], "launcher": self.config["launcher"]["kind"]}
@@ -161,7 +177,32 @@ class Pipeline:
                 "tolerance": st.tolerance, "model_error": st.model_error}  # fmt: skip
 
 
-def load(config: dict[str, Any], basedir: str | Path, source: str = "config") -> Pipeline:
+def _span(values: set[int]) -> str:
+    return f"{min(values)}-{max(values)}" if len(values) > 1 else str(min(values))
+
+
+CLI_CONFIG = "--config (the command line, or the profile's `config:`)"
+DEMO_CONFIG = "config/config.yaml"  # the demo sweep: loaded by the Snakefile only when no --configfile is given
+DEMO_LABEL = f"{DEMO_CONFIG} (demo)"
+
+
+def config_sources(configfiles: list[Any], basedir: str | Path) -> list[tuple[str, Any]]:
+    """(label, contents) of each config file Snakemake merged, in order."""
+    out = []
+    for path in configfiles:
+        label = str(path)
+        if Path(path).resolve() == (Path(basedir) / DEMO_CONFIG).resolve():
+            label = DEMO_LABEL
+        try:
+            out.append((label, load_yaml(path)))
+        except ConfigError:
+            continue
+    return out
+
+
+def load(
+    config: dict[str, Any], basedir: str | Path, source: str = "config", sources: list[tuple[str, Any]] | None = None
+) -> Pipeline:
     """Validate config (defaults filled in place), load the catalog, expand and check the plan."""
     validate(config, "config", source)
     cat = config["catalog"]
@@ -172,13 +213,15 @@ def load(config: dict[str, Any], basedir: str | Path, source: str = "config") ->
     site = None
     if config["launcher"]["kind"] == "slurm":
         site = load_site(resolve(config["launcher"]["site"], basedir), config["sweep"]["gpus"], source)
-    return Pipeline(config, catalog, planned, site)
+    return Pipeline(config, catalog, planned, site, sources)
 
 
-def load_or_exit(config: dict[str, Any], basedir: str | Path, source: str = "config") -> Pipeline:
+def load_or_exit(
+    config: dict[str, Any], basedir: str | Path, source: str = "config", sources: list[tuple[str, Any]] | None = None
+) -> Pipeline:
     """`load` for the Snakefile: a config mistake ends the run with the message alone, no traceback."""
     try:
-        return load(config, basedir, source)
+        return load(config, basedir, source, sources)
     except ConfigError as exc:
         raise SystemExit(f"pretrain-planner: configuration error\n{exc}") from None
 

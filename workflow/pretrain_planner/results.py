@@ -13,7 +13,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-STATUSES = ("ok", "oom", "unsupported")
+STATUSES = ("ok", "noisy", "oom", "unsupported")
+RAN = ("ok", "noisy")  # the step ran at its micro-batch (noisy: its timing spread too wide to be trusted)
 
 # field -> type name ("str", "int", "float", "bool", "json" = nested data kept as a JSON string)
 RESULT_FIELDS: dict[str, str] = {
@@ -41,12 +42,15 @@ RESULT_FIELDS: dict[str, str] = {
     "mfu": "float",
     "suspect": "bool",
     "suspect_reason": "str",
+    "spread": "float",  # p90/p10 of the timed steps (the last timing when a noisy cell was timed twice)
     "peak_mem_gib": "float",
     "peak_mem_kind": "str",
     "recipe_steps": "int",
     "training_days": "float",
     "steps_in_budget": "float",
     "final_loss": "float",
+    "skipped_steps": "int",  # fp16: optimizer steps the loss scaler skipped (never timed); None without scaling
+    "loss_scale": "float",  # fp16: the loss scale of the last timed step
     "method_settings": "json",
     "micro_batch_trials": "json",
     "versions": "json",
@@ -57,6 +61,7 @@ RESULT_FIELDS: dict[str, str] = {
     "submitit_job_id": "str",
     "wall_time_s": "float",
     "started_at": "str",
+    "devices": "json",  # where every rank ran: the cores and GPUs it held (hostpool.py), threads, host
     "finished_at": "str",
 }
 

@@ -59,10 +59,17 @@ def _describe(error) -> str:
         renamed = schema.get("x-renamed", {})  # keys of earlier versions: what replaced them
         for key in (k for k in error.instance if k in renamed and k not in schema["properties"]):
             msg += f"; {key!r} was replaced by {renamed[key]}"
+    elif error.validator == "pattern" and schema.get("x-message"):
+        msg = f"{error.instance!r} {schema['x-message']}"
     elif error.validator in ("oneOf", "anyOf"):
-        msg = f"{error.instance!r} does not match the schema: " + "; ".join(
-            sorted({c.message for c in error.context})[:4]
-        )
+        explained = [c for c in error.context if c.validator == "pattern" and isinstance(c.schema, dict)
+                     and c.schema.get("x-message")]  # fmt: skip
+        if explained:
+            msg = f"{error.instance!r} {explained[0].schema['x-message']}"
+        else:
+            msg = f"{error.instance!r} does not match the schema: " + "; ".join(
+                sorted({c.message for c in error.context})[:4]
+            )
     if schema.get("description") and error.validator != "additionalProperties":
         msg += f" ({schema['description']})"
     return msg
@@ -91,3 +98,47 @@ def load_yaml(path: str | Path) -> Any:
         return yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+
+
+def schema_defaults(schema_name: str) -> dict[str, Any]:
+    """{'a.b': default} for every key the schema gives a default, nested ones included (also under a
+    section that is itself required and has no default, e.g. sweep.nodes)."""
+
+    def walk(schema: dict, prefix: str) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, sub in (schema.get("properties") or {}).items():
+            path = f"{prefix}.{key}" if prefix else key
+            if "properties" in sub:
+                out.update(walk(sub, path))
+            elif "default" in sub:
+                out.update(leaves(sub["default"], path))
+        return out
+
+    return walk(load_schema(schema_name), "")
+
+
+def leaves(data: Any, prefix: str = "") -> dict[str, Any]:
+    """{'a.b': value} for every non-mapping value of nested mappings (lists are values)."""
+    if not isinstance(data, dict) or (not data and prefix):
+        return {prefix: data}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        out.update(leaves(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def non_defaults(
+    effective: dict, schema_name: str, sources: list[tuple[str, Any]], fallback: str = "--config"
+) -> list[tuple[str, Any, str]]:
+    """(key, value, where it came from) for every effective setting that differs from the schema's default.
+    `sources` are (label, mapping) in the order they were merged; the last one that sets a key to its
+    effective value is named; `fallback` when none does (e.g. Snakemake's --config)."""
+    defaults = schema_defaults(schema_name)
+    source_leaves = [(label, leaves(data or {})) for label, data in sources]
+    out = []
+    for key, value in leaves(effective).items():
+        if key in defaults and defaults[key] == value:
+            continue
+        origin = next((label for label, flat in reversed(source_leaves) if flat.get(key, object()) == value), fallback)
+        out.append((key, value, origin))
+    return out

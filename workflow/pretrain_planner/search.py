@@ -135,14 +135,15 @@ class Observation:
         if row is None:
             return cls("corrupt")
         wall = row.get("wall_time_s")
+        noisy = row["status"] == "noisy"  # it ran at that micro-batch, but its timing is not to be trusted
         return cls(
-            row["status"],
+            "ok" if noisy else row["status"],
             row.get("micro_batch_size"),
             row.get("step_time_s"),
             row.get("peak_mem_gib"),
             row.get("peak_mem_kind"),
             (wall or 0.0) * (row.get("world_size") or world) / 3600,
-            bool(row.get("suspect")),
+            bool(row.get("suspect")) or noisy,
         )
 
 

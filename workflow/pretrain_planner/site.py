@@ -71,4 +71,6 @@ def sbatch_parameters(settings: dict[str, Any], nodes: int, gpus_per_node: int, 
         params["additional_parameters"] = extra
     if settings.get("setup"):
         params["setup"] = list(settings["setup"])
+    # one task failing ends the step: its peers would otherwise wait in a collective until the time limit
+    params["srun_args"] = ["--kill-on-bad-exit=1"]
     return params

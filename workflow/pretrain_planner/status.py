@@ -23,7 +23,7 @@ from .aggregate import parse_result, read_plan
 from .launch import JOB_RECORD
 from .search import latest_rounds
 
-STATES = ("ok", "oom", "unsupported", "corrupt", "failed", "running", "pending", "pruned")
+STATES = ("ok", "noisy", "oom", "unsupported", "corrupt", "failed", "running", "pending", "pruned")
 _DONE_WITHOUT_RESULT = re.compile(r"\] (job \S+ done: status=|finished in-process)")
 
 

@@ -2,6 +2,8 @@
 import sys
 
 import pretrain_planner.aggregate as pp_aggregate
+import pretrain_planner.driver as pp_driver
+import pretrain_planner.integrity as pp_integrity
 import pretrain_planner.launch as pp_launch
 import pretrain_planner.pipeline as pp_pipeline
 import pretrain_planner.report as pp_report
@@ -9,10 +11,36 @@ import pretrain_planner.search as pp_search
 from pretrain_planner.grid import WILDCARD_CONSTRAINTS
 
 PP = pp_pipeline.load_or_exit(
-    config, workflow.basedir, " + ".join(map(str, workflow.configfiles)) or "config"
+    config,
+    workflow.basedir,
+    " + ".join(map(str, workflow.configfiles)) or "config",
+    pp_pipeline.config_sources(workflow.configfiles, workflow.basedir),
 )
 RESULTS = PP.results
 print(PP.summary(), file=sys.stderr)
+# One driver per results folder; damaged results are moved aside before the DAG is built (integrity.py).
+# Only when this invocation runs jobs: a dry run, --unlock, --lint ... change nothing.
+EXECUTING = pp_driver.executing()
+if EXECUTING:
+    pp_driver.check(RESULTS)
+for _line in pp_integrity.repair(RESULTS, [c.path for c in PP.cells], move=EXECUTING):
+    print(_line, file=sys.stderr)
+
+
+onstart:
+    pp_driver.acquire(RESULTS)
+    for _folder in pp_launch.end_all_orphans(RESULTS):
+        print(f"pretrain-planner: ended a job an earlier driver left running in {_folder}", file=sys.stderr)
+
+
+onsuccess:
+    pp_driver.release()
+
+
+onerror:
+    pp_driver.release()
+
+
 CELL_DIR = f"{RESULTS}/cells/{{model}}/{{gpu}}/{{nodes}}x{{gpus_per_node}}/{{method}}"
 TABLES = pp_aggregate.table_files(f"{RESULTS}/tables")
 PLOTS = pp_report.plot_files(f"{RESULTS}/plots")
@@ -37,6 +65,19 @@ def search_round_input(wildcards):
         return {}
     previous = checkpoints.search_round.get(**_setting_wc(wildcards), k=k - 1).output.decision
     return {"previous": previous, "results": pp_search.round_results(RESULTS, previous)}
+
+
+def all_cell_outputs(wildcards):
+    """Every measured cell's result and steps file as targets: a missing one is measured again (as an input
+    of tables that exist, Snakemake would take it for a deleted temporary file and do nothing)."""
+    if not PP.adaptive:
+        return PP.cell_files("result.json") + PP.cell_files("steps.jsonl")
+    out = []
+    for st in PP.settings.values():
+        wc = {"model": st.model, "gpu": st.gpu, "nodes": st.nodes, "gpus_per_node": st.gpus_per_node}
+        for result in search_done_input(wc)["results"]:
+            out += [result, result[: -len("result.json")] + "steps.jsonl"]
+    return out
 
 
 def search_done_input(wildcards):

@@ -132,7 +132,7 @@ def launch_settings(main: dict[str, Any], cfg: dict[str, Any], basedir: str | Pa
     without train.gpu stops only the budget's jobs (`slurm_error`), not a benchmark sweep's parse."""
     launcher, tr = main["launcher"], cfg["train"]
     world = tr["nodes"] * tr["gpus_per_node"]
-    out: dict[str, Any] = {"kind": launcher["kind"], "timeout_min": launcher["timeout_min"], "slurm": None}
+    out: dict[str, Any] = {**{k: v for k, v in launcher.items() if k != "site"}, "slurm": None}
     if launcher["kind"] == "debug" and world > 1:
         raise ConfigError(
             f"{cfg['source']}: train.nodes x train.gpus_per_node = {world} ranks, but launcher.kind debug runs one "
@@ -146,7 +146,8 @@ def launch_settings(main: dict[str, Any], cfg: dict[str, Any], basedir: str | Pa
         except ConfigError as exc:  # a benchmark sweep need not map the budget's GPU: only its jobs stop
             out["slurm_error"] = str(exc)
         else:
-            out["slurm"] = {**site["gpus"][tr["gpu"]], "poll_max_s": site["poll_max_s"]}
+            out["slurm"] = {**site["gpus"][tr["gpu"]], "poll_max_s": site["poll_max_s"], "gpu_type": tr["gpu"],
+                            "site": site["path"]}  # fmt: skip
     return out
 
 

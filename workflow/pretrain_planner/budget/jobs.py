@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..job import BudgetJob
-from ..launch import JOB_RECORD, JobRequest, RuleLog, run_job, threads_per_rank, uses_gpus
+from ..launch import JOB_RECORD, JobRequest, RuleLog, holds_gpus, run_job, threads_per_rank
 from .config import TORCH_LOCK, setting_of
 
 
@@ -36,14 +36,20 @@ def _run(
     if req.kind == "slurm" and req.slurm is None:
         raise RuntimeError(f"budget {entry}: {launch_error or 'no site settings for train.gpu'}")
     for _attempt in range(2):
-        job_id, value = run_job(req, log, f"budget {entry}", log_path)
+        outcome = run_job(req, log, f"budget {entry}", log_path)
+        job_id = outcome.job_id
         log(f"job {job_id} done")
         if all(p.exists() for p in outputs):
-            return value or {}
+            return outcome.first or {}
         if req.record is not None:
             req.record.unlink(missing_ok=True)  # do not re-attach to that job again
         log(f"job {job_id} finished without {', '.join(str(p) for p in outputs if not p.exists())}: running again")
     raise RuntimeError(f"budget {entry}: the job finished twice without writing {outputs}; see {log_path}")
+
+
+def _threads(cfg: dict[str, Any], launch: dict[str, Any], threads: int, world: int) -> int:
+    on_gpus = holds_gpus(cfg["train"]["gpu"], cfg["train"]["device"], launch.get("local_gpus"))
+    return threads_per_rank(launch["kind"], launch["slurm"], threads, world, on_gpus, launch.get("local_gpus"))
 
 
 def _request(
@@ -55,10 +61,12 @@ def _request(
         fn=BudgetJob(entry, kwargs),
         kind=launch["kind"],
         folder=folder / "submitit",
-        use_gpus=uses_gpus(cfg["train"]["gpu"], cfg["train"]["device"]),
+        use_gpus=holds_gpus(cfg["train"]["gpu"], cfg["train"]["device"], launch.get("local_gpus")),
         slurm=launch["slurm"],
         record=folder / JOB_RECORD,
         identity={"entry": entry, **kwargs},
+        launcher=launch,
+        cpu_threads=kwargs["threads"],
         **more,
     )
 
@@ -82,7 +90,7 @@ def pretrain(
     kwargs = {
         "cfg": cfg, "index_path": str(Path(index).resolve()), "out_model": str(Path(out_model).resolve()),
         "out_result": str(Path(out_result).resolve()), "run_dir": str(run), "log": str(Path(log_path).resolve()),
-        "threads": threads_per_rank(launch["kind"], launch["slurm"], threads, world),
+        "threads": _threads(cfg, launch, threads, world),
     }  # fmt: skip
     if kill_at_step is not None:
         kwargs["kill_at_step"] = kill_at_step
@@ -126,7 +134,7 @@ def finetune(
     kwargs = {
         "cfg": cfg, "task_name": task, "init_model": str(Path(init_model).resolve()), "out_metrics": str(out),
         "log": str(Path(log_path).resolve()), "out_model": str(Path(out_model).resolve()) if out_model else None,
-        "init_kind": init_kind, "threads": threads_per_rank(launch["kind"], launch["slurm"], threads, 1),
+        "init_kind": init_kind, "threads": _threads(cfg, launch, threads, 1),
     }  # fmt: skip
     log = RuleLog(log_path)
     log(f"finetune {task} from {init_kind}: launcher {launch['kind']}, 1 rank ({tr['gpu']})")

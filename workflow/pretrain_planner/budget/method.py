@@ -179,10 +179,19 @@ class Built:
 
 
 def build(
-    cfg: MethodConfig, env: RankEnv, model: dict[str, Any], micro: int, accum: int, seed: int, fl_attn: str = "sdpa"
+    cfg: MethodConfig,
+    env: RankEnv,
+    model: dict[str, Any],
+    micro: int,
+    accum: int,
+    seed: int,
+    fl_attn: str = "sdpa",
+    grad_sync: str | None = None,
 ) -> Built:
     """The model (fresh weights from `seed`, the same on every rank) with the method applied, as a step.
-    `fl_attn`: the attention of `fl` without `fa2` (train.attn_implementation)."""
+    `fl_attn`: the attention of `fl` without `fa2` (train.attn_implementation). `grad_sync`: FSDP2's gradient
+    synchronisation ("last": one reduce-scatter per step, the default; "every": per micro-batch, the benchmark's
+    choice when "last" did not fit)."""
     from ..trainer.run import build_with_extras
 
     m = cfg.method
@@ -191,8 +200,10 @@ def build(
     if m.free_lunch and not m.flash_attn:
         attn = fl_attn
     fused_ce = kernels.fused_ce_impl(m, env.device)
+    # FSDP2 on several ranks: rank 0 builds the weights on the CPU, the others a skeleton (trainer.fsdp)
+    meta = bool(m.sharding and m.sharding.startswith("fsdp") and env.distributed and env.rank != 0)
     try:
-        net, attn_used, extras = build_with_extras(model, m, attn, fused_ce, seed)
+        net, attn_used, extras = build_with_extras(model, m, attn, fused_ce, seed, meta=meta)
     except Unsupported as exc:
         raise MethodError(f"train.method {m.slug!r}: {exc}") from None
     engine = None
@@ -206,6 +217,8 @@ def build(
         optimizer, opt_settings = build_optimizer(cfg, env, net.parameters(), offload=m.offload)
         step = TrainStep(applied, optimizer, cfg.recipe["grad_clip"], env.device.type, {**applied.settings,
                                                                                         **opt_settings})  # fmt: skip
+        if grad_sync is not None and step.grad_sync_options():
+            step.set_grad_sync(grad_sync)
         if m.compile_mode == "cstep":
             for g in optimizer.param_groups:  # set per step from the schedule: a tensor, no recompiles
                 g["lr"] = torch.tensor(float(g["lr"]))

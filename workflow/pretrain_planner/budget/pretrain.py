@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import progress as job_progress
 from ..results import atomic_write_text
 from ..trainer.models import build_model
 from . import method as bmethod
@@ -126,7 +127,9 @@ def _device(tr: dict[str, Any], local_rank: int = 0) -> torch.device:
     """CUDA when train.device says so, or when it is auto, train.gpu is a GPU type and CUDA is there."""
     wants_gpu = tr["device"] == "cuda" or (tr["device"] == "auto" and tr.get("gpu", "cpu") != "cpu")
     if wants_gpu and torch.cuda.is_available():
-        return torch.device("cuda", local_rank % torch.cuda.device_count())
+        from ..trainer.parallel import device_index  # the trainer's one device rule
+
+        return torch.device("cuda", device_index(local_rank, torch.cuda.device_count()))
     return torch.device("cpu")
 
 
@@ -153,11 +156,16 @@ class Ranks:
                 raise RuntimeError(f"launched with {self.world} tasks, the setting needs {world_size}")
         self.device = device_of(self.local_rank)
         if self.world > 1 or group_for_one:
+            from ..trainer.parallel import eager_init_kwargs, process_group_backend
+
             if self.device.type == "cuda":
                 torch.cuda.set_device(self.device)
-            backend = "nccl" if self.device.type == "cuda" else "gloo"
+            # the trainer's: NCCL + gloo on GPUs (FSDP2 offload's CPU gradient norms), communicators made eagerly
+            backend = process_group_backend(self.device)
             if self.world > 1:
-                torch_dist.init_process_group(backend, timeout=dt.timedelta(minutes=30))
+                torch_dist.init_process_group(
+                    backend, timeout=dt.timedelta(minutes=30), **eager_init_kwargs(self.device, self.world)
+                )
             else:  # FSDP's mesh and DeepSpeed's engine need a process group even on one rank
                 if torch_dist.is_initialized():
                     raise RuntimeError("a sharded method on one rank needs this process's process group: run the "
@@ -390,6 +398,7 @@ def _pretrain(
         tmp = ckpt_path.with_name(".checkpoint.pt.tmp")
         torch.save(ck, tmp)
         os.replace(tmp, ckpt_path)
+        job_progress.mark(state["step"], "checkpointed step")  # a time-out requeue must get further than this
         built.prune_deepspeed(ds_dir, keep=tag)
         logger.info("checkpoint at step %d (%.2f s to write)", state["step"], time.perf_counter() - t0)
         ranks.barrier()
@@ -435,7 +444,7 @@ def _pretrain(
                 torch.manual_seed(_step_seed(cfg["seed"], ranks.rank, state["step"]))
                 sync()
                 t0 = time.perf_counter()
-                loss_sum = 0.0
+                micro_losses = []  # on the device: read once after the step, not after every micro-batch (a host sync)
                 for i in range(accum):
                     # each rank trains on its own micro-batch of the global stream (the sampler state stays
                     # the same on every rank, so rank 0's checkpoint resumes them all)
@@ -444,12 +453,12 @@ def _pretrain(
                     batch = to_batch(part, pad_id, device)
                     # trainer.step: DDP all-reduces on the last micro-batch only (no_sync before), FSDP2
                     # reduce-scatters each, ZeRO marks the accumulation boundary; autocast / loss scaling
-                    loss_sum += float(step_fn.micro(batch, 1.0 / accum, sync_grads=i == accum - 1))
+                    micro_losses.append(step_fn.micro(batch, 1.0 / accum, sync_grads=i == accum - 1).float())
                 step_fn.optimizer_step()  # clipping (train.grad_clip), the optimizer, zeroed gradients
                 if "observed" not in method_settings:  # what the evidence probe saw in the first micro-batch
                     method_settings["observed"] = built.observed()
                 dt, stop_sig = ranks.max(clock(t0, tr["fake_step_s"] or 0.0), float(signalled[0] if signalled else 0))
-                loss_sum = ranks.mean(loss_sum)
+                loss_sum = ranks.mean(float(torch.stack(micro_losses).sum()))
                 state["elapsed_s"] += dt
                 state["step"] += 1
                 progress = state["elapsed_s"] / budget_s

@@ -16,6 +16,7 @@ class BenchConfig:
     max_micro_batch: int | None = None
     seed: int = 0
     suspect_mfu: float = 0.85
+    max_spread: float = 1.5  # p90/p10 above which the timing is repeated once, then kept as `noisy`
     device: str = "auto"  # auto: CUDA for GPU types, CPU for `cpu`; cpu: force CPU (plumbing tests)
 
 

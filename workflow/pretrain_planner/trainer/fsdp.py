@@ -7,6 +7,15 @@ reduce-scattered on every micro-batch, so they stay sharded during accumulation.
 becomes a MixedPrecisionPolicy (parameters cast for compute, gradients reduced in fp32) instead of
 autocast; `+off` adds CPUOffloadPolicy (sharded parameters, gradients and the optimizer step on CPU).
 Under free-lunch each block is compiled before it is sharded (torchtitan's order).
+
+No rank ever holds the whole model on its GPU: rank 0 builds it on the CPU (the seeded weights every method
+starts from), the other ranks build a skeleton on the meta device (no memory); `fully_shard` then moves one
+block at a time to the GPU and keeps this rank's shard, and the skeletons get rank 0's weights one tensor
+at a time (`set_model_state_dict(..., broadcast_from_rank0=True)`, buffers broadcast too).
+
+Gradients are reduce-scattered on the last micro-batch of a step only (`Applied.no_sync`:
+`set_requires_gradient_sync(False)` before, unsharded gradients accumulate in fp32 between) or, where that
+does not fit, on every micro-batch (`grad_sync: every`, see step.py).
 """
 
 from __future__ import annotations
@@ -68,7 +77,12 @@ def shard(
     )
     pin = env.device.type == "cuda"
     offload = CPUOffloadPolicy(pin_memory=pin) if method.offload else OffloadPolicy()
-    net.to(env.device)
+    skeleton = any(p.is_meta for p in net.parameters())
+    # rank 0's weights, kept on the CPU until the other ranks have theirs (fully_shard replaces the parameters'
+    # data by their GPU shards; these references keep the CPU copies)
+    full = dict(net.state_dict()) if env.distributed and not skeleton else None
+    if skeleton and not env.distributed:
+        raise ValueError("a model built on the meta device needs rank 0 of a multi-rank run to get its weights")
     mesh = init_device_mesh(env.device.type, (env.world_size,))
     candidates = blocks(net)
     tied = _tied_outside(net, candidates)
@@ -82,6 +96,9 @@ def shard(
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp, offload_policy=offload)
     root = type(net).__name__
     fully_shard(net, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp, offload_policy=offload)
+    if env.distributed:
+        _weights_from_rank0(net, full, env, offload=method.offload)
+        del full
     settings = {
         "parallel": "fsdp2",
         "fsdp": {
@@ -100,9 +117,39 @@ def shard(
             ),
             "mixed_precision_note": mp_note,
             "offload": {"policy": "CPUOffloadPolicy", "pin_memory": pin} if method.offload else None,
-            "gradient_sync": "reduce-scatter on every micro-batch (gradients stay sharded while accumulating)",
+            "gradient_sync": "reduce-scatter on the last micro-batch of a step (set_requires_gradient_sync(False) "
+            "before it)",
+            "grad_sync": "last",
+            "build": (
+                "rank 0 on the CPU, the other ranks on the meta device; sharded block by block, then rank 0's "
+                "weights broadcast tensor by tensor"
+                if env.distributed
+                else "on the CPU, sharded block by block (no whole-model copy on the GPU)"
+            ),
             "compile": "per block, before sharding" if compiled else None,
             **fsdp_sharding(net),
         },
     }
     return net, None if use_policy else autocast_dtype, settings
+
+
+def _weights_from_rank0(
+    net: torch.nn.Module, full: dict[str, torch.Tensor] | None, env: RankEnv, offload: bool
+) -> None:
+    """Every rank, after fully_shard: the sharded parameters and all buffers get rank 0's values. A skeleton
+    (meta) first gets memory: parameter shards where FSDP keeps them (the CPU with offload, else the GPU),
+    buffers on the GPU."""
+    import torch.distributed as torch_dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    if full is None:
+        net.to_empty(device=torch.device("cpu") if offload else env.device)
+        for module in net.modules():
+            for name, buf in module._buffers.items():
+                if buf is not None and buf.device != env.device:
+                    module._buffers[name] = torch.empty_like(buf, device=env.device)
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(net, full if full is not None else {}, options=options)
+    with torch.no_grad():
+        for _, buf in sorted(net.named_buffers(), key=lambda nb: nb[0]):  # non-persistent ones too
+            torch_dist.broadcast(buf, src=0)

@@ -142,8 +142,8 @@ def kernel_from_ops(names: set[str]) -> tuple[str | None, list[str]]:
     return None, matched
 
 
-def attention_kernel(run_micro) -> dict[str, Any]:
-    """Profile `run_micro()` (one forward + backward) and say which attention kernel ran."""
+def profiled_names(run_micro) -> dict[str, int]:
+    """Profile `run_micro()` (one forward + backward): every event name and how often it occurred."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU]
@@ -151,6 +151,35 @@ def attention_kernel(run_micro) -> dict[str, Any]:
         activities.append(ProfilerActivity.CUDA)
     with profile(activities=activities) as prof:
         run_micro()
-    names = {e.name for e in prof.events()}
-    kernel, ops = kernel_from_ops(names)
-    return {"attention_kernel": kernel, "attention_ops": ops, "how": "torch.profiler over one micro-batch"}
+    counts: dict[str, int] = {}
+    for e in prof.events():
+        counts[e.name] = counts.get(e.name, 0) + 1
+    return counts
+
+
+COMPILED_REGION = "Torch-Compiled Region"  # the profiler's event for each entry into a dynamo-compiled frame
+
+
+def compile_observed(counts: dict[str, int]) -> dict[str, Any]:
+    """What compilation actually covered in one micro-batch: how often a compiled frame was entered and how many
+    distinct compiled graphs ran. One whole-model graph enters once per forward; a model whose compiled forward
+    breaks (ZeRO-3's dynamo-disabled parameter hooks at every submodule) enters many small ones, the rest eager."""
+    regions = {n: c for n, c in counts.items() if n.startswith(COMPILED_REGION)}
+    return {
+        "compiled_region_entries": sum(regions.values()),
+        "compiled_graphs": len(regions),
+        "how": "torch.profiler over one micro-batch: 'Torch-Compiled Region' events",
+    }
+
+
+def attention_kernel(run_micro) -> dict[str, Any]:
+    """Profile `run_micro()` (one forward + backward) and say which attention kernel ran (and, from the same
+    profile, what compilation covered: `compile_observed`)."""
+    counts = profiled_names(run_micro)
+    kernel, ops = kernel_from_ops(set(counts))
+    return {
+        "attention_kernel": kernel,
+        "attention_ops": ops,
+        "how": "torch.profiler over one micro-batch",
+        "compile_observed": compile_observed(counts),
+    }

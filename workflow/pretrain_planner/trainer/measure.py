@@ -8,11 +8,18 @@ the median is reported with p10/p90. Batches are made before timing, so no data 
 The search runs on scratch instances of the trained model (`build(micro_batch, accum)`; DeepSpeed needs
 one per micro-batch size); the timed steps run on a fresh instance, so every method starts timing from
 the same initial weights. Each trial and the timing run under `oom.guarded`: an out-of-memory error on
-any rank is every rank's verdict, and all go on with the next smaller micro-batch together.
+any rank is every rank's verdict, and all go on with the next smaller micro-batch together. FSDP2 tries a size
+with one reduce-scatter per step first and, if that ran out of memory while holding the accumulated unsharded
+gradients, the same size with one per micro-batch (`grad_sync`).
+
+fp16: a step the loss scaler skipped (inf/nan gradients: no optimizer step, under ZeRO-Offload no CPU Adam)
+is much shorter than a real one. It is never timed: it is counted (`skipped_steps`) and another step runs
+instead; each timed step records the loss scale it ran with.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -26,9 +33,10 @@ from .config import RunConfig
 from .models import make_batch
 from .oom import Verdict, free_memory, guarded, is_oom
 from .parallel import RankEnv
-from .step import TrainStep
+from .step import ACCUMULATING, TrainStep
 
 BATCH_POOL = 2  # distinct micro-batches cycled through a step (bounded memory for image models)
+MAX_SKIPPED = 24  # steps the fp16 loss scaler may skip while timing (2^16 backs off to 1 in 16)
 Builder = Callable[[int, int], TrainStep]  # (micro_batch, accumulation) -> a fresh step
 
 __all__ = ["BATCH_POOL", "Builder", "find_micro_batch", "is_oom", "measure", "time_steps"]
@@ -57,6 +65,7 @@ def batches_for(cfg: RunConfig, env: RankEnv, micro_batch: int, count: int) -> l
 class Search:
     micro_batch: int | None
     trials: list[dict[str, Any]] = field(default_factory=list)
+    grad_sync: str | None = None  # FSDP2: the gradient synchronisation that fitted ("last" or "every")
 
 
 def _close(env: RankEnv, step: TrainStep | None) -> None:
@@ -97,26 +106,45 @@ def find_micro_batch(cfg: RunConfig, env: RankEnv, build: Builder, start: int | 
     search = Search(None)
     candidates = micro_batch_candidates(per_rank, cfg.bench.max_micro_batch)
     step: TrainStep | None = None
+    options: tuple[str, ...] = ()  # the gradient synchronisations the method offers (FSDP2: last, every)
     try:
         for mb in candidates if start is None else [c for c in candidates if c < start]:
-            t0 = time.perf_counter()
+            sync_modes: list[str | None] = [None]
+            while sync_modes:
+                sync = sync_modes.pop(0)
+                t0 = time.perf_counter()
 
-            def trial(mb: int = mb) -> None:
-                nonlocal step
-                if step is None or not step.accepts(mb):
-                    _close(env, step)
-                    step = None
-                    step = build(mb, per_rank // mb)
-                batch = batches_for(cfg, env, mb, 1)
-                step.trial(batch[0], env.distributed)
+                def trial(mb: int = mb, sync: str | None = sync) -> None:
+                    nonlocal step, options
+                    if step is None or not step.accepts(mb):
+                        _close(env, step)
+                        step = None
+                        step = build(mb, per_rank // mb)
+                    options = step.grad_sync_options()
+                    if sync is not None:
+                        step.set_grad_sync(sync)
+                    batch = batches_for(cfg, env, mb, 1)
+                    step.trial(batch[0], env.distributed, accumulates=per_rank // mb > 1)
 
-            verdict = guarded(env, trial)
-            search.trials.append(_trial_entry(mb, verdict, time.perf_counter() - t0))
-            if verdict.oom:
-                step = _after_oom(env, verdict, step)
-                continue
-            search.micro_batch = mb
-            break
+                verdict = guarded(env, trial)
+                used = sync or (options[0] if options else None)
+                extra = {"grad_sync": used} if used else {}
+                search.trials.append(_trial_entry(mb, verdict, time.perf_counter() - t0, **extra))
+                if verdict.oom:
+                    phase = step.trial_phase if step is not None else 0
+                    step = _after_oom(env, verdict, step)
+                    # a step with accumulation that ran out of memory while holding its accumulated (unsharded)
+                    # gradients: try the same size with one reduce-scatter per micro-batch
+                    # (a collective: its condition must not depend on what this rank managed to build)
+                    if sync is None and per_rank // mb > 1 and env.distributed:
+                        mine = len(options) > 1 and env.rank in verdict.ranks and phase >= ACCUMULATING
+                        if _agree_any(env, mine):  # a rank got that far: every rank built the step, has options
+                            sync_modes = list(options[1:])
+                    continue
+                search.micro_batch, search.grad_sync = mb, used
+                break
+            if search.micro_batch is not None:
+                break
     finally:
         _close(env, step)
     return search
@@ -144,34 +172,116 @@ class Timing:
     losses: list[float]
     peak_mem_gib: float
     peak_mem_kind: str
+    loss_scales: list[float | None] = field(default_factory=list)  # per timed step: the scale it ran with
+    skipped_before: list[int] = field(default_factory=list)  # per timed step: skipped steps just before it
+    skipped_steps: int = 0  # steps the loss scaler skipped (warm-up and timing), none of them timed
+    collectives: dict[str, int] | None = None  # c10d collectives in one whole step (the last warm-up step)
 
     @property
     def median(self) -> float:
         return statistics.median(self.step_times)
 
+    @property
+    def spread(self) -> float:
+        """p90/p10 of the timed steps: how far this timing can be trusted (1.0 = every step alike)."""
+        p10 = percentile(self.step_times, 0.1)
+        return percentile(self.step_times, 0.9) / p10 if p10 > 0 else float("inf")
 
-def time_steps(cfg: RunConfig, env: RankEnv, step: TrainStep, micro_batch: int) -> Timing:
+
+def _test_jitter() -> tuple[float, str] | None:
+    """Test hook PP_TEST_JITTER="<seconds>:<first|all>": every other timed step sleeps that long inside the
+    timed region, in the first timing only or in every timing (a noisy machine, made to order)."""
+    raw = os.environ.get("PP_TEST_JITTER")
+    if not raw:
+        return None
+    delay, _, which = raw.partition(":")
+    return float(delay), which or "all"
+
+
+def count_collectives(fn: Callable[[], Any]) -> tuple[Any, dict[str, int]]:
+    """Run `fn` under the profiler (CPU events only) and count the c10d collectives it issued, by kind."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        out = fn()
+    kinds = {"reduce_scatter": "reduce_scatter", "allreduce": "all_reduce", "allgather": "all_gather",
+             "broadcast": "broadcast"}  # fmt: skip
+    counts: dict[str, int] = {}
+    for ev in prof.events():
+        if not ev.name.startswith("c10d::"):
+            continue
+        kind = next((v for k, v in kinds.items() if k in ev.name), "other")
+        counts[kind] = counts.get(kind, 0) + 1
+    return out, counts
+
+
+def _agree_any(env: RankEnv, flag: bool) -> bool:
+    """Whether `flag` holds on any rank (a MAX all-reduce): every rank decides alike."""
+    if not env.distributed:
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=env.device)
+    torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def _agree_skipped(env: RankEnv, skipped: bool) -> bool:
+    """Every rank's loss scaler decides alike (the gradients, or their inf flags, are reduced); made sure of,
+    so that every rank times the same steps."""
+    return _agree_any(env, skipped)
+
+
+def time_steps(cfg: RunConfig, env: RankEnv, step: TrainStep, micro_batch: int, repeat: int = 0) -> Timing:
     per_rank = cfg.recipe["global_batch"] // cfg.cell.world_size
     accum = per_rank // micro_batch
     batches = batches_for(cfg, env, micro_batch, min(accum, BATCH_POOL))
     if env.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(env.device)
-    times, losses = [], []
-    for i in range(cfg.bench.warmup_steps + cfg.bench.timed_steps):
-        env.sync()
-        t0 = time.perf_counter()
-        loss = step(batches, accum)
-        env.sync()
-        elapsed = time.perf_counter() - t0
-        if i >= cfg.bench.warmup_steps:
+    times: list[float] = []
+    losses: list[float] = []
+    scales: list[float | None] = []
+    skipped_before: list[int] = []
+    skipped = since = 0
+    collectives = None
+    warmup = cfg.bench.warmup_steps
+    attempt = 0
+    jitter = _test_jitter()
+    while len(times) < cfg.bench.timed_steps and skipped <= MAX_SKIPPED:
+        mark = step.overflow_mark()  # host reads stay outside the timed region
+        scale = step.loss_scale()
+        if attempt == warmup - 1 and env.distributed:  # the last warm-up step: which collectives a step runs
+            env.sync()
+            loss, collectives = count_collectives(lambda: step(batches, accum))
+            env.sync()
+            elapsed = 0.0
+        else:
+            env.sync()
+            t0 = time.perf_counter()
+            loss = step(batches, accum)
+            if jitter and (jitter[1] == "all" or repeat == 0) and attempt >= warmup and len(times) % 2:
+                time.sleep(jitter[0])
+            env.sync()
+            elapsed = time.perf_counter() - t0
+        attempt += 1
+        if mark is not None and _agree_skipped(env, step.was_skipped(mark)):
+            skipped += 1
+            since += 1
+            continue
+        if attempt > warmup:
             times.append(elapsed)
             losses.append(float(loss))
+            scales.append(scale)
+            skipped_before.append(since)
+            since = 0
+    if not times:
+        raise RuntimeError(
+            f"the loss scaler skipped {skipped} steps in a row (inf/nan gradients at every scale): no step to time"
+        )
     if env.distributed:  # a step lasts as long as its slowest rank
         t = torch.tensor(times, dtype=torch.float64, device=env.device)
         torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX)
         times = t.tolist()
     peak, kind = _peak_memory(env)
-    return Timing(times, losses, peak, kind)
+    return Timing(times, losses, peak, kind, scales, skipped_before, skipped, collectives)
 
 
 @dataclass
@@ -180,6 +290,13 @@ class Measured:
     timing: Timing | None
     step: TrainStep | None  # the timed instance, still open (the caller closes it)
     trials: list[dict[str, Any]]
+    spreads: list[float] = field(default_factory=list)  # p90/p10 of each timing (a second one if the first was noisy)
+
+    @property
+    def noisy(self) -> bool:
+        return bool(self.spreads) and self.timing is not None and self.timing.spread > self.max_spread
+
+    max_spread: float = float("inf")
 
 
 def measure(cfg: RunConfig, env: RankEnv, build: Builder) -> Measured:
@@ -196,13 +313,29 @@ def measure(cfg: RunConfig, env: RankEnv, build: Builder) -> Measured:
         held: dict[str, Any] = {}
         t0 = time.perf_counter()
 
-        def timed(mb: int = mb, held: dict[str, Any] = held) -> None:
+        def timed(mb: int = mb, held: dict[str, Any] = held, sync: str | None = search.grad_sync) -> None:
             held["step"] = build(mb, per_rank // mb)
+            if sync is not None:
+                held["step"].set_grad_sync(sync)
             held["timing"] = time_steps(cfg, env, held["step"], mb)
 
         verdict = guarded(env, timed)
         if not verdict.oom:
-            return Measured(mb, held["timing"], held["step"], trials)
+            first = held["timing"]
+            spreads = [first.spread]
+            if first.spread > cfg.bench.max_spread:  # a disturbed timing: once more, on the same instance
+
+                def again(mb: int = mb, held: dict[str, Any] = held) -> None:
+                    held["timing"] = time_steps(cfg, env, held["step"], mb, repeat=1)
+
+                second = guarded(env, again)
+                if not second.oom:
+                    spreads.append(held["timing"].spread)
+                else:  # keep the first timing (still marked noisy); the group may need rebuilding
+                    held["timing"] = first
+                    if second.group_broken:
+                        env.rebuild_group()
+            return Measured(mb, held["timing"], held["step"], trials, spreads, cfg.bench.max_spread)
         # allocator growth or fragmentation: the trial fitted, the steps did not
         trials.append(_trial_entry(mb, verdict, time.perf_counter() - t0, **{"while": "timing"}))
         _close(env, held.get("step"))

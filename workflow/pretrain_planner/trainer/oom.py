@@ -15,11 +15,14 @@ the timed steps) on every rank and returns the same verdict on all of them, with
 
 Without a second rank, an OOM is simply caught.
 
-Test hook: `PRETRAIN_PLANNER_FAKE_OOM_ABOVE=<micro-batch>[:<rank>]` makes the last repeated block of
-the model raise torch.cuda.OutOfMemoryError in its forward whenever the micro-batch is larger than
-`<micro-batch>`, on rank `<rank>` only (every rank if omitted). It exists for the tests of this
-protocol; a malformed value is an error, and a cell run with it records `test_hooks` in its settings
-and names the hook in every forced error.
+Test hook: `PRETRAIN_PLANNER_FAKE_OOM_ABOVE=<micro-batch>[:<rank>][@build|@nosync]` makes the last repeated
+block of the model raise torch.cuda.OutOfMemoryError in its forward whenever the micro-batch is larger than
+`<micro-batch>`, on rank `<rank>` only (every rank if omitted); with `@build` the error comes while the
+model is built instead, before that rank has run any collective (its peers are then inside their first
+ones); with `@nosync` only in a forward whose FSDP2 gradients accumulate unsharded (gradient sync off: the
+memory a step with one reduce-scatter holds). It exists for the tests of this protocol; a malformed value is
+an error, and a cell run with it records `test_hooks` in its settings and names the hook in every forced
+error.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import gc
 import os
 import re
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +43,7 @@ from .parallel import RankEnv
 
 FAKE_OOM_ENV = "PRETRAIN_PLANNER_FAKE_OOM_ABOVE"
 ARRIVAL_TIMEOUT = dt.timedelta(minutes=10)  # as long as a collective may take (the process group's timeout)
+ARRIVAL_POLL_S = 1.0  # between looks for a failed rank while waiting for the others
 WATCH_INTERVAL_S = 0.05
 
 
@@ -104,17 +109,30 @@ def guarded(env: RankEnv, fn: Callable[[], Any]) -> Verdict:
         stop.set()
         watcher.join()
     store.set(f"{prefix}arrived/{env.rank}", "1")
-    try:
-        store.wait([f"{prefix}arrived/{r}" for r in range(env.world_size)], ARRIVAL_TIMEOUT)
-    except Exception as exc:
-        raise RuntimeError(
-            f"rank {env.rank}: not every rank finished the region within {ARRIVAL_TIMEOUT} (a rank crashed?)"
-        ) from exc
+    _wait_arrivals(env, [f"{prefix}arrived/{r}" for r in range(env.world_size)])
     if not store.check([oom_key]):
         return Verdict(False)
     ranks = [r for r in range(env.world_size) if store.check([f"{prefix}oom/{r}"])]
     message = store.get(f"{prefix}oom/{ranks[0]}").decode(errors="replace") if ranks else None
     return Verdict(True, ranks, message, group_broken=True)
+
+
+def _wait_arrivals(env: RankEnv, keys: list[str]) -> None:
+    """Wait for every rank to check in, in short waits: a rank that failed instead (watch.PeerWatch) ends the
+    wait at once with its reason; ARRIVAL_TIMEOUT bounds the rest."""
+    deadline = time.monotonic() + ARRIVAL_TIMEOUT.total_seconds()
+    while True:
+        failure = env.watch.check() if env.watch is not None else None
+        if failure:
+            raise RuntimeError(f"rank {env.rank}: left the out-of-memory agreement because {failure}")
+        try:
+            env.store.wait(keys, dt.timedelta(seconds=ARRIVAL_POLL_S))
+            return
+        except Exception as exc:  # noqa: BLE001 - a timeout of the short wait (or the store is gone)
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"rank {env.rank}: not every rank finished the region within {ARRIVAL_TIMEOUT} (a rank crashed?)"
+                ) from exc
 
 
 # ----------------------------------------------------------------------------------------- test hook
@@ -124,25 +142,35 @@ def guarded(env: RankEnv, fn: Callable[[], Any]) -> Verdict:
 class FakeOom:
     above: int
     rank: int | None
+    at: str = "forward"  # or "build", "nosync"
 
     @classmethod
     def from_env(cls) -> FakeOom | None:
         raw = os.environ.get(FAKE_OOM_ENV)
         if raw is None:
             return None
-        m = re.fullmatch(r"(\d+)(?::(\d+))?", raw.strip())
+        m = re.fullmatch(r"(\d+)(?::(\d+))?(?:@(build|nosync))?", raw.strip())
         if not m:
-            raise ValueError(f"{FAKE_OOM_ENV}={raw!r}: expected <micro-batch>[:<rank>], e.g. 2:1 (a test hook)")
-        return cls(int(m.group(1)), None if m.group(2) is None else int(m.group(2)))
+            raise ValueError(
+                f"{FAKE_OOM_ENV}={raw!r}: expected <micro-batch>[:<rank>][@build|@nosync], e.g. 2:1 (a test hook)"
+            )
+        rank = None if m.group(2) is None else int(m.group(2))
+        return cls(int(m.group(1)), rank, m.group(3) or "forward")
 
     def describe(self) -> str:
         where = "every rank" if self.rank is None else f"rank {self.rank}"
-        return f"{FAKE_OOM_ENV}: forced OOM for micro-batches above {self.above} on {where}"
+        when = {"build": " while building the model", "nosync": " without gradient sync"}.get(self.at, "")
+        return f"{FAKE_OOM_ENV}: forced OOM for micro-batches above {self.above} on {where}{when}"
+
+    def at_build(self, micro_batch: int, rank: int) -> None:
+        """`@build`: raise before the model exists (before this rank's first collective of the instance)."""
+        if self.at == "build" and (self.rank is None or self.rank == rank) and micro_batch > self.above:
+            raise torch.cuda.OutOfMemoryError(f"CUDA out of memory (fake: {self.describe()}, rank {rank})")
 
     def install(self, net: torch.nn.Module, rank: int):
         """Hook the last repeated block of `net` (after earlier blocks' collectives have run); None if
         the hook does not apply to this rank."""
-        if self.rank is not None and self.rank != rank:
+        if self.at == "build" or (self.rank is not None and self.rank != rank):
             return None
         from .parallel import blocks
 
@@ -151,10 +179,22 @@ class FakeOom:
         target = [m for n, m in found if n.count(".") == depth][-1] if found else net
         above, text = self.above, self.describe()
 
+        nosync = self.at == "nosync"
+
         @torch._dynamo.disable
         def hook(module, args, kwargs):
             tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
             if tensors and tensors[0].dim() > 0 and tensors[0].shape[0] > above:
+                if nosync and not _fsdp_sync_off(module):
+                    return
                 raise torch.cuda.OutOfMemoryError(f"CUDA out of memory (fake: {text}, rank {rank})")
 
         return target.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def _fsdp_sync_off(module: torch.nn.Module) -> bool:
+    """Whether this FSDP2 module's gradients are not reduced this micro-batch (set_requires_gradient_sync(False))."""
+    state = getattr(module, "_get_fsdp_state", None)
+    if state is None:
+        return False
+    return any(not group.reduce_grads for group in state()._fsdp_param_groups)

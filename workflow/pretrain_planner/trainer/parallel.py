@@ -5,7 +5,17 @@ and FSDP2 (`fsdp.shard`). DeepSpeed ZeRO owns its optimizer and step, so `zero.b
 
 Process groups are made from one TCPStore that outlives them: after an out-of-memory error on any rank
 the group may be broken (a rank left a collective half-way), so every rank aborts it and joins a fresh
-one (`RankEnv.rebuild_group`), see `oom.py`.
+one (`RankEnv.rebuild_group`), see `oom.py`. Any other failure of one rank ends every rank at once
+(`watch.PeerWatch`).
+
+One device rule for every engine (the trainer, DeepSpeed, the budget stage): a rank runs on
+`cuda:device_index(local_rank)`, the local rank modulo the GPUs it can see, so that a site giving each task
+one GPU (`--gpus-per-task`, `--gpu-bind`) and one giving every task all of them both work.
+
+On GPUs the process group has both back-ends (`cuda:nccl,cpu:gloo`): FSDP2's CPU offload keeps gradient
+shards on the CPU, and the gradient norm of `clip_grad_norm_` is all-reduced where they live; an NCCL-only
+group has "no backend type associated with device type cpu". Its NCCL communicators are created eagerly
+(`device_id`), so an abort after an early out-of-memory error never meets a communicator still being made.
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ class RankEnv:
     generation: int = 0  # how many times the group was rebuilt
     trials: int = 0  # guarded regions run so far (keys in the store)
     store_port: int | None = None  # the TCPStore's port: its connections survive an abort
+    watch: Any = None  # watch.PeerWatch of a multi-rank run: one rank's failure ends every rank
 
     @property
     def distributed(self) -> bool:
@@ -53,7 +64,12 @@ class RankEnv:
         prefix = f"pp/pg{self.generation}"
         store = torch_dist.PrefixStore(prefix, self.store)
         torch_dist.init_process_group(
-            self.backend, store=store, rank=self.rank, world_size=self.world_size, timeout=GROUP_TIMEOUT
+            self.backend,
+            store=store,
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=GROUP_TIMEOUT,
+            **eager_init_kwargs(self.device, self.world_size),
         )
 
     def abort_group(self) -> None:
@@ -62,18 +78,28 @@ class RankEnv:
         Backend.abort is a no-op and the group lives on while FSDP or DeepSpeed hold it), so its connections
         are shut down: a blocked receive here or on a peer ends with "Connection closed by peer". The
         TCPStore's connections are kept. Safe to call from a watcher thread while a collective is blocked."""
-        if self.backend == "gloo" and self.store_port is not None:
+        gloo = "gloo" in (self.backend or "") and self.store_port is not None
+        nccl = "nccl" in (self.backend or "")
+        if gloo and not nccl:  # a blocked gloo receive (here or on a peer) ends now
             _shutdown_sockets(keep_port=self.store_port)
         if torch_dist.is_initialized():
             from torch.distributed.distributed_c10d import _abort_process_group
 
             with contextlib.suppress(Exception):  # already aborted: nothing left to close
                 _abort_process_group()
+        if gloo and nccl:  # NCCL aborted first (its own sockets close with it), then gloo's CPU side
+            _shutdown_sockets(keep_port=self.store_port)
         forget_deepspeed_groups()
 
     def rebuild_group(self) -> None:
-        """All ranks together: drop the (maybe broken) process group and join a fresh one."""
+        """All ranks together: drop the (maybe broken) process group and join a fresh one. The default group's
+        name comes from a counter that a rank may have moved alone (an abort by the watcher while this rank was
+        not in a collective, then torch's own attempt at a default group, e.g. DeviceMesh's): it is reset, or
+        the ranks would rendezvous under different names and wait for each other forever."""
         self.abort_group()
+        from torch.distributed import distributed_c10d
+
+        distributed_c10d._world.group_count = 0
         self.generation += 1
         self._init_group()
 
@@ -124,13 +150,50 @@ def _shutdown_sockets(keep_port: int | None) -> int:
     return done
 
 
-def forget_deepspeed_groups() -> None:
-    """DeepSpeed caches process groups (a clone of WORLD, the data-parallel group): drop them with the group."""
+def forget_deepspeed_groups() -> str | None:
+    """DeepSpeed caches process groups (a clone of WORLD, the data-parallel group, a device mesh): drop them with
+    the group, or the next engine runs its collectives on the aborted one. DeepSpeed >= 0.19.8 has
+    `_release_process_group_references`; older versions do not, so every module-level ProcessGroup or DeviceMesh
+    of `deepspeed.utils.groups` (and every dict of them) is dropped instead. Returns how (None: not imported)."""
     import sys
 
     groups = sys.modules.get("deepspeed.utils.groups")
-    if groups is not None and hasattr(groups, "_release_process_group_references"):
+    if groups is None:
+        return None
+    if hasattr(groups, "_release_process_group_references"):
         groups._release_process_group_references(group=None)
+        return "deepspeed.utils.groups._release_process_group_references"
+    from torch.distributed import ProcessGroup
+    from torch.distributed.device_mesh import DeviceMesh
+
+    cached = (ProcessGroup, DeviceMesh)
+    for name, value in list(vars(groups).items()):
+        if isinstance(value, cached):
+            setattr(groups, name, None)
+        elif isinstance(value, dict) and any(isinstance(v, cached) for v in value.values()):
+            value.clear()
+    return "module-level process groups of deepspeed.utils.groups set to None (no _release_process_group_references)"
+
+
+def device_index(local_rank: int, visible: int) -> int:
+    """The one device rule: local rank modulo the GPUs this task sees (`visible`). All GPUs visible to every task:
+    GPU `local_rank`; one GPU per task (`--gpus-per-task=1`, `--gpu-bind`): GPU 0 of its own."""
+    if visible < 1:
+        raise ValueError("no CUDA device is visible")
+    return local_rank % visible
+
+
+def process_group_backend(device: torch.device) -> str:
+    """NCCL for CUDA tensors with gloo for CPU tensors on GPUs (FSDP2 offload: gradient norms of CPU shards),
+    gloo on CPUs."""
+    return "cuda:nccl,cpu:gloo" if device.type == "cuda" else "gloo"
+
+
+def eager_init_kwargs(device: torch.device, world_size: int) -> dict[str, Any]:
+    """`device_id` for init_process_group on CUDA with peers: NCCL communicators are created at once, on every
+    rank together, not lazily by the first collective (which an out-of-memory rank may never reach). One rank
+    has no peer to wait for (and DeepSpeed notes that binding then makes its new_group() hang)."""
+    return {"device_id": device} if device.type == "cuda" and world_size > 1 else {}
 
 
 def _select_device(cfg: RunConfig, local_rank: int) -> torch.device:
@@ -142,7 +205,7 @@ def _select_device(cfg: RunConfig, local_rank: int) -> torch.device:
             f"the cell asks for GPU type {cfg.cell.gpu!r} but no CUDA device is visible on "
             f"{os.uname().nodename} (set benchmark.device: cpu to test the plumbing on CPUs)"
         )
-    return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cuda", device_index(local_rank, torch.cuda.device_count()))
 
 
 def init_rank(cfg: RunConfig) -> RankEnv:
@@ -166,9 +229,10 @@ def init_rank(cfg: RunConfig) -> RankEnv:
     finally:  # every rank must join the group, even one that will report `unsupported`
         if world > 1 or cfg.method.sharding:
             on_gpus = torch.cuda.is_available() and cfg.bench.device == "auto" and cfg.cell.gpu != "cpu"
-            env.backend = "nccl" if on_gpus else "gloo"
             if on_gpus:
-                torch.cuda.set_device(local_rank % torch.cuda.device_count())
+                env.device = torch.device("cuda", device_index(local_rank, torch.cuda.device_count()))
+                torch.cuda.set_device(env.device)
+            env.backend = process_group_backend(env.device)
             if world > 1:
                 env.store_port = int(os.environ["MASTER_PORT"])
                 env.store = torch_dist.TCPStore(
@@ -178,6 +242,9 @@ def init_rank(cfg: RunConfig) -> RankEnv:
                     is_master=rank == 0,
                     timeout=GROUP_TIMEOUT,
                 )
+                from .watch import PeerWatch
+
+                env.watch = PeerWatch(env).start()
             else:
                 if torch_dist.is_initialized():
                     raise Unsupported(
@@ -193,6 +260,8 @@ def init_rank(cfg: RunConfig) -> RankEnv:
 
 
 def close_rank(env: RankEnv) -> None:
+    if env.watch is not None:
+        env.watch.stop()
     if torch_dist.is_available() and torch_dist.is_initialized():
         torch_dist.destroy_process_group()
     forget_deepspeed_groups()
@@ -211,9 +280,26 @@ class Applied:
     loss_scaling: bool = False  # fp16: a gradient scaler (sharded across ranks under FSDP)
     sharded: bool = False
     cuda_graphs: bool = False  # `cg`: a step's outputs live in the graph pool until the next replay
+    fsdp: Any = None  # the FSDP2 root module
+    grad_sync: str = "last"  # FSDP2: reduce-scatter on the "last" micro-batch of a step only, or on "every" one
 
     def no_sync(self):
-        return self.ddp.no_sync() if self.ddp is not None else contextlib.nullcontext()
+        """Accumulate this micro-batch's gradients without synchronising them: DDP's no_sync; FSDP2's
+        set_requires_gradient_sync(False) unless grad_sync is "every" (sharded gradients, more traffic)."""
+        if self.ddp is not None:
+            return self.ddp.no_sync()
+        if self.fsdp is not None and self.grad_sync == "last":
+            return _fsdp_no_sync(self.fsdp)
+        return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _fsdp_no_sync(root: torch.nn.Module):
+    root.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        root.set_requires_gradient_sync(True)
 
 
 def precision_setup(cfg: RunConfig, env: RankEnv) -> torch.dtype | None:
@@ -244,12 +330,14 @@ def blocks(net: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
 
 
 def common_setup(cfg: RunConfig, env: RankEnv, net: torch.nn.Module) -> tuple[bool, torch.dtype | None]:
-    """TF32 (free-lunch on GPUs that have it), the recipe's precision, activation checkpointing."""
+    """TF32 (free-lunch on GPUs that have it), cuDNN autotuning (free-lunch on GPUs: convolutions of ConvNeXt;
+    the shapes are fixed, the warm-up steps absorb the search), the recipe's precision, activation checkpointing."""
     on_cuda = env.device.type == "cuda"
     tf32 = cfg.method.free_lunch and on_cuda and bool(cfg.gpu.get("tf32"))
     if on_cuda:
         torch.backends.cuda.matmul.allow_tf32 = tf32
         torch.backends.cudnn.allow_tf32 = tf32
+        torch.backends.cudnn.benchmark = cudnn_benchmark(cfg, env)
     autocast_dtype = precision_setup(cfg, env)
     net.train()
     if cfg.method.checkpointing:
@@ -259,6 +347,11 @@ def common_setup(cfg: RunConfig, env: RankEnv, net: torch.nn.Module) -> tuple[bo
         else:
             net.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     return tf32, autocast_dtype
+
+
+def cudnn_benchmark(cfg: Any, env: RankEnv) -> bool:
+    """Whether cuDNN autotunes its convolution algorithms: under free-lunch on CUDA."""
+    return bool(cfg.method.free_lunch) and env.device.type == "cuda"
 
 
 def _allow_recompiles() -> None:
@@ -288,12 +381,13 @@ def apply_method(cfg: RunConfig, env: RankEnv, net: torch.nn.Module, attn_used: 
         compile_kwargs["mode"] = "reduce-overhead"  # inductor + CUDA graph trees
     if compiled:
         _allow_recompiles()
-    ddp = probe = None
+    ddp = probe = fsdp_root = None
     parallel: dict[str, Any] = {}
     if method.sharding:
         from .fsdp import shard
 
         module, autocast_dtype, parallel = shard(cfg, env, net, compiled, autocast_dtype)
+        fsdp_root = module
         if not compiled:
             probe = Probe.on(net)
     else:
@@ -321,6 +415,7 @@ def apply_method(cfg: RunConfig, env: RankEnv, net: torch.nn.Module, attn_used: 
         "compile_mode": compile_kwargs.get("mode", "default") if compiled else None,
         "cuda_graphs": compiled and method.compile_mode == "cg",
         "tf32": tf32,
+        "cudnn_benchmark": cudnn_benchmark(cfg, env),
         "autocast": str(autocast_dtype).replace("torch.", "") if autocast_dtype else None,
         "grad_scaler": (("ShardedGradScaler" if method.sharding else "GradScaler") if loss_scaling else None),
         "activation_checkpointing": method.checkpointing,
@@ -330,7 +425,11 @@ def apply_method(cfg: RunConfig, env: RankEnv, net: torch.nn.Module, attn_used: 
     }
     settings["attn_implementation"] = attn_used
     cuda_graphs = bool(settings["cuda_graphs"])
-    return Applied(module, net, ddp, autocast_dtype, settings, probe, loss_scaling, bool(method.sharding), cuda_graphs)
+    if cuda_graphs:
+        settings["cuda_graph_gradients"] = "preallocated, zeroed in place (never None): stable across replays"
+    return Applied(
+        module, net, ddp, autocast_dtype, settings, probe, loss_scaling, bool(method.sharding), cuda_graphs, fsdp_root
+    )
 
 
 def build_optimizer(

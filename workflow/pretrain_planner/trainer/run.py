@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import platform
@@ -13,6 +14,7 @@ from typing import Any
 import torch
 
 from ..flops import mfu, train_flops_per_sample
+from ..job import job_id_here, observe_rank, recorded_job
 from ..results import write_result, write_steps
 from . import kernels, zero
 from .config import RunConfig
@@ -86,12 +88,16 @@ def _attention_evidence(cfg: RunConfig, env: RankEnv, step: TrainStep, micro_bat
 
 
 def build_with_extras(
-    model: dict[str, Any], method: Any, attn: str | None, fused_ce: str | None, seed: int
+    model: dict[str, Any], method: Any, attn: str | None, fused_ce: str | None, seed: int, meta: bool = False
 ) -> tuple[torch.nn.Module, str | None, dict[str, Any]]:
     """A fresh model (`seed`: the same weights on every rank and for every method) with the method's
-    model-level extras (fused linear + CE head, Liger kernels, flash-attn); also what each extra used."""
+    model-level extras (fused linear + CE head, Liger kernels, flash-attn); also what each extra used.
+    `meta`: a skeleton on the meta device, no memory (FSDP2 ranks other than 0 get rank 0's weights). The
+    random state is reseeded after the build, so dropout draws the same whether weights were drawn or not."""
     torch.manual_seed(seed)
-    net, attn_used = build_model(model, attn, fused_ce=method.fused_ce)
+    with torch.device("meta") if meta else contextlib.nullcontext():
+        net, attn_used = build_model(model, attn, fused_ce=method.fused_ce)
+    torch.manual_seed(seed)
     extras: dict[str, Any] = {}
     if fused_ce:
         net.fused_ce_impl = fused_ce
@@ -116,8 +122,13 @@ def make_builder(cfg: RunConfig, env: RankEnv, built: list[dict[str, Any]]):
     kernel_versions = kernel_info(cfg.model)
     fused_ce = kernels.fused_ce_impl(cfg.method, env.device)
 
+    # FSDP2 on several ranks: only rank 0 materialises the model (on the CPU); the others build a skeleton
+    meta = bool(method.sharding and method.sharding.startswith("fsdp") and env.distributed and env.rank != 0)
+
     def build(micro_batch: int, accum: int) -> TrainStep:
-        net, attn_used, extras = build_with_extras(cfg.model, method, attn, fused_ce, cfg.bench.seed)
+        if fake is not None:
+            fake.at_build(micro_batch, env.rank)
+        net, attn_used, extras = build_with_extras(cfg.model, method, attn, fused_ce, cfg.bench.seed, meta=meta)
         if fake is not None:
             fake.install(net, env.rank)
         if cfg.method.sharding in zero.STAGES:
@@ -157,6 +168,12 @@ def measure_cell(cfg: RunConfig, env: RankEnv) -> tuple[dict[str, Any], list[dic
     settings["observed"] = step.observed()
     settings["attention"] = _attention_evidence(cfg, env, step, mb)
     settings["attention_kernel"] = (settings["attention"] or {}).get("attention_kernel")
+    if settings.get("compile"):  # what compilation covered (ZeRO-3 breaks the graph at every hooked module)
+        settings["compile_observed"] = (settings["attention"] or {}).get("compile_observed") or _compile_evidence(
+            cfg, env, step, mb
+        )
+    settings["collectives_per_step"] = timing.collectives  # c10d ops of one whole step (last warm-up step)
+    settings["loss_scaling"] = _loss_scaling_record(step, timing)
     result["method_settings"] = settings
     accum = cfg.recipe["global_batch"] // cfg.cell.world_size // mb
     median = timing.median
@@ -165,6 +182,7 @@ def measure_cell(cfg: RunConfig, env: RankEnv) -> tuple[dict[str, Any], list[dic
     if per_sample is None:
         per_sample, flops_source = _counted_flops(cfg, step, env), "flop_counter"
     settings["flops_source"] = flops_source
+    settings["timing_spreads"] = measured.spreads
     step.close()
     gb = cfg.recipe["global_batch"]
     flops_per_step = per_sample * gb if per_sample else None
@@ -178,8 +196,16 @@ def measure_cell(cfg: RunConfig, env: RankEnv) -> tuple[dict[str, Any], list[dic
     tokens = cfg.model["recipe"].get("sequence_length") if cfg.model["task"] != "image_classification" else None
     recipe_steps = cfg.recipe.get("steps")
     budget_h = cfg.recipe.get("time_budget_hours")
+    spreads = " then ".join(f"{x:.2f}" for x in measured.spreads)
     result.update(
-        status="ok",
+        status="noisy" if measured.noisy else "ok",
+        reason=(
+            f"timed steps spread p90/p10 {spreads} (timed twice): above benchmark.max_spread "
+            f"{cfg.bench.max_spread:g}; something else used this device meanwhile? Excluded from time_to_train"
+            if measured.noisy
+            else None
+        ),
+        spread=timing.spread,
         micro_batch_size=mb,
         grad_accum_steps=accum,
         step_time_s=median,
@@ -204,12 +230,47 @@ def measure_cell(cfg: RunConfig, env: RankEnv) -> tuple[dict[str, Any], list[dic
         training_days=recipe_steps * median / 86400 if recipe_steps else None,
         steps_in_budget=budget_h * 3600 / median if budget_h else None,
         final_loss=timing.losses[-1],
+        skipped_steps=timing.skipped_steps if step_scales(timing) else None,
+        loss_scale=timing.loss_scales[-1] if timing.loss_scales else None,
     )
     steps = [
         {"step": i, "time_s": t, "loss": loss, "micro_batch_size": mb, "grad_accum_steps": accum}
         for i, (t, loss) in enumerate(zip(timing.step_times, timing.losses, strict=True))
     ]
+    if step_scales(timing):  # fp16: the scale each timed step ran with, and the skipped steps just before it
+        for rec, scale, skipped in zip(steps, timing.loss_scales, timing.skipped_before, strict=True):
+            rec.update(loss_scale=scale, skipped_before=skipped)
     return result, steps
+
+
+def step_scales(timing: Any) -> bool:
+    """Whether the timed steps ran with a loss scaler (fp16)."""
+    return any(s is not None for s in timing.loss_scales)
+
+
+def _loss_scaling_record(step: TrainStep, timing: Any) -> dict[str, Any] | None:
+    if not step_scales(timing):
+        return None
+    return {
+        "skipped_steps": timing.skipped_steps,
+        "loss_scales": timing.loss_scales,
+        "rule": "a step the loss scaler skipped (inf/nan gradients) is never timed: another step runs instead",
+    }
+
+
+def _compile_evidence(cfg: RunConfig, env: RankEnv, step: TrainStep, micro_batch: int) -> dict[str, Any] | None:
+    """What compilation covered over one profiled micro-batch (for models without attention evidence)."""
+    batch = batches_for(cfg, env, micro_batch, 1)[0]
+    try:
+        return kernels.compile_observed(
+            kernels.profiled_names(lambda: step.micro(batch, 1.0, sync_grads=not env.distributed))
+        )
+    except Exception as exc:  # noqa: BLE001 - evidence is secondary: the timing is already taken
+        if env.distributed:
+            raise
+        return {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    finally:
+        step.reset_after_trial()
 
 
 def run_rank(spec: dict[str, Any]) -> dict[str, Any]:
@@ -227,15 +288,32 @@ def run_rank(spec: dict[str, Any]) -> dict[str, Any]:
     except Unsupported as exc:
         result = {"status": "unsupported", "reason": str(exc)}
     except Exception as exc:
-        if not (env is not None and "out of memory" in str(exc).lower()):
+        if env is None:
             raise
-        result = {"status": "oom", "reason": f"out of memory while timing: {exc}"[:500]}
+        watch = env.watch
+        peer = watch.check() if watch is not None else None  # another rank's failure, announced first
+        if watch is not None and peer is None:
+            watch.announce(f"{type(exc).__name__}: {exc}")  # this rank failed first: every other rank stops now
+        killed = watch.oom_killed() if watch is not None else None  # a peer killed for host memory just now?
+        if watch is not None and watch.host_oom:
+            # a rank was killed by the kernel for host memory: a result (like a CUDA OOM), not a crash
+            why = peer or f"a rank was killed by the kernel's out-of-memory killer ({killed}); here: {exc}"
+            result = {"status": "oom", "reason": f"host memory: {why}"[:500]}
+        elif "out of memory" in str(exc).lower():
+            result = {"status": "oom", "reason": f"out of memory while timing: {exc}"[:500]}
+        elif peer and "out of memory" in peer.lower():
+            result = {"status": "oom", "reason": f"out of memory while timing, {peer}"[:500]}
+        elif peer:
+            raise RuntimeError(f"rank {env.rank} stopped because {peer}") from exc
+        else:
+            raise
     finally:
         if env is not None:
             close_rank(env)
     rank = env.rank if env is not None else int(os.environ.get("RANK", "0"))
+    devices = {**observe_rank(), "threads": torch.get_num_threads()}
     if rank != 0:
-        return {"rank": rank}
+        return {"rank": rank, "devices": devices}
     c = cfg.cell
     result.update(
         model=c.model,
@@ -251,11 +329,23 @@ def run_rank(spec: dict[str, Any]) -> dict[str, Any]:
         hostname=socket.gethostname(),
         slurm_job_id=os.environ.get("SLURM_JOB_ID"),
         slurm_nodelist=os.environ.get("SLURM_JOB_NODELIST"),
-        submitit_job_id=os.environ.get("SUBMITIT_JOB_ID") or os.environ.get("SLURM_JOB_ID"),
+        submitit_job_id=job_id_here(),
         started_at=started,
         finished_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         wall_time_s=time.time() - t0,
+        devices={
+            "placement": (spec.get("launch_context") or {}).get("placement"),
+            "threads_per_rank": cfg.threads_per_rank,
+            "interval": [t0, time.time()],
+            "ranks": [devices],
+        },  # fmt: skip
     )
+    owner = recorded_job(os.path.dirname(cfg.outputs.result))
+    if owner is not None and job_id_here() is not None and owner != job_id_here():
+        # a job the launcher no longer waits for (requeued after a node failure while a replacement ran, ...)
+        print(f"pretrain-planner: job {job_id_here()} is not the cell's recorded job {owner}: its result is "
+              "not written", flush=True)  # fmt: skip
+        return {"rank": 0, "superseded_by": owner}
     write_steps(cfg.outputs.steps, steps)
     write_result(cfg.outputs.result, result)
-    return {"rank": 0, "result": result, "steps": steps}
+    return {"rank": 0, "result": result, "steps": steps, "devices": devices}

@@ -4,7 +4,17 @@
 micro-batch and the optimizer step with the DeepSpeed engine's own backward and step. Both offer what
 the measurement needs: `micro`, `optimizer_step`, `trial` (a step's memory peak, for the micro-batch
 search), `reset_after_trial`, `__call__` (one timed step), `accepts` (can this instance run that
-micro-batch size, or must a new one be built) and `close`.
+micro-batch size, or must a new one be built), `overflow_mark` / `was_skipped` (fp16: did the loss scaler
+skip the optimizer step, which must never be timed) and `close`.
+
+Gradient accumulation: DDP all-reduces on the last micro-batch only (`no_sync` before); FSDP2 likewise
+reduce-scatters on the last micro-batch only (`set_requires_gradient_sync(False)` before, unsharded gradients
+accumulate in fp32 between) when `grad_sync == "last"`, or on every micro-batch (`"every"`: gradients stay
+sharded, less memory) -- the micro-batch search tries "last" first and falls back to "every" at the same size.
+Under CUDA graphs (`cg`) gradients are preallocated and zeroed in place, never set to None: a gradient the
+first backward would allocate inside the graph's memory pool is overwritten by the next replay (torch raises
+"accessing gradient tensor output of CUDAGraphs that has been overwritten"); with a stable buffer,
+AccumulateGrad adds the replay's output into it.
 """
 
 from __future__ import annotations
@@ -15,6 +25,8 @@ from typing import Any
 import torch
 
 from .parallel import Applied
+
+ACCUMULATING = 3  # trial_phase from which accumulated gradients are held (the second micro-batch on)
 
 
 class TrainStep:
@@ -35,6 +47,9 @@ class TrainStep:
         self.probe_report: dict[str, Any] | None = None
         self.scaler = self._new_scaler()
         self.compiled_step: Any = None  # `cstep`: the optimizer step (with grad clipping) compiled
+        self.trial_phase = 0  # how far `trial` got (an out-of-memory error's place: see ACCUMULATING)
+        if applied.cuda_graphs:
+            self._stable_grads()
 
     def compile_optimizer_step(self) -> None:
         """`cstep`: torch.compile the optimizer step, with gradient clipping unless a GradScaler must unscale
@@ -65,10 +80,57 @@ class TrainStep:
             return None
         kwargs = {} if init_scale is None else {"init_scale": init_scale}
         if self.applied.sharded:  # each rank sees its shard of the gradients: agree on inf/nan
+            import torch.distributed as torch_dist
             from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-            return ShardedGradScaler(self.device_type, **kwargs)
+            # the live group: ShardedGradScaler's default (dist.group.WORLD) is bound when the module is first
+            # imported, i.e. to a group an out-of-memory error may since have aborted and replaced
+            group = torch_dist.group.WORLD if torch_dist.is_initialized() else None
+            return ShardedGradScaler(self.device_type, process_group=group, **kwargs)
         return torch.amp.GradScaler(self.device_type, **kwargs)
+
+    def _params(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.applied.raw.parameters() if p.requires_grad]
+
+    def _stable_grads(self) -> None:
+        """`cg`: every gradient a zeroed buffer allocated outside any CUDA graph, before the first backward."""
+        for p in self._params():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+
+    def _zero_grad(self) -> None:
+        # cg: zero in place (the buffers must outlive every replay); otherwise free them
+        self.optimizer.zero_grad(set_to_none=not self.applied.cuda_graphs)
+
+    def overflow_mark(self) -> Any:
+        """What `was_skipped` compares with: the loss scale now (None without loss scaling). A host read: call
+        it outside timed regions."""
+        return self.scaler.get_scale() if self.scaler is not None else None
+
+    def was_skipped(self, mark: Any) -> bool:
+        """Whether the optimizer step since `mark` was skipped: GradScaler backs the scale off exactly when it
+        found inf/nan gradients and skipped `optimizer.step()`."""
+        return mark is not None and self.scaler is not None and self.scaler.get_scale() < mark
+
+    def loss_scale(self) -> float | None:
+        return self.scaler.get_scale() if self.scaler is not None else None
+
+    def grad_sync_options(self) -> tuple[str, ...]:
+        """The gradient synchronisations this step can run, preferred first (FSDP2: last, every; else none)."""
+        return ("last", "every") if self.applied is not None and self.applied.fsdp is not None else ()
+
+    def set_grad_sync(self, mode: str) -> None:
+        """FSDP2: reduce-scatter on the "last" micro-batch of a step only, or on "every" one."""
+        if mode not in self.grad_sync_options():
+            raise ValueError(f"grad_sync {mode!r}: this step offers {self.grad_sync_options()}")
+        self.applied.grad_sync = mode
+        self.settings["fsdp"]["gradient_sync"] = (
+            "reduce-scatter on the last micro-batch of a step (set_requires_gradient_sync(False) before it)"
+            if mode == "last"
+            else "reduce-scatter on every micro-batch (gradients stay sharded: a step with one reduce-scatter "
+            "did not fit)"
+        )
+        self.settings["fsdp"]["grad_sync"] = mode
 
     def accepts(self, micro_batch: int) -> bool:
         """Whether this instance can run micro-batches of that size (a torch optimizer: any size)."""
@@ -88,8 +150,8 @@ class TrainStep:
         return loss.detach().clone() if self.applied.cuda_graphs else loss.detach()
 
     def micro(self, batch: dict[str, torch.Tensor], scale: float, sync_grads: bool) -> torch.Tensor:
-        """Forward + backward of one micro-batch; under DDP gradients are all-reduced only when `sync_grads`
-        (FSDP reduce-scatters every micro-batch). The first one is watched by the evidence probe."""
+        """Forward + backward of one micro-batch; under DDP (and FSDP2 with grad_sync "last") gradients are
+        reduced only when `sync_grads`. The first one is watched by the evidence probe."""
         if self.probe is None:
             return self._micro(batch, scale, sync_grads)
         probe, self.probe = self.probe, None
@@ -101,7 +163,7 @@ class TrainStep:
     def optimizer_step(self) -> None:
         if self.compiled_step is not None and self.scaler is None:
             self.compiled_step()
-            self.optimizer.zero_grad(set_to_none=True)
+            self._zero_grad()
             return
         if self.grad_clip:
             if self.scaler:
@@ -112,21 +174,29 @@ class TrainStep:
             self.scaler.update()
         else:
             self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self._zero_grad()
 
-    def trial(self, batch: dict[str, torch.Tensor], distributed: bool) -> None:
+    def trial(self, batch: dict[str, torch.Tensor], distributed: bool, accumulates: bool = True) -> None:
         """A step's memory peak: a micro-batch, the optimizer step (allocates the optimizer state), then two
         more micro-batches while that state and the accumulated gradients are held. Under DDP the
-        backward skips the gradient all-reduce (FSDP's reduce-scatter cannot be skipped; oom.guarded makes
-        a rank that fails inside a collective harmless to the others)."""
-        self.micro(batch, 1.0, sync_grads=not distributed)
+        backward skips the gradient all-reduce. Under FSDP2 the first micro-batch reduce-scatters (the
+        optimizer needs its sharded gradients), the second accumulates as a step's earlier micro-batches do
+        (unsharded with grad_sync "last", unless a step has one micro-batch: `accumulates` False) and the third
+        reduce-scatters, as a step's last one does (oom.guarded makes a rank that fails inside a collective
+        harmless to the others)."""
+        fsdp = self.applied.fsdp is not None
+        self.trial_phase = 1
+        self.micro(batch, 1.0, sync_grads=not distributed or fsdp)
+        self.trial_phase = 2
         self.optimizer_step()
-        self.micro(batch, 1.0, sync_grads=not distributed)
-        self.micro(batch, 1.0, sync_grads=not distributed)
+        self.trial_phase = ACCUMULATING  # from here on FSDP2 with grad_sync "last" holds unsharded gradients
+        self.micro(batch, 1.0, sync_grads=not distributed or (fsdp and not accumulates))
+        self.micro(batch, 1.0, sync_grads=not distributed or fsdp)
+        self.trial_phase = 5
 
     def reset_after_trial(self) -> None:
         """Drop gradients, and the loss scaler's per-step state (an OOM may strike after unscale_)."""
-        self.optimizer.zero_grad(set_to_none=True)
+        self._zero_grad()
         if self.scaler is not None:
             self.scaler = self._new_scaler(init_scale=self.scaler.get_scale())
 

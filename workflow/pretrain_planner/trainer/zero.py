@@ -9,6 +9,17 @@ and the accumulation, so an engine is built for one micro-batch size (`accepts`)
 Optimizer: the recipe's torch optimizer as DeepSpeed's client optimizer; with offload DeepSpeed needs
 its own CPU optimizer, so the config names Adam (adam_w_mode per the recipe) and DeepSpeed picks
 DeepSpeedCPUAdam (a prebuilt op, see envs/setup.sh).
+
+Device: DeepSpeed takes its GPU from LOCAL_RANK (the engine, zero.Init, ZeRO's helpers), which on a site that
+gives each task one GPU is not a valid ordinal; LOCAL_RANK is set to this rank's device index (the trainer's
+one rule, parallel.device_index) before anything of DeepSpeed's is built.
+
+ZeRO-3: the model (built on the CPU) is partitioned by `deepspeed.zero.Init(module=...)` one parameter at a
+time before the engine exists, so the engine never moves the whole model to the GPU.
+
+Compilation under ZeRO-3 is partial: DeepSpeed's parameter hooks on every submodule are
+`torch.compiler.disable`d, so the compiled forward breaks at each hooked module; `compile_observed` records
+how many compiled graphs actually ran, and how often one was entered, in a micro-batch.
 """
 
 from __future__ import annotations
@@ -22,7 +33,15 @@ import torch
 
 from .config import RunConfig
 from .evidence import Probe, zero_sharding
-from .parallel import Applied, RankEnv, Unsupported, _allow_recompiles, build_optimizer, common_setup
+from .parallel import (
+    Applied,
+    RankEnv,
+    Unsupported,
+    _allow_recompiles,
+    build_optimizer,
+    common_setup,
+    cudnn_benchmark,
+)
 from .step import TrainStep
 
 STAGES = {"zero1": 1, "zero2": 2, "zero3": 3}
@@ -113,6 +132,25 @@ class DeepSpeedStep(TrainStep):
     def _new_scaler(self, init_scale=None):
         return None  # the engine scales fp16 losses itself
 
+    def _fp16(self) -> bool:
+        return bool(self.engine is not None and self.engine.fp16_enabled())
+
+    def overflow_mark(self) -> Any:
+        """The engine's count of skipped steps (fp16 dynamic loss scaling; None otherwise)."""
+        return self.engine.skipped_steps if self._fp16() else None
+
+    def was_skipped(self, mark: Any) -> bool:
+        return mark is not None and self.engine.skipped_steps > mark
+
+    def loss_scale(self) -> float | None:
+        if not self._fp16():
+            return None
+        scale = getattr(self.engine.optimizer, "loss_scale", None)
+        return float(scale) if scale is not None else None
+
+    def grad_sync_options(self) -> tuple[str, ...]:
+        return ()  # the engine reduces as its stage does
+
     def accepts(self, micro_batch: int) -> bool:
         return micro_batch == self.micro_batch
 
@@ -126,7 +164,7 @@ class DeepSpeedStep(TrainStep):
         self.engine.set_gradient_accumulation_boundary(True)
         self.engine.step()  # clips, steps, zeroes the gradients
 
-    def trial(self, batch, distributed: bool) -> None:
+    def trial(self, batch, distributed: bool, accumulates: bool = True) -> None:
         # ZeRO reduces (stage 1) or reduce-scatters (2, 3) at boundaries; a trial on a scratch engine
         # keeps every micro-batch a boundary so its state stays consistent (oom.guarded covers the collectives)
         self.micro(batch, 1.0, sync_grads=True)
@@ -149,6 +187,15 @@ class DeepSpeedStep(TrainStep):
         super().close()
 
 
+def deepspeed_device(env: RankEnv) -> str:
+    """Make DeepSpeed use this rank's device: it reads LOCAL_RANK as the GPU ordinal everywhere, so LOCAL_RANK
+    becomes the device index of the one device rule (the task's local rank stays in RankEnv)."""
+    if env.device.type != "cuda":
+        return env.device.type
+    os.environ["LOCAL_RANK"] = str(env.device.index)
+    return f"cuda:{env.device.index} (LOCAL_RANK={env.device.index} for DeepSpeed; task local rank {env.local_rank})"
+
+
 def _offload_device(offload_config) -> str | None:
     device = getattr(offload_config, "device", None)
     device = getattr(device, "value", device)
@@ -160,8 +207,17 @@ def build_step(
 ) -> DeepSpeedStep:
     deepspeed = import_deepspeed(env)
     method = cfg.method
+    device = deepspeed_device(env)
     tf32, _ = common_setup(cfg, env, net)  # the engine casts bf16/fp16 itself: no autocast
     config = ds_config(cfg, env, micro_batch, accum)
+    build_note = "built on the CPU; the engine moves it to the device"
+    if STAGES[method.sharding] == 3:
+        # partition parameter by parameter now (a param on the GPU at a time, broadcast from rank 0): with
+        # ds_id on every parameter, the engine does not move the whole module to the GPU. DeepSpeed's comm must
+        # wrap the process group first (deepspeed.initialize would), or the config is checked against 1 rank.
+        deepspeed.init_distributed()
+        deepspeed.zero.Init(module=net, config_dict_or_path=config, mem_efficient_linear=False)
+        build_note = "built on the CPU; partitioned by deepspeed.zero.Init(module=...) one parameter at a time"
     optimizer = opt_settings = None
     if not method.offload:
         optimizer, opt_settings = build_optimizer(cfg, env, net.parameters())
@@ -188,12 +244,19 @@ def build_step(
         "compile": bool(compiled and getattr(engine, "is_compiled", False)),
         "compile_note": (
             "DeepSpeedEngine.compile(compile_kwargs={'dynamic': False})"
+            + (
+                "; partial: ZeRO-3's parameter hooks are excluded from compilation, the graph breaks at every "
+                "hooked module (compile_observed)"
+                if STAGES[method.sharding] == 3
+                else ""
+            )
             if compiled
             else None
             if not method.free_lunch
             else "model does not support torch.compile"
         ),
         "tf32": tf32,
+        "cudnn_benchmark": cudnn_benchmark(cfg, env),
         "autocast": None,
         "grad_scaler": "DeepSpeed dynamic loss scaling" if precision == "fp16" else None,
         "activation_checkpointing": method.checkpointing,
@@ -214,6 +277,8 @@ def build_step(
             "offload_optimizer": _offload_device(engine.zero_offload_optimizer()),
             "offload_param": _offload_device(engine.zero_offload_param()),
             "accumulation": "engine.backward / engine.step, boundary set per micro-batch; loss scaled 1/accum",
+            "device": device,
+            "build": build_note,
             **zero_sharding(engine),
         },
         "device": env.device.type,

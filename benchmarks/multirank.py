@@ -1,0 +1,120 @@
+"""Run one function on N ranks as separate local processes, as the local launcher would, without Snakemake.
+
+Each rank gets the environment submitit's LocalExecutor gives a task (SUBMITIT_EXECUTOR=local, its global and
+local ids, MASTER_ADDR / MASTER_PORT), so `trainer.parallel.init_rank` and the budget stage's `Ranks` start
+their process groups exactly as in a real job. The tests (two gloo ranks on CPU) and benchmarks/gpu_check.py
+(two NCCL ranks, one GPU each or both visible) use it; `extra_env(rank)` sets per-rank variables such as
+CUDA_VISIBLE_DEVICES. A run that outlives `timeout_s` is killed, the whole process group of every rank,
+and says so: a hang can neither block a test nor leave processes behind.
+
+    results = run_ranks("mymodule:fn", 2, {"x": 1}, timeout_s=120)  # fn(payload) -> JSON-able, on each rank
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_ranks(
+    target: str,
+    world: int,
+    payload: dict[str, Any],
+    timeout_s: float,
+    extra_env: Callable[[int], dict[str, str]] | None = None,
+    workdir: str | Path | None = None,
+) -> list[dict[str, Any]]:
+    """`target` ("module:function", importable with benchmarks/ and workflow/ on the path) called with
+    `payload` on `world` ranks. Returns per rank: {"rank", "returncode", "wall_s", "timed_out", "result" (the
+    function's return value) or "error" + "traceback", "stderr" (its tail)}."""
+    tmp = Path(tempfile.mkdtemp(prefix="multirank-", dir=workdir))
+    (tmp / "payload.json").write_text(json.dumps(payload))
+    port = free_port()
+    # an inherited PYTHONPATH first (it may put another checkout of the package before this one)
+    path = os.pathsep.join([os.environ.get("PYTHONPATH", ""), str(REPO / "benchmarks"), str(REPO / "workflow")])
+    procs = []
+    t0 = time.monotonic()
+    for rank in range(world):
+        env = {
+            **os.environ,
+            "PYTHONPATH": path.strip(os.pathsep),
+            "SUBMITIT_EXECUTOR": "local",
+            "SUBMITIT_LOCAL_JOB_ID": str(os.getpid()),
+            "SUBMITIT_LOCAL_NTASKS": str(world),
+            "SUBMITIT_LOCAL_JOB_NUM_NODES": "1",
+            "SUBMITIT_LOCAL_NODEID": "0",
+            "SUBMITIT_LOCAL_GLOBALID": str(rank),
+            "SUBMITIT_LOCAL_LOCALID": str(rank),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "HF_HUB_OFFLINE": "1",
+            **(extra_env(rank) if extra_env else {}),
+        }
+        err = (tmp / f"rank{rank}.err").open("w")
+        cmd = [sys.executable, "-m", "multirank", target, str(tmp / "payload.json"), str(tmp / f"rank{rank}.json")]
+        procs.append((subprocess.Popen(cmd, env=env, stdout=err, stderr=err, start_new_session=True), err))
+    timed_out = False
+    for proc, _ in procs:
+        left = max(0.1, timeout_s - (time.monotonic() - t0))
+        try:
+            proc.wait(timeout=left)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            break
+    if timed_out:
+        for proc, _ in procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    out = []
+    for rank, (proc, err) in enumerate(procs):
+        err.close()
+        rec: dict[str, Any] = {"rank": rank, "returncode": proc.returncode, "timed_out": timed_out}
+        rec["wall_s"] = round(time.monotonic() - t0, 2)
+        res = tmp / f"rank{rank}.json"
+        if res.is_file():
+            rec.update(json.loads(res.read_text()))
+        rec["stderr"] = (tmp / f"rank{rank}.err").read_text(errors="replace")[-4000:]
+        out.append(rec)
+    return out
+
+
+def _main(argv: list[str]) -> int:
+    target, payload_path, out_path = argv
+    module, fn_name = target.split(":")
+    try:
+        import importlib
+
+        fn = getattr(importlib.import_module(module), fn_name)
+        result = fn(json.loads(Path(payload_path).read_text()))
+        Path(out_path).write_text(json.dumps({"result": result}, default=str))
+        return 0
+    except BaseException as exc:  # noqa: BLE001 - report anything, then fail
+        Path(out_path).write_text(
+            json.dumps({"error": f"{type(exc).__name__}: {exc}"[:3000], "traceback": traceback.format_exc()[-6000:]})
+        )
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

@@ -1,0 +1,185 @@
+"""Fault drills on the live testbed: exactly one SLURM job per cell, and result.json from the recorded job,
+whatever fails — a node, the accounting daemon, the controller, a time limit too short, the driver itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .conftest import REPO, snakemake, write_config
+from .test_slurm import PROFILE, SITE, _last_job_id, _results, _sacct, _start_driver, _wait
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+DAEMON = str(REPO / "cluster/testbed/daemon.sh")
+
+
+def _config(path: Path, models: list[str], gpus: list[str], timed_steps: int, site: str = SITE, **launcher) -> Path:
+    return write_config(
+        path,
+        sweep={"models": models, "gpus": gpus, "methods": ["naive"]},
+        launcher={"kind": "slurm", "site": site, **launcher},
+        benchmark={
+            "warmup_steps": 1,
+            "timed_steps": timed_steps,
+            "max_micro_batch": 4,
+            "device": "cpu",
+            "max_spread": 50,
+        },
+    )
+
+
+def _daemon(action: str, name: str) -> None:
+    proc = subprocess.run(["bash", DAEMON, action, name], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _scontrol(job_id: str) -> dict[str, str]:
+    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True).stdout
+    return dict(tok.split("=", 1) for tok in out.split() if "=" in tok)
+
+
+def _one_job_per_cell(work: Path, since: int) -> list[dict]:
+    """Every cell: exactly one SLURM job (COMPLETED), and its result.json names the job slurm_job.json records."""
+    results = _results(work)
+    assert results and all(r["status"] == "ok" for r in results), results
+    for r in results:
+        name = f"pp-{r['model']}-{r['gpu']}-{r['nodes']}x{r['gpus_per_node']}-{r['method']}"
+        # accounting may lag behind the controller (e.g. records queued while slurmdbd was down)
+        _wait(lambda n=name: all(j["State"] == "COMPLETED" for j in _sacct(since, n)) and _sacct(since, n), 90, "sacct")
+        jobs = _sacct(since, name)
+        assert len(jobs) == 1 and jobs[0]["State"] == "COMPLETED", jobs
+        cell = work / f"results/cells/{r['model']}/{r['gpu']}/{r['nodes']}x{r['gpus_per_node']}/{r['method']}"
+        record = json.loads((cell / "slurm_job.json").read_text())
+        assert r["slurm_job_id"] == str(record["job_id"]) == jobs[0]["JobID"], (r["slurm_job_id"], record, jobs)
+    return results
+
+
+def _log(work: Path, rel: str) -> str:
+    return (work / "results/cells" / rel / "cell.log").read_text()
+
+
+def test_node_failure_reattaches_to_the_requeued_job(slurm_cluster, tmp_path):
+    """A node goes down under a running cell: SLURM requeues the job (sacct says NODE_FAIL for a while); the
+    driver waits for the same job instead of failing the cell and submitting a second one."""
+    since = _last_job_id()
+    cfg = _config(tmp_path / "c.yaml", ["tiny-gptneox"], ["a100"], timed_steps=800)
+    driver = _start_driver(tmp_path, cfg)
+    try:
+        job = _wait(lambda: [j for j in _sacct(since, "pp-tiny-gptneox-a100-1x1-naive") if j["State"] == "RUNNING"],
+                    180, "the cell to run")[0]  # fmt: skip
+        time.sleep(3)
+        subprocess.run(["scontrol", "update", "nodename=node-a100", "state=down", "reason=drill"], check=True)
+        _wait(lambda: int(_scontrol(job["JobID"]).get("Restarts", "0")) >= 1, 60, "SLURM to requeue the job")
+        time.sleep(5)  # the driver polls meanwhile (NODE_FAIL in accounting); the node returns by itself
+        subprocess.run(["scontrol", "update", "nodename=node-a100", "state=resume"], capture_output=True)
+        assert driver.wait(timeout=420) == 0, (tmp_path / "driver.log").read_text()[-5000:]
+    finally:
+        subprocess.run(["scontrol", "update", "nodename=node-a100", "state=resume"], capture_output=True)
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+    (result,) = _one_job_per_cell(tmp_path, since)
+    assert result["slurm_job_id"] == job["JobID"]
+    assert "requeued 1 time(s)" in _log(tmp_path, "tiny-gptneox/a100/1x1/naive")
+    time.sleep(5)  # nothing writes the cell after the driver finished
+    assert json.loads((tmp_path / "results/cells/tiny-gptneox/a100/1x1/naive/result.json").read_text()) == result
+
+
+def test_reattach_collects_finished_jobs_while_slurmdbd_is_down(slurm_cluster, tmp_path):
+    """The driver is killed; every job finishes; accounting goes down; the restarted driver collects the
+    results on disk and submits nothing."""
+    since = _last_job_id()
+    cfg = _config(tmp_path / "c.yaml", ["tiny-gptneox", "tiny-bert"], ["a100", "h100"], timed_steps=10)
+    driver = _start_driver(tmp_path, cfg)
+    records = lambda: list((tmp_path / "results/cells").glob("*/*/*/*/slurm_job.json"))  # noqa: E731
+    try:
+        _wait(lambda: len(records()) == 4, 120, "all four cells to be submitted")
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait()
+    ids = [json.loads(p.read_text())["job_id"] for p in records()]
+    _wait(lambda: all(_scontrol(str(i)).get("JobState") == "COMPLETED" for i in ids), 240, "every job to finish")
+    _wait(lambda: sum(j["State"] == "COMPLETED" for j in _sacct(since)) == 4, 60, "accounting to record them")
+    _daemon("stop", "slurmdbd")
+    try:
+        assert snakemake(tmp_path, "--profile", PROFILE, "--configfile", str(cfg), "--unlock").returncode == 0
+        proc = snakemake(tmp_path, "--profile", PROFILE, "--configfile", str(cfg), timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    finally:
+        _daemon("start", "slurmdbd")
+    _one_job_per_cell(tmp_path, since)
+    logs = [p.read_text() for p in (tmp_path / "results/cells").glob("*/*/*/*/cell.log")]
+    assert len(logs) == 4 and all("finished while the driver was away" in log for log in logs), logs
+
+
+def test_controller_down_at_submission_backs_off_and_logs_every_attempt(slurm_cluster, tmp_path):
+    """sbatch fails while slurmctld is down: the cell waits for the controller (launcher.submit_wait_min)
+    instead of spending Snakemake's retries in seconds, and cell.log keeps every failed attempt."""
+    since = _last_job_id()
+    cfg = _config(tmp_path / "c.yaml", ["tiny-bert"], ["h100"], timed_steps=3, submit_wait_min=5)
+    _daemon("stop", "slurmctld")
+    try:
+        driver = _start_driver(tmp_path, cfg)
+        log = tmp_path / "results/cells/tiny-bert/h100/1x1/naive/cell.log"
+        _wait(lambda: log.is_file() and log.read_text().count("sbatch attempt") >= 2, 120, "two failed sbatch attempts")
+    finally:
+        _daemon("start", "slurmctld")
+    _wait(lambda: subprocess.run(["sinfo", "-h", "-n", "node-h100", "-o", "%T"], capture_output=True,
+                                 text=True).stdout.strip() == "idle", 90, "node-h100 to be idle")  # fmt: skip
+    assert driver.wait(timeout=420) == 0, (tmp_path / "driver.log").read_text()[-5000:]
+    text = _log(tmp_path, "tiny-bert/h100/1x1/naive")
+    assert "sbatch attempt 1 failed (controller unreachable)" in text and "Unable to contact slurm controller" in text
+    _one_job_per_cell(tmp_path, since)
+
+
+def test_time_limit_too_short_fails_once_naming_the_site_key(slurm_cluster, tmp_path):
+    """The USR2 warning arrives right after each (re)start: the second time-out without progress is not
+    requeued, the cell fails with the site key to raise, and Snakemake's retry does not submit it again."""
+    site = yaml.safe_load(Path(SITE).read_text())
+    site["gpus"]["a100"].update(time_limit_min=1, signal_delay_s=90)
+    site_path = tmp_path / "site.yaml"
+    site_path.write_text(yaml.safe_dump(site))
+    since = _last_job_id()
+    cfg = _config(tmp_path / "c.yaml", ["tiny-gptneox"], ["a100"], timed_steps=4000, site=str(site_path))
+    proc = snakemake(tmp_path, "--profile", PROFILE, "--configfile", str(cfg), timeout=600)
+    assert proc.returncode != 0
+    text = _log(tmp_path, "tiny-gptneox/a100/1x1/naive")
+    assert "gpus.a100.time_limit_min" in text and "without getting further" in text, text[-4000:]
+    assert "not submitted again" in text  # Snakemake's retries did not loop again
+    jobs = _sacct(since, "pp-tiny-gptneox-a100-1x1-naive")
+    assert len(jobs) == 1, jobs  # one job, requeued once, then refused
+
+
+def test_second_driver_is_refused_and_sigterm_leaves_jobs_queued(slurm_cluster, tmp_path):
+    """`--unlock` while a driver lives does not let a second driver in; SIGTERM stops the first promptly,
+    names the jobs it leaves queued, and the next run re-attaches to them."""
+    since = _last_job_id()
+    cfg = _config(tmp_path / "c.yaml", ["tiny-gptneox"], ["a100", "h100"], timed_steps=400)
+    driver = _start_driver(tmp_path, cfg)
+    try:
+        _wait(lambda: len([j for j in _sacct(since) if j["State"] == "RUNNING"]) == 2, 180, "both cells to run")
+        assert snakemake(tmp_path, "--profile", PROFILE, "--configfile", str(cfg), "--unlock").returncode == 0
+        second = snakemake(tmp_path, "--profile", PROFILE, "--configfile", str(cfg), timeout=120)
+        assert second.returncode != 0
+        assert "another driver is working on results" in second.stderr and f"pid {driver.pid}" in second.stderr
+        t0 = time.time()
+        os.kill(driver.pid, signal.SIGTERM)
+        driver.wait(timeout=60)
+        assert time.time() - t0 < 45
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+    out = (tmp_path / "driver.log").read_text()
+    left = [j["JobID"] for j in _sacct(since) if j["State"] in ("RUNNING", "PENDING")]
+    assert len(left) == 2 and "left queued on SLURM (2)" in out and all(f"job {i})" in out for i in left), out[-3000:]
+    assert not _results(tmp_path)
+    assert snakemake(tmp_path, "--profile", PROFILE, "--configfile", str(cfg), "--unlock").returncode == 0
+    proc = snakemake(tmp_path, "--profile", PROFILE, "--configfile", str(cfg), timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    _one_job_per_cell(tmp_path, since)
