@@ -19,18 +19,17 @@ SITE = str(REPO / "tests/data/site-testbed.yaml")
 PROFILE = str(REPO / "cluster/slurm")
 
 
+def bench(timed_steps: int) -> dict:
+    """The testbed cells' benchmark section: CPU ranks, tiny steps; noise is not what these tests check."""
+    return {"warmup_steps": 1, "timed_steps": timed_steps, "max_micro_batch": 4, "device": "cpu", "max_spread": 50}
+
+
 def _config(path: Path, sweep: dict, timed_steps: int = 3) -> Path:
     return write_config(
         path,
         sweep={"gpus": ["a100", "h100"], "methods": ["naive"], **sweep},
         launcher={"kind": "slurm", "site": SITE},
-        benchmark={
-            "warmup_steps": 1,
-            "timed_steps": timed_steps,
-            "max_micro_batch": 4,
-            "device": "cpu",
-            "max_spread": 50,
-        },
+        benchmark=bench(timed_steps),
     )
 
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from .conftest import REPO, snakemake, write_config
-from .test_slurm import PROFILE, SITE, _last_job_id, _results, _sacct, _start_driver, _wait
+from .test_slurm import PROFILE, SITE, _last_job_id, _results, _sacct, _start_driver, _wait, bench
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 DAEMON = str(REPO / "cluster/testbed/daemon.sh")
@@ -25,13 +25,7 @@ def _config(path: Path, models: list[str], gpus: list[str], timed_steps: int, si
         path,
         sweep={"models": models, "gpus": gpus, "methods": ["naive"]},
         launcher={"kind": "slurm", "site": site, **launcher},
-        benchmark={
-            "warmup_steps": 1,
-            "timed_steps": timed_steps,
-            "max_micro_batch": 4,
-            "device": "cpu",
-            "max_spread": 50,
-        },
+        benchmark=bench(timed_steps),
     )
 
 
