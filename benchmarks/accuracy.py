@@ -35,9 +35,9 @@ if str(REPO / "workflow") not in sys.path:
     sys.path.insert(0, str(REPO / "workflow"))
 
 from gpu_check import _cleanup  # noqa: E402  (the same cleanup between cells; benchmarks/ is on sys.path)
-from pretrain_planner.catalog import Catalog, load_catalog  # noqa: E402
-from pretrain_planner.grid import Cell  # noqa: E402
-from pretrain_planner.launch import cell_spec  # noqa: E402
+from pretrain_planner.planning.catalog import Catalog, load_catalog  # noqa: E402
+from pretrain_planner.planning.grid import Cell  # noqa: E402
+from pretrain_planner.planning.spec import cell_spec  # noqa: E402
 
 TARGET = 0.03  # +-3% on GPU (issue #7)
 T0 = time.perf_counter()

@@ -27,11 +27,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "workflow"))
 
-from pretrain_planner import aggregate, export, methods, report  # noqa: E402
-from pretrain_planner.catalog import load_catalog  # noqa: E402
-from pretrain_planner.flops import train_flops_per_sample  # noqa: E402
-from pretrain_planner.grid import expand  # noqa: E402
+from pretrain_planner.planning import methods  # noqa: E402
+from pretrain_planner.planning.catalog import load_catalog  # noqa: E402
+from pretrain_planner.planning.flops import train_flops_per_sample  # noqa: E402
+from pretrain_planner.planning.grid import expand  # noqa: E402
+from pretrain_planner.report import document  # noqa: E402
+from pretrain_planner.report import plots as pp_plots  # noqa: E402
 from pretrain_planner.results import atomic_write_text, write_result  # noqa: E402
+from pretrain_planner.tables import aggregate, export  # noqa: E402
 
 MODELS = ["pythia-160m", "pythia-410m", "pythia-1b", "pythia-1.4b", "pythia-2.8b", "pythia-6.9b", "roberta-large",
           "mamba-2.8b", "convnext-xlarge-22k", "vit-large-in21k", "bert-24h"]  # fmt: skip
@@ -141,7 +144,7 @@ def main() -> int:
     plan, paths = synthesise(results, args.n)
     synth_s = time.perf_counter() - t0
     tables = aggregate.table_files(str(results / "tables"))
-    plots = report.plot_files(str(results / "plots"))
+    plots = pp_plots.plot_files(str(results / "plots"))
     logs = results / "logs"
 
     def stage(name, fn):
@@ -162,7 +165,7 @@ def main() -> int:
         lambda: aggregate.build_tables(plan, paths, tables, str(logs / "aggregate.log"), catalog, costs_config),
     )
     stage("plots: report.make_plots (5 plots, PNG + SVG)",
-          lambda: report.make_plots(tables, plots, str(logs / "plots.log"), costs_config))  # fmt: skip
+          lambda: pp_plots.make_plots(tables, plots, str(logs / "plots.log"), costs_config))  # fmt: skip
     index = stage(
         "export: export.export_plans",
         lambda: export.export_plans(
@@ -174,7 +177,7 @@ def main() -> int:
         ),  # fmt: skip
     )
     stage("report: report.write_report",
-          lambda: report.write_report(tables, plots, str(results / "optimal"), str(results / "report.md"),
+          lambda: document.write_report(tables, plots, str(results / "optimal"), str(results / "report.md"),
                                       str(logs / "report.log"), costs_config))  # fmt: skip
     load_after = os.getloadavg()
 

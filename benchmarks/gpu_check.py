@@ -50,9 +50,9 @@ if str(REPO / "workflow") not in sys.path:  # works without `pip install -e .` t
     sys.path.insert(0, str(REPO / "workflow"))
 
 try:
-    from pretrain_planner.catalog import Catalog, load_catalog
-    from pretrain_planner.grid import Cell, invalid_reason
-    from pretrain_planner.launch import cell_spec
+    from pretrain_planner.planning.catalog import Catalog, load_catalog
+    from pretrain_planner.planning.grid import Cell, invalid_reason
+    from pretrain_planner.planning.spec import cell_spec
 except ImportError as _exc:  # a bare GPU image: torch + transformers + pyyaml, but no jsonschema / submitit
     sys.exit(
         f"gpu_check: cannot import the planner ({_exc}). It needs pyyaml, jsonschema and submitit besides torch and "

@@ -21,8 +21,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "workflow")]
 
 import yaml  # noqa: E402
-from pretrain_planner import search  # noqa: E402
-from pretrain_planner.pipeline import load  # noqa: E402
+from pretrain_planner import search as search  # noqa: E402
+from pretrain_planner.planning.pipeline import load  # noqa: E402
 from snakemake.utils import update_config  # noqa: E402
 
 import tests.test_search as lattices  # noqa: E402  (the simulator and the five lattices of the tests)

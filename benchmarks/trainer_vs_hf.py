@@ -33,9 +33,9 @@ if str(REPO / "workflow") not in sys.path:
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from pretrain_planner.catalog import load_catalog  # noqa: E402
-from pretrain_planner.grid import Cell  # noqa: E402
-from pretrain_planner.launch import cell_spec  # noqa: E402
+from pretrain_planner.planning.catalog import load_catalog  # noqa: E402
+from pretrain_planner.planning.grid import Cell  # noqa: E402
+from pretrain_planner.planning.spec import cell_spec  # noqa: E402
 from pretrain_planner.trainer.models import build_model, make_batch  # noqa: E402
 from pretrain_planner.trainer.run import run_rank  # noqa: E402
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from pretrain_planner.job import RankJob
+from pretrain_planner.launch.rankjob import RankJob
 
 
 class OneRankDies(RankJob):

@@ -15,9 +15,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 def run_config(model: str, method: str, ranks: int, *, precision: str | None = "fp32", **bench: Any):
     """The RunConfig of a `cpu` cell, as the planner would hand it to the job (fp32: fast on CPUs)."""
-    from pretrain_planner.catalog import load_catalog
-    from pretrain_planner.grid import Cell
-    from pretrain_planner.launch import cell_spec
+    from pretrain_planner.planning.catalog import load_catalog
+    from pretrain_planner.planning.grid import Cell
+    from pretrain_planner.planning.spec import cell_spec
     from pretrain_planner.trainer.config import RunConfig
 
     catalog = load_catalog(REPO / "config/models.yaml", REPO / "config/gpus.yaml")

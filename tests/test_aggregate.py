@@ -9,11 +9,13 @@ import time
 
 import polars as pl
 import pytest
-from pretrain_planner import aggregate, report
-from pretrain_planner.catalog import load_catalog
-from pretrain_planner.flops import train_flops_per_sample
-from pretrain_planner.pipeline import PLAN_COLUMNS
+from pretrain_planner.planning.catalog import load_catalog
+from pretrain_planner.planning.flops import train_flops_per_sample
+from pretrain_planner.planning.pipeline import PLAN_COLUMNS
+from pretrain_planner.report import document
+from pretrain_planner.report import plots as pp_plots
 from pretrain_planner.results import write_result
+from pretrain_planner.tables import aggregate
 
 from .conftest import REPO
 
@@ -324,15 +326,15 @@ def test_markdown_formatting():
 
 def test_plots_and_report(gpu_tables):
     root, out, _ = gpu_tables
-    plots = report.plot_files(str(root / "plots"))
+    plots = pp_plots.plot_files(str(root / "plots"))
     t0 = time.perf_counter()
-    report.make_plots(out, plots, str(root / "logs/plots.log"), COSTS)
+    pp_plots.make_plots(out, plots, str(root / "logs/plots.log"), COSTS)
     assert time.perf_counter() - t0 < 30
     for key, path in plots.items():
         with open(path, "rb") as fh:
             data = fh.read(64)
         assert data.startswith(b"\x89PNG") if key.endswith("png") else b"<?xml" in data or b"<svg" in data, key
-    report.write_report(out, plots, None, str(root / "report.md"), str(root / "logs/report.log"), COSTS)
+    document.write_report(out, plots, None, str(root / "report.md"), str(root / "logs/report.log"), COSTS)
     md = (root / "report.md").read_text()
     for section in ("## Time to train", "## Feasibility", "## Costs and the Pareto front", "## Measured vs analytic",
                     "## MFU and step time by method", "## Problems"):  # fmt: skip
@@ -345,9 +347,9 @@ def test_plots_and_report(gpu_tables):
 def test_empty_mfu_plot_is_labelled(tmp_path):
     plan, paths = write_set(tmp_path, [cell_result("tiny-gptneox", "cpu", 1, 1, "fl", "ok", 0.01)])
     tables = aggregate.build_all(plan, paths, CATALOG, COSTS)
-    plots = report.plot_files(str(tmp_path / "plots"))
-    report.plot_mfu(tables["cells"], plots)
-    report.plot_cost_days(tables["costs"], plots, "hardware", 5)
+    plots = pp_plots.plot_files(str(tmp_path / "plots"))
+    pp_plots.plot_mfu(tables["cells"], plots)
+    pp_plots.plot_cost_days(tables["costs"], plots, "hardware", 5)
     for key in ("mfu_png", "mfu_svg", "cost_days_png", "cost_days_svg"):
         assert (tmp_path / "plots" / plots[key].rsplit("/", 1)[1]).stat().st_size > 0
     assert "no MFU known" in (tmp_path / "plots/mfu_by_method.svg").read_text()

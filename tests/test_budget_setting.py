@@ -9,9 +9,9 @@ import pytest
 import torch
 from pretrain_planner.budget import config as bconfig
 from pretrain_planner.budget import data, jobs, pretrain
-from pretrain_planner.catalog import load_catalog
-from pretrain_planner.export import _plan_record
+from pretrain_planner.planning.catalog import load_catalog
 from pretrain_planner.schema import ConfigError
+from pretrain_planner.tables.export import _plan_record
 from pretrain_planner.trainer.models import build_model
 
 from .conftest import REPO, snakemake, write_config

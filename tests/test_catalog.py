@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from pretrain_planner.catalog import FAMILY_TASK, load_catalog, load_gpus, load_models
+from pretrain_planner.planning.catalog import FAMILY_TASK, load_catalog, load_gpus, load_models
 from pretrain_planner.schema import ConfigError, validate
 
 from .conftest import TINY_GPTNEOX_ARCH

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from pretrain_planner import aggregate, cli, status
+from pretrain_planner import cli
+from pretrain_planner.tables import aggregate, status
 
 from .test_aggregate import CATALOG, COSTS, P, cell_result, gpu_set_results, write_set
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
-from pretrain_planner import costs
-from pretrain_planner.catalog import GpuSpec, load_gpus
+from pretrain_planner.planning.catalog import GpuSpec, load_gpus
 from pretrain_planner.schema import ConfigError, validate
+from pretrain_planner.tables import costs
 
 from .conftest import REPO
 

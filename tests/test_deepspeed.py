@@ -7,9 +7,9 @@ import importlib.util
 import sys
 
 import pytest
-from pretrain_planner.catalog import load_catalog
-from pretrain_planner.grid import Cell
-from pretrain_planner.launch import cell_spec
+from pretrain_planner.planning.catalog import load_catalog
+from pretrain_planner.planning.grid import Cell
+from pretrain_planner.planning.spec import cell_spec
 
 from .conftest import REPO
 from .test_sharding import TIMED, cell, leftover_processes, losses, run_sweep

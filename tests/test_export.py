@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from pretrain_planner import aggregate, export
+from pretrain_planner.tables import aggregate, export
 
 from .conftest import REPO
 from .test_aggregate import CATALOG, COSTS, P, cell_result, write_set
@@ -172,13 +172,13 @@ def test_export_imports_neither_torch_nor_transformers(tmp_path):
         (tmp_path / "blocker" / name / "__init__.py").write_text(f"raise ImportError('{name} is blocked')\n")
     code = (
         "import sys\n"
-        "import pretrain_planner.aggregate, pretrain_planner.report, pretrain_planner.costs\n"
-        "import pretrain_planner.export, pretrain_planner.status, pretrain_planner.cli\n"
-        "from pretrain_planner.catalog import load_catalog\n"
+        "import pretrain_planner.tables.aggregate, pretrain_planner.report.plots, pretrain_planner.tables.costs\n"
+        "import pretrain_planner.tables.export, pretrain_planner.tables.status, pretrain_planner.cli\n"
+        "from pretrain_planner.planning.catalog import load_catalog\n"
         f"cat = load_catalog('{REPO}/config/models.yaml', '{REPO}/config/gpus.yaml')\n"
         "row = {'best_method': 'fl+zero3+off', 'micro_batch_size': 16, 'grad_accum_steps': 16, 'nodes': 1,\n"
         "       'gpus_per_node': 4, 'step_time_s': 1.0, 'training_days': 2.0}\n"
-        "args, ds, _ = pretrain_planner.export.training_arguments(cat.models['pythia-1b'], cat.gpus['a100'], row)\n"
+        "args, ds, _ = pretrain_planner.tables.export.training_arguments(cat.models['pythia-1b'], cat.gpus['a100'], row)\n"
         "assert ds['zero_optimization']['stage'] == 3\n"
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n"
     )

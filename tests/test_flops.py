@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from pretrain_planner.catalog import load_catalog, load_models
-from pretrain_planner.flops import mfu, train_flops_per_sample
+from pretrain_planner.planning.catalog import load_catalog, load_models
+from pretrain_planner.planning.flops import mfu, train_flops_per_sample
 from pretrain_planner.schema import ConfigError
 from pretrain_planner.trainer.models import build_model, make_batch
 from torch.nn.attention import SDPBackend, sdpa_kernel

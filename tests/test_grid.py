@@ -9,9 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-from pretrain_planner import grid, schema
-from pretrain_planner.catalog import load_catalog
-from pretrain_planner.grid import CELL_PATTERN, WILDCARD_CONSTRAINTS, Cell, PlannedCell
+from pretrain_planner import schema
+from pretrain_planner.planning import grid
+from pretrain_planner.planning.catalog import load_catalog
+from pretrain_planner.planning.grid import CELL_PATTERN, WILDCARD_CONSTRAINTS, Cell, PlannedCell
 from pretrain_planner.schema import ConfigError
 
 from .conftest import TINY_GPTNEOX_ARCH
@@ -476,7 +477,7 @@ def test_meaningful_extras_are_valid(catalog, model, gpu, gpn, method):
 
 def test_family_tables_agree_with_the_trainer():
     """grid's torch-free family tables must say what trainer.models builds."""
-    from pretrain_planner.catalog import FAMILY_TASK
+    from pretrain_planner.planning.catalog import FAMILY_TASK
     from pretrain_planner.trainer import models
 
     for family in FAMILY_TASK:

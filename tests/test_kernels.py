@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from pretrain_planner.catalog import load_catalog
-from pretrain_planner.grid import Cell
-from pretrain_planner.launch import cell_spec
+from pretrain_planner.planning.catalog import load_catalog
+from pretrain_planner.planning.grid import Cell
+from pretrain_planner.planning.spec import cell_spec
 from pretrain_planner.trainer import kernels
 
 from .test_grid import GPUS_YAML, MODELS_YAML
@@ -108,7 +108,7 @@ def test_fp16_on_cpu_is_unsupported(catalog, tmp_path):
 def test_missing_packages_are_unsupported(monkeypatch):
     """On a GPU without flash-attn / liger-kernel the reason names the package (not an ImportError crash)."""
     import torch
-    from pretrain_planner.methods import parse
+    from pretrain_planner.planning.methods import parse
     from pretrain_planner.trainer.parallel import Unsupported
 
     monkeypatch.setattr(kernels, "import_error", lambda module: f"ModuleNotFoundError: No module named {module!r}")

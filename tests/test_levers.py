@@ -146,9 +146,9 @@ def test_flce_lowers_peak_memory_with_a_large_vocabulary(record_property):
 
 def test_cstep_same_update_as_an_eager_step(tmp_path):
     """`cstep` compiles the optimizer step (with clipping): after two steps, the same weights as eager."""
-    from pretrain_planner.catalog import load_catalog
-    from pretrain_planner.grid import Cell
-    from pretrain_planner.launch import cell_spec
+    from pretrain_planner.planning.catalog import load_catalog
+    from pretrain_planner.planning.grid import Cell
+    from pretrain_planner.planning.spec import cell_spec
     from pretrain_planner.trainer.config import RunConfig
     from pretrain_planner.trainer.measure import batches_for
     from pretrain_planner.trainer.parallel import close_rank, init_rank

@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from pretrain_planner import driver
-from pretrain_planner.hostpool import HostPool, alive, start_time
+from pretrain_planner.launch import driver
+from pretrain_planner.launch.hostpool import HostPool, alive, start_time
 
 from .conftest import BIN, REPO, snakemake, write_config
 
@@ -221,7 +221,8 @@ def test_a_spread_out_timing_is_timed_again_then_kept_as_noisy(tmp_path, jitter,
 def test_a_dead_rank_ends_its_peers_at_once(tmp_path):
     """Local launcher: when one rank dies, the others are ended within seconds (submitit's controller would
     wait for them, and they for the dead rank in a collective)."""
-    from pretrain_planner.launch import JobFailed, JobRequest, RuleLog, run_job
+    from pretrain_planner.launch.executor import run_job
+    from pretrain_planner.launch.request import JobFailed, JobRequest, RuleLog
 
     from .launch_jobs import OneRankDies
 

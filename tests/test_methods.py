@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from pretrain_planner import methods
-from pretrain_planner.methods import ALL_PARTS, BASES, SHARDING, Method, parse, parse_canonical
+from pretrain_planner.planning import methods
+from pretrain_planner.planning.methods import ALL_PARTS, BASES, SHARDING, Method, parse, parse_canonical
 from pretrain_planner.schema import ConfigError
 
 

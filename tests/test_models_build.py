@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 import transformers as tf
-from pretrain_planner.catalog import load_catalog
-from pretrain_planner.grid import Cell, invalid_reason
-from pretrain_planner.launch import cell_spec
+from pretrain_planner.planning.catalog import load_catalog
+from pretrain_planner.planning.grid import Cell, invalid_reason
+from pretrain_planner.planning.spec import cell_spec
 from pretrain_planner.trainer.models import build_model, kernel_info, make_batch
 
 ROOT = Path(__file__).resolve().parents[1]

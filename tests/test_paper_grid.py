@@ -9,7 +9,7 @@ import time
 
 import pytest
 import yaml
-from pretrain_planner.pipeline import load
+from pretrain_planner.planning.pipeline import load
 from snakemake.utils import update_config
 
 from .conftest import REPO, snakemake

@@ -92,8 +92,9 @@ def test_large_dry_run_is_fast_and_imports_no_torch(tmp_path):
 def test_planning_modules_import_no_torch():
     code = (
         "import sys\n"
-        "import pretrain_planner.pipeline, pretrain_planner.grid, pretrain_planner.catalog, pretrain_planner.launch\n"
-        "import pretrain_planner.aggregate, pretrain_planner.report, pretrain_planner.job\n"
+        "import pretrain_planner.planning.pipeline, pretrain_planner.planning.grid, pretrain_planner.planning.catalog\n"
+        "import pretrain_planner.launch.executor, pretrain_planner.trainer.cell, pretrain_planner.launch.rankjob\n"
+        "import pretrain_planner.tables.aggregate, pretrain_planner.report.plots, pretrain_planner.report.document\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

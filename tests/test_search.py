@@ -16,12 +16,14 @@ import time
 import polars as pl
 import pytest
 import yaml
-from pretrain_planner import aggregate, memory, search
-from pretrain_planner.flops import train_flops_per_sample
-from pretrain_planner.memory import GIB, MemoryFacts
-from pretrain_planner.pipeline import load
+from pretrain_planner import search as search
+from pretrain_planner.planning import memory
+from pretrain_planner.planning.flops import train_flops_per_sample
+from pretrain_planner.planning.memory import GIB, MemoryFacts
+from pretrain_planner.planning.pipeline import load
 from pretrain_planner.results import RESULT_FIELDS
 from pretrain_planner.search import Observation, Setting, covers, shape
+from pretrain_planner.tables import aggregate
 from snakemake.utils import update_config
 
 from .conftest import REPO, snakemake

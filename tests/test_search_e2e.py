@@ -12,8 +12,9 @@ import json
 
 import polars as pl
 import pytest
-from pretrain_planner import aggregate, search
-from pretrain_planner.aggregate import parse_result
+from pretrain_planner import search as search
+from pretrain_planner.tables import aggregate
+from pretrain_planner.tables.aggregate import parse_result
 
 from .conftest import REPO, snakemake, write_config
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import yaml
+from pretrain_planner.planning.site import load_site, sbatch_parameters
 from pretrain_planner.schema import ConfigError
-from pretrain_planner.site import load_site, sbatch_parameters
 from submitit.slurm.slurm import _make_sbatch_string
 
 

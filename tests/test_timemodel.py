@@ -8,8 +8,8 @@ truth, whatever the machine.
 from __future__ import annotations
 
 import pytest
-from pretrain_planner.memory import GRAD_B
-from pretrain_planner.timemodel import RECOMPUTE_SHARE, Hypotheses, features
+from pretrain_planner.planning.memory import GRAD_B
+from pretrain_planner.search.timemodel import RECOMPUTE_SHARE, Hypotheses, features
 
 PARAMS, WORLD, BATCH, SAT = 6.9e9, 4, 256, 4
 

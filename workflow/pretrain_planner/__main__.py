@@ -1,5 +1,5 @@
 """`python -m pretrain_planner ...`: the `pretrain-planner` console script."""
 
-from .cli import main
+from pretrain_planner.cli import main
 
 raise SystemExit(main())

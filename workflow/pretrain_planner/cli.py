@@ -33,7 +33,7 @@ def _resolve(path: str) -> Path:
 def load_config(args: argparse.Namespace) -> dict[str, Any]:
     """--config alone (as Snakemake's --configfile: the demo sweep is not merged under it), else the demo
     sweep config/config.yaml; validated, defaults in."""
-    from .schema import load_yaml, validate
+    from pretrain_planner.schema import load_yaml, validate
 
     path = _resolve(args.config) if args.config else _resolve(DEFAULT_CONFIG)
     config = (load_yaml(path) if args.config or path.is_file() else {}) or {}
@@ -51,7 +51,7 @@ def load_config(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _catalog(config: dict[str, Any], models: bool = True):
-    from .catalog import Catalog, load_catalog, load_gpus
+    from pretrain_planner.planning.catalog import Catalog, load_catalog, load_gpus
 
     gpus_path = _resolve(config["catalog"]["gpus"])
     if models:
@@ -94,7 +94,7 @@ def _split(count: int, nodes: int) -> int:
 
 
 def cmd_cost(args: argparse.Namespace) -> int:
-    from . import costs
+    from pretrain_planner.tables import costs
 
     config = load_config(args)
     catalog = _catalog(config, models=False)
@@ -128,7 +128,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
 
 def _time_to_train(results: Path, config: dict[str, Any]):
     """tables/time_to_train.csv if the pipeline wrote it, else the cell results aggregated here."""
-    from . import aggregate
+    from pretrain_planner.tables import aggregate
 
     table = results / "tables" / "time_to_train.csv"
     if table.is_file():
@@ -152,7 +152,7 @@ def _time_to_train(results: Path, config: dict[str, Any]):
 def cmd_best(args: argparse.Namespace) -> int:
     import polars as pl
 
-    from . import costs
+    from pretrain_planner.tables import costs
 
     config = load_config(args)
     results = _results_dir(config)
@@ -224,7 +224,7 @@ def cmd_best(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from . import status
+    from pretrain_planner.tables import status
 
     config = load_config(args)
     results = _results_dir(config)
@@ -233,7 +233,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if plan is None:
         import polars as pl
 
-        from .pipeline import load
+        from pretrain_planner.planning.pipeline import load
 
         pipe = load(config, REPO, args.config or DEFAULT_CONFIG)
         plan = pl.DataFrame(pipe.rows())
@@ -285,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from .schema import ConfigError
+    from pretrain_planner.schema import ConfigError
 
     try:
         return args.func(args)

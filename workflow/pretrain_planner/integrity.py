@@ -14,7 +14,7 @@ import json
 import shutil
 from pathlib import Path
 
-from .aggregate import parse_result
+from pretrain_planner.results import parse_result
 
 RESULT, STEPS = "result.json", "steps.jsonl"
 

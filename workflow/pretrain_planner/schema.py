@@ -142,3 +142,9 @@ def non_defaults(
         origin = next((label for label, flat in reversed(source_leaves) if flat.get(key, object()) == value), fallback)
         out.append((key, value, origin))
     return out
+
+
+def default(schema_name: str, key: str) -> Any:
+    """The schema's default of a dotted key (e.g. default("config", "search.tolerance")): code that needs a
+    default reads it here rather than writing the number again."""
+    return schema_defaults(schema_name)[key]

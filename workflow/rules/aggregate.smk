@@ -1,7 +1,7 @@
 # Every cell's result -> polars tables (cells, time_to_train, feasibility, costs, pareto, problems),
 # then the plan of each setting's fastest method as Trainer arguments and a launch script.
 
-import pretrain_planner.export as pp_export
+import pretrain_planner.tables.export as pp_export
 
 OPTIMAL = f"{RESULTS}/optimal"
 

@@ -1,5 +1,7 @@
 # The plan (every cell, valid or not) and one job per valid cell.
 
+import pretrain_planner.trainer.cell as pp_cell
+
 
 rule plan:
     input:
@@ -25,7 +27,7 @@ rule benchmark_cell:
     params:
         spec=PP.spec,
     run:
-        pp_launch.run_cell(params.spec, log[0], threads)
+        pp_cell.run_cell(params.spec, log[0], threads)
 
 
 if PP.adaptive:

@@ -1,14 +1,14 @@
 # Helpers and targets. Validates every config file before anything runs (a mistake ends the dry run).
 import sys
 
-import pretrain_planner.aggregate as pp_aggregate
-import pretrain_planner.driver as pp_driver
 import pretrain_planner.integrity as pp_integrity
-import pretrain_planner.launch as pp_launch
-import pretrain_planner.pipeline as pp_pipeline
-import pretrain_planner.report as pp_report
+import pretrain_planner.launch.driver as pp_driver
+import pretrain_planner.launch.local as pp_local
+import pretrain_planner.planning.pipeline as pp_pipeline
+import pretrain_planner.report.plots as pp_plots
 import pretrain_planner.search as pp_search
-from pretrain_planner.grid import WILDCARD_CONSTRAINTS
+import pretrain_planner.tables.aggregate as pp_aggregate
+from pretrain_planner.planning.grid import WILDCARD_CONSTRAINTS
 
 PP = pp_pipeline.load_or_exit(
     config,
@@ -29,7 +29,7 @@ for _line in pp_integrity.repair(RESULTS, [c.path for c in PP.cells], move=EXECU
 
 onstart:
     pp_driver.acquire(RESULTS)
-    for _folder in pp_launch.end_all_orphans(RESULTS):
+    for _folder in pp_local.end_all_orphans(RESULTS):
         print(f"pretrain-planner: ended a job an earlier driver left running in {_folder}", file=sys.stderr)
 
 
@@ -43,7 +43,7 @@ onerror:
 
 CELL_DIR = f"{RESULTS}/cells/{{model}}/{{gpu}}/{{nodes}}x{{gpus_per_node}}/{{method}}"
 TABLES = pp_aggregate.table_files(f"{RESULTS}/tables")
-PLOTS = pp_report.plot_files(f"{RESULTS}/plots")
+PLOTS = pp_plots.plot_files(f"{RESULTS}/plots")
 
 
 wildcard_constraints:

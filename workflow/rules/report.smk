@@ -1,5 +1,7 @@
 # Plots from the tables, and results/report.md gathering tables and plots.
 
+import pretrain_planner.report.document as pp_document
+
 REPORT = f"{RESULTS}/report.md"
 
 
@@ -13,7 +15,7 @@ rule plots:
     params:
         costs=PP.config.get("costs", {}),
     run:
-        pp_report.make_plots(dict(input.items()), dict(output.items()), log[0], params.costs)
+        pp_plots.make_plots(dict(input.items()), dict(output.items()), log[0], params.costs)
 
 
 rule report:
@@ -28,4 +30,4 @@ rule report:
     params:
         costs=PP.config.get("costs", {}),
     run:
-        pp_report.write_report(TABLES, PLOTS, input.optimal, output.report, log[0], params.costs)
+        pp_document.write_report(TABLES, PLOTS, input.optimal, output.report, log[0], params.costs)

@@ -10,10 +10,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ..catalog import load_models
-from ..pipeline import resolve
-from ..schema import ConfigError, load_yaml, validate
-from ..site import load_site
+from pretrain_planner.planning.catalog import load_models
+from pretrain_planner.planning.pipeline import resolve
+from pretrain_planner.planning.site import load_site
+from pretrain_planner.schema import ConfigError, load_yaml, validate
 
 # Jobs of one Snakemake process (--force-use-threads) share torch's global RNG and thread settings: the
 # budget stage's torch jobs take turns, so that each is deterministic given its seed.

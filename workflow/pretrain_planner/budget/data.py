@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from ..results import atomic_write_text
-from .config import fingerprint
+from pretrain_planner.budget.config import fingerprint
+from pretrain_planner.results import atomic_write_text
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 ARRAYS = ("input_ids", "positions", "labels")
@@ -187,7 +187,7 @@ def prepare_data(cfg: dict[str, Any], out_index: str | Path, log: str | Path | N
     """
     from tokenizers import Tokenizer
 
-    from .config import file_logger
+    from pretrain_planner.budget.config import file_logger
 
     logger = file_logger("data", log)
     data_dir = Path(out_index).parent

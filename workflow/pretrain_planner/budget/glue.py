@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from ..results import atomic_write_text
-from .config import TASK_DIRS, TORCH_LOCK, file_logger
+from pretrain_planner.budget.config import TASK_DIRS, TORCH_LOCK, file_logger
+from pretrain_planner.results import atomic_write_text
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..job import BudgetJob
-from ..launch import JOB_RECORD, JobRequest, RuleLog, holds_gpus, run_job, threads_per_rank
-from .config import TORCH_LOCK, setting_of
+from pretrain_planner.budget.config import TORCH_LOCK, setting_of
+from pretrain_planner.budget.job import BudgetJob
+from pretrain_planner.launch.executor import run_job
+from pretrain_planner.launch.rankjob import SLURM_RECORD as JOB_RECORD
+from pretrain_planner.launch.request import JobRequest, RuleLog, holds_gpus, threads_per_rank
 
 
 def _run(
@@ -29,7 +31,7 @@ def _run(
     """Run the job; once more if it completed but its outputs are gone (it finished while the driver was
     down and Snakemake removed them as incomplete): the rerun resumes from the final checkpoint."""
     if req.kind == "debug":
-        from . import glue, pretrain
+        from pretrain_planner.budget import glue, pretrain
 
         with TORCH_LOCK:
             return (pretrain.pretrain if entry == "pretrain" else glue.finetune)(**kwargs)

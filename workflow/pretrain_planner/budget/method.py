@@ -23,9 +23,16 @@ from typing import Any
 
 import torch
 
-from ..trainer import kernels, zero
-from ..trainer.parallel import MethodConfig, RankEnv, Unsupported, apply_method, build_optimizer, method_config
-from ..trainer.step import TrainStep
+from pretrain_planner.trainer import kernels, zero
+from pretrain_planner.trainer.parallel import (
+    MethodConfig,
+    RankEnv,
+    Unsupported,
+    apply_method,
+    build_optimizer,
+    method_config,
+)
+from pretrain_planner.trainer.step import TrainStep
 
 # The compiled AdamW step divides by the step size (eps / step_size, with a tensor lr): lr 0 (the first step of
 # the warm-up) would give NaN weights. The floor moves a weight by about 1e-12: nothing.
@@ -51,8 +58,8 @@ def check(cfg: MethodConfig, env: RankEnv) -> None:
     """Raise MethodError, the same on every rank and before anything is built, if the method cannot run here."""
     from types import SimpleNamespace
 
-    from ..grid import extras_reason
-    from ..trainer.run import check_supported
+    from pretrain_planner.planning.grid import extras_reason
+    from pretrain_planner.trainer.run import check_supported
 
     m = cfg.method
     why = None
@@ -192,7 +199,7 @@ def build(
     `fl_attn`: the attention of `fl` without `fa2` (train.attn_implementation). `grad_sync`: FSDP2's gradient
     synchronisation ("last": one reduce-scatter per step, the default; "every": per micro-batch, the benchmark's
     choice when "last" did not fit)."""
-    from ..trainer.run import build_with_extras
+    from pretrain_planner.trainer.run import build_with_extras
 
     m = cfg.method
     check(cfg, env)

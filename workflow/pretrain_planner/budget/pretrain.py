@@ -35,13 +35,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import progress as job_progress
-from ..results import atomic_write_text
-from ..trainer.models import build_model
-from . import method as bmethod
-from . import schedule
-from .config import TORCH_LOCK, file_logger, fingerprint, setting_of
-from .data import load_shard
+from pretrain_planner.budget import method as bmethod
+from pretrain_planner.budget import schedule
+from pretrain_planner.budget.config import TORCH_LOCK, file_logger, fingerprint, setting_of
+from pretrain_planner.budget.data import load_shard
+from pretrain_planner.launch import progress as job_progress
+from pretrain_planner.results import atomic_write_text
+from pretrain_planner.trainer.models import build_model
 
 
 class ShardSampler:
@@ -127,7 +127,7 @@ def _device(tr: dict[str, Any], local_rank: int = 0) -> torch.device:
     """CUDA when train.device says so, or when it is auto, train.gpu is a GPU type and CUDA is there."""
     wants_gpu = tr["device"] == "cuda" or (tr["device"] == "auto" and tr.get("gpu", "cpu") != "cpu")
     if wants_gpu and torch.cuda.is_available():
-        from ..trainer.parallel import device_index  # the trainer's one device rule
+        from pretrain_planner.trainer.parallel import device_index  # the trainer's one device rule
 
         return torch.device("cuda", device_index(local_rank, torch.cuda.device_count()))
     return torch.device("cpu")
@@ -156,7 +156,7 @@ class Ranks:
                 raise RuntimeError(f"launched with {self.world} tasks, the setting needs {world_size}")
         self.device = device_of(self.local_rank)
         if self.world > 1 or group_for_one:
-            from ..trainer.parallel import eager_init_kwargs, process_group_backend
+            from pretrain_planner.trainer.parallel import eager_init_kwargs, process_group_backend
 
             if self.device.type == "cuda":
                 torch.cuda.set_device(self.device)
@@ -179,7 +179,7 @@ class Ranks:
 
     def env(self):
         """The trainer's view of this rank (trainer.parallel.RankEnv)."""
-        from ..trainer.parallel import RankEnv
+        from pretrain_planner.trainer.parallel import RankEnv
 
         return RankEnv(self.rank, self.world, self.local_rank, self.device, self.backend)
 
@@ -214,7 +214,7 @@ class Ranks:
 
             if torch_dist.is_initialized():
                 torch_dist.destroy_process_group()
-            from ..trainer.parallel import forget_deepspeed_groups
+            from pretrain_planner.trainer.parallel import forget_deepspeed_groups
 
             forget_deepspeed_groups()
         for var in self._env_set:  # an in-process run must not leave a distributed environment behind
@@ -303,7 +303,7 @@ def _pretrain(
 
     import transformers
 
-    from ..methods import parse
+    from pretrain_planner.planning.methods import parse
 
     transformers.utils.logging.disable_progress_bar()
     tr = cfg["train"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..grid import Cell as CellConfig  # the planner's cell is the run's cell: one definition
-from ..methods import Method, parse_canonical
+from pretrain_planner.planning.grid import Cell as CellConfig  # the planner's cell is the run's cell: one definition
+from pretrain_planner.planning.methods import Method, parse_canonical
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,9 @@ from typing import Any
 
 import torch
 
-from .config import RunConfig
-from .evidence import fsdp_sharding
-from .parallel import RankEnv, Unsupported, blocks
+from pretrain_planner.trainer.config import RunConfig
+from pretrain_planner.trainer.evidence import fsdp_sharding
+from pretrain_planner.trainer.parallel import RankEnv, Unsupported, blocks
 
 
 def _tied_outside(net: torch.nn.Module, found: list[tuple[str, torch.nn.Module]]) -> dict[str, str]:

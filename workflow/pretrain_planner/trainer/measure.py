@@ -29,11 +29,11 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 
-from .config import RunConfig
-from .models import make_batch
-from .oom import Verdict, free_memory, guarded, is_oom
-from .parallel import RankEnv
-from .step import ACCUMULATING, TrainStep
+from pretrain_planner.trainer.config import RunConfig
+from pretrain_planner.trainer.models import make_batch
+from pretrain_planner.trainer.oom import Verdict, free_memory, guarded, is_oom
+from pretrain_planner.trainer.parallel import RankEnv
+from pretrain_planner.trainer.step import ACCUMULATING, TrainStep
 
 BATCH_POOL = 2  # distinct micro-batches cycled through a step (bounded memory for image models)
 MAX_SKIPPED = 24  # steps the fp16 loss scaler may skip while timing (2^16 backs off to 1 in 16)

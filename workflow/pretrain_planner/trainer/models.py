@@ -104,8 +104,8 @@ def model_class(model: dict[str, Any], fused_ce: bool = False) -> type:
             f"({', '.join(MASKED_LM_FAMILIES)}), not {family!r}"
         )
     if fused_ce:
-        from ..catalog import FAMILY_TASK
-        from .heads import fused_head_class
+        from pretrain_planner.planning.catalog import FAMILY_TASK
+        from pretrain_planner.trainer.heads import fused_head_class
 
         if FAMILY_TASK[family] not in ("causal_lm", "masked_lm"):
             raise ValueError(f"model {model.get('name', '?')!r}: flce needs a vocabulary head ({family!r} has none)")

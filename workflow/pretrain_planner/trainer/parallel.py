@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 
-from .config import RunConfig
+from pretrain_planner.trainer.config import RunConfig
 
 GROUP_TIMEOUT = dt.timedelta(minutes=10)
 
@@ -242,7 +242,7 @@ def init_rank(cfg: RunConfig) -> RankEnv:
                     is_master=rank == 0,
                     timeout=GROUP_TIMEOUT,
                 )
-                from .watch import PeerWatch
+                from pretrain_planner.trainer.watch import PeerWatch
 
                 env.watch = PeerWatch(env).start()
             else:
@@ -365,7 +365,7 @@ def _allow_recompiles() -> None:
 
 def apply_method(cfg: RunConfig, env: RankEnv, net: torch.nn.Module, attn_used: str | None) -> Applied:
     """naive / free-lunch, activation checkpointing, DDP or FSDP2 (DeepSpeed: see zero.build_step)."""
-    from .evidence import Probe
+    from pretrain_planner.trainer.evidence import Probe
 
     method = cfg.method
     if method.sharding and not method.sharding.startswith("fsdp"):
@@ -384,7 +384,7 @@ def apply_method(cfg: RunConfig, env: RankEnv, net: torch.nn.Module, attn_used: 
     ddp = probe = fsdp_root = None
     parallel: dict[str, Any] = {}
     if method.sharding:
-        from .fsdp import shard
+        from pretrain_planner.trainer.fsdp import shard
 
         module, autocast_dtype, parallel = shard(cfg, env, net, compiled, autocast_dtype)
         fsdp_root = module
@@ -482,7 +482,7 @@ def method_config(
     """A MethodConfig from a plain method slug and recipe values (`where` names the slug in errors).
     `compile_dynamic`: torch.compile's `dynamic` for the whole model (None: automatic, for data-dependent
     shapes such as sparse prediction's masked rows)."""
-    from ..methods import parse
+    from pretrain_planner.planning.methods import parse
 
     opt = {"name": optimizer, "lr": lr, "betas": list(betas), "eps": eps, "weight_decay": weight_decay}
     if no_decay_1d:

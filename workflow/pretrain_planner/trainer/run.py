@@ -13,16 +13,24 @@ from typing import Any
 
 import torch
 
-from ..flops import mfu, train_flops_per_sample
-from ..job import job_id_here, observe_rank, recorded_job
-from ..results import write_result, write_steps
-from . import kernels, zero
-from .config import RunConfig
-from .measure import batches_for, measure, percentile
-from .models import build_model, has_attention, kernel_info, model_class
-from .oom import FakeOom
-from .parallel import RankEnv, Unsupported, apply_method, build_optimizer, close_rank, init_rank, precision_setup
-from .step import TrainStep
+from pretrain_planner.launch.rankjob import job_id_here, observe_rank, recorded_job
+from pretrain_planner.planning.flops import mfu, train_flops_per_sample
+from pretrain_planner.results import write_result, write_steps
+from pretrain_planner.trainer import kernels, zero
+from pretrain_planner.trainer.config import RunConfig
+from pretrain_planner.trainer.measure import batches_for, measure, percentile
+from pretrain_planner.trainer.models import build_model, has_attention, kernel_info, model_class
+from pretrain_planner.trainer.oom import FakeOom
+from pretrain_planner.trainer.parallel import (
+    RankEnv,
+    Unsupported,
+    apply_method,
+    build_optimizer,
+    close_rank,
+    init_rank,
+    precision_setup,
+)
+from pretrain_planner.trainer.step import TrainStep
 
 
 def _versions() -> dict[str, str | None]:

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from .parallel import Applied
+from pretrain_planner.trainer.parallel import Applied
 
 ACCUMULATING = 3  # trial_phase from which accumulated gradients are held (the second micro-batch on)
 
@@ -54,7 +54,7 @@ class TrainStep:
     def compile_optimizer_step(self) -> None:
         """`cstep`: torch.compile the optimizer step, with gradient clipping unless a GradScaler must unscale
         first (its inf/nan check is data-dependent and stays eager; the optimizer's step is compiled then)."""
-        from .parallel import _allow_recompiles
+        from pretrain_planner.trainer.parallel import _allow_recompiles
 
         _allow_recompiles()
         eager_step = self.optimizer.step

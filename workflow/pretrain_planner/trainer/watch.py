@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any
 
-from ..hostpool import cgroup_oom_kills  # noqa: F401 - re-exported: the trainer's view of host-memory kills
+from pretrain_planner.launch.hostpool import cgroup_oom_kills
 
 FAILED_KEY = "pp/failed"
 BEAT_PREFIX = "pp/beat/"

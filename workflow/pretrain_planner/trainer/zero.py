@@ -31,9 +31,9 @@ from typing import Any
 
 import torch
 
-from .config import RunConfig
-from .evidence import Probe, zero_sharding
-from .parallel import (
+from pretrain_planner.trainer.config import RunConfig
+from pretrain_planner.trainer.evidence import Probe, zero_sharding
+from pretrain_planner.trainer.parallel import (
     Applied,
     RankEnv,
     Unsupported,
@@ -42,7 +42,7 @@ from .parallel import (
     common_setup,
     cudnn_benchmark,
 )
-from .step import TrainStep
+from pretrain_planner.trainer.step import TrainStep
 
 STAGES = {"zero1": 1, "zero2": 2, "zero3": 3}
 STEPS_PER_PRINT = 2**31 - 1  # DeepSpeed's progress log, never

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .catalog import GpuSpec
+from pretrain_planner.planning.catalog import GpuSpec
 
 DEFAULT_YEARS = 5.0
 COST_KINDS = ("hardware", "amortised", "cloud")

@@ -11,9 +11,9 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from . import methods
-from .catalog import Catalog, GpuSpec, ModelSpec
-from .schema import ConfigError
+from pretrain_planner.planning import methods
+from pretrain_planner.planning.catalog import Catalog, GpuSpec, ModelSpec
+from pretrain_planner.schema import ConfigError
 
 CELL_PATTERN = "cells/{model}/{gpu}/{nodes}x{gpus_per_node}/{method}"
 WILDCARD_CONSTRAINTS = {

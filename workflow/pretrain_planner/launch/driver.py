@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .hostpool import alive, start_time
+from pretrain_planner.launch.hostpool import alive, start_time
 
 STOP = threading.Event()
 RECORD = ".driver.json"
@@ -131,7 +131,7 @@ def check(results: str | Path) -> None:
 
 
 def _write(results: Path, rec: dict[str, Any]) -> None:
-    from .results import atomic_write_text
+    from pretrain_planner.results import atomic_write_text
 
     atomic_write_text(results / RECORD, json.dumps(rec, indent=1) + "\n")
 

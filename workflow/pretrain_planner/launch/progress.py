@@ -58,7 +58,7 @@ def decide_requeue(
 ) -> str | None:
     """On a time-out: None to requeue, else the reason not to (also written to `no_progress.json`).
     `restartable`: the job starts over from scratch (a benchmark cell), so only one time-out requeue."""
-    from .results import atomic_write_text
+    from pretrain_planner.results import atomic_write_text
 
     folder = Path(folder)
     history = [h for h in (_read(folder / HISTORY) or []) if h.get("job_id") == job_id]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .schema import ConfigError, load_yaml, validate
+from pretrain_planner.schema import ConfigError, load_yaml, validate
 
 BUILTIN_DEFAULTS: dict[str, Any] = {
     "partition": None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .schema import ConfigError
+from pretrain_planner.schema import ConfigError
 
 BASES = {
     "naive": "eager attention, no compile, no TF32, no memory saving",

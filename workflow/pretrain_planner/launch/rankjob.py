@@ -12,7 +12,7 @@ from typing import Any
 
 import submitit
 
-from . import progress
+from pretrain_planner.launch import progress
 
 SLURM_RECORD = "slurm_job.json"  # the SLURM job that measures a folder (written by the launcher)
 LOCAL_RECORD = "local_job.json"  # the local job that measures a folder
@@ -81,7 +81,7 @@ class RankJob(submitit.helpers.Checkpointable):
         if ctx.get("workdir") and ctx.get("kind") == "local":
             pids = Path(ctx["workdir"]) / "local_ranks"
             pids.mkdir(parents=True, exist_ok=True)
-            from .hostpool import start_time
+            from pretrain_planner.launch.hostpool import start_time
 
             me = {"pid": os.getpid(), "start": start_time(os.getpid()), "job_id": job_id_here()}
             (pids / f"rank{_global_rank()}.json").write_text(json.dumps(me))
@@ -106,41 +106,3 @@ class RankJob(submitit.helpers.Checkpointable):
                 print(f"pretrain-planner: not requeued: {reason}", flush=True)
                 return None  # submitit: "Job not requeued because: checkpoint function returned None"
         return super().checkpoint(*args, **kwargs)
-
-
-class CellJob(RankJob):
-    """Measure one cell. On preemption or time-out submitit calls `checkpoint`, which requeues this same
-    callable: a benchmark restarts cleanly from its first step."""
-
-    def __init__(self, spec: dict[str, Any]) -> None:
-        super().__init__()
-        self.spec = spec
-
-    def run(self) -> dict[str, Any]:
-        from .trainer.run import run_rank  # torch is imported here, on the compute side only
-
-        return run_rank({**self.spec, "launch_context": getattr(self, "context", None) or {}})
-
-
-class BudgetJob(RankJob):
-    """One job of the budget stage on every rank: `pretrain` (the time-budgeted run) or `finetune` (a GLUE
-    task). On preemption or time-out the pre-training finishes its step and writes a checkpoint first
-    (budget.pretrain chains submitit's handler), then submitit requeues this callable, which resumes."""
-
-    def __init__(self, entry: str, kwargs: dict[str, Any]) -> None:
-        super().__init__()
-        if entry not in ("pretrain", "finetune"):
-            raise ValueError(f"unknown budget job {entry!r}")
-        self.entry, self.kwargs = entry, kwargs
-        self.restartable = entry != "pretrain"  # pre-training resumes from its checkpoint
-
-    def run(self) -> Any:
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        if self.entry == "pretrain":
-            from .budget.pretrain import pretrain  # torch is imported here, on the compute side only
-
-            return pretrain(**self.kwargs)
-        from .budget.glue import finetune
-
-        return finetune(**self.kwargs)

@@ -11,13 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import grid
-from . import search as pp_search
-from .catalog import Catalog, load_catalog
-from .launch import cell_spec
-from .results import atomic_write_text
-from .schema import ConfigError, load_yaml, non_defaults, validate
-from .site import load_site
+from pretrain_planner import search as pp_search
+from pretrain_planner.planning import grid
+from pretrain_planner.planning.catalog import Catalog, load_catalog
+from pretrain_planner.planning.site import load_site
+from pretrain_planner.planning.spec import cell_spec
+from pretrain_planner.results import atomic_write_text
+from pretrain_planner.schema import ConfigError, load_yaml, non_defaults, validate
 
 
 def resolve(path: str, basedir: str | Path) -> Path:

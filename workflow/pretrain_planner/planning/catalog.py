@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .schema import ConfigError, load_yaml, validate
+from pretrain_planner.schema import ConfigError, load_yaml, validate
 
 # What each family trains on; the trainer's builders and the FLOPs formulas key on this.
 FAMILY_TASK = {

@@ -26,10 +26,10 @@ from typing import Any
 
 import polars as pl
 
-from . import methods
-from .aggregate import GROUP, read_table
-from .catalog import Catalog, GpuSpec, ModelSpec
-from .results import atomic_write_text
+from pretrain_planner.planning import methods
+from pretrain_planner.planning.catalog import Catalog, GpuSpec, ModelSpec
+from pretrain_planner.results import atomic_write_text
+from pretrain_planner.tables.aggregate import GROUP, read_table
 
 ZERO_STAGES = {"zero1": 1, "zero2": 2, "zero3": 3}
 INDEX_COLUMNS = ["model", "gpu", "nodes", "gpus_per_node", "world_size", "best_method", "training_days", "folder",

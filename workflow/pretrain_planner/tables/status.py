@@ -19,9 +19,10 @@ from typing import Any
 
 import polars as pl
 
-from .aggregate import parse_result, read_plan
-from .launch import JOB_RECORD
-from .search import latest_rounds
+from pretrain_planner.launch.rankjob import SLURM_RECORD as JOB_RECORD
+from pretrain_planner.results import parse_result
+from pretrain_planner.search import latest_rounds
+from pretrain_planner.tables.aggregate import read_plan
 
 STATES = ("ok", "noisy", "oom", "unsupported", "corrupt", "failed", "running", "pending", "pruned")
 _DONE_WITHOUT_RESULT = re.compile(r"\] (job \S+ done: status=|finished in-process)")

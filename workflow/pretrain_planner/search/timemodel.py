@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .memory import GRAD_B
+from pretrain_planner.planning.memory import GRAD_B
 
 BUS_B_S = np.geomspace(5e9, 1.6e12, 26)  # all-reduce bus bandwidth: Ethernet / PCIe 3 class .. NVLink 5
 CPU_ADAM_B_S = np.geomspace(0.5e9, 64e9, 15)  # model-state bytes a CPU optimizer step gets through per second

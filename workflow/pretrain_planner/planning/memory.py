@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .catalog import ModelSpec
+from pretrain_planner.planning.catalog import ModelSpec
 
 GIB = 2**30
 PARAM_B, GRAD_B, OPTIM_B = 4, 4, 8  # fp32 master weights, fp32 gradients, Adam's two moments

@@ -9,9 +9,7 @@ Imports no torch.
 
 from __future__ import annotations
 
-import json
 import math
-import re
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -19,21 +17,24 @@ from typing import Any
 
 import polars as pl
 
-from . import costs as pp_costs
-from . import methods
-from .catalog import Catalog
-from .flops import train_flops_per_sample
-from .results import RAN, RESULT_FIELDS, STATUSES, atomic_write_text
+from pretrain_planner.planning import methods
+from pretrain_planner.planning.catalog import Catalog
+from pretrain_planner.planning.flops import train_flops_per_sample
+from pretrain_planner.results import (
+    JSON_FIELDS,
+    RAN,
+    RESULT_FIELDS,
+    STATUSES,
+    atomic_write_text,
+    coords_of,
+    parse_result,
+)
+from pretrain_planner.tables import costs as pp_costs
 
 _PL_TYPES = {"str": pl.String, "int": pl.Int64, "float": pl.Float64, "bool": pl.Boolean, "json": pl.String}
 RESULT_SCHEMA = {name: _PL_TYPES[kind] for name, kind in RESULT_FIELDS.items()}
 GROUP = ["model", "gpu", "nodes", "gpus_per_node"]
 KEYS = [*GROUP, "method"]
-JSON_FIELDS = [k for k, kind in RESULT_FIELDS.items() if kind == "json"]
-COORDS = {"model": "str", "gpu": "str", "nodes": "int", "gpus_per_node": "int", "method": "str"}
-# what a result of each status must carry to be usable
-REQUIRED = {"ok": ("micro_batch_size", "grad_accum_steps", "step_time_s"), "oom": (), "unsupported": ()}
-REQUIRED["noisy"] = REQUIRED["ok"]
 
 ANALYTIC_COLUMNS = [
     "analytic_flops_per_step", "analytic_peak_tflops", "analytic_step_time_s", "analytic_days",
@@ -125,112 +126,13 @@ def read_table(path: str | Path) -> pl.DataFrame:
 # ----------------------------------------------------------------------------------------------- reading
 
 
-_EXACT = {"float": float, "int": int, "bool": bool, "str": str}
-_NAMES = list(RESULT_FIELDS)
-_SCALARS = [(name, kind, _EXACT[kind]) for name, kind in RESULT_FIELDS.items() if kind != "json"]
-_ENCODE = json.JSONEncoder(sort_keys=True).encode  # one encoder: json.dumps(sort_keys=...) builds one per call
-_CELL_FILE_RE = re.compile(
-    r"cells/(?P<model>[^/]+)/(?P<gpu>[^/]+)/(?P<nodes>\d+)x(?P<gpus_per_node>\d+)/(?P<method>[^/]+)/[^/]+$"
-)
-
-
-def _check_value(name: str, kind: str, value: Any) -> tuple[Any, str | None]:
-    """The value in the declared type, or a problem."""
-    if value is None:
-        return None, None
-    if kind == "float":
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value), None
-    elif kind == "int":
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value, None
-        if isinstance(value, float) and value.is_integer():
-            return int(value), None
-    elif kind == "bool":
-        if isinstance(value, bool):
-            return value, None
-    elif kind == "str" and isinstance(value, str):
-        return value, None
-    return None, f"{name} is {json.dumps(value)[:40]} ({type(value).__name__}), expected {kind}"
-
-
-def _path_coords(path: str) -> dict[str, Any] | None:
-    """The cell a result file's folder names (cells/{model}/{gpu}/{N}x{G}/{method}/...), or None."""
-    m = _CELL_FILE_RE.search(path.replace("\\", "/"))
-    if not m:
-        return None
-    d = m.groupdict()
-    return {**d, "nodes": int(d["nodes"]), "gpus_per_node": int(d["gpus_per_node"])}
-
-
-def parse_result(path: str | Path) -> tuple[dict[str, Any] | None, str | None]:
-    """(row, None) for a usable result file; (None, problem) for one that is not. Fast path first: this
-    runs once per cell (10,000 files in well under a second)."""
-    path = str(path)
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except FileNotFoundError:
-        return None, "result.json is missing"
-    except (OSError, UnicodeDecodeError) as exc:
-        return None, f"cannot read result.json: {type(exc).__name__}: {exc}"
-    if not text.strip():
-        return None, "result.json is empty (an interrupted write?)"
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        return None, f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}): truncated or corrupt"
-    if not isinstance(data, dict):
-        return None, f"not a JSON object but a {type(data).__name__}"
-    get = data.get
-    row: dict[str, Any] = {name: get(name) for name in _NAMES}
-    problems = []
-    for name, kind, exact in _SCALARS:
-        value = row[name]
-        if value is not None and type(value) is not exact:
-            row[name], problem = _check_value(name, kind, value)
-            if problem:
-                problems.append(problem)
-    for name in JSON_FIELDS:
-        if row[name] is not None:
-            row[name] = _ENCODE(row[name])
-    status = row["status"]
-    if status not in STATUSES:
-        problems.append(f"status {status!r} is not one of {', '.join(STATUSES)}")
-    else:
-        missing = [k for k in REQUIRED[status] if row[k] is None]
-        if missing:
-            problems.append(f"status {status} but no {', '.join(missing)} (a partial result)")
-        if status in RAN and row["step_time_s"] is not None and not row["step_time_s"] > 0:
-            problems.append(f"step_time_s {row['step_time_s']} is not positive")
-    cell = _path_coords(path)
-    for key in COORDS:
-        if cell is not None:
-            expected = cell[key]
-            if row[key] is None:
-                row[key] = expected
-            elif row[key] != expected:
-                problems.append(f"{key} is {row[key]!r} but the file lies in the folder of {key} {expected!r}")
-        elif row[key] is None:
-            problems.append(f"no {key}")
-    if problems:
-        return None, "; ".join(problems)
-    if row["world_size"] is None:
-        row["world_size"] = row["nodes"] * row["gpus_per_node"]
-    return row, None
-
-
-def _coords_of(path: str) -> dict[str, Any]:
-    return _path_coords(str(path)) or dict.fromkeys(COORDS)
-
-
 def read_results(paths: Iterable[str]) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(results, problems): every usable result in the declared schema; every unusable file, named."""
     rows, problems = [], []
     for p in paths:
         row, problem = parse_result(p)
         if row is None:
-            problems.append({"path": str(p), **_coords_of(str(p)), "problem": problem})
+            problems.append({"path": str(p), **coords_of(str(p)), "problem": problem})
         else:
             rows.append(row)
     results = pl.DataFrame(rows, schema=RESULT_SCHEMA)
@@ -602,7 +504,7 @@ def build_tables(
 ) -> dict[str, pl.DataFrame]:
     """The `aggregate` rule: every table to CSV + Markdown (cells also Parquet), a log naming problems.
     With the adaptive search, `search` lists each setting's search.json: the cells it ran and those pruned."""
-    from .search import read_searches
+    from pretrain_planner.search import read_searches
 
     t0 = time.perf_counter()
     searched, pruned = read_searches(search)

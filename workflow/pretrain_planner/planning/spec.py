@@ -1,0 +1,33 @@
+"""Everything a cell's job needs, as plain JSON data: the job never reads config files. Imports no torch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pretrain_planner.planning.catalog import Catalog
+from pretrain_planner.planning.grid import Cell
+
+
+def cell_spec(
+    cell: Cell, catalog: Catalog, config: dict[str, Any], result: str, steps: str, site: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Everything a cell's job needs, as plain JSON data (the job never reads config files)."""
+    spec = {
+        "cell": {
+            "model": cell.model,
+            "gpu": cell.gpu,
+            "nodes": cell.nodes,
+            "gpus_per_node": cell.gpus_per_node,
+            "method": cell.method,
+        },
+        "name": cell.name,
+        "model": catalog.model(cell.model).to_dict(),
+        "gpu": catalog.gpu(cell.gpu).to_dict(),
+        "benchmark": dict(config["benchmark"]),
+        "launcher": {k: v for k, v in config["launcher"].items() if k != "site"},
+        "outputs": {"result": str(result), "steps": str(steps)},
+    }
+    if config["launcher"]["kind"] == "slurm" and site:
+        spec["slurm"] = {**site["gpus"][cell.gpu], "poll_max_s": site["poll_max_s"], "gpu_type": cell.gpu,
+                         "site": site.get("path")}  # fmt: skip
+    return spec

@@ -1,0 +1,201 @@
+"""The memory side of the search: how large a micro-batch a method can fit (an upper bound for the sound
+rules), and how large it is expected to reach (the memory model, calibrated on the measured cells so that it
+never predicts a measured cell to fit more than it did). Imports no torch."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pretrain_planner.planning.memory import GIB, state_bytes_lb
+from pretrain_planner.search.lattice import Observation, Setting, Shape, covers, shape
+
+ACTIVATION_LB_SHARE = 0.5  # of the measured activation bytes per sample, for the upper bound of a micro-batch
+AC_ESTIMATE_SHARE = 0.1  # activations kept with checkpointing, for the guess of the next method only
+
+
+def measured_activation(setting: Setting, observed: Mapping[str, Observation], ac: bool = False) -> float | None:
+    """Activation bytes per sample from a measured CUDA peak of a method without (`ac`: with) checkpointing."""
+    mem = setting.memory
+    if mem.params is None:
+        return None
+    best = None
+    for slug, ob in observed.items():
+        s = shape(slug)
+        if ob.status != "ok" or s.ac != ac or not ob.micro_batch or not ob.peak_mem_gib:
+            continue
+        if not (ob.peak_mem_kind or "").startswith("cuda"):
+            continue
+        states = state_bytes_lb(s.sharding, s.offload, mem.params, setting.world)
+        per_sample = max(0.0, ob.peak_mem_gib * GIB - states) / ob.micro_batch
+        best = per_sample if best is None else min(best, per_sample)
+    return best
+
+
+def largest_fitting(cap: int, states: float, per_sample: float, capacity: float) -> int:
+    mb = cap
+    while mb >= 1 and states + mb * per_sample > capacity:
+        mb //= 2
+    return mb
+
+
+def anchor_note(setting: Setting, mb: int) -> str:
+    if mb == setting.per_rank_batch:
+        return f"micro-batch {mb} = per-GPU batch"
+    if mb == setting.top:
+        return f"micro-batch {mb} = the largest tried (benchmark.max_micro_batch)"
+    return f"micro-batch {mb}"
+
+
+def bound(setting: Setting, s: Shape, observed: Mapping[str, Observation], measured_act: float | None):
+    """(largest micro-batch the method can fit, why; or 0 with the reason it fits none)."""
+    mem = setting.memory
+    cap, why = setting.top, "the largest tried"
+    if mem.capacity and mem.params:
+        states = state_bytes_lb(s.sharding, s.offload, mem.params, setting.world)
+        if states > mem.capacity:
+            return 0, (
+                f"model states alone need at least {states / GIB:.1f} GiB per GPU "
+                f"({mem.params / 1e9:.2f}B parameters x 16 bytes, {s.sharding or 'no sharding'}"
+                f"{' + offload' if s.offload else ''}, {setting.world} GPUs) > {mem.capacity / GIB:g} GiB"
+            )
+        if measured_act and not s.ac:
+            fit = largest_fitting(cap, states, ACTIVATION_LB_SHARE * measured_act, mem.capacity)
+            if fit < cap:
+                if fit == 0:
+                    return 0, (
+                        f"model states ({states / GIB:.1f} GiB) + half the measured activations of micro-batch 1 "
+                        f"exceed {mem.capacity / GIB:g} GiB"
+                    )
+                cap, why = fit, "the memory model (model states + half the measured activations per sample)"
+    for slug, ob in observed.items():
+        other = shape(slug)
+        if ob.status not in ("ok", "oom") or not covers(other, s):
+            continue
+        if ob.status == "oom":
+            return 0, f"{slug} saves at least as much memory and does not fit micro-batch 1"
+        if ob.micro_batch is not None and ob.micro_batch < cap:
+            cap, why = ob.micro_batch, f"{slug} saves at least as much memory and reached only {ob.micro_batch}"
+    return cap, why
+
+
+def optimistic_mb(setting: Setting, s: Shape, cap: int, guess: int, observed: Mapping[str, Observation]) -> int:
+    """The micro-batch the time model's most favourable prediction uses: the memory model's guess (which errs on
+    the safe side), or the largest that fits by the measured CUDA peaks of the family with the same
+    checkpointing: peak = model states + overhead + micro-batch x activations per sample, the two fitted when
+    those cells ran two micro-batches or more, else from the one with the closest model states and half its
+    activations per sample beyond its micro-batch (the sound bound's assumption). Never more than such a
+    method with no more model states reached."""
+    mem, guess = setting.memory, max(1, guess)
+    if not (mem.params and mem.capacity):
+        return guess
+
+    def states(x: Shape) -> float:
+        return state_bytes_lb(x.sharding, x.offload, mem.params, setting.world)
+
+    anchors = [
+        (states(shape(m)), ob.peak_mem_gib * GIB, ob.micro_batch) for m, ob in observed.items()
+        if ob.status == "ok" and ob.micro_batch and ob.peak_mem_gib and (ob.peak_mem_kind or "").startswith("cuda")
+        and shape(m).family == s.family and shape(m).ac == s.ac
+    ]  # fmt: skip
+    if not anchors:
+        return guess
+    mine = states(s)
+    fitted = _overhead_and_activation(anchors)
+    sa, peak, ma = min(anchors, key=lambda a: abs(a[0] - mine))
+    mb = min([cap] + [m for st, _p, m in anchors if st <= mine])
+    while mb > guess:
+        if fitted:
+            need = mine + fitted[0] + mb * fitted[1]
+        else:
+            need = peak + mine - sa + (mb - ma) * (peak - sa) / ma
+        if need <= mem.capacity:
+            break
+        mb //= 2
+    return max(guess, mb)
+
+
+def _overhead_and_activation(cells: list[tuple[float, float, int]]) -> tuple[float, float] | None:
+    """Least squares of peak - model states = overhead + micro-batch x activations per sample over (model states,
+    peak, micro-batch) cells; None unless they ran two micro-batches or more and the fit is physical."""
+    if len({m for _s, _p, m in cells}) < 2:
+        return None
+    xs, ys = [float(m) for _s, _p, m in cells], [p - st for st, p, _m in cells]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    act = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    return (my - act * mx, act) if act > 0 else None
+
+
+def _predict_mb(
+    setting: Setting, s: Shape, cap: int, act: float, k: float, overheads: list[tuple[float, float]] | None = None
+) -> int:
+    """The memory model's guess of the largest micro-batch `s` fits. Without a measured peak: k x (model states +
+    micro-batch x `act`), k inflating both to match what was seen; with measured peaks: model states + the
+    overhead measured on the cell whose model states are closest to these + k x micro-batch x `act` (`act`:
+    activation bytes per sample of `s`, with checkpointing for ac; `overheads`: (model states, overhead) pairs)."""
+    mem = setting.memory
+    states = state_bytes_lb(s.sharding, s.offload, mem.params or 0.0, setting.world)
+    if not overheads:
+        return largest_fitting(cap, k * states, k * act, mem.capacity or 0.0)
+    overhead = min(overheads, key=lambda so: (abs(so[0] - states), so[1]))[1]
+    return largest_fitting(cap, states + max(0.0, overhead), k * act, mem.capacity or 0.0)
+
+
+def _calibrate(
+    setting: Setting,
+    observed: Mapping[str, Observation],
+    act: float,
+    ac: bool = False,
+    k: float = 1.2,
+    overheads: list[tuple[float, float]] | None = None,
+    family: str | None = None,
+) -> float:
+    """The least inflation of the memory model (from `k`) under which it predicts no cell measured so far, of
+    `family` (None: any), with (`ac`) or without checkpointing, to fit a larger micro-batch than it did."""
+    seen = [
+        (shape(m), ob) for m, ob in observed.items()
+        if ob.status in ("ok", "oom") and shape(m).ac == ac and (family is None or shape(m).family == family)
+    ]  # fmt: skip
+    while k < 8 and any(
+        _predict_mb(setting, s, setting.top, act, k, overheads) > (ob.micro_batch or 0 if ob.status == "ok" else 0)
+        for s, ob in seen
+        if ob.status == "oom" or (ob.micro_batch or 0) < setting.top
+    ):
+        k *= 1.1
+    return k
+
+
+def predicted_mbs(
+    setting: Setting, observed: Mapping[str, Observation], open_: Mapping[str, int], measured_act: float | None
+) -> dict[str, int]:
+    """The calibrated memory model's micro-batch for every method (a measured one: what it reached, 0 = OOM).
+
+    Activations per sample: the analytic estimate (AC_ESTIMATE_SHARE of it with checkpointing), else the
+    measured one. Once a cell's CUDA peak is measured, what it held beyond its model states and activations is
+    the overhead (taken from the cell whose model states are closest), and only the activations are inflated
+    (k, from 1) until no measured cell is predicted to fit more than it did; each family, with and without
+    checkpointing, on its own."""
+    mem = setting.memory
+    plain = mem.activation_est or measured_act
+    if not (mem.capacity and mem.params and plain):
+        return {m: open_.get(m, setting.top) for m in setting.methods}
+    acts = {False: plain, True: plain * AC_ESTIMATE_SHARE}
+    overheads = []
+    for m, ob in observed.items():
+        if ob.status == "ok" and ob.micro_batch and ob.peak_mem_gib and (ob.peak_mem_kind or "").startswith("cuda"):
+            s = shape(m)
+            states = state_bytes_lb(s.sharding, s.offload, mem.params, setting.world)
+            overheads.append((states, ob.peak_mem_gib * GIB - states - ob.micro_batch * acts[s.ac]))
+    ks: dict[tuple[str, bool], float] = {}
+    out = {}
+    for slug in setting.methods:
+        ob = observed.get(slug)
+        if ob is not None and ob.status in ("ok", "oom"):
+            out[slug] = ob.micro_batch or 0 if ob.status == "ok" else 0
+            continue
+        s, cap = shape(slug), open_.get(slug, setting.top)
+        if (s.family, s.ac) not in ks:  # each family its own: eager attention holds more than SDPA
+            ks[s.family, s.ac] = _calibrate(
+                setting, observed, acts[s.ac], s.ac, 1.0 if overheads else 1.2, overheads, s.family
+            )
+        out[slug] = _predict_mb(setting, s, cap, acts[s.ac], ks[s.family, s.ac], overheads)
+    return out

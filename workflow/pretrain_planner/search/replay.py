@@ -1,0 +1,60 @@
+"""Running the search without training: against a complete table of cell results (measured or synthetic), and
+on what the memory model expects (the dry run's estimate of the cells the adaptive search will need). Imports
+no torch."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from pretrain_planner.planning.memory import state_bytes_lb
+from pretrain_planner.search.calibration import AC_ESTIMATE_SHARE, largest_fitting
+from pretrain_planner.search.lattice import Observation, Setting, shape
+from pretrain_planner.search.rules import decide
+
+AC_EXTRA_WORK = 0.25  # checkpointing's extra time, for the guess of the next method only
+
+
+@dataclass
+class Replay:
+    ran: list[str]
+    pruned: dict[str, str]
+    rounds: list[list[str]]
+    gpu_hours: float
+    gpu_hours_exhaustive: float
+
+
+def replay(setting: Setting, table: Mapping[str, Observation]) -> Replay:
+    """Run the search against a complete table of cell results (measured or synthetic), training nothing."""
+    observed: dict[str, Observation] = {}
+    rounds = []
+    while True:
+        decision = decide(setting, observed)
+        if not decision.run:
+            break
+        rounds.append(decision.run)
+        for m in decision.run:
+            observed[m] = table[m]
+    spent = sum(table[m].gpu_hours for m in observed)
+    total = sum(table[m].gpu_hours for m in setting.methods)
+    return Replay(list(observed), decision.pruned, rounds, spent, total)
+
+
+def predicted_table(setting: Setting, hours: Mapping[str, float]) -> dict[str, Observation]:
+    """What the memory model expects every method to do (for the dry run's estimate of adaptive cells)."""
+    mem, table = setting.memory, {}
+    for slug in setting.methods:
+        s = shape(slug)
+        mb = setting.top
+        if mem.capacity and mem.params and mem.activation_est:
+            states = state_bytes_lb(s.sharding, s.offload, mem.params, setting.world) * 1.2
+            share = AC_ESTIMATE_SHARE if s.ac else 1.0
+            mb = largest_fitting(mb, states, mem.activation_est * share, mem.capacity)
+        ok = mb >= 1
+        # relative step time: the work order's factors, and the saturation of small micro-batches
+        step = (1 + AC_EXTRA_WORK * s.ac) * (1.5 if s.offload else 1.0) * 1.05**s.level
+        step *= min(setting.top, setting.saturated) / min(max(mb, 1), setting.saturated)
+        table[slug] = Observation(
+            "ok" if ok else "oom", mb if ok else None, step if ok else None, gpu_hours=hours[slug]
+        )
+    return table
