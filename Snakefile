@@ -26,7 +26,7 @@ include: "workflow/rules/pretrain.smk"
 
 rule all:
     input:
-        plan=f"{RESULTS}/plan.csv",
+        plan=f"{RESULTS}/{pp_layout.PLAN}",
         cells=all_cell_outputs,
         tables=list(TABLES.values()),
         plots=list(PLOTS.values()),

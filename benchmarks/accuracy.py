@@ -71,7 +71,7 @@ def sustained(spec: dict[str, Any], micro_batch: int, steps: int, warmup: int) -
     """`steps` whole optimizer steps on a fresh instance (after `warmup` dropped ones), one timed block."""
     from pretrain_planner.trainer.config import RunConfig
     from pretrain_planner.trainer.measure import BATCH_POOL, batches_for
-    from pretrain_planner.trainer.parallel import close_rank, init_rank
+    from pretrain_planner.trainer.rank import close_rank, init_rank
     from pretrain_planner.trainer.run import check_supported, make_builder
 
     cfg = RunConfig.from_spec(spec)

@@ -693,7 +693,7 @@ def honesty_check(plan: Plan, catalog: Catalog, gpu: str, args: argparse.Namespa
     SDPA, bf16 autocast, fused AdamW (on CUDA), TF32, no compile.
     """
     from pretrain_planner.trainer.config import RunConfig
-    from pretrain_planner.trainer.parallel import close_rank, init_rank
+    from pretrain_planner.trainer.rank import close_rank, init_rank
 
     model = plan.model
     mb = args.honesty_micro_batch or plan.cap

@@ -44,7 +44,7 @@ def fsdp_paths(payload: dict[str, Any]) -> dict[str, Any]:
     (item 7), offload + clipping runs (item 1), the fp16 scaler uses the live group after a rebuild (item 3)."""
     import torch
     from pretrain_planner.trainer.measure import batches_for
-    from pretrain_planner.trainer.parallel import close_rank, init_rank
+    from pretrain_planner.trainer.rank import close_rank, init_rank
     from pretrain_planner.trainer.run import build_with_extras, make_builder
 
     out: dict[str, Any] = {}
@@ -136,7 +136,7 @@ def fail_in_region(payload: dict[str, Any]) -> dict[str, Any]:
     """Rank 1 fails (not out of memory) inside a guarded region before any collective; rank 0 has finished the
     region and waits for the others' arrival (item 6: it must stop at once, naming rank 1's failure)."""
     from pretrain_planner.trainer.oom import guarded
-    from pretrain_planner.trainer.parallel import close_rank, init_rank
+    from pretrain_planner.trainer.rank import close_rank, init_rank
 
     cfg, _ = run_config("tiny-gptneox", "naive", 2)
     env = init_rank(cfg)
@@ -166,7 +166,7 @@ def killed_rank(payload: dict[str, Any]) -> dict[str, Any]:
     """Rank 1 is killed (SIGKILL, as the kernel's out-of-memory killer does) while rank 0 waits in a region: rank
     0's watch must notice the silence and end the wait (item 6/7)."""
     from pretrain_planner.trainer.oom import guarded
-    from pretrain_planner.trainer.parallel import close_rank, init_rank
+    from pretrain_planner.trainer.rank import close_rank, init_rank
     from pretrain_planner.trainer.watch import PeerWatch
 
     cfg, _ = run_config("tiny-gptneox", "naive", 2)
@@ -203,7 +203,7 @@ def deepspeed_groups(payload: dict[str, Any]) -> dict[str, Any]:
     engine trains on the new group."""
     import torch
     from pretrain_planner.trainer.measure import batches_for
-    from pretrain_planner.trainer.parallel import close_rank, init_rank
+    from pretrain_planner.trainer.rank import close_rank, init_rank
     from pretrain_planner.trainer.run import make_builder
     from torch.distributed.device_mesh import DeviceMesh
 

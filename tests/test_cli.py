@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from pretrain_planner import cli
+from pretrain_planner.launch.state import write_state
 from pretrain_planner.tables import aggregate, status
 
 from .test_aggregate import CATALOG, COSTS, P, cell_result, gpu_set_results, write_set
@@ -106,10 +107,8 @@ def _status_folder(root: Path) -> Path:
     (cell / "a100/1x8/fl/result.json").write_text('{"status": "ok", "step_')
     for k in (1, 2, 4, 8):
         (cell / f"h100/1x{k}/fl/result.json").unlink()
-    (cell / "h100/1x1/fl/cell.log").write_text(
-        "[2026-01-01T00:00:00] submitted SLURM job 12 to partition gpu\n"
-        "[2026-01-01T01:00:00] job 12 did not complete: UncompletedJobError: job 12 (task: 0) with path ...\n"
-    )
+    write_state(cell / "h100/1x1/fl", "failed", launcher="slurm", job_id="12", job_ids=["12"], attempt=1,
+                error="job 12 did not complete: UncompletedJobError: job 12 (task: 0) with path ...")  # fmt: skip
     (cell / "h100/1x2/fl/submitit").mkdir()
     (cell / "h100/1x4/fl/slurm_job.json").write_text('{"job_id": "13"}')
     return root
@@ -137,8 +136,8 @@ def test_status(tmp_path):
 
 def test_status_json_and_log_of_a_vanished_result(tmp_path, capsys):
     root = _status_folder(tmp_path / "results")
-    log = root / f"cells/{P}/h100/1x8/fl/cell.log"
-    log.write_text("[2026-01-01T00:00:00] job 14 done: status=ok\n")  # done, but its result.json is gone
+    # done, but its result.json is gone
+    write_state(root / f"cells/{P}/h100/1x8/fl", "done", launcher="slurm", job_id="14", result_status="ok")
     assert cli.main(["status", "--results", str(root), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     by_gpu = {r["gpu"]: r for r in data["summary"]}

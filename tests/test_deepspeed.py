@@ -40,7 +40,7 @@ def _run_config(model: str, method: str, ranks: int = 2, gpu: str = "cpu"):
 
 def _env(ranks: int = 2):
     import torch
-    from pretrain_planner.trainer.parallel import RankEnv
+    from pretrain_planner.trainer.rank import RankEnv
 
     return RankEnv(0, ranks, 0, torch.device("cpu"), backend="gloo")
 
@@ -158,7 +158,7 @@ def test_bad_config_is_rejected(monkeypatch):
 
 
 def test_fp16_on_cpu_is_unsupported():
-    from pretrain_planner.trainer.parallel import Unsupported
+    from pretrain_planner.trainer.rank import Unsupported
     from pretrain_planner.trainer.run import check_supported
 
     cfg = _run_config("pythia-160m", "naive+zero2")  # fp16 recipe; the `cpu` type runs on CPUs
@@ -169,7 +169,7 @@ def test_fp16_on_cpu_is_unsupported():
 
 def test_missing_deepspeed_is_unsupported(monkeypatch):
     from pretrain_planner.trainer import zero
-    from pretrain_planner.trainer.parallel import Unsupported
+    from pretrain_planner.trainer.rank import Unsupported
     from pretrain_planner.trainer.run import check_supported
 
     monkeypatch.setitem(sys.modules, "deepspeed", None)  # `import deepspeed` raises ImportError

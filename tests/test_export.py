@@ -178,7 +178,8 @@ def test_export_imports_neither_torch_nor_transformers(tmp_path):
         f"cat = load_catalog('{REPO}/config/models.yaml', '{REPO}/config/gpus.yaml')\n"
         "row = {'best_method': 'fl+zero3+off', 'micro_batch_size': 16, 'grad_accum_steps': 16, 'nodes': 1,\n"
         "       'gpus_per_node': 4, 'step_time_s': 1.0, 'training_days': 2.0}\n"
-        "args, ds, _ = pretrain_planner.tables.export.training_arguments(cat.models['pythia-1b'], cat.gpus['a100'], row)\n"
+        "from pretrain_planner.tables.export import training_arguments\n"
+        "args, ds, _ = training_arguments(cat.models['pythia-1b'], cat.gpus['a100'], row)\n"
         "assert ds['zero_optimization']['stage'] == 3\n"
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n"
     )

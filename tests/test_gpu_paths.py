@@ -41,7 +41,7 @@ def _ok(rec: dict) -> dict:
 def test_one_device_rule_and_process_group():
     """Item 4: one device rule (local rank modulo the visible GPUs) for the trainer, DeepSpeed and the budget
     stage; items 1 and 6: NCCL + gloo on GPUs, communicators created eagerly where there are peers."""
-    from pretrain_planner.trainer.parallel import device_index, eager_init_kwargs, process_group_backend
+    from pretrain_planner.trainer.rank import device_index, eager_init_kwargs, process_group_backend
 
     assert device_index(3, 8) == 3 and device_index(9, 8) == 1
     assert device_index(3, 1) == 0  # --gpus-per-task=1: each task's only GPU, whatever its local rank
@@ -54,7 +54,8 @@ def test_one_device_rule_and_process_group():
 
 def test_cudnn_autotuning_under_free_lunch_on_gpus_only():
     """Item 13: free-lunch turns cuDNN's autotuner on, on CUDA only (recorded as method_settings.cudnn_benchmark)."""
-    from pretrain_planner.trainer.parallel import RankEnv, cudnn_benchmark
+    from pretrain_planner.trainer.parallel import cudnn_benchmark
+    from pretrain_planner.trainer.rank import RankEnv
 
     fl, naive = run_config("tiny-gptneox", "fl", 1)[0], run_config("tiny-gptneox", "naive", 1)[0]
     gpu = RankEnv(0, 1, 0, torch.device("cuda", 0))
@@ -113,7 +114,7 @@ def test_cuda_graph_gradients_are_stable_buffers():
     accumulation and steps (a replay's output is added into them, never adopted as .grad), with the same
     update as without."""
     from pretrain_planner.trainer.measure import batches_for
-    from pretrain_planner.trainer.parallel import RankEnv
+    from pretrain_planner.trainer.rank import RankEnv
 
     cfg, step = _tiny_step(cuda_graphs=True)
     params = [p for p in step.applied.raw.parameters()]
@@ -134,7 +135,7 @@ def test_skipped_steps_are_never_timed():
     """Item 9: a loss scaler that starts far too high skips the first steps (inf gradients); those are counted,
     never timed, and every timed step records the scale it ran with."""
     from pretrain_planner.trainer.measure import time_steps
-    from pretrain_planner.trainer.parallel import RankEnv
+    from pretrain_planner.trainer.rank import RankEnv
 
     cfg, step = _tiny_step(global_batch=2)  # one micro-batch of 2 a step: the loss is not divided by accumulation
     step.applied.loss_scaling = True

@@ -109,7 +109,7 @@ def test_missing_packages_are_unsupported(monkeypatch):
     """On a GPU without flash-attn / liger-kernel the reason names the package (not an ImportError crash)."""
     import torch
     from pretrain_planner.planning.methods import parse
-    from pretrain_planner.trainer.parallel import Unsupported
+    from pretrain_planner.trainer.rank import Unsupported
 
     monkeypatch.setattr(kernels, "import_error", lambda module: f"ModuleNotFoundError: No module named {module!r}")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))

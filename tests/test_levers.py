@@ -151,7 +151,7 @@ def test_cstep_same_update_as_an_eager_step(tmp_path):
     from pretrain_planner.planning.spec import cell_spec
     from pretrain_planner.trainer.config import RunConfig
     from pretrain_planner.trainer.measure import batches_for
-    from pretrain_planner.trainer.parallel import close_rank, init_rank
+    from pretrain_planner.trainer.rank import close_rank, init_rank
     from pretrain_planner.trainer.run import make_builder
 
     from .test_grid import GPUS_YAML, MODELS_YAML

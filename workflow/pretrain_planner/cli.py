@@ -3,7 +3,7 @@ see where a sweep stands. Reads config files and results only; imports no torch.
 
   pretrain-planner cost --gpu a100 --count 4 --days 17.57
   pretrain-planner best --model pythia-1b --gpu a100 --count 4 [--results results]
-  pretrain-planner status [--results results]
+  pretrain-planner status [--results results] [--watch [--every 2]]
 """
 
 from __future__ import annotations
@@ -13,6 +13,9 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
+
+from pretrain_planner import layout
+from pretrain_planner.results import throughput_text
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout (config/ lives there); unused when installed elsewhere
 DEFAULT_CONFIG = "config/config.yaml"
@@ -130,14 +133,14 @@ def _time_to_train(results: Path, config: dict[str, Any]):
     """tables/time_to_train.csv if the pipeline wrote it, else the cell results aggregated here."""
     from pretrain_planner.tables import aggregate
 
-    table = results / "tables" / "time_to_train.csv"
+    table = layout.table(results, "time_to_train.csv")
     if table.is_file():
         return aggregate.read_table(table), str(table)
-    paths = sorted(str(p) for p in results.glob("cells/*/*/*/*/result.json"))
+    paths = [str(p) for p in layout.all_results(results)]
     if not paths:
         raise CliError(f"no results in {results}: neither tables/time_to_train.csv nor cells/*/.../result.json")
     results_df, _ = aggregate.read_results(paths)
-    plan = results / "plan.csv"
+    plan = results / layout.PLAN
     plan_df = aggregate.read_plan(plan) if plan.is_file() else aggregate.plan_from_results(results_df)
     try:
         catalog = _catalog(config)
@@ -179,7 +182,7 @@ def cmd_best(args: argparse.Namespace) -> int:
                         catalog.base_machine_usd, conf["amortisation_years"], catalog.gpus_path)  # fmt: skip
     except Exception as exc:  # a broken price file must not hide the measurement
         p, price_error = None, str(exc)
-    folder = results / "optimal" / r["model"] / r["gpu"] / f"{r['nodes']}x{r['gpus_per_node']}"
+    folder = layout.optimal_dir(results, r["model"], r["gpu"], r["nodes"], r["gpus_per_node"])
     if args.json:
         print(json.dumps({**r, "price": p.to_dict() if p else None, "plan": str(folder) if folder.is_dir() else None,
                           "source": source}, indent=1, default=str))  # fmt: skip
@@ -194,10 +197,8 @@ def cmd_best(args: argparse.Namespace) -> int:
     extra = []
     if r.get("mfu") is not None:
         extra.append(f"MFU {r['mfu']:.1%}")
-    if r.get("tokens_per_s") is not None:
-        extra.append(f"{r['tokens_per_s']:,.0f} tokens/s")
-    elif r.get("samples_per_s") is not None:
-        extra.append(f"{r['samples_per_s']:,.1f} samples/s")
+    if throughput_text(r):
+        extra.append(throughput_text(r))
     for m in ("naive", "fl"):
         if r.get(f"days_{m}") is not None:
             extra.append(f"{m} alone {_days(r[f'days_{m}'])} days (x{r[f'speedup_vs_{m}']:.2f})")
@@ -223,13 +224,12 @@ def cmd_best(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_status(args: argparse.Namespace) -> int:
+def _status_snapshot(args: argparse.Namespace, config: dict[str, Any], results: Path):
+    """(summary, cells, plan source): plan.csv when the pipeline wrote it, else the config's plan."""
     from pretrain_planner.tables import status
 
-    config = load_config(args)
-    results = _results_dir(config)
     plan = status.load_plan(results)
-    plan_source = str(results / "plan.csv")
+    plan_source = str(results / layout.PLAN)
     if plan is None:
         import polars as pl
 
@@ -239,6 +239,34 @@ def cmd_status(args: argparse.Namespace) -> int:
         plan = pl.DataFrame(pipe.rows())
         plan_source = f"{args.config or DEFAULT_CONFIG} (no {results}/plan.csv yet)"
     summary, cells = status.sweep_status(results, plan)
+    return summary, cells, plan_source
+
+
+def _driver_note(results: Path) -> str:
+    from pretrain_planner.launch import driver
+
+    rec = driver.other_driver(results)
+    if rec is None:
+        return "no driver is working on this folder now (cells already submitted to SLURM may still finish)"
+    return f"driver: pid {rec.get('pid')} on {rec.get('host')}, started {rec.get('started_at')}"
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from pretrain_planner.tables import status
+
+    config = load_config(args)
+    results = _results_dir(config)
+    if args.watch:
+        if args.json:
+            raise CliError("--watch shows a refreshing table; --json prints the status once: use one of them")
+
+        def frame() -> tuple[str, bool]:
+            _, cells, plan_source = _status_snapshot(args, config, results)
+            text = status.watch_frame(cells, str(results), plan_source, args.every, _driver_note(results))
+            return text, status.live(cells)
+
+        return status.watch(frame, args.every)
+    summary, cells, plan_source = _status_snapshot(args, config, results)
     if args.json:
         print(json.dumps({"summary": summary.to_dicts(), "cells": cells.to_dicts()}, indent=1))
     else:
@@ -279,6 +307,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("status", parents=[common], help="where the sweep stands, per GPU type")
     p.add_argument("--results", help="results folder (default: the config's `results`)")
+    p.add_argument("--watch", action="store_true",
+                   help="refresh a table of done / running / pending cells per GPU type and the live cells' progress "
+                        "until nothing runs or waits (Ctrl-C to leave)")  # fmt: skip
+    p.add_argument("--every", type=_positive(float), default=2.0, help="seconds between refreshes (default 2)")
     p.set_defaults(func=cmd_status)
     return parser
 

@@ -14,9 +14,10 @@ import json
 import shutil
 from pathlib import Path
 
+from pretrain_planner import layout
 from pretrain_planner.results import parse_result
 
-RESULT, STEPS = "result.json", "steps.jsonl"
+RESULT, STEPS = layout.RESULT, layout.STEPS
 
 
 def problem(cell_dir: str | Path) -> str | None:

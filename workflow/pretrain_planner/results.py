@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from pretrain_planner import layout
 
 STATUSES = ("ok", "noisy", "oom", "unsupported")
 RAN = ("ok", "noisy")  # the step ran at its micro-batch (noisy: its timing spread too wide to be trusted)
@@ -65,6 +66,20 @@ RESULT_FIELDS: dict[str, str] = {
     "devices": "json",  # where every rank ran: the cores and GPUs it held (hostpool.py), threads, host
     "finished_at": "str",
 }
+
+
+def throughput_text(row: dict[str, Any]) -> str | None:
+    """ "12,345 tokens/s" (text), else "12.3 samples/s" (images), else None: how a measurement's speed is shown."""
+    if row.get("tokens_per_s") is not None:
+        return f"{row['tokens_per_s']:,.0f} tokens/s"
+    if row.get("samples_per_s") is not None:
+        return f"{row['samples_per_s']:,.1f} samples/s"
+    return None
+
+
+def gpu_hours(wall_time_s: Any, world_size: Any) -> Any:
+    """GPU-hours a measurement spent: its wall time x its GPUs (numbers, or polars expressions alike)."""
+    return wall_time_s * world_size / 3600
 
 
 def empty_result(**coords: Any) -> dict[str, Any]:
@@ -135,11 +150,6 @@ _SCALARS = [(name, kind, _EXACT[kind]) for name, kind in RESULT_FIELDS.items() i
 _ENCODE = json.JSONEncoder(sort_keys=True).encode  # one encoder: json.dumps(sort_keys=...) builds one per call
 
 
-_CELL_FILE_RE = re.compile(
-    r"cells/(?P<model>[^/]+)/(?P<gpu>[^/]+)/(?P<nodes>\d+)x(?P<gpus_per_node>\d+)/(?P<method>[^/]+)/[^/]+$"
-)
-
-
 def _check_value(name: str, kind: str, value: Any) -> tuple[Any, str | None]:
     """The value in the declared type, or a problem."""
     if value is None:
@@ -158,15 +168,6 @@ def _check_value(name: str, kind: str, value: Any) -> tuple[Any, str | None]:
     elif kind == "str" and isinstance(value, str):
         return value, None
     return None, f"{name} is {json.dumps(value)[:40]} ({type(value).__name__}), expected {kind}"
-
-
-def _path_coords(path: str) -> dict[str, Any] | None:
-    """The cell a result file's folder names (cells/{model}/{gpu}/{N}x{G}/{method}/...), or None."""
-    m = _CELL_FILE_RE.search(path.replace("\\", "/"))
-    if not m:
-        return None
-    d = m.groupdict()
-    return {**d, "nodes": int(d["nodes"]), "gpus_per_node": int(d["gpus_per_node"])}
 
 
 def parse_result(path: str | Path) -> tuple[dict[str, Any] | None, str | None]:
@@ -209,7 +210,7 @@ def parse_result(path: str | Path) -> tuple[dict[str, Any] | None, str | None]:
             problems.append(f"status {status} but no {', '.join(missing)} (a partial result)")
         if status in RAN and row["step_time_s"] is not None and not row["step_time_s"] > 0:
             problems.append(f"step_time_s {row['step_time_s']} is not positive")
-    cell = _path_coords(path)
+    cell = layout.cell_coords(path)
     for key in COORDS:
         if cell is not None:
             expected = cell[key]
@@ -227,4 +228,4 @@ def parse_result(path: str | Path) -> tuple[dict[str, Any] | None, str | None]:
 
 
 def coords_of(path: str) -> dict[str, Any]:
-    return _path_coords(str(path)) or dict.fromkeys(COORDS)
+    return layout.cell_coords(str(path)) or dict.fromkeys(COORDS)

@@ -148,3 +148,11 @@ def default(schema_name: str, key: str) -> Any:
     """The schema's default of a dotted key (e.g. default("config", "search.tolerance")): code that needs a
     default reads it here rather than writing the number again."""
     return schema_defaults(schema_name)[key]
+
+
+def section(schema_name: str, name: str, given: dict | None) -> dict:
+    """A section of a config (e.g. `benchmark`) with the schema's defaults under what is given: for code that
+    receives part of a config from a caller other than Snakemake (a test, a benchmark script, the CLI)."""
+    prefix = f"{name}."
+    found = {k[len(prefix) :]: v for k, v in schema_defaults(schema_name).items() if k.startswith(prefix)}
+    return {**{k: v for k, v in found.items() if "." not in k}, **(given or {})}

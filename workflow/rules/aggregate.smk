@@ -1,22 +1,23 @@
 # Every cell's result -> polars tables (cells, time_to_train, feasibility, costs, pareto, problems),
 # then the plan of each setting's fastest method as Trainer arguments and a launch script.
 
+import pretrain_planner.report.document as pp_document
 import pretrain_planner.tables.export as pp_export
 
-OPTIMAL = f"{RESULTS}/optimal"
+OPTIMAL = f"{RESULTS}/{pp_layout.OPTIMAL}"
 
 
 rule aggregate:
     input:
-        plan=f"{RESULTS}/plan.csv",
-        results=[] if PP.adaptive else PP.cell_files("result.json"),
+        plan=f"{RESULTS}/{pp_layout.PLAN}",
+        results=[] if PP.adaptive else PP.cell_files(pp_layout.RESULT),
         search=PP.search_files() if PP.adaptive else [],
         models=PP.catalog.models_path,
         gpus=PP.catalog.gpus_path,
     output:
-        **TABLES,
+        **pp_document.for_report(TABLES, "Tables"),  # report(): each CSV, captioned (workflow/report/)
     log:
-        f"{RESULTS}/logs/aggregate.log",
+        pp_layout.log(RESULTS, "aggregate.log"),
     params:
         costs=PP.config.get("costs", {}),
     run:
@@ -40,7 +41,7 @@ rule export_plan:
     output:
         directory(OPTIMAL),
     log:
-        f"{RESULTS}/logs/export_plan.log",
+        pp_layout.log(RESULTS, "export_plan.log"),
     params:
         seed=PP.config["benchmark"]["seed"],
     run:

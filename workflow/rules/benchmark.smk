@@ -8,9 +8,9 @@ rule plan:
         models=PP.catalog.models_path,
         gpus=PP.catalog.gpus_path,
     output:
-        plan=f"{RESULTS}/plan.csv",
+        plan=f"{RESULTS}/{pp_layout.PLAN}",
     log:
-        f"{RESULTS}/logs/plan.log",
+        pp_layout.log(RESULTS, "plan.log"),
     params:
         plan=PP.plan_params(),
     run:
@@ -19,10 +19,10 @@ rule plan:
 
 rule benchmark_cell:
     output:
-        result=f"{CELL_DIR}/result.json",
-        steps=f"{CELL_DIR}/steps.jsonl",
+        result=f"{CELL_DIR}/{pp_layout.RESULT}",
+        steps=f"{CELL_DIR}/{pp_layout.STEPS}",
     log:
-        f"{CELL_DIR}/cell.log",
+        f"{CELL_DIR}/{pp_layout.CELL_LOG}",
     threads: PP.threads
     params:
         spec=PP.spec,
@@ -50,7 +50,7 @@ if PP.adaptive:
         input:
             unpack(search_done_input),
         output:
-            search=f"{SEARCH_DIR}/search.json",
+            search=f"{SEARCH_DIR}/{pp_layout.SEARCH_FILE}",
         log:
             f"{SEARCH_DIR}/search.log",
         run:

@@ -2,8 +2,10 @@
 import sys
 
 import pretrain_planner.integrity as pp_integrity
+import pretrain_planner.layout as pp_layout
 import pretrain_planner.launch.driver as pp_driver
 import pretrain_planner.launch.local as pp_local
+import pretrain_planner.launch.request as pp_request
 import pretrain_planner.planning.pipeline as pp_pipeline
 import pretrain_planner.report.plots as pp_plots
 import pretrain_planner.search as pp_search
@@ -41,9 +43,9 @@ onerror:
     pp_driver.release()
 
 
-CELL_DIR = f"{RESULTS}/cells/{{model}}/{{gpu}}/{{nodes}}x{{gpus_per_node}}/{{method}}"
-TABLES = pp_aggregate.table_files(f"{RESULTS}/tables")
-PLOTS = pp_plots.plot_files(f"{RESULTS}/plots")
+CELL_DIR = pp_layout.cell_dir_pattern(RESULTS)
+TABLES = pp_aggregate.table_files(f"{RESULTS}/{pp_layout.TABLES}")
+PLOTS = pp_plots.plot_files(f"{RESULTS}/{pp_layout.PLOTS}")
 
 
 wildcard_constraints:
@@ -51,7 +53,7 @@ wildcard_constraints:
 
 
 # Adaptive search (search.strategy: adaptive): per setting, checkpoint rounds decide which cells to run.
-SEARCH_DIR = f"{RESULTS}/search/{{model}}/{{gpu}}/{{nodes}}x{{gpus_per_node}}"
+SEARCH_DIR = pp_layout.search_dir_pattern(RESULTS)
 
 
 def _setting_wc(wildcards):
@@ -71,12 +73,12 @@ def all_cell_outputs(wildcards):
     """Every measured cell's result and steps file as targets: a missing one is measured again (as an input
     of tables that exist, Snakemake would take it for a deleted temporary file and do nothing)."""
     if not PP.adaptive:
-        return PP.cell_files("result.json") + PP.cell_files("steps.jsonl")
+        return PP.cell_files(pp_layout.RESULT) + PP.cell_files(pp_layout.STEPS)
     out = []
     for st in PP.settings.values():
         wc = {"model": st.model, "gpu": st.gpu, "nodes": st.nodes, "gpus_per_node": st.gpus_per_node}
         for result in search_done_input(wc)["results"]:
-            out += [result, result[: -len("result.json")] + "steps.jsonl"]
+            out += [result, result[: -len(pp_layout.RESULT)] + pp_layout.STEPS]
     return out
 
 
@@ -99,19 +101,17 @@ BUDGET = pp_budget_config.load_or_exit(
 BUDGET_LAUNCH = pp_budget_config.launch_or_exit(PP.config, BUDGET, workflow.basedir)
 if BUDGET["setting"]["source"] == "missing":  # the pretrain job stops with this
     print(f"pretrain-planner: warning: {BUDGET['setting']['error']}", file=sys.stderr)
-BUDGET_DIR = f"{RESULTS}/budget"
+BUDGET_DIR = f"{RESULTS}/{pp_layout.BUDGET}"
 BUDGET_TASKS = BUDGET["glue"]["tasks"]
 BUDGET_FROM_MNLI = [t for t in BUDGET["glue"]["from_mnli"] if "mnli" in BUDGET_TASKS]
 BUDGET_THREADS = min(BUDGET["train"]["threads"] or workflow.cores or 1, workflow.cores or 1)
 BUDGET_GLUE = {"csv": f"{BUDGET_DIR}/glue.csv", "md": f"{BUDGET_DIR}/glue.md"}
 # cores a budget job holds on the driver's host: its ranks run here (local, debug), or elsewhere (slurm)
 BUDGET_RANKS = BUDGET["setting"]["world_size"]
-BUDGET_PRETRAIN_THREADS = (
-    1
-    if BUDGET_LAUNCH["kind"] == "slurm"
-    else min(max(BUDGET_THREADS, BUDGET_RANKS), workflow.cores or 1)
+BUDGET_PRETRAIN_THREADS = pp_request.driver_cores(
+    BUDGET_LAUNCH["kind"], BUDGET_RANKS, BUDGET_THREADS, workflow.cores
 )
-BUDGET_JOB_THREADS = 1 if BUDGET_LAUNCH["kind"] == "slurm" else BUDGET_THREADS
+BUDGET_JOB_THREADS = pp_request.driver_cores(BUDGET_LAUNCH["kind"], 1, BUDGET_THREADS, workflow.cores)
 
 
 def budget_init_model(wildcards):

@@ -8,7 +8,7 @@ rule prepare_data:
     output:
         index=f"{BUDGET_DIR}/data/index.json",
     log:
-        f"{RESULTS}/logs/budget/prepare_data.log",
+        pp_layout.log(RESULTS, "budget/prepare_data.log"),
     params:
         settings={k: BUDGET[k] for k in ("seed", "corpus", "tokenizer", "data")},
     run:
@@ -26,7 +26,7 @@ rule pretrain:
         model=directory(f"{BUDGET_DIR}/pretrain/model"),
         result=f"{BUDGET_DIR}/pretrain/result.json",
     log:
-        f"{RESULTS}/logs/budget/pretrain.log",
+        pp_layout.log(RESULTS, "budget/pretrain.log"),
     threads: BUDGET_PRETRAIN_THREADS
     params:
         run_dir=f"{BUDGET_DIR}/pretrain/run",
@@ -53,7 +53,7 @@ rule finetune_mnli:
         metrics=f"{BUDGET_DIR}/glue/mnli/metrics.json",
         model=directory(f"{BUDGET_DIR}/glue/mnli/model"),
     log:
-        f"{RESULTS}/logs/budget/finetune_mnli.log",
+        pp_layout.log(RESULTS, "budget/finetune_mnli.log"),
     threads: BUDGET_JOB_THREADS
     params:
         glue=BUDGET["glue"],
@@ -78,7 +78,7 @@ rule finetune:
     output:
         metrics=f"{BUDGET_DIR}/glue/{{task}}/metrics.json",
     log:
-        f"{RESULTS}/logs/budget/finetune_{{task}}.log",
+        pp_layout.log(RESULTS, "budget/finetune_{task}.log"),
     wildcard_constraints:
         task="(?!mnli$)[a-z0-9]+",
     threads: BUDGET_JOB_THREADS
@@ -106,7 +106,7 @@ rule glue_table:
     output:
         **BUDGET_GLUE,
     log:
-        f"{RESULTS}/logs/budget/glue_table.log",
+        pp_layout.log(RESULTS, "budget/glue_table.log"),
     run:
         from pretrain_planner.budget.glue import glue_table
 

@@ -1,17 +1,22 @@
-# Plots from the tables, and results/report.md gathering tables and plots.
+# Plots from the tables, and results/report.md gathering tables and plots. The tables' CSVs and the plots'
+# PNGs are also marked for Snakemake's HTML report (`snakemake --report report.html` after a sweep), each
+# captioned by its paragraph in workflow/report/, the same paragraphs report.md has.
 
 import pretrain_planner.report.document as pp_document
 
-REPORT = f"{RESULTS}/report.md"
+REPORT = f"{RESULTS}/{pp_layout.REPORT}"
+
+
+report: "../report/workflow.rst"
 
 
 rule plots:
     input:
         **TABLES,
     output:
-        **PLOTS,
+        **pp_document.for_report(PLOTS, "Plots"),
     log:
-        f"{RESULTS}/logs/plots.log",
+        pp_layout.log(RESULTS, "plots.log"),
     params:
         costs=PP.config.get("costs", {}),
     run:
@@ -26,7 +31,7 @@ rule report:
     output:
         report=REPORT,
     log:
-        f"{RESULTS}/logs/report.log",
+        pp_layout.log(RESULTS, "report.log"),
     params:
         costs=PP.config.get("costs", {}),
     run:

@@ -7,9 +7,11 @@ import glob
 import hashlib
 import json
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pretrain_planner import layout
 from pretrain_planner.planning.catalog import load_models
 from pretrain_planner.planning.pipeline import resolve
 from pretrain_planner.planning.site import load_site
@@ -50,24 +52,23 @@ def load(path: str | Path, basedir: str | Path = ".", results: str | Path | None
     return cfg
 
 
-def load_or_exit(path: str | Path, basedir: str | Path = ".", results: str | Path | None = None) -> dict[str, Any]:
+def _or_exit(fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+    """`fn(*args)`, a configuration error ending the workflow's parse with its message (not a traceback)."""
     try:
-        return load(path, basedir, results)
+        return fn(*args)
     except ConfigError as exc:
         raise SystemExit(f"pretrain-planner: budget configuration error\n{exc}") from None
+
+
+def load_or_exit(path: str | Path, basedir: str | Path = ".", results: str | Path | None = None) -> dict[str, Any]:
+    return _or_exit(load, path, basedir, results)
 
 
 def plan_path(cfg: dict[str, Any], results: str | Path) -> Path:
     """Where the export_plan rule puts the benchmark's best setting for this model, GPU type and count."""
     tr = cfg["train"]
-    return (
-        Path(results)
-        / "optimal"
-        / cfg["model"]["name"]
-        / tr["gpu"]
-        / f"{tr['nodes']}x{tr['gpus_per_node']}"
-        / "plan.json"
-    )
+    folder = layout.optimal_dir(results, cfg["model"]["name"], tr["gpu"], tr["nodes"], tr["gpus_per_node"])
+    return folder / layout.PLAN_FILE
 
 
 def resolve_setting(
@@ -152,10 +153,22 @@ def launch_settings(main: dict[str, Any], cfg: dict[str, Any], basedir: str | Pa
 
 
 def launch_or_exit(main: dict[str, Any], cfg: dict[str, Any], basedir: str | Path) -> dict[str, Any]:
-    try:
-        return launch_settings(main, cfg, basedir)
-    except ConfigError as exc:
-        raise SystemExit(f"pretrain-planner: budget configuration error\n{exc}") from None
+    return _or_exit(launch_settings, main, cfg, basedir)
+
+
+def set_torch_threads(tr: dict[str, Any], threads: int | None) -> None:
+    """torch's intra-op threads for a job: train.threads when set, else the job's share of the cores (`threads`)."""
+    threads = tr["threads"] or threads
+    if threads:
+        import torch  # a torch job's, at run time: this module imports no torch
+
+        torch.set_num_threads(threads)
+
+
+def wants_gpu(tr: dict[str, Any]) -> bool:
+    """Whether the stage's torch jobs run on CUDA (when it is there): train.device cuda, or auto with a GPU type
+    as train.gpu."""
+    return tr["device"] == "cuda" or (tr["device"] == "auto" and tr.get("gpu", "cpu") != "cpu")
 
 
 def _model(cfg: dict[str, Any], source: Path, basedir: str | Path) -> dict[str, Any]:

@@ -185,17 +185,26 @@ def prepare_data(cfg: dict[str, Any], out_index: str | Path, log: str | Path | N
 
     `stop_after_shards` (testing) returns after writing that many training shards, as a killed run would.
     """
-    from tokenizers import Tokenizer
-
     from pretrain_planner.budget.config import file_logger
 
     logger = file_logger("data", log)
     data_dir = Path(out_index).parent
     data_dir.mkdir(parents=True, exist_ok=True)
-    seed, corpus, cd = cfg["seed"], cfg["corpus"], cfg["data"]
-    files = corpus["files"]
-    frac = corpus["validation_fraction"]
-    fp = fingerprint(seed, corpus, cfg["tokenizer"], cd, [(f, os.path.getsize(f), os.path.getmtime(f)) for f in files])
+    files = cfg["corpus"]["files"]
+    fp = fingerprint(cfg["seed"], cfg["corpus"], cfg["tokenizer"], cfg["data"],
+                     [(f, os.path.getsize(f), os.path.getmtime(f)) for f in files])  # fmt: skip
+    state = _progress(data_dir, fp, logger)
+    tok = _tokenizer(cfg, data_dir, logger)
+    writer = _ShardWriter(cfg, data_dir, tok, state, logger, stop_after_shards)
+    for batch in _doc_batches(iter_documents(files), writer.cursor, cfg["data"]["docs_per_batch"]):
+        if writer.add(batch):
+            return None
+    return writer.finish(out_index)
+
+
+def _progress(data_dir: Path, fp: str, logger) -> dict[str, Any]:
+    """progress.json of an earlier run of the same config and corpus (to resume), else a fresh state (and the
+    earlier run's shards and tokenizer deleted)."""
     progress_path = data_dir / "progress.json"
     state = json.loads(progress_path.read_text()) if progress_path.exists() else None
     if state is None or state.get("fingerprint") != fp:
@@ -205,106 +214,131 @@ def prepare_data(cfg: dict[str, Any], out_index: str | Path, log: str | Path | N
             p.unlink()
         (data_dir / "tokenizer.json").unlink(missing_ok=True)
         state = {"fingerprint": fp, "doc_cursor": 0, "shards": {"train": [], "validation": []}, "documents": {}}
+    return state
+
+
+def _tokenizer(cfg: dict[str, Any], data_dir: Path, logger):
+    """data_dir/tokenizer.json, copied from tokenizer.path or trained on the training documents when it is not
+    there yet (a resumed run keeps its tokenizer), loaded."""
+    from tokenizers import Tokenizer
 
     tok_path = data_dir / "tokenizer.json"
     if not tok_path.exists():
         t0 = time.perf_counter()
-        if cfg["tokenizer"]["path"]:
-            shutil.copyfile(cfg["tokenizer"]["path"], tok_path)
-            logger.info("tokenizer: copied %s", cfg["tokenizer"]["path"])
+        tc, files = cfg["tokenizer"], cfg["corpus"]["files"]
+        if tc["path"]:
+            shutil.copyfile(tc["path"], tok_path)
+            logger.info("tokenizer: copied %s", tc["path"])
         else:
+            seed, frac = cfg["seed"], cfg["corpus"]["validation_fraction"]
             train_docs = (d for i, d in enumerate(iter_documents(files)) if not is_validation(i, seed, frac))
-            train_tokenizer(files, cfg["tokenizer"]["vocab_size"], cfg["tokenizer"]["lowercase"], tok_path, train_docs)
+            train_tokenizer(files, tc["vocab_size"], tc["lowercase"], tok_path, train_docs)
             logger.info("tokenizer: trained WordPiece on %d files in %.1fs", len(files), time.perf_counter() - t0)
-    tok = Tokenizer.from_file(str(tok_path))
-    sp = special_ids(tok)
-    vocab = tok.get_vocab_size()
-    dtype = np.uint16 if vocab <= np.iinfo(np.uint16).max else np.int32
-    seq_len, per_shard, dup = cd["seq_len"], cd["samples_per_shard"], cd["duplication_factor"]
+    return Tokenizer.from_file(str(tok_path))
 
-    buffers: dict[str, list[list[int]]] = {"train": [], "validation": []}
-    counts = {"train": 0, "validation": 0}
-    counts.update(state["documents"])
-    cursor = state["doc_cursor"]
-    if cursor:
-        logger.info("resuming after document %d (%d train shards written)", cursor, len(state["shards"]["train"]))
-    t0 = time.perf_counter()
 
-    def flush() -> bool:
-        """Close the training shard (and the validation buffer with it); record progress. True: stop now."""
-        for split, split_id, copies in (("train", 0, dup), ("validation", 1, 1)):
-            if not buffers[split]:
-                continue
-            k = len(state["shards"][split])
-            name = f"{split}-{k:05d}"
-            n = _write_shard(data_dir, name, buffers[split], copies, seed, split_id, k, cd, vocab, sp, dtype)
-            state["shards"][split].append({"name": name, "samples": n})
-            buffers[split] = []
-        state["doc_cursor"] = doc_no
-        state["documents"] = dict(counts)
-        atomic_write_text(progress_path, json.dumps(state, indent=1))
-        n_train = sum(s["samples"] for s in state["shards"]["train"])
-        logger.info(
-            "documents %d, train shards %d (%d samples x %d copies), validation shards %d, %.0f docs/s",
-            doc_no, len(state["shards"]["train"]), n_train, dup, len(state["shards"]["validation"]),
-            (doc_no - cursor) / max(time.perf_counter() - t0, 1e-9),
-        )  # fmt: skip
-        return stop_after_shards is not None and len(state["shards"]["train"]) >= stop_after_shards
-
-    doc_no = 0
+def _doc_batches(docs: Iterator[str], cursor: int, size: int) -> Iterator[list[tuple[int, str]]]:
+    """(number, document) in batches of `size` (the last may be shorter), from document `cursor` on."""
     batch: list[tuple[int, str]] = []
-    docs = iter_documents(files)
-
-    def process(batch: list[tuple[int, str]]) -> bool:
-        nonlocal doc_no
-        sents = [split_sentences(d) for _, d in batch]
-        flat = [s for ss in sents for s in ss]
-        enc = tok.encode_batch(flat, add_special_tokens=False) if flat else []
-        k = 0
-        for (i, _), ss in zip(batch, sents, strict=True):
-            ids = [e.ids for e in enc[k : k + len(ss)]]
-            k += len(ss)
-            split = "validation" if is_validation(i, seed, frac) else "train"
-            counts[split] += 1
-            buffers[split].extend(build_samples(ids, seq_len, sp["cls"], sp["sep"], cd["min_tokens"]))
-            doc_no = i + 1
-            if len(buffers["train"]) >= per_shard and flush():
-                return True
-        return False
-
     for i, doc in enumerate(docs):
         if i < cursor:
             continue
         batch.append((i, doc))
-        if len(batch) >= cd["docs_per_batch"]:
-            if process(batch):
-                return None
+        if len(batch) >= size:
+            yield batch
             batch = []
-    if batch and process(batch):
-        return None
-    if buffers["train"] or buffers["validation"]:
-        flush()
-    if not state["shards"]["train"] or not state["shards"]["validation"]:
-        raise ValueError(
-            f"corpus too small: {counts['train']} training and {counts['validation']} validation documents "
-            f"gave {len(state['shards']['train'])} / {len(state['shards']['validation'])} shards"
-        )
-    index = {
-        "version": 1,
-        "fingerprint": fp,
-        "seed": seed,
-        "tokenizer": "tokenizer.json",
-        "vocab_size": vocab,
-        "special_ids": sp,
-        "seq_len": seq_len,
-        "max_predictions": cd["max_predictions"],
-        "mlm_probability": cd["mlm_probability"],
-        "duplication_factor": dup,
-        "dtype": np.dtype(dtype).name,
-        "documents": counts,
-        "samples": {s: sum(x["samples"] for x in v) for s, v in state["shards"].items()},
-        "splits": state["shards"],
-    }
-    atomic_write_text(out_index, json.dumps(index, indent=1))
-    logger.info("done: %s", json.dumps(index["samples"]))
-    return index
+    if batch:
+        yield batch
+
+
+class _ShardWriter:
+    """Documents -> samples in a training and a validation buffer -> a shard of each when the training buffer
+    holds samples_per_shard, with progress.json recording where the shards end (what a resumed run skips)."""
+
+    def __init__(self, cfg: dict[str, Any], data_dir: Path, tok, state: dict[str, Any], logger, stop_after_shards):
+        self.cfg, self.cd, self.data_dir, self.tok, self.state = cfg, cfg["data"], data_dir, tok, state
+        self.logger, self.stop_after_shards = logger, stop_after_shards
+        self.seed, self.frac = cfg["seed"], cfg["corpus"]["validation_fraction"]
+        self.sp = special_ids(tok)
+        self.vocab = tok.get_vocab_size()
+        self.dtype = np.uint16 if self.vocab <= np.iinfo(np.uint16).max else np.int32
+        self.buffers: dict[str, list[list[int]]] = {"train": [], "validation": []}
+        self.counts = {"train": 0, "validation": 0}
+        self.counts.update(state["documents"])
+        self.cursor = state["doc_cursor"]
+        if self.cursor:
+            logger.info("resuming after document %d (%d train shards written)", self.cursor,
+                        len(state["shards"]["train"]))  # fmt: skip
+        self.t0 = time.perf_counter()
+        self.doc_no = 0  # one past the last document in the buffers
+
+    def add(self, batch: list[tuple[int, str]]) -> bool:
+        """Tokenise a batch of documents into samples of their split; a shard when one is full. True: stop now."""
+        cd, sp = self.cd, self.sp
+        sents = [split_sentences(d) for _, d in batch]
+        flat = [s for ss in sents for s in ss]
+        enc = self.tok.encode_batch(flat, add_special_tokens=False) if flat else []
+        k = 0
+        for (i, _), ss in zip(batch, sents, strict=True):
+            ids = [e.ids for e in enc[k : k + len(ss)]]
+            k += len(ss)
+            split = "validation" if is_validation(i, self.seed, self.frac) else "train"
+            self.counts[split] += 1
+            self.buffers[split].extend(build_samples(ids, cd["seq_len"], sp["cls"], sp["sep"], cd["min_tokens"]))
+            self.doc_no = i + 1
+            if len(self.buffers["train"]) >= cd["samples_per_shard"] and self.flush():
+                return True
+        return False
+
+    def flush(self) -> bool:
+        """Close the training shard (and the validation buffer with it); record progress. True: stop now."""
+        state, dup = self.state, self.cd["duplication_factor"]
+        for split, split_id, copies in (("train", 0, dup), ("validation", 1, 1)):
+            if not self.buffers[split]:
+                continue
+            k = len(state["shards"][split])
+            name = f"{split}-{k:05d}"
+            n = _write_shard(self.data_dir, name, self.buffers[split], copies, self.seed, split_id, k, self.cd,
+                             self.vocab, self.sp, self.dtype)  # fmt: skip
+            state["shards"][split].append({"name": name, "samples": n})
+            self.buffers[split] = []
+        state["doc_cursor"] = self.doc_no
+        state["documents"] = dict(self.counts)
+        atomic_write_text(self.data_dir / "progress.json", json.dumps(state, indent=1))
+        n_train = sum(s["samples"] for s in state["shards"]["train"])
+        self.logger.info(
+            "documents %d, train shards %d (%d samples x %d copies), validation shards %d, %.0f docs/s",
+            self.doc_no, len(state["shards"]["train"]), n_train, dup, len(state["shards"]["validation"]),
+            (self.doc_no - self.cursor) / max(time.perf_counter() - self.t0, 1e-9),
+        )  # fmt: skip
+        return self.stop_after_shards is not None and len(state["shards"]["train"]) >= self.stop_after_shards
+
+    def finish(self, out_index: str | Path) -> dict[str, Any]:
+        """The last shards, then index.json (what marks the data complete)."""
+        state, counts, cd = self.state, self.counts, self.cd
+        if self.buffers["train"] or self.buffers["validation"]:
+            self.flush()
+        if not state["shards"]["train"] or not state["shards"]["validation"]:
+            raise ValueError(
+                f"corpus too small: {counts['train']} training and {counts['validation']} validation documents "
+                f"gave {len(state['shards']['train'])} / {len(state['shards']['validation'])} shards"
+            )
+        index = {
+            "version": 1,
+            "fingerprint": state["fingerprint"],
+            "seed": self.seed,
+            "tokenizer": "tokenizer.json",
+            "vocab_size": self.vocab,
+            "special_ids": self.sp,
+            "seq_len": cd["seq_len"],
+            "max_predictions": cd["max_predictions"],
+            "mlm_probability": cd["mlm_probability"],
+            "duplication_factor": cd["duplication_factor"],
+            "dtype": np.dtype(self.dtype).name,
+            "documents": counts,
+            "samples": {s: sum(x["samples"] for x in v) for s, v in state["shards"].items()},
+            "splits": state["shards"],
+        }
+        atomic_write_text(out_index, json.dumps(index, indent=1))
+        self.logger.info("done: %s", json.dumps(index["samples"]))
+        return index

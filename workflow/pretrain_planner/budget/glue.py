@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from pretrain_planner.budget.config import TASK_DIRS, TORCH_LOCK, file_logger
+from pretrain_planner.budget.config import TASK_DIRS, TORCH_LOCK, file_logger, set_torch_threads, wants_gpu
 from pretrain_planner.results import atomic_write_text
 
 
@@ -173,48 +173,81 @@ def _finetune(
     """Fine-tune `init_model` (a model folder with tokenizer.json) on one task; evaluate each dev file."""
     import torch
     import transformers as tf
-    from tokenizers import Tokenizer
 
     tf.utils.logging.disable_progress_bar()
     logger = file_logger(f"glue.{task_name}", log)
-    g = cfg["glue"]
+    g, tr = cfg["glue"], cfg["train"]
     task = TASKS[task_name]
-    threads = cfg["train"]["threads"] or threads
-    if threads:
-        torch.set_num_threads(threads)
+    set_torch_threads(tr, threads)
     torch.manual_seed(cfg["seed"])
-    tr = cfg["train"]
-    wants_gpu = tr["device"] == "cuda" or (tr["device"] == "auto" and tr.get("gpu", "cpu") != "cpu")
-    device = torch.device("cuda" if wants_gpu and torch.cuda.is_available() else "cpu")
-    folder = task_dir(g["data_dir"], task_name)
+    device = torch.device("cuda" if wants_gpu(tr) and torch.cuda.is_available() else "cpu")
+    train_x, train_y, devs = _task_data(g, task)
+    init_model = Path(init_model)
+    encode = _encoder(init_model, g["max_len"], device)
+    model = _classifier(init_model, task, device)
+    total = max(1, math.ceil(math.ceil(len(train_x) / g["batch"]) * g["epochs"]))
+    logger.info("%s from %s (%s): %d train rows, %d steps, device %s", task_name, init_model, init_kind,
+                len(train_x), total, device)  # fmt: skip
+    losses = _train(model, encode, train_x, train_y, task, g, total, cfg["seed"], device)
+    logger.info("training loss first %.4f last %.4f", losses[0], losses[-1])
+    result: dict[str, Any] = {"task": task_name, "init": init_kind, "init_model": str(init_model),
+                              "train_rows": len(train_x), "steps": total, "train_loss_last": losses[-1]}  # fmt: skip
+    result.update(_evaluate(model, encode, devs, task, g["batch"], logger))
+    if out_model:
+        out_model = Path(out_model)
+        model.save_pretrained(out_model)
+        (out_model / "tokenizer.json").write_bytes((init_model / "tokenizer.json").read_bytes())
+    atomic_write_text(out_metrics, json.dumps(result, indent=1))
+    return result
+
+
+def _task_data(g: dict[str, Any], task: Task) -> tuple[list[tuple[str, ...]], list[Any], dict[str, tuple[list, list]]]:
+    """The task's training rows (at most glue.max_train_samples) and its dev files' rows."""
+    folder = task_dir(g["data_dir"], task.name)
     train_x, train_y = read_tsv(folder / "train.tsv", task)
     if g["max_train_samples"]:
         train_x, train_y = train_x[: g["max_train_samples"]], train_y[: g["max_train_samples"]]
     devs = {d: read_tsv(folder / f"{d}.tsv", task) for d in task.dev}
     if not train_x:
         raise ValueError(f"{folder}/train.tsv: no usable rows")
+    return train_x, train_y, devs
 
-    init_model = Path(init_model)
+
+def _encoder(init_model: Path, max_len: int, device):
+    """rows of texts -> model inputs on `device`, with the model folder's tokenizer (truncated, padded)."""
+    import torch
+    from tokenizers import Tokenizer
+
     tok = Tokenizer.from_file(str(init_model / "tokenizer.json"))
     pad = tok.token_to_id("[PAD]")
-    tok.enable_truncation(g["max_len"])
+    tok.enable_truncation(max_len)
     tok.enable_padding(pad_id=pad, pad_token="[PAD]")
-    n_labels = len(task.labels) if task.labels else 1
-    labels = task.labels or ("score",)
-    model = tf.AutoModelForSequenceClassification.from_pretrained(
-        init_model, num_labels=n_labels, ignore_mismatched_sizes=True,
-        problem_type="regression" if task.labels is None else "single_label_classification",
-        id2label=dict(enumerate(labels)), label2id={v: i for i, v in enumerate(labels)},
-    ).to(device)  # fmt: skip
 
     def encode(rows: list[tuple[str, ...]]) -> dict[str, torch.Tensor]:
         enc = tok.encode_batch([r if len(r) > 1 else r[0] for r in rows])
         ids = torch.tensor([e.ids for e in enc])
         return {"input_ids": ids.to(device), "attention_mask": (ids != pad).long().to(device)}
 
+    return encode
+
+
+def _classifier(init_model: Path, task: Task, device):
+    """The pre-trained model with a fresh head for the task's labels (one output for a regression)."""
+    import transformers as tf
+
+    labels = task.labels or ("score",)
+    return tf.AutoModelForSequenceClassification.from_pretrained(
+        init_model, num_labels=len(task.labels) if task.labels else 1, ignore_mismatched_sizes=True,
+        problem_type="regression" if task.labels is None else "single_label_classification",
+        id2label=dict(enumerate(labels)), label2id={v: i for i, v in enumerate(labels)},
+    ).to(device)  # fmt: skip
+
+
+def _train(model, encode, train_x, train_y, task: Task, g: dict[str, Any], total: int, seed: int, device) -> list:
+    """`total` AdamW steps (linear warm-up and decay) over seeded shuffles of the training rows; the losses."""
+    import torch
+
     batch = g["batch"]
-    steps_per_epoch = math.ceil(len(train_x) / batch)
-    total = max(1, math.ceil(steps_per_epoch * g["epochs"]))
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     opt = torch.optim.AdamW(
@@ -224,9 +257,7 @@ def _finetune(
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: (s + 1) / (warm + 1) if s < warm else max(0.0, (total - s) / max(1, total - warm))
     )
-    logger.info("%s from %s (%s): %d train rows, %d steps, device %s", task_name, init_model, init_kind,
-                len(train_x), total, device)  # fmt: skip
-    gen = torch.Generator().manual_seed(cfg["seed"])
+    gen = torch.Generator().manual_seed(seed)
     y_all = torch.tensor(train_y, dtype=torch.float32 if task.labels is None else torch.long)
     model.train()
     step, losses = 0, []
@@ -242,11 +273,15 @@ def _finetune(
             opt.zero_grad(set_to_none=True)
             losses.append(out.loss.item())
             step += 1
-    logger.info("training loss first %.4f last %.4f", losses[0], losses[-1])
+    return losses
+
+
+def _evaluate(model, encode, devs: dict[str, tuple[list, list]], task: Task, batch: int, logger) -> dict[str, Any]:
+    """The task's metrics on each dev file (the second, MNLI's mismatched, with suffix _mm) and its row count."""
+    import torch
 
     model.eval()
-    result: dict[str, Any] = {"task": task_name, "init": init_kind, "init_model": str(init_model),
-                              "train_rows": len(train_x), "steps": total, "train_loss_last": losses[-1]}  # fmt: skip
+    result: dict[str, Any] = {}
     with torch.no_grad():
         for i, (dev, (x, y)) in enumerate(devs.items()):
             preds = []
@@ -258,12 +293,7 @@ def _finetune(
             suffix = "" if i == 0 else "_mm"
             result.update({f"{k}{suffix}": v for k, v in m.items()})
             result[f"dev_rows{suffix}"] = len(x)
-            logger.info("%s %s: %s", task_name, dev, json.dumps(m))
-    if out_model:
-        out_model = Path(out_model)
-        model.save_pretrained(out_model)
-        (out_model / "tokenizer.json").write_bytes((init_model / "tokenizer.json").read_bytes())
-    atomic_write_text(out_metrics, json.dumps(result, indent=1))
+            logger.info("%s %s: %s", task.name, dev, json.dumps(m))
     return result
 
 

@@ -24,14 +24,8 @@ from typing import Any
 import torch
 
 from pretrain_planner.trainer import kernels, zero
-from pretrain_planner.trainer.parallel import (
-    MethodConfig,
-    RankEnv,
-    Unsupported,
-    apply_method,
-    build_optimizer,
-    method_config,
-)
+from pretrain_planner.trainer.parallel import MethodConfig, apply_method, build_optimizer, method_config
+from pretrain_planner.trainer.rank import RankEnv, Unsupported
 from pretrain_planner.trainer.step import TrainStep
 
 # The compiled AdamW step divides by the step size (eps / step_size, with a tensor lr): lr 0 (the first step of
@@ -58,6 +52,7 @@ def check(cfg: MethodConfig, env: RankEnv) -> None:
     """Raise MethodError, the same on every rank and before anything is built, if the method cannot run here."""
     from types import SimpleNamespace
 
+    from pretrain_planner.planning.families import FAMILIES
     from pretrain_planner.planning.grid import extras_reason
     from pretrain_planner.trainer.run import check_supported
 
@@ -68,6 +63,7 @@ def check(cfg: MethodConfig, env: RankEnv) -> None:
     model = SimpleNamespace(
         name=cfg.model.get("name", "model"),
         family=cfg.model["family"],
+        kind=FAMILIES[cfg.model["family"]],  # the registry's entry, as ModelSpec.kind
         task="masked_lm",
         supports_compile=True,
         recipe=SimpleNamespace(precision=cfg.recipe["precision"]),
@@ -76,8 +72,8 @@ def check(cfg: MethodConfig, env: RankEnv) -> None:
                           bf16=on_cuda and torch.cuda.is_bf16_supported())  # fmt: skip
     if m.offload and not m.sharding:
         why = "off offloads a sharded optimizer (and parameters): it needs zero1/2/3, fsdp-grad or fsdp-full"
-    elif extras_reason(m, model, gpu):
-        why = extras_reason(m, model, gpu)
+    elif reason := extras_reason(m, model, gpu):
+        why = reason
     else:
         try:
             check_supported(cfg, env)

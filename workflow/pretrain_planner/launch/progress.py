@@ -8,6 +8,12 @@ attempt loops through its requeues without progress. The rank-0 process counts i
 from its first step (one time-out requeue is allowed: compile caches are warm the second time), a
 checkpointing run must have checkpointed further. The refusal is written to `no_progress.json`, which the
 driver turns into a failure naming the site key to raise, without submitting the same job again.
+
+The same marks are what a running cell shows of itself: when a progress file is configured (`report_to`,
+rank 0 of a benchmark cell), `mark` also appends a JSON line there (what, units, elapsed seconds), at most one
+every `MIN_INTERVAL_S` unless the mark is one that must be seen (a micro-batch trial, the last timed step).
+The rank writes its own file, never the cell's log: the driver copies the lines into cell.log (one writer
+per file, also on a shared file system) and `pretrain-planner status --watch` shows the latest.
 """
 
 from __future__ import annotations
@@ -15,19 +21,86 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from pretrain_planner import layout
+
 HISTORY = "requeues.json"
 VERDICT = "no_progress.json"
 
+PROGRESS_FILE = layout.CELL_PROGRESS  # a benchmark cell's progress lines, in its folder
+MIN_INTERVAL_S = 2.0
+
 _STATE: dict[str, Any] = {"units": None, "what": None, "t": None}
+# where this thread's marks go: per thread, as the debug launcher runs cells in threads of the driver
+_SINK = threading.local()
 
 
-def mark(units: int, what: str = "") -> None:
-    """Record this process's progress (monotone units: optimizer steps checkpointed, ...)."""
-    _STATE.update(units=int(units), what=what, t=time.time())
+def report_to(path: str | Path | None) -> None:
+    """Append this thread's marks to `path` from now on (None: stop); elapsed seconds count from here."""
+    _SINK.path = Path(path) if path else None
+    _SINK.t0 = time.time()
+    _SINK.last = float("-inf")
+
+
+def mark(units: int, what: str = "", always: bool = False) -> None:
+    """Record this process's progress (units: optimizer steps checkpointed, ...: what a time-out requeue
+    compares; for a benchmark cell, which restarts from scratch, only informative). With a progress file
+    configured, also append `what` to it, rate-limited unless `always`."""
+    t = time.time()
+    _STATE.update(units=int(units), what=what, t=t)
+    path = getattr(_SINK, "path", None)
+    if path is None or not what or (not always and t - _SINK.last < MIN_INTERVAL_S):
+        return
+    _SINK.last = t
+    line = json.dumps({"t": round(t, 3), "elapsed_s": round(t - _SINK.t0, 1), "units": int(units), "what": what})
+    try:
+        with open(path, "a") as fh:
+            fh.write(line + "\n")
+    except OSError:  # progress is for people to watch: never a reason for a measurement to fail
+        pass
+
+
+def read_lines(path: str | Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+    """The complete progress lines of `path` from byte `offset` on, and the offset after them (a line being
+    written is left for the next read; a file shorter than `offset` was started anew: read from 0)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            if fh.tell() < offset:
+                offset = 0
+            fh.seek(offset)
+            data = fh.read()
+    except OSError:
+        return [], offset
+    end = data.rfind(b"\n") + 1
+    out = []
+    for raw in data[:end].splitlines():
+        try:
+            entry = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and entry.get("what"):
+            out.append(entry)
+    return out, offset + end
+
+
+def last_line(path: str | Path, tail_bytes: int = 4096) -> dict[str, Any] | None:
+    """The latest progress line of `path`, or None."""
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        return None
+    lines, _ = read_lines(path, max(0, size - tail_bytes))
+    return lines[-1] if lines else None
+
+
+def describe(entry: dict[str, Any]) -> str:
+    """One progress line as people read it."""
+    return f"{entry['what']} (elapsed {entry.get('elapsed_s', 0):.0f} s)"
 
 
 def current() -> int | None:

@@ -12,10 +12,11 @@ from typing import Any
 
 import submitit
 
+from pretrain_planner import layout
 from pretrain_planner.launch import progress
 
-SLURM_RECORD = "slurm_job.json"  # the SLURM job that measures a folder (written by the launcher)
-LOCAL_RECORD = "local_job.json"  # the local job that measures a folder
+SLURM_RECORD = layout.SLURM_RECORD  # the SLURM job that measures a folder (written by the launcher)
+LOCAL_RECORD = layout.LOCAL_RECORD  # the local job that measures a folder
 
 
 def recorded_job(workdir: str | os.PathLike) -> str | None:
@@ -36,7 +37,7 @@ def _local_rank() -> int:
     return 0
 
 
-def _global_rank() -> int:
+def global_rank() -> int:
     for var in ("SUBMITIT_LOCAL_GLOBALID", "SLURM_PROCID", "RANK"):
         if os.environ.get(var, "").isdigit():
             return int(os.environ[var])
@@ -51,7 +52,7 @@ def job_id_here() -> str | None:
 def observe_rank() -> dict[str, Any]:
     """Where this rank runs, as the operating system and the scheduler see it."""
     out: dict[str, Any] = {
-        "rank": _global_rank(), "local_rank": _local_rank(), "host": socket.gethostname(), "pid": os.getpid(),
+        "rank": global_rank(), "local_rank": _local_rank(), "host": socket.gethostname(), "pid": os.getpid(),
         "cpus": sorted(os.sched_getaffinity(0)), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     }  # fmt: skip
     for var in ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "GPU_DEVICE_ORDINAL"):
@@ -84,7 +85,7 @@ class RankJob(submitit.helpers.Checkpointable):
             from pretrain_planner.launch.hostpool import start_time
 
             me = {"pid": os.getpid(), "start": start_time(os.getpid()), "job_id": job_id_here()}
-            (pids / f"rank{_global_rank()}.json").write_text(json.dumps(me))
+            (pids / f"rank{global_rank()}.json").write_text(json.dumps(me))
         return self.run()
 
     def run(self) -> Any:

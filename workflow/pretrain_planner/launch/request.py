@@ -62,6 +62,15 @@ def threads_per_rank(
     return max(1, threads // max(1, world))
 
 
+def driver_cores(kind: str, ranks: int, threads: int | None = None, available: int | None = None) -> int:
+    """Cores a job holds on the driver's host (a rule's `threads:`): one when its ranks run elsewhere (SLURM),
+    else as many as its ranks (at least `threads`), within the cores Snakemake has (`available`)."""
+    if kind == "slurm":
+        return 1
+    want = max(threads or 1, ranks)
+    return min(want, available) if available else want
+
+
 def uses_gpus(gpu: str, device: str | None) -> bool:
     """Whether a job asks its launcher for GPUs: not for the `cpu` GPU type nor a run forced onto the CPU."""
     return gpu != "cpu" and device != "cpu"

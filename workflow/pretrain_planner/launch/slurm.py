@@ -18,6 +18,7 @@ from pretrain_planner.launch.rankjob import SLURM_RECORD
 from pretrain_planner.launch.request import JobFailed, JobRequest, Outcome, RuleLog, read_json, spec_hash
 from pretrain_planner.planning.site import sbatch_parameters
 from pretrain_planner.results import atomic_write_text
+from pretrain_planner.schema import section
 
 JOB_RECORD = SLURM_RECORD
 # SLURM states (controller's view) in which a job may still deliver its result: wait, never resubmit.
@@ -131,7 +132,7 @@ def _cancel(job_id: str, log: RuleLog, why: str) -> None:
 
 def _ask_until_known(job_id: str, req: JobRequest, log: RuleLog) -> SlurmState:
     """The job's state; while nobody can tell it, wait and ask again (bounded by launcher.state_wait_min)."""
-    wait_s = float(req.launcher.get("state_wait_min", 60)) * 60
+    wait_s = float(section("config", "launcher", req.launcher)["state_wait_min"]) * 60
     t0, said = time.time(), False
     while True:
         st = slurm_state(job_id)
@@ -195,7 +196,7 @@ def _submit_slurm(req: JobRequest, log: RuleLog):
     params = sbatch_parameters(settings, req.nodes, req.gpus_per_node, req.name)
     ex.update_parameters(**params)
     req.fn.context = req.context()
-    wait_s = float(req.launcher.get("submit_wait_min", 15)) * 60
+    wait_s = float(section("config", "launcher", req.launcher)["submit_wait_min"]) * 60
     t0, attempt = time.time(), 0
     while True:
         attempt += 1

@@ -10,18 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pretrain_planner.planning.families import FAMILIES, Family, family
 from pretrain_planner.schema import ConfigError, load_yaml, validate
-
-# What each family trains on; the trainer's builders and the FLOPs formulas key on this.
-FAMILY_TASK = {
-    "gptneox": "causal_lm",
-    "mamba": "causal_lm",
-    "roberta": "masked_lm",
-    "roberta-prelayernorm": "masked_lm",
-    "bert": "masked_lm",
-    "convnext": "image_classification",
-    "vit": "image_classification",
-}
 
 
 @dataclass(frozen=True)
@@ -60,12 +50,17 @@ class ModelSpec:
     source: str = ""
 
     @property
+    def kind(self) -> Family:
+        """The family's entry in the registry (families.py)."""
+        return FAMILIES[self.family]
+
+    @property
     def task(self) -> str:
-        return FAMILY_TASK[self.family]
+        return self.kind.task
 
     @property
     def is_text(self) -> bool:
-        return self.task != "image_classification"
+        return self.kind.is_text
 
     @property
     def tokens_per_sample(self) -> int | None:
@@ -112,7 +107,8 @@ class GpuSpec:
         return precision == "fp32" or bool(getattr(self, precision))
 
     def peak_for(self, precision: str, tf32: bool = False) -> float | None:
-        """Dense peak (TFLOP/s) that MFU is quoted against for a cell trained in `precision`."""
+        """Dense peak (TFLOP/s) that MFU is quoted against for a cell trained in `precision` (`tf32`: fp32 matmuls
+        run as TF32). The measurement, the analytic estimate and the search's compute floor all ask here."""
         if precision == "fp32":
             key = "tf32" if tf32 and self.tf32 else "fp32"
         else:
@@ -142,29 +138,14 @@ class Catalog:
         return self.gpus[name]
 
 
-# arch keys the FLOPs formula and the batch shapes read: required so nothing falls back to a
-# transformers default silently (e.g. intermediate_size: 3072 for BERT but 24576 for GPT-NeoX).
-REQUIRED_ARCH = {
-    "gptneox": ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"),
-    "roberta": ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"),
-    "roberta-prelayernorm": (
-        "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
-    ),
-    "bert": ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"),
-    "vit": ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "image_size", "patch_size",
-            "num_labels"),
-    "mamba": ("hidden_size", "num_hidden_layers", "vocab_size"),
-    "convnext": ("num_labels",),
-}  # fmt: skip
-
-
 def _model(name: str, raw: dict, source: str) -> ModelSpec:
     r = raw["recipe"]
     opt = r["optimizer"]
-    if (r.get("sequence_length") is None) == (FAMILY_TASK[raw["family"]] != "image_classification"):
-        want = "sequence_length" if FAMILY_TASK[raw["family"]] != "image_classification" else "image_size"
+    fam = family(raw["family"], f"{source}: models.{name}.family")
+    if (r.get("sequence_length") is None) == fam.is_text:
+        want = "sequence_length" if fam.is_text else "image_size"
         raise ConfigError(f"{source}: models.{name}.recipe: family {raw['family']!r} needs {want}")
-    missing = [k for k in REQUIRED_ARCH[raw["family"]] if k not in raw["arch"]]
+    missing = [k for k in fam.required_arch if k not in raw["arch"]]
     if missing:
         raise ConfigError(
             f"{source}: models.{name}.arch: missing {', '.join(missing)} (required for family {raw['family']!r})"

@@ -7,7 +7,7 @@ in full, deliberately (issue 14): the PaLM appendix, Megatron and torch.utils.fl
 MFU must compare with their figures; a causal flash kernel skips about half of it, so at long contexts MFU
 overstates the arithmetic done by up to half the attention share. Norms, biases and activations are ignored
 (< 2% for real sizes). With sparse prediction (24-hour BERT) the LM head counts for the masked share
-of the tokens only. Families with no formula here (ConvNeXt) return None; the trainer then counts
+of the tokens only. Families with no formula (families.py: ConvNeXt) return None; the trainer then counts
 the FLOPs of one step with torch.utils.flop_counter. Imports no torch.
 """
 
@@ -15,38 +15,70 @@ from __future__ import annotations
 
 from typing import Any
 
-TRANSFORMER_FAMILIES = {"gptneox", "roberta", "roberta-prelayernorm", "bert", "vit"}
+from pretrain_planner.planning.families import FAMILIES
 
 
-def _block_matmul_params(arch: dict[str, Any]) -> int:
+def _transformer_block(arch: dict[str, Any]) -> int:
+    """Matmul parameters of one transformer block: q, k, v, o and the two MLP matrices."""
     h = arch["hidden_size"]
-    inter = arch.get("intermediate_size", 4 * h)
-    return 4 * h * h + 2 * h * inter  # q, k, v, o + the two MLP matrices
+    return 4 * h * h + 2 * h * arch.get("intermediate_size", 4 * h)
+
+
+def _mamba_block(arch: dict[str, Any]) -> int:
+    """Matmul parameters of one Mamba block: in_proj (h -> 2*e*h), out_proj (e*h -> h), x_proj and dt_proj; the
+    scan is linear in length and small next to them."""
+    h, e = arch["hidden_size"], arch.get("expand", 2)
+    d_inner, n = e * h, arch.get("state_size", 16)
+    dt_rank = -(-h // 16)
+    return h * 2 * d_inner + d_inner * h + d_inner * (dt_rank + 2 * n) + dt_rank * d_inner
+
+
+def _patches(arch: dict[str, Any]) -> int:
+    return (arch["image_size"] // arch["patch_size"]) ** 2
+
+
+def tokens_per_sample(model: dict[str, Any]) -> int | None:
+    """Tokens one sample puts through the model: its sequence, or a ViT's patches and class token; None for a
+    family without tokens (ConvNeXt)."""
+    formula = FAMILIES[model["family"]].formula
+    if formula == "vit":
+        return _patches(model["arch"]) + 1
+    return model["recipe"].get("sequence_length") if FAMILIES[model["family"]].is_text else None
+
+
+def param_count(model: dict[str, Any]) -> float | None:
+    """Parameters of a model (a ModelSpec.to_dict()) from its arch by its family's formula (families.py); None
+    for a family without one. Biases and norms are left out (< 1% for real sizes)."""
+    formula, a = FAMILIES[model["family"]].formula, model["arch"]
+    if formula == "mamba":
+        return float(a["num_hidden_layers"] * _mamba_block(a) + a["vocab_size"] * a["hidden_size"])
+    if formula == "vit":
+        embed = _patches(a) * a["hidden_size"] + a["hidden_size"] * a.get("num_labels", 2)
+        return float(a["num_hidden_layers"] * _transformer_block(a) + embed)
+    if formula == "transformer":
+        tied = a.get("tie_word_embeddings", model["family"] != "gptneox")
+        embed = a["vocab_size"] * a["hidden_size"] * (1 if tied else 2)
+        return float(a["num_hidden_layers"] * _transformer_block(a) + embed)
+    return None
 
 
 def train_flops_per_sample(model: dict[str, Any]) -> float | None:
     """FLOPs of forward + backward for one sample of `model` (a ModelSpec.to_dict())."""
-    family, arch, recipe = model["family"], model["arch"], model["recipe"]
-    if family in TRANSFORMER_FAMILIES:
+    formula, arch, recipe = FAMILIES[model["family"]].formula, model["arch"], model["recipe"]
+    if formula in ("transformer", "vit"):
         layers, h = arch["num_hidden_layers"], arch["hidden_size"]
-        if family == "vit":
-            tokens = (arch["image_size"] // arch["patch_size"]) ** 2 + 1
+        if formula == "vit":
+            tokens = _patches(arch) + 1
             head = h * arch.get("num_labels", 2) / tokens  # the classifier runs once per image
         else:
             tokens = recipe["sequence_length"]
             head = h * arch["vocab_size"]
             if arch.get("sparse_prediction"):  # the LM head runs on the masked positions only
                 head *= recipe.get("mlm_probability", 0.15)
-        per_token = 6 * (layers * _block_matmul_params(arch) + head) + 12 * layers * h * tokens
+        per_token = 6 * (layers * _transformer_block(arch) + head) + 12 * layers * h * tokens
         return float(per_token * tokens)
-    if family == "mamba":
-        # in_proj (h -> 2*e*h), out_proj (e*h -> h), x_proj and dt_proj are the matmuls; the scan is
-        # linear in length and small next to them.
-        h, layers, e = arch["hidden_size"], arch["num_hidden_layers"], arch.get("expand", 2)
-        d_inner, n = e * h, arch.get("state_size", 16)
-        dt_rank = -(-h // 16)
-        per_layer = h * 2 * d_inner + d_inner * h + d_inner * (dt_rank + 2 * n) + dt_rank * d_inner
-        per_token = 6 * (layers * per_layer + h * arch["vocab_size"])
+    if formula == "mamba":
+        per_token = 6 * (arch["num_hidden_layers"] * _mamba_block(arch) + arch["hidden_size"] * arch["vocab_size"])
         return float(per_token * recipe["sequence_length"])
     return None
 

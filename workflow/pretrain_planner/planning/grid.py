@@ -11,11 +11,11 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from pretrain_planner.planning import methods
+from pretrain_planner import layout
+from pretrain_planner.planning import families, methods
 from pretrain_planner.planning.catalog import Catalog, GpuSpec, ModelSpec
 from pretrain_planner.schema import ConfigError
 
-CELL_PATTERN = "cells/{model}/{gpu}/{nodes}x{gpus_per_node}/{method}"
 WILDCARD_CONSTRAINTS = {
     "model": r"[a-z0-9][a-z0-9._-]*",
     "gpu": r"[a-z0-9][a-z0-9_-]*",
@@ -23,9 +23,6 @@ WILDCARD_CONSTRAINTS = {
     "gpus_per_node": r"\d+",
     "method": r"[a-z0-9][a-z0-9+-]*",
 }
-_PATH_RE = re.compile(
-    r"cells/(?P<model>[^/]+)/(?P<gpu>[^/]+)/(?P<nodes>\d+)x(?P<gpus_per_node>\d+)/(?P<method>[^/]+)/?$"
-)
 
 
 @dataclass(frozen=True, order=True)
@@ -42,7 +39,7 @@ class Cell:
 
     @property
     def path(self) -> str:
-        return CELL_PATTERN.format(**asdict(self))
+        return layout.cell_path(**asdict(self))
 
     @property
     def name(self) -> str:
@@ -60,9 +57,9 @@ class Cell:
 
     @classmethod
     def from_path(cls, path: str) -> Cell:
-        m = _PATH_RE.search(str(path))
+        m = re.search(layout.CELL_RE.pattern + r"/?$", str(path))
         if not m:
-            raise ValueError(f"{path!r} is not a cell path ({CELL_PATTERN})")
+            raise ValueError(f"{path!r} is not a cell path ({layout.CELL_PATTERN})")
         return cls.from_wildcards(m.groupdict())
 
 
@@ -92,15 +89,15 @@ class PlannedCell:
         }
 
 
+def largest_micro_batch(per_rank_batch: int, cap: int | None) -> int:
+    """The trainer's first micro-batch: the largest power of two up to the per-rank batch and the cap
+    (benchmark.max_micro_batch); the search reasons from the same number."""
+    top = per_rank_batch if cap is None else min(per_rank_batch, cap)
+    return 1 << (max(1, top).bit_length() - 1)
+
+
 def _is_power_of_two(n: float) -> bool:
     return n >= 1 and float(n).is_integer() and (int(n) & (int(n) - 1)) == 0
-
-
-# Families whose model has no attention layer (flash-attn has nothing to replace), and those whose layers
-# Liger's kernels cover (nn.LayerNorm; trainer.kernels swaps them). trainer.models checks both against its table.
-NO_ATTENTION_FAMILIES = ("mamba", "convnext")
-LIGER_FAMILIES = ("gptneox", "roberta", "roberta-prelayernorm", "bert", "vit")
-FUSED_CE_TASKS = ("causal_lm", "masked_lm")  # the tasks with a vocabulary head
 
 
 def extras_reason(method: methods.Method, model: ModelSpec, gpu: GpuSpec) -> str | None:
@@ -111,7 +108,7 @@ def extras_reason(method: methods.Method, model: ModelSpec, gpu: GpuSpec) -> str
         return f"{'+'.join(method.extras)} refine the free-lunch base: use fl+{'+'.join(method.extras)}"
     on_cpu = gpu.name == "cpu"
     if method.flash_attn:
-        if model.family in NO_ATTENTION_FAMILIES:
+        if not model.kind.attention:
             return f"fa2: {model.name} ({model.family}) has no attention layer"
         if on_cpu:
             return "fa2: flash-attn runs on CUDA GPUs only"
@@ -120,12 +117,13 @@ def extras_reason(method: methods.Method, model: ModelSpec, gpu: GpuSpec) -> str
         if not gpu.bf16:
             return f"fa2: flash-attn 2 needs an Ampere or newer GPU ({gpu.name} has no bf16: older)"
     if method.liger:
-        if model.family not in LIGER_FAMILIES:
-            return f"liger: Liger has no kernels for the {model.family} family ({', '.join(LIGER_FAMILIES)})"
+        if not model.kind.liger:
+            covered = ", ".join(families.names(lambda f: f.liger))
+            return f"liger: Liger has no kernels for the {model.family} family ({covered})"
         if on_cpu:
             return "liger: Liger's Triton kernels run on CUDA GPUs only"
     if method.fused_ce:
-        if model.task not in FUSED_CE_TASKS:
+        if not model.kind.vocab_head:
             return f"flce: {model.name} ({model.task}) has no vocabulary head to fuse with its loss"
         if method.sharding == "zero3":
             return (

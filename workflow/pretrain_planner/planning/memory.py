@@ -15,34 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pretrain_planner.planning.catalog import ModelSpec
+from pretrain_planner.planning.flops import param_count, tokens_per_sample
+from pretrain_planner.planning.methods import SHARDING_ENGINE, SHARDING_LEVEL
 
 GIB = 2**30
 PARAM_B, GRAD_B, OPTIM_B = 4, 4, 8  # fp32 master weights, fp32 gradients, Adam's two moments
-# sharding level (how much is divided across ranks): zero1 optimizer; zero2 / fsdp-grad + gradients;
-# zero3 / fsdp-full + parameters
-SHARDING_LEVEL = {"zero1": 1, "zero2": 2, "fsdp-grad": 2, "zero3": 3, "fsdp-full": 3}
-SHARDING_ENGINE = {"zero1": "zero", "zero2": "zero", "zero3": "zero", "fsdp-grad": "fsdp", "fsdp-full": "fsdp"}
-
-
-def param_count(model: ModelSpec) -> float | None:
-    """Parameters of a transformer or Mamba from its arch (None for families without a formula)."""
-    a = model.arch
-    if model.family in ("gptneox", "roberta", "roberta-prelayernorm", "bert", "vit"):
-        h, layers = a["hidden_size"], a["num_hidden_layers"]
-        block = 4 * h * h + 2 * h * a.get("intermediate_size", 4 * h)
-        if model.family == "vit":
-            embed = (a["image_size"] // a["patch_size"]) ** 2 * h + h * a.get("num_labels", 2)
-        else:
-            tied = a.get("tie_word_embeddings", model.family != "gptneox")
-            embed = a["vocab_size"] * h * (1 if tied else 2)
-        return float(layers * block + embed)
-    if model.family == "mamba":
-        h, layers, e = a["hidden_size"], a["num_hidden_layers"], a.get("expand", 2)
-        d_inner, n = e * h, a.get("state_size", 16)
-        dt_rank = -(-h // 16)
-        block = h * 2 * d_inner + d_inner * h + d_inner * (dt_rank + 2 * n) + dt_rank * d_inner
-        return float(layers * block + a["vocab_size"] * h)
-    return None
 
 
 def state_bytes_lb(sharding: str | None, offload: bool, params: float, world: int) -> float:
@@ -66,11 +43,8 @@ def activation_bytes_per_sample(model: ModelSpec) -> float | None:
     a, r = model.arch, model.recipe
     if "hidden_size" not in a or "num_hidden_layers" not in a:
         return None
-    if model.is_text:
-        tokens = r.sequence_length or 0
-    elif "patch_size" in a:
-        tokens = (a["image_size"] // a["patch_size"]) ** 2 + 1
-    else:
+    tokens = tokens_per_sample(model.to_dict())
+    if tokens is None:
         return None
     width = 2 if r.precision == "fp32" else 1
     return 34.0 * tokens * a["hidden_size"] * a["num_hidden_layers"] * width
@@ -86,4 +60,5 @@ class MemoryFacts:
 
     @classmethod
     def of(cls, model: ModelSpec, memory_gib: float | None) -> MemoryFacts:
-        return cls(memory_gib * GIB if memory_gib else None, param_count(model), activation_bytes_per_sample(model))
+        params = param_count(model.to_dict())
+        return cls(memory_gib * GIB if memory_gib else None, params, activation_bytes_per_sample(model))

@@ -27,6 +27,11 @@ SHARDING = {
     "fsdp-grad": "FSDP2, gradients and optimizer state sharded, parameters kept after forward",
     "fsdp-full": "FSDP2, full sharding (parameters resharded after forward)",
 }
+# how much each sharding divides across the ranks (1 optimizer state, 2 + gradients, 3 + parameters), by which
+# engine, and DeepSpeed's ZeRO stage: read by the memory model, the search, the trainer and the export
+SHARDING_LEVEL = {"zero1": 1, "zero2": 2, "fsdp-grad": 2, "zero3": 3, "fsdp-full": 3}
+SHARDING_ENGINE = {"zero1": "zero", "zero2": "zero", "zero3": "zero", "fsdp-grad": "fsdp", "fsdp-full": "fsdp"}
+ZERO_STAGE = {s: level for s, level in SHARDING_LEVEL.items() if SHARDING_ENGINE[s] == "zero"}
 OFFLOAD = {"off": "offload optimizer state (and ZeRO-3/FSDP parameters) to CPU memory"}
 # Free-lunch extras (need the `fl` base; grid.invalid_reason says where else they are meaningless)
 KERNELS = {
@@ -96,6 +101,15 @@ class Method:
     @property
     def free_lunch(self) -> bool:
         return self.base == "fl"
+
+    @property
+    def family(self) -> str:
+        """The base and its throughput levers (the parts that save no memory): the search's method family."""
+        return "+".join([self.base, *self.extras])
+
+    @property
+    def sharding_level(self) -> int:
+        return SHARDING_LEVEL.get(self.sharding or "", 0)
 
     def describe(self) -> str:
         return "; ".join([BASES[self.base]] + [ALL_PARTS[p] for p in self.slug.split("+")[1:]])

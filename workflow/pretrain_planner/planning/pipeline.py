@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pretrain_planner import layout
 from pretrain_planner import search as pp_search
+from pretrain_planner.launch.request import driver_cores
 from pretrain_planner.planning import grid
 from pretrain_planner.planning.catalog import Catalog, load_catalog
 from pretrain_planner.planning.site import load_site
@@ -58,11 +60,11 @@ class Pipeline:
 
     def setting(self, wildcards: Any) -> pp_search.Setting:
         get = wildcards.get if isinstance(wildcards, dict) else (lambda k: getattr(wildcards, k))
-        return self.settings[f"{get('model')}/{get('gpu')}/{get('nodes')}x{get('gpus_per_node')}"]
+        return self.settings[layout.setting_folder(get("model"), get("gpu"), get("nodes"), get("gpus_per_node"))]
 
     def search_files(self) -> list[str]:
         """Each setting's final search decision (adaptive), what the aggregation waits for."""
-        return [f"{self.results}/search/{folder}/search.json" for folder in self.settings]
+        return [f"{layout.search_dir(self.results, folder)}/{layout.SEARCH_FILE}" for folder in self.settings]
 
     def expected_adaptive(self) -> tuple[int, float, int]:
         """(cells, GPU-hour bound, probe cells) the adaptive search is expected to run, replaying it on what
@@ -88,9 +90,7 @@ class Pipeline:
 
     def threads(self, wildcards: Any) -> int:
         """Cores a cell occupies on the driver's host: one per rank when ranks run here, else 1."""
-        if self.config["launcher"]["kind"] in ("local", "debug"):
-            return grid.Cell.from_wildcards(wildcards).world_size
-        return 1
+        return driver_cores(self.config["launcher"]["kind"], grid.Cell.from_wildcards(wildcards).world_size)
 
     def spec(self, wildcards: Any, output: Any) -> dict[str, Any]:
         cell = grid.Cell.from_wildcards(wildcards)

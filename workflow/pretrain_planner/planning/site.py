@@ -7,29 +7,13 @@ from typing import Any
 
 from pretrain_planner.schema import ConfigError, load_yaml, validate
 
-BUILTIN_DEFAULTS: dict[str, Any] = {
-    "partition": None,
-    "constraint": None,
-    "gpu_request": "gres",
-    "gres_type": None,
-    "account": None,
-    "qos": None,
-    "reservation": None,
-    "time_limit_min": 120,
-    "cpus_per_gpu": 8,
-    "mem_per_gpu_gb": None,
-    "signal_delay_s": 120,
-    "extra_sbatch": {},
-    "setup": [],
-}
-
 
 def load_site(
     path: str | Path, gpu_types: list[str], source: str = "config", key: str = "sweep.gpus"
 ) -> dict[str, Any]:
     """Validate the site file and resolve every GPU type of the sweep to its full settings."""
     data = validate(load_yaml(path), "site", path)
-    defaults = {**BUILTIN_DEFAULTS, **data["defaults"]}
+    defaults = data["defaults"]  # the schema filled every key a GPU type may leave out
     missing = [g for g in gpu_types if g not in data["gpus"]]
     if missing:
         raise ConfigError(

@@ -6,6 +6,7 @@ from typing import Any
 
 from pretrain_planner.planning.catalog import Catalog
 from pretrain_planner.planning.grid import Cell
+from pretrain_planner.schema import section
 
 
 def cell_spec(
@@ -23,7 +24,7 @@ def cell_spec(
         "name": cell.name,
         "model": catalog.model(cell.model).to_dict(),
         "gpu": catalog.gpu(cell.gpu).to_dict(),
-        "benchmark": dict(config["benchmark"]),
+        "benchmark": section("config", "benchmark", config["benchmark"]),
         "launcher": {k: v for k, v in config["launcher"].items() if k != "site"},
         "outputs": {"result": str(result), "steps": str(steps)},
     }

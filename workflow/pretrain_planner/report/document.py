@@ -1,11 +1,17 @@
-"""results/report.md: the tables and plots of a sweep, with a paragraph each on how to read them. Imports no
-torch."""
+"""results/report.md: the tables and plots of a sweep, with a paragraph each on how to read them.
+
+The paragraphs live in workflow/report/*.rst, one file per table or plot (the captions of `snakemake --report`'s
+HTML report; the rules mark the outputs with `for_report`): one text for both documents. This module adds
+what only report.md has: the numbers of this sweep, the tables in Markdown, the links. Imports no torch."""
 
 from __future__ import annotations
 
 import datetime as dt
 import os
+import re
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
@@ -14,18 +20,70 @@ from pretrain_planner.results import atomic_write_text
 from pretrain_planner.tables import costs as pp_costs
 from pretrain_planner.tables.aggregate import GROUP, read_table, to_markdown
 
-
-def _rel(path: str, base: Path) -> str:
-    return os.path.relpath(Path(path).resolve(), base.resolve())
-
-
-def _img(key: str, plots: dict[str, str], base: Path) -> str:
-    stem, title = PLOTS[key]
-    return f"![{title}]({_rel(plots[f'{key}_png'], base)}) ([SVG]({_rel(plots[f'{key}_svg'], base)}))\n"
+# workflow/report/: the snakemake-workflows convention, beside the rules (the package runs from the repository)
+CAPTIONS = Path(__file__).resolve().parents[2] / "report"
+MAX_ROWS = 200  # report.md shows at most this many rows of a table (the CSV holds them all)
 
 
-def _link(name: str, tables: dict[str, str], base: Path) -> str:
-    return f"[{name}.csv]({_rel(tables[f'{name}_csv'], base)}) / [{name}.md]({_rel(tables[f'{name}_md'], base)})"
+def caption_file(stem: str) -> Path:
+    return CAPTIONS / f"{stem}.rst"
+
+
+def paragraphs(stem: str) -> list[str]:
+    """The paragraphs of workflow/report/{stem}.rst as Markdown: one line each, ``code`` written `code`."""
+    text = caption_file(stem).read_text(encoding="utf-8").strip()
+    return [re.sub(r"``(.+?)``", r"`\1`", " ".join(p.split())) for p in re.split(r"\n\s*\n", text)]
+
+
+def caption_of(key: str) -> str | None:
+    """The caption file of an output that the HTML report shows (keys as aggregate.table_files and
+    plots.plot_files): every table's CSV and every plot's PNG (its SVG would show the same). None for the rest."""
+    name, _, ext = key.rpartition("_")
+    if ext == "csv":
+        return str(caption_file(name))
+    if ext == "png" and name in PLOTS:
+        return str(caption_file(PLOTS[name][0]))
+    return None
+
+
+def for_report(files: dict[str, str], category: str) -> dict[str, Any]:
+    """A rule's outputs (name -> path) with those `caption_of` names flagged by Snakemake's report(): shown by
+    `snakemake --report report.html` under `category`, with their caption."""
+    from snakemake.io import report
+
+    return {k: report(v, caption=c, category=category) if (c := caption_of(k)) else v for k, v in files.items()}
+
+
+# ------------------------------------------------------------------------------------------- pieces
+
+
+@dataclass(frozen=True)
+class Links:
+    """Paths of the tables and plots, written relative to report.md's folder."""
+
+    tables: dict[str, str]
+    plots: dict[str, str]
+    base: Path
+
+    def rel(self, path: str | Path) -> str:
+        return os.path.relpath(Path(path).resolve(), self.base.resolve())
+
+    def img(self, key: str) -> str:
+        title = PLOTS[key][1]
+        png, svg = self.rel(self.plots[f"{key}_png"]), self.rel(self.plots[f"{key}_svg"])
+        return f"![{title}]({png}) ([SVG]({svg}))\n"
+
+    def table(self, name: str) -> str:
+        csv, md = self.rel(self.tables[f"{name}_csv"]), self.rel(self.tables[f"{name}_md"])
+        return f"[{name}.csv]({csv}) / [{name}.md]({md})"
+
+    def described(self, name: str) -> str:
+        """A table's paragraph (its caption) and the link to the whole table."""
+        return f"{' '.join(paragraphs(name))} Full table: {self.table(name)}.\n"
+
+    def plot(self, key: str) -> list[str]:
+        """A plot and its paragraph (its caption)."""
+        return [self.img(key), *(p + "\n" for p in paragraphs(PLOTS[key][0]))]
 
 
 def _summary_lines(ttt: pl.DataFrame, pareto: pl.DataFrame) -> list[str]:
@@ -50,25 +108,114 @@ def _summary_lines(ttt: pl.DataFrame, pareto: pl.DataFrame) -> list[str]:
     return lines or ["- no setting has run successfully yet"]
 
 
-def _benchmark_cost_section(cost: pl.DataFrame, tables: dict[str, str], base: Path) -> list[str]:
+def _header(cells: pl.DataFrame, ttt: pl.DataFrame, pareto: pl.DataFrame) -> list[str]:
+    by_status = dict(cells.group_by("status").len().sort("status").rows())
+    status_txt = ", ".join(f"{n} {s}" for s, n in by_status.items())
+    return [
+        "# Pre-training plan: results\n",
+        f"Generated {dt.datetime.now().isoformat(timespec='seconds')} from {cells.height} cells ({status_txt}).\n",
+        *(p + "\n" for p in paragraphs("workflow")),
+        "## Summary\n",
+        *_summary_lines(ttt, pareto),
+        "",
+    ]
+
+
+TTT_COLUMNS = ("best_method", "micro_batch_size", "grad_accum_steps", "step_time_s", "mfu", "training_days",
+               "days_naive", "days_fl", "speedup_vs_naive", "speedup_vs_fl")  # fmt: skip
+
+
+def _time_to_train(ttt: pl.DataFrame, links: Links) -> list[str]:
+    first = paragraphs("time_to_train")[0]
+    return [
+        "## Time to train\n",
+        f"{first} Full table: {links.table('time_to_train')}.\n",
+        to_markdown(ttt.select(*GROUP, *TTT_COLUMNS), max_rows=MAX_ROWS),
+        *links.plot("days"),
+    ]
+
+
+def _feasibility(links: Links) -> list[str]:
+    return ["## Feasibility\n", links.described("feasibility"), *links.plot("feasibility")]
+
+
+def _costs(pareto: pl.DataFrame, kind: str, links: Links) -> list[str]:
+    table = (
+        to_markdown(pareto, max_rows=MAX_ROWS)
+        if pareto.height
+        else f"No setting has both a time to train and a known {kind} cost yet (see `cost_note` in costs.csv).\n"
+    )
+    return [
+        "## Costs and the Pareto front\n",
+        links.described("costs"),
+        links.described("pareto"),
+        table,
+        *links.plot("cost_days"),
+    ]
+
+
+def _measured_vs_analytic(ttt: pl.DataFrame) -> list[str]:
+    return [
+        "## Measured vs analytic\n",
+        paragraphs("time_to_train")[1] + "\n",
+        to_markdown(
+            ttt.select(*GROUP, "best_method", "training_days", "analytic_days", "measured_over_analytic"),
+            max_rows=MAX_ROWS,
+        ),
+    ]
+
+
+def _problems(problems: pl.DataFrame) -> list[str]:
+    if problems.is_empty():
+        return ["## Problems\n", "None: every result file was usable.\n"]
+    return ["## Problems\n", " ".join(paragraphs("problems")) + "\n", to_markdown(problems, max_rows=MAX_ROWS)]
+
+
+def _exported_plans(optimal_dir: str | None, links: Links) -> list[str]:
+    if not optimal_dir or not Path(optimal_dir, "index.csv").is_file():
+        return []
+    index = read_table(Path(optimal_dir) / "index.csv")
+    planned = index.filter(pl.col("best_method").is_not_null()).height
+    rel = links.rel(optimal_dir)
+    return [
+        "## Exported plans\n",
+        f"{planned} settings have a plan in [{rel}/]({rel}/index.csv): "
+        "`training_arguments.json` (keyword arguments of `transformers.TrainingArguments`), `deepspeed.json` "
+        "for ZeRO methods, `launch.sh` (torchrun, or srun + torchrun on SLURM) and `plan.json` (the "
+        "measurement and the model it rests on).\n",
+    ]
+
+
+def _benchmark_cost(links: Links) -> list[str]:
     """What the benchmark itself cost: GPU-hours spent, and (adaptive search) the cells it pruned."""
+    path = links.tables.get("benchmark_cost_csv")
+    if not path or not Path(path).is_file():
+        return []
+    cost = read_table(path)
     spent = cost["gpu_hours_spent"].sum() or 0.0
     bound = cost["gpu_hours_max_exhaustive"].sum() or 0.0
     adaptive = cost.height and (cost["strategy"] == "adaptive").any()
-    lines = [
-        "## Benchmark cost\n",
-        f"The benchmark spent **{spent:.3g} GPU-hours** (wall time x GPUs of every measured cell); measuring every "
-        f"valid cell could take up to {bound:.3g} GPU-hours (the time limits' bound). "
-        + (
-            f"The adaptive search ran {int(cost['methods_run'].sum())} cells and pruned "
-            f"{int(cost['methods_pruned'].sum())} that could not be their setting's fastest (status `pruned` in "
-            "cells.csv, with the reason). "
-            if adaptive
-            else ""
+    said = f"The benchmark spent **{spent:.3g} GPU-hours**; measuring every valid cell could take up to {bound:.3g}."
+    if adaptive:
+        said += (
+            f" The adaptive search ran {int(cost['methods_run'].sum())} cells and pruned "
+            f"{int(cost['methods_pruned'].sum())} that could not be their setting's fastest."
         )
-        + f"Full table: {_link('benchmark_cost', tables, base)}.\n",
+    return ["## Benchmark cost\n", said + "\n", links.described("benchmark_cost")]
+
+
+def _files(links: Links) -> list[str]:
+    names = [n for n in ("cells", "time_to_train", "feasibility", "costs", "pareto", "problems", "benchmark_cost")
+             if f"{n}_csv" in links.tables]  # fmt: skip
+    return [
+        "## Files\n",
+        " ".join(paragraphs("cells")) + "\n",
+        "\n".join(f"- {links.table(n)}" for n in names)
+        + f"\n- [cells.parquet]({links.rel(links.tables['cells_parquet'])}): every column, nested settings included\n",
     ]
-    return lines
+
+
+# ------------------------------------------------------------------------------------------ the report rule
 
 
 def write_report(
@@ -79,120 +226,25 @@ def write_report(
     log_path: str,
     costs_config: dict | None = None,
 ) -> None:
-    """The `report` rule: results/report.md."""
+    """The `report` rule: results/report.md, section by section."""
     conf = pp_costs.settings(costs_config)
-    base = Path(out_md).parent
+    links = Links(tables, plots, Path(out_md).parent)
     cells = pl.read_parquet(tables["cells_parquet"])
     ttt = read_table(tables["time_to_train_csv"])
     pareto = read_table(tables["pareto_csv"])
-    problems = read_table(tables["problems_csv"])
-    by_status = dict(cells.group_by("status").len().sort("status").rows())
-    status_txt = ", ".join(f"{n} {s}" for s, n in by_status.items())
-    kind, years = conf["pareto_cost"], conf["amortisation_years"]
-    md: list[str] = [
-        "# Pre-training plan: results\n",
-        f"Generated {dt.datetime.now().isoformat(timespec='seconds')} by pretrain-planner from {cells.height} cells "
-        f"({status_txt}). Every number below is a measurement of this sweep unless it says *analytic*.\n",
-        "## Summary\n",
-        *_summary_lines(ttt, pareto),
-        "",
-        "## Time to train\n",
-        "One row per model x GPU type x count: the fastest method that ran (not `suspect`), its micro-batch and "
-        "gradient accumulation, the median optimizer step with its p10/p90 spread, throughput, MFU and peak memory. "
-        "**training_days** is the recipe's step count times the median step. `days_naive` / `days_fl` are the "
-        "days with `naive` and with free-lunch alone, and `speedup_vs_*` how much faster the best method is than "
-        "each (1 = it is that method). A blank cell means not measured or not known (e.g. no MFU without a GPU "
-        f"peak). Full table: {_link('time_to_train', tables, base)}.\n",
-        to_markdown(
-            ttt.select(
-                *GROUP,
-                "best_method",
-                "micro_batch_size",
-                "grad_accum_steps",
-                "step_time_s",
-                "mfu",
-                "training_days",
-                "days_naive",
-                "days_fl",
-                "speedup_vs_naive",
-                "speedup_vs_fl",
-            ),  # fmt: skip
-            max_rows=200,
-        ),
-        _img("days", plots, base),
-        "Each bar is one setting (model, GPU type, nodes x GPUs per node) with its fastest method, labelled with "
-        "its days (colour: GPU type); the axis is logarithmic when the days span more than a factor 100.\n",
-        "## Feasibility\n",
-        "Which settings fit in memory at all. `naive` and `fl` say what that method did there: `fits`, `oom` "
-        "(even micro-batch 1 did not fit), `unsupported`, `invalid` (the plan rules it out; reason in plan.csv), "
-        "`missing`/`corrupt` (no usable result yet) or `not swept`. `fits_any` is true if any method ran; "
-        "`verdict` is the best that can be said, and `fitting_methods` lists every method that ran. "
-        f"Full table: {_link('feasibility', tables, base)}.\n",
-        _img("feasibility", plots, base),
-        "Rows are model / GPU type, columns the GPU count (nodes x GPUs per node); the colour is the verdict "
-        "(dark green: even naive fits; light green: free-lunch needed; yellow: only checkpointing or sharding "
-        "fits; red: out of memory) and the text the fastest method.\n",
-        "## Costs and the Pareto front\n",
-        'What the best setting costs, with the "$100K or 100 Days" study\'s arithmetic: **hardware_usd** = base '
-        "machine for the GPU count (per node) + GPUs x GPU price; **amortised_usd** = hardware x days / "
-        f"({years:g} years x 365), the share of the machine's life the run uses; **cloud_usd** = $/GPU-hour x GPUs "
-        "x hours. Prices come from config/gpus.yaml; a blank cost has its reason in `cost_note` (fill in the "
-        f"price to get it). `pareto` marks the settings on their model's front. Full table: "
-        f"{_link('costs', tables, base)}.\n",
-        f"The Pareto table keeps, per model, only the settings that no other setting beats in both days and "
-        f"{kind} cost: every other setting is slower and no cheaper, or dearer and no faster. Pick from it by "
-        f"budget or deadline. Full table: {_link('pareto', tables, base)}.\n",
-        to_markdown(pareto, max_rows=200)
-        if pareto.height
-        else f"No setting has both a time to train and a known {kind} cost yet (see `cost_note` in costs.csv).\n",
-        _img("cost_days", plots, base),
-        "One panel per model: each point is a setting with its fastest method, days on a log axis, colour the "
-        "GPU type, size the GPU count; black-edged points joined by the black step line are the Pareto front.\n",
-        "## Measured vs analytic\n",
-        "The analytic estimate assumes every GPU runs at its dense peak: FLOPs per step (the one formula in "
-        "flops.py x the global batch) / (GPUs x peak) gives `analytic_step_time_s` and `analytic_days`; "
-        "`measured_over_analytic` is how many times slower the measurement is (1 / MFU). Values near 1 are "
-        "implausible (the `suspect` check), 2-4 is typical of good training runs. Blank where the GPU type "
-        "declares no peak.\n",
-        to_markdown(
-            ttt.select(*GROUP, "best_method", "training_days", "analytic_days", "measured_over_analytic"),
-            max_rows=200,
-        ),
+    md = [
+        *_header(cells, ttt, pareto),
+        *_time_to_train(ttt, links),
+        *_feasibility(links),
+        *_costs(pareto, conf["pareto_cost"], links),
+        *_measured_vs_analytic(ttt),
         "## MFU and step time by method\n",
-        _img("mfu", plots, base),
-        "MFU (model FLOPs utilisation) of every cell that ran, per method: the share of the GPUs' dense peak the "
-        "training FLOPs use. Higher is better; free-lunch should beat naive, memory saving costs some.\n",
-        _img("methods", plots, base),
-        "Median seconds per optimizer step of every cell that ran (whiskers: p10-p90), or, for large sweeps, "
-        "each method's step time relative to the fastest method of the same setting.\n",
-        "## Problems\n",
-        (
-            "Result files the aggregation could not use; their cells count as `corrupt` and are skipped "
-            f"everywhere else:\n\n{to_markdown(problems, max_rows=200)}"
-            if problems.height
-            else "None: every result file was usable.\n"
-        ),
-    ]
-    if optimal_dir and Path(optimal_dir, "index.csv").is_file():
-        index = read_table(Path(optimal_dir) / "index.csv")
-        planned = index.filter(pl.col("best_method").is_not_null()).height
-        md += [
-            "## Exported plans\n",
-            f"{planned} settings have a plan in [{_rel(optimal_dir, base)}/]({_rel(optimal_dir, base)}/index.csv): "
-            "`training_arguments.json` (keyword arguments of `transformers.TrainingArguments`), `deepspeed.json` "
-            "for ZeRO methods, `launch.sh` (torchrun, or srun + torchrun on SLURM) and `plan.json` (the "
-            "measurement and the model it rests on).\n",
-        ]
-    if "benchmark_cost_csv" in tables and Path(tables["benchmark_cost_csv"]).is_file():
-        md += _benchmark_cost_section(read_table(tables["benchmark_cost_csv"]), tables, base)
-    md += [
-        "## Files\n",
-        "\n".join(
-            f"- {_link(n, tables, base)}"
-            for n in ("cells", "time_to_train", "feasibility", "costs", "pareto", "problems", "benchmark_cost")
-            if f"{n}_csv" in tables
-        )  # fmt: skip
-        + f"\n- [cells.parquet]({_rel(tables['cells_parquet'], base)}): every column, nested settings included\n",
+        *links.plot("mfu"),
+        *links.plot("methods"),
+        *_problems(read_table(tables["problems_csv"])),
+        *_exported_plans(optimal_dir, links),
+        *_benchmark_cost(links),
+        *_files(links),
     ]
     atomic_write_text(out_md, "\n".join(md))
     atomic_write_text(log_path, f"report: {cells.height} cells, {ttt.height} settings, {pareto.height} on a front\n")

@@ -9,11 +9,15 @@ need; an `Observation` is what a measured cell tells the search. Imports no torc
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pretrain_planner.planning.flops import train_flops_per_sample
-from pretrain_planner.planning.memory import SHARDING_ENGINE, SHARDING_LEVEL, MemoryFacts
+from pretrain_planner import layout
+from pretrain_planner.planning.flops import tokens_per_sample, train_flops_per_sample
+from pretrain_planner.planning.grid import largest_micro_batch
+from pretrain_planner.planning.memory import MemoryFacts
+from pretrain_planner.planning.methods import SHARDING_ENGINE, SHARDING_LEVEL, parse
+from pretrain_planner.results import gpu_hours
 from pretrain_planner.schema import default
 
 MEMORY_SAVING_LEVERS = ("fa2", "liger", "flce")  # throughput levers that also hold less (rule 4's tie-break)
@@ -33,7 +37,7 @@ class Shape:
 
     @property
     def level(self) -> int:
-        return SHARDING_LEVEL.get(self.sharding or "", 0)
+        return SHARDING_LEVEL.get(self.sharding or "", 0)  # methods.py's table
 
     @property
     def is_probe(self) -> bool:
@@ -41,11 +45,10 @@ class Shape:
 
 
 def shape(slug: str) -> Shape:
-    """Split a slug; parts that save no memory (any part but ac, a sharding, off) are throughput levers."""
-    base, *parts = slug.split("+")
-    levers = [p for p in parts if p != "ac" and p != "off" and p not in SHARDING_LEVEL]
-    sharding = next((p for p in parts if p in SHARDING_LEVEL), None)
-    return Shape(slug, "+".join([base, *sorted(levers)]), "ac" in parts, sharding, "off" in parts)
+    """A slug's place in the lattice (methods.parse's grammar): its family (the base and the parts that save no
+    memory) and its memory savers."""
+    m = parse(slug)
+    return Shape(slug, m.family, m.checkpointing, m.sharding, m.offload)
 
 
 def covers(a: Shape, b: Shape) -> bool:
@@ -82,7 +85,7 @@ class Observation:
             row.get("step_time_s"),
             row.get("peak_mem_gib"),
             row.get("peak_mem_kind"),
-            (wall or 0.0) * (row.get("world_size") or world) / 3600,
+            gpu_hours(wall or 0.0, row.get("world_size") or world),
             bool(row.get("suspect")) or noisy,
         )
 
@@ -110,13 +113,7 @@ class Setting:
 
     @property
     def folder(self) -> str:
-        return f"{self.model}/{self.gpu}/{self.nodes}x{self.gpus_per_node}"
-
-
-def top_micro_batch(per_rank_batch: int, cap: int | None) -> int:
-    """The trainer's first micro-batch: the largest power of two up to the per-rank batch and the cap."""
-    top = per_rank_batch if cap is None else min(per_rank_batch, cap)
-    return 1 << (max(1, top).bit_length() - 1)
+        return layout.setting_folder(self.model, self.gpu, self.nodes, self.gpus_per_node)
 
 
 def lattice_rank(slug: str) -> tuple[int, int, int, str]:
@@ -131,12 +128,16 @@ def best_measured(observed: Mapping[str, Observation]) -> tuple[float, str] | No
 
 
 def variant(slug: str, base: str | None = None, **change: Any) -> str:
-    """The slug of `slug` with its family's probe (`base`), ac, sharding or off changed (canonical order:
-    the family's parts, ac, sharding, off)."""
-    s = shape(slug)
-    family = base or "+".join(p for p in slug.split("+") if p not in ("ac", "off") and p not in SHARDING_LEVEL)
-    ac, sharding, off = change.get("ac", s.ac), change.get("sharding", s.sharding), change.get("offload", s.offload)
-    return "+".join([family, *(["ac"] if ac else []), *([sharding] if sharding else []), *(["off"] if off else [])])
+    """The slug of `slug` with its family replaced by the probe `base` (a family's slug, e.g. fl+liger), or its
+    checkpointing, sharding or offload changed; canonical, by methods.py's grammar."""
+    m = parse(slug)
+    if base is not None:
+        b = parse(base)
+        m = replace(m, base=b.base, kernels=b.kernels, fused_ce=b.fused_ce, compile_mode=b.compile_mode)
+    return replace(
+        m, checkpointing=change.get("ac", m.checkpointing), sharding=change.get("sharding", m.sharding),
+        offload=change.get("offload", m.offload),
+    ).slug  # fmt: skip
 
 
 def compute_floor_s(model: Any, gpu: Any, per_rank_batch: int, mfu_ceiling: float) -> float:
@@ -149,21 +150,21 @@ def compute_floor_s(model: Any, gpu: Any, per_rank_batch: int, mfu_ceiling: floa
     return per_rank_batch * flops / (peak * 1e12 * mfu_ceiling)
 
 
-def tokens_per_sample(model: Any) -> int:
-    """Tokens one sample puts through the model: the sequence, a ViT's patches, else 16x16 image patches."""
-    r, a = model.recipe, model.arch
-    if r.sequence_length:
-        return int(r.sequence_length)
-    patch = a.get("patch_size", 16)
-    return max(1, (r.image_size // patch) ** 2 + (1 if "patch_size" in a else 0))
+def saturating_samples(model: Any, saturated_tokens: int) -> int:
+    """Samples a micro-batch needs to hold `saturated_tokens` tokens: the sequence or a ViT's patches; for a
+    family without tokens (ConvNeXt) 16x16 patches of its image stand in."""
+    tokens = tokens_per_sample(model.to_dict())
+    if tokens is None:
+        tokens = max(1, (model.recipe.image_size // 16) ** 2)
+    return max(1, saturated_tokens // tokens)
 
 
 def settings(
     planned: Iterable[Any],
     catalog: Any,
     max_micro_batch: int | None,
-    saturated_tokens: int = 16384,
-    mfu_ceiling: float = 0.85,
+    saturated_tokens: int = default("config", "search.saturated_tokens"),
+    mfu_ceiling: float = default("config", "benchmark.suspect_mfu"),
     tolerance: float = DEFAULT_TOLERANCE,
     model_error: float = DEFAULT_MODEL_ERROR,
 ) -> list[Setting]:
@@ -183,9 +184,9 @@ def settings(
         per_rank = spec.recipe.global_batch // (nodes * gpn)
         out.append(
             Setting(
-                model, gpu, nodes, gpn, tuple(methods), per_rank, top_micro_batch(per_rank, max_micro_batch),
+                model, gpu, nodes, gpn, tuple(methods), per_rank, largest_micro_batch(per_rank, max_micro_batch),
                 MemoryFacts.of(spec, catalog.gpus[gpu].memory_gib),
-                max(1, saturated_tokens // tokens_per_sample(spec)),
+                saturating_samples(spec, saturated_tokens),
                 compute_floor_s(spec, catalog.gpus[gpu], per_rank, mfu_ceiling), tolerance, model_error,
             )
         )  # fmt: skip

@@ -10,13 +10,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from pretrain_planner import layout
 from pretrain_planner.results import atomic_write_text, parse_result
 from pretrain_planner.search.lattice import Observation, Setting
 from pretrain_planner.search.rules import decide
 
 
 def cell_result(results: str, setting: Setting, method: str) -> str:
-    return f"{results}/cells/{setting.folder}/{method}/result.json"
+    return layout.cell_file(results, setting.folder, method)
 
 
 def read_round(path: str | Path) -> dict[str, Any]:
@@ -26,7 +27,7 @@ def read_round(path: str | Path) -> dict[str, Any]:
 def round_results(results: str, path: str | Path) -> list[str]:
     """result.json of every cell a round has scheduled so far (what the next round reads)."""
     data = read_round(path)
-    return [f"{results}/cells/{data['folder']}/{m}/result.json" for m in data["ran"]]
+    return [layout.cell_file(results, data["folder"], m) for m in data["ran"]]
 
 
 def write_round(
@@ -80,10 +81,10 @@ def read_searches(paths: Iterable[str | Path]) -> tuple[list[str], dict[tuple[st
     for path in paths:
         path = Path(path)
         data = read_round(path)
-        root = path.parents[4]  # {results}/search/{model}/{gpu}/{N}x{G}/search.json
+        root = path.parents[4]  # {results}/search/{model}/{gpu}/{N}x{G}/search.json (layout.py)
         s = data["setting"]
         key = (s["model"], s["gpu"], s["nodes"], s["gpus_per_node"])
-        results += [str(root / "cells" / data["folder"] / m / "result.json") for m in data["ran"]]
+        results += [layout.cell_file(root, data["folder"], m) for m in data["ran"]]
         for m, why in data["pruned"].items():
             pruned[(*key, m)] = why
     return results, pruned
@@ -92,7 +93,7 @@ def read_searches(paths: Iterable[str | Path]) -> tuple[list[str], dict[tuple[st
 def latest_rounds(results_dir: str | Path) -> dict[str, dict[str, Any]]:
     """The newest round file of each setting under results/search (for the status view), by folder."""
     out: dict[str, tuple[int, dict[str, Any]]] = {}
-    for path in Path(results_dir, "search").glob("*/*/*/round*.json"):
+    for path in Path(results_dir, layout.SEARCH).glob("*/*/*/round*.json"):
         try:
             k = int(path.stem.removeprefix("round"))
             data = read_round(path)

@@ -56,7 +56,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pretrain_planner.planning.memory import SHARDING_ENGINE, SHARDING_LEVEL
+from pretrain_planner.planning.methods import SHARDING_ENGINE, SHARDING_LEVEL
 from pretrain_planner.search.calibration import anchor_note, bound, measured_activation, optimistic_mb, predicted_mbs
 from pretrain_planner.search.lattice import (
     MEMORY_SAVING_LEVERS,
@@ -158,7 +158,7 @@ def decide(setting: Setting, observed: Mapping[str, Observation]) -> Decision:
         for slug in sorted(open_, key=lattice_rank):
             if slug in pruned:
                 continue
-            verdict, why = _domain_rules(setting, slug, observed, open_, pruned, nofit, predicted, hopeful)
+            verdict, why = _domain_rules(Knowledge(setting, observed, pruned, nofit, predicted, hopeful), slug)
             if verdict == "prune":
                 pruned[slug] = f"{slug}: {why}"
             elif verdict == "defer":
@@ -209,52 +209,53 @@ def _memory_thrift(family: str) -> tuple[int, int]:
     return (int(base == "fl"), sum(p in MEMORY_SAVING_LEVERS for p in levers) - sum(p == "cg" for p in levers))
 
 
-def _domain_rules(
-    setting: Setting,
-    slug: str,
-    observed: Mapping[str, Observation],
-    open_: Mapping[str, int],
-    pruned: Mapping[str, str],
-    nofit: set[str],
-    predicted: Mapping[str, int],
-    hopeful: Mapping[str, int],
-) -> tuple[str, str]:
-    """The study's findings (rules 1-4 of the module docstring): ("prune", why), ("defer", why) or ("run", "")."""
-    s = shape(slug)
-    if s.is_probe:
-        return "run", ""
+@dataclass(frozen=True)
+class Knowledge:
+    """What one round knows of the setting's methods, for the study's findings (rules 1-4)."""
 
-    def state(m: str) -> tuple[str, int]:
+    setting: Setting
+    observed: Mapping[str, Observation]
+    pruned: Mapping[str, str]
+    nofit: set[str]
+    predicted: Mapping[str, int]
+    hopeful: Mapping[str, int]
+
+    def state(self, m: str) -> tuple[str, int]:
         """fits (measured micro-batch) | nofit | pruned (predicted) | open (predicted) | absent."""
-        if m not in setting.methods:
+        if m not in self.setting.methods:
             return "absent", 0
-        ob = observed.get(m)
+        ob = self.observed.get(m)
         if ob is not None:
             if ob.suspect:
                 return "absent", 0  # an implausible measurement proves nothing
             if ob.status == "ok" and ob.micro_batch:
                 return "fits", ob.micro_batch
             return ("nofit", 0) if ob.status in ("oom", "unsupported") else ("absent", 0)
-        if m in nofit:
+        if m in self.nofit:
             return "nofit", 0
-        return ("pruned" if m in pruned else "open"), predicted.get(m, 0)
+        return ("pruned" if m in self.pruned else "open"), self.predicted.get(m, 0)
 
-    # 4. the free lunch: the memory-saving variants of the family whose probe was slower are the same methods
-    # as the faster family's, with slower kernels
-    won = _family_winner(setting, observed)
+
+def _free_lunch(k: Knowledge, slug: str) -> tuple[str, str] | None:
+    """Rule 4: the memory-saving variants of the family whose probe was slower are the same methods as the
+    faster family's, with slower kernels."""
+    won = _family_winner(k.setting, k.observed)
     own = variant(slug, ac=False, sharding=None, offload=False)
-    if won and own in setting.methods and own not in won[0]:
+    if won and own in k.setting.methods and own not in won[0]:
         winner = won[0][0]
         twin = variant(slug, base=winner)
-        if twin in setting.methods:
+        if twin in k.setting.methods:
             what = "the free-lunch kernels" if own == "naive" else f"{winner}'s kernels"
             return (
                 "prune",
                 f"{winner} was faster than {own} (or both did not fit): {twin} is the same method with {what}",
             )
-    mb_self = hopeful.get(slug, predicted.get(slug, 0))  # the time model's micro-batch: a larger one may pay
-    # 1. offloading is slower than not offloading whenever both fit (at the micro-batch that matters), and
-    # 2. activation checkpointing only pays when it lets a larger micro-batch or the model fit at all
+    return None
+
+
+def _saver_pays(k: Knowledge, slug: str, s: Shape, mb_self: int) -> tuple[str, str] | None:
+    """Rules 1 and 2: offloading is slower than not offloading whenever both fit (at the micro-batch that
+    matters), and activation checkpointing only pays when it lets a larger micro-batch or the model fit."""
     for saver, finding in (
         ("offload", "offloading is slower than not offloading whenever both fit"),
         ("ac", "activation checkpointing only pays when it lets a larger micro-batch or the model fit at all"),
@@ -262,46 +263,63 @@ def _domain_rules(
         if not getattr(s, saver):
             continue
         x = variant(slug, **{saver: False})
-        st, mb = state(x)
+        st, mb = k.state(x)
         # a sharded step communicates every micro-batch: there a larger one pays even beyond saturation
-        sat = setting.top if s.sharding and setting.world > 1 else setting.saturated
-        enough = min(mb_self, sat, setting.top)
-        busy = f" and {sat} samples keep the GPU busy" if mb >= sat and sat < setting.top else ""
+        sat = k.setting.top if s.sharding and k.setting.world > 1 else k.setting.saturated
+        enough = min(mb_self, sat, k.setting.top)
+        busy = f" and {sat} samples keep the GPU busy" if mb >= sat and sat < k.setting.top else ""
         if st == "fits" and mb >= enough:
             return "prune", f"{finding}: {x} fits micro-batch {mb}, {slug} is expected to reach {mb_self}{busy}"
         if st == "pruned" and mb >= 1 and mb >= enough:
             return "prune", (
                 f"{finding}: {x} is expected to fit micro-batch {mb}, {slug} {mb_self}{busy}, and {x} was pruned "
-                f"({pruned[x].split(': ', 1)[1]})"
+                f"({k.pruned[x].split(': ', 1)[1]})"
             )
         if st == "open" and mb >= 1 and mb >= enough:
             return "defer", f"{x} first"
-    # 3. full sharding only when memory forces it: a less-sharded method of the same engine (or, for full
-    # sharding, of either engine) that fits the micro-batch this one is expected to reach makes it pointless
-    if s.sharding:
-        lower = [None] + [
-            sh for sh in SHARDING_LEVEL
-            if SHARDING_LEVEL[sh] < s.level and (SHARDING_ENGINE[sh] == SHARDING_ENGINE[s.sharding] or s.level == 3)
-        ]  # fmt: skip
-        waits = []
-        for sh in lower:
-            x = variant(slug, sharding=sh)
-            st, mb = state(x)
-            if st == "fits" and mb >= mb_self:
-                return "prune", (
-                    f"full sharding only when memory forces it: {x} shards less and fits micro-batch {mb}, no less "
-                    f"than the {mb_self} {slug} is expected to reach"
-                )
-            if st == "pruned" and mb >= 1 and mb >= mb_self:
-                return "prune", (
-                    f"full sharding only when memory forces it: {x} shards less, is expected to fit micro-batch {mb} "
-                    f"(no less than {slug}'s {mb_self}) and was pruned"
-                )
-            if st == "open" and mb >= 1 and mb >= mb_self:
-                waits.append(x)
-        if waits:
-            return "defer", f"{', '.join(waits)} first"
-    return "run", ""
+    return None
+
+
+def _memory_forces_sharding(k: Knowledge, slug: str, s: Shape, mb_self: int) -> tuple[str, str] | None:
+    """Rule 3: a less-sharded method of the same engine (or, for full sharding, of either engine) that fits
+    the micro-batch this one is expected to reach makes it pointless."""
+    if not s.sharding:
+        return None
+    lower = [None] + [
+        sh for sh in SHARDING_LEVEL
+        if SHARDING_LEVEL[sh] < s.level and (SHARDING_ENGINE[sh] == SHARDING_ENGINE[s.sharding] or s.level == 3)
+    ]  # fmt: skip
+    waits = []
+    for sh in lower:
+        x = variant(slug, sharding=sh)
+        st, mb = k.state(x)
+        if st == "fits" and mb >= mb_self:
+            return "prune", (
+                f"full sharding only when memory forces it: {x} shards less and fits micro-batch {mb}, no less "
+                f"than the {mb_self} {slug} is expected to reach"
+            )
+        if st == "pruned" and mb >= 1 and mb >= mb_self:
+            return "prune", (
+                f"full sharding only when memory forces it: {x} shards less, is expected to fit micro-batch {mb} "
+                f"(no less than {slug}'s {mb_self}) and was pruned"
+            )
+        if st == "open" and mb >= 1 and mb >= mb_self:
+            waits.append(x)
+    return ("defer", f"{', '.join(waits)} first") if waits else None
+
+
+def _domain_rules(k: Knowledge, slug: str) -> tuple[str, str]:
+    """The study's findings (rules 1-4 of the module docstring): ("prune", why), ("defer", why) or ("run", "")."""
+    s = shape(slug)
+    if s.is_probe:
+        return "run", ""
+    mb_self = k.hopeful.get(slug, k.predicted.get(slug, 0))  # the time model's micro-batch: a larger one may pay
+    return (
+        _free_lunch(k, slug)
+        or _saver_pays(k, slug, s, mb_self)
+        or _memory_forces_sharding(k, slug, s, mb_self)
+        or ("run", "")
+    )
 
 
 def time_model(setting: Setting, observed: Mapping[str, Observation]) -> Hypotheses:

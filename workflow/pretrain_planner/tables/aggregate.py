@@ -27,6 +27,7 @@ from pretrain_planner.results import (
     STATUSES,
     atomic_write_text,
     coords_of,
+    gpu_hours,
     parse_result,
 )
 from pretrain_planner.tables import costs as pp_costs
@@ -407,7 +408,7 @@ def benchmark_cost(cells: pl.DataFrame, ttt: pl.DataFrame, strategy: str) -> pl.
             pl.len().cast(pl.Int64).alias("methods_valid"),
             measured.sum().cast(pl.Int64).alias("methods_run"),
             (pl.col("status") == "pruned").sum().cast(pl.Int64).alias("methods_pruned"),
-            (wall * pl.col("world_size") / 3600).sum().alias("gpu_hours_spent"),
+            gpu_hours(wall, pl.col("world_size")).sum().alias("gpu_hours_spent"),
             bound.filter(measured).sum().alias("gpu_hours_max_run"),
             bound.sum().alias("gpu_hours_max_exhaustive"),
         )

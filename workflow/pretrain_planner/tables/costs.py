@@ -15,15 +15,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pretrain_planner.planning.catalog import GpuSpec
+from pretrain_planner.schema import default, section
 
-DEFAULT_YEARS = 5.0
 COST_KINDS = ("hardware", "amortised", "cloud")
-DEFAULTS: dict[str, Any] = {"amortisation_years": DEFAULT_YEARS, "pareto_cost": "hardware"}
+DEFAULT_YEARS = default("config", "costs.amortisation_years")  # the schema's: 5, as in the "$100K" study
 
 
 def settings(costs_config: dict[str, Any] | None) -> dict[str, Any]:
-    """The `costs:` section of config.yaml with defaults filled in (the schema fills them too)."""
-    out = {**DEFAULTS, **(costs_config or {})}
+    """The `costs:` section of config.yaml with the schema's defaults under what is given."""
+    out = section("config", "costs", costs_config)
     if out["pareto_cost"] not in COST_KINDS:
         raise ValueError(f"costs.pareto_cost: {out['pareto_cost']!r} is not one of {', '.join(COST_KINDS)}")
     if not out["amortisation_years"] or out["amortisation_years"] <= 0:

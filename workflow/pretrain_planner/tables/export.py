@@ -26,18 +26,18 @@ from typing import Any
 
 import polars as pl
 
+from pretrain_planner import layout
 from pretrain_planner.planning import methods
 from pretrain_planner.planning.catalog import Catalog, GpuSpec, ModelSpec
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.tables.aggregate import GROUP, read_table
 
-ZERO_STAGES = {"zero1": 1, "zero2": 2, "zero3": 3}
 INDEX_COLUMNS = ["model", "gpu", "nodes", "gpus_per_node", "world_size", "best_method", "training_days", "folder",
                  "files", "note"]  # fmt: skip
 
 
 def plan_folder(model: str, gpu: str, nodes: int, gpus_per_node: int) -> str:
-    return f"{model}/{gpu}/{nodes}x{gpus_per_node}"
+    return layout.setting_folder(model, gpu, nodes, gpus_per_node)
 
 
 def _is_cpu(gpu: GpuSpec) -> bool:
@@ -91,7 +91,7 @@ def deepspeed_config(
     method: methods.Method, model: ModelSpec, micro_batch: int, accum: int, world_size: int
 ) -> dict[str, Any] | None:
     """DeepSpeed ZeRO config for a zero1/2/3 method (None otherwise); values match the TrainingArguments."""
-    stage = ZERO_STAGES.get(method.sharding or "")
+    stage = methods.ZERO_STAGE.get(method.sharding or "")
     if stage is None:
         return None
     r, opt = model.recipe, model.recipe.optimizer
@@ -140,7 +140,7 @@ def training_arguments(
     notes: list[str] = []
     if mb * accum * world != r.global_batch:
         notes.append(f"micro-batch {mb} x {accum} x {world} GPUs != the recipe's global batch {r.global_batch}")
-    if opt.name == "adam" and opt.weight_decay and ZERO_STAGES.get(method.sharding or "") is None:
+    if opt.name == "adam" and opt.weight_decay and methods.ZERO_STAGE.get(method.sharding or "") is None:
         notes.append(
             "the recipe's Adam adds weight decay to the gradient (L2); the Trainer's optimizer "
             f"({'adamw_torch_fused' if fl and not cpu else 'adamw_torch'}) decouples it (AdamW)"
@@ -241,7 +241,7 @@ fi
 def _plan_record(model: ModelSpec, gpu: GpuSpec, row: dict[str, Any], notes: list[str]) -> dict[str, Any]:
     method = methods.parse(row["best_method"])
     attn = None
-    if model.family not in ("mamba", "convnext"):
+    if model.kind.attention:
         attn = "sdpa" if method.free_lunch else "eager"
     return {
         "model": model.to_dict(),

@@ -1,34 +1,61 @@
 """A benchmark cell's job: `run_cell` (driver side, the `benchmark_cell` rule) hands `CellJob` to the launcher
 and makes sure the cell's result landed; `CellJob` runs on every rank and measures (trainer.run). Imports no
-torch until a rank runs."""
+torch until a rank runs.
+
+The driver keeps the cell's state record (launch.state: submitted, running, done, failed, with job ids and
+times), copies rank 0's progress lines into cell.log while the job runs, and prints one line per finished
+cell on the console."""
 
 from __future__ import annotations
 
 import json
+import os
+import socket
+import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
-from pretrain_planner.launch import driver
+from pretrain_planner import layout
+from pretrain_planner.launch import driver, progress
 from pretrain_planner.launch.executor import run_job
 from pretrain_planner.launch.hostpool import HostPool, cgroup_oom_kills
 from pretrain_planner.launch.local import folder_lock
-from pretrain_planner.launch.rankjob import LOCAL_RECORD, SLURM_RECORD, RankJob
+from pretrain_planner.launch.rankjob import LOCAL_RECORD, SLURM_RECORD, RankJob, global_rank, job_id_here
 from pretrain_planner.launch.request import JobFailed, JobRequest, RuleLog, holds_gpus, read_json, threads_per_rank
-from pretrain_planner.results import atomic_write_text, write_result, write_steps
+from pretrain_planner.launch.state import StateRecord
+from pretrain_planner.results import atomic_write_text, throughput_text, write_result, write_steps
+
+FOLLOW_S = 0.5  # how often the driver looks for the job's id and rank 0's new progress lines
 
 
 class CellJob(RankJob):
     """Measure one cell. On preemption or time-out submitit calls `checkpoint`, which requeues this same
     callable: a benchmark restarts cleanly from its first step."""
 
-    def __init__(self, spec: dict[str, Any]) -> None:
+    def __init__(self, spec: dict[str, Any], progress_file: str | None = None) -> None:
         super().__init__()
         self.spec = spec
+        self.progress_file = progress_file  # rank 0 appends its progress here (the driver copies it to cell.log)
 
     def run(self) -> dict[str, Any]:
         from pretrain_planner.trainer.run import run_rank  # torch is imported here, on the compute side only
 
-        return run_rank({**self.spec, "launch_context": getattr(self, "context", None) or {}})
+        mine = getattr(self, "progress_file", None) if global_rank() == 0 else None
+        context = {**(getattr(self, "context", None) or {}), "progress_file": mine}
+        if mine:
+            progress.report_to(mine)
+            job = job_id_here() or "in-process"
+            progress.mark(0, f"rank 0 started on {socket.gethostname()} (pid {os.getpid()}, job {job})", always=True)
+        try:
+            out = run_rank({**self.spec, "launch_context": context})
+            if mine and isinstance(out, dict) and out.get("result"):
+                progress.mark(0, f"rank 0 finished: status {out['result'].get('status')}", always=True)
+            return out
+        finally:
+            if mine:
+                progress.report_to(None)
 
 
 def _materialise(payload: dict[str, Any], spec: dict[str, Any]) -> None:
@@ -89,8 +116,118 @@ def _record_ranks(result_path: Path, values: list[Any], job_id: str) -> None:
     atomic_write_text(result_path, json.dumps(data, indent=1) + "\n")
 
 
+class _Follow(threading.Thread):
+    """While the job runs, from the driver: its id once the launcher has one (driver.active), and rank 0's new
+    progress lines copied into the cell's log (the first one marks the cell running)."""
+
+    def __init__(self, name: str, record: StateRecord, progress_file: Path, log: RuleLog) -> None:
+        super().__init__(name=f"pp-follow-{name}", daemon=True)
+        self.key, self.record, self.path, self.log = name, record, progress_file, log
+        self.offset = 0
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.wait(FOLLOW_S):
+            self.poll()
+
+    def poll(self) -> None:
+        job_id = (driver.active().get(self.key) or {}).get("job_id")
+        if job_id is not None and str(job_id) != self.record.data["job_id"]:
+            # a job re-attached to that was running when the last driver left is running still
+            self.record.update("running" if self.record.was_running(job_id) else None, job_id=job_id)
+        lines, self.offset = progress.read_lines(self.path, self.offset)
+        for entry in lines:
+            self.log(f"progress: {progress.describe(entry)}")
+        if lines and self.record.state == "submitted":
+            self.record.update("running")
+
+    def finish(self) -> None:
+        self.halt.set()
+        if self.is_alive():
+            self.join()
+        self.poll()
+
+
+def error_text(exc: BaseException) -> str:
+    """What went wrong, on one line, for the state record and the console."""
+    if isinstance(exc, JobFailed):
+        text = f"job {exc.job_id} did not complete"
+        state = getattr(exc.state, "state", None)
+        if state:
+            text += f" (SLURM state {state})"
+        cause = exc.__cause__
+        text += f": {type(cause).__name__}: {cause}" if cause is not None else f": {exc}"
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    return " ".join(text.split())[:600]
+
+
+def cell_line(cell: dict[str, Any], result: dict[str, Any] | None, error: str | None, seconds: float,
+              attempt: int = 1) -> str:  # fmt: skip
+    """The console's one line for a finished cell: status, micro-batch, step time, throughput, or why not."""
+    name = f"{layout.setting_folder(cell['model'], cell['gpu'], cell['nodes'], cell['gpus_per_node'])}/{cell['method']}"
+    took = f"{seconds:.0f} s" + (f", attempt {attempt}" if attempt > 1 else "")
+    if result is None:
+        return f"cell {name}: failed ({took}): {(error or 'no result')[:300]}"
+    status, parts = result.get("status"), []
+    if status in ("ok", "noisy"):
+        mb, accum = result.get("micro_batch_size"), result.get("grad_accum_steps")
+        parts.append(f"micro-batch {mb}" + (f" x {accum}" if accum and accum > 1 else ""))
+        if result.get("step_time_s") is not None:
+            parts.append(f"step {result['step_time_s']:.4g} s")
+        if throughput_text(result):
+            parts.append(throughput_text(result))
+    if status != "ok" and result.get("reason"):
+        parts.append(" ".join(str(result["reason"]).split())[:200])
+    if result.get("suspect"):
+        parts.append(f"suspect: {result.get('suspect_reason')}"[:200])
+    return f"cell {name}: {status}" + (f", {', '.join(parts)}" if parts else "") + f" ({took})"
+
+
+def _launch(spec: dict[str, Any], log: RuleLog, log_path: str, on_gpus: bool, progress_file: Path,
+            ) -> tuple[dict[str, Any], str | None]:  # fmt: skip
+    """Run the cell's job with its launcher: (rank 0's payload, the job's id; None in-process)."""
+    kind, world = spec["launcher"]["kind"], spec["cell"]["nodes"] * spec["cell"]["gpus_per_node"]
+    result_path = Path(spec["outputs"]["result"])
+    cell_dir = result_path.parent
+    if kind == "debug":
+        with folder_lock(cell_dir, spec["name"]), HostPool.from_config(None).hold(world, False, 1, log, driver.STOP):
+            payload = CellJob(spec, str(progress_file))()
+        log(f"finished in-process: status={payload['result'].get('status')}")
+        return payload, None
+    req = JobRequest(
+        fn=CellJob(spec, str(progress_file)),
+        name=spec["name"],
+        kind=kind,
+        folder=cell_dir / "submitit",
+        nodes=spec["cell"]["nodes"],
+        gpus_per_node=spec["cell"]["gpus_per_node"],
+        timeout_min=spec["launcher"]["timeout_min"],
+        use_gpus=on_gpus,
+        slurm=spec.get("slurm"),
+        record=cell_dir / (SLURM_RECORD if kind == "slurm" else LOCAL_RECORD),
+        identity={k: v for k, v in spec.items() if k not in ("launcher", "threads_per_rank")},
+        extra_record={"cell": spec["cell"]},
+        launcher=spec["launcher"],
+    )
+    kills_before = cgroup_oom_kills() if kind == "local" else None
+    try:
+        outcome = run_job(req, log, f"cell {spec['cell']}", log_path)
+    except JobFailed as exc:
+        payload = _host_memory_oom(exc, spec, kills_before, log)
+        if payload is None:
+            raise
+        return payload, exc.job_id
+    payload = outcome.first or {}
+    log(f"job {outcome.job_id} done: status={(payload.get('result') or {}).get('status')}")
+    _materialise(payload, spec)
+    _record_ranks(result_path, outcome.values, outcome.job_id)
+    return payload, outcome.job_id
+
+
 def run_cell(spec: dict[str, Any], log_path: str, threads: int = 1) -> dict[str, Any]:
-    """Run one cell to completion with the configured launcher; raise if it crashed (Snakemake retries)."""
+    """Run one cell to completion with the configured launcher; raise if it crashed (Snakemake retries).
+    Its state record says where it stands at every point; one line on the console says how it ended."""
     kind = spec["launcher"]["kind"]
     world = spec["cell"]["nodes"] * spec["cell"]["gpus_per_node"]
     gpu, device = spec["cell"]["gpu"], spec["benchmark"].get("device")
@@ -105,39 +242,35 @@ def run_cell(spec: dict[str, Any], log_path: str, threads: int = 1) -> dict[str,
     result_path = Path(spec["outputs"]["result"])
     cell_dir = result_path.parent
     log = RuleLog(log_path)
-    log(f"cell {json.dumps(spec['cell'])} launcher={kind} ranks={world} threads/rank={per_rank}")
-    if kind == "debug":
-        with folder_lock(cell_dir, spec["name"]), HostPool.from_config(None).hold(world, False, 1, log, driver.STOP):
-            payload = CellJob(spec)()
-        log(f"finished in-process: status={payload['result'].get('status')}")
-    else:
-        req = JobRequest(
-            fn=CellJob(spec),
-            name=spec["name"],
-            kind=kind,
-            folder=cell_dir / "submitit",
-            nodes=spec["cell"]["nodes"],
-            gpus_per_node=spec["cell"]["gpus_per_node"],
-            timeout_min=spec["launcher"]["timeout_min"],
-            use_gpus=on_gpus,
-            slurm=spec.get("slurm"),
-            record=cell_dir / (SLURM_RECORD if kind == "slurm" else LOCAL_RECORD),
-            identity={k: v for k, v in spec.items() if k not in ("launcher", "threads_per_rank")},
-            extra_record={"cell": spec["cell"]},
-            launcher=spec["launcher"],
-        )
-        kills_before = cgroup_oom_kills() if kind == "local" else None
-        try:
-            outcome = run_job(req, log, f"cell {spec['cell']}", log_path)
-        except JobFailed as exc:
-            payload = _host_memory_oom(exc, spec, kills_before, log)
-            if payload is None:
-                raise
-            return payload
-        payload = outcome.first or {}
-        log(f"job {outcome.job_id} done: status={(payload.get('result') or {}).get('status')}")
-        _materialise(payload, spec)
-        _record_ranks(result_path, outcome.values, outcome.job_id)
-    if not result_path.is_file():
-        raise RuntimeError(f"cell {spec['cell']} finished but wrote no {result_path}; see {log_path}")
+    record = StateRecord(cell_dir, kind, Path(log_path).name)
+    earlier = record.previous_note()
+    if earlier:
+        log(f"state record: {earlier}")
+    log(f"cell {json.dumps(spec['cell'])} launcher={kind} ranks={world} threads/rank={per_rank} "
+        f"attempt={record.data['attempt']}")  # fmt: skip
+    progress_file = cell_dir / progress.PROGRESS_FILE
+    progress_file.unlink(missing_ok=True)  # a re-attached job's rank 0 starts it again with its next line
+    record.update("submitted")
+    follow = _Follow(spec["name"], record, progress_file, log)
+    follow.start()
+    t0 = time.time()
+    try:
+        payload, job_id = _launch(spec, log, log_path, on_gpus, progress_file)
+        if not result_path.is_file():
+            raise RuntimeError(f"cell {spec['cell']} finished but wrote no {result_path}; see {log_path}")
+    except Exception as exc:
+        follow.finish()
+        if isinstance(exc, JobFailed):
+            record.update(job_id=exc.job_id)
+        if isinstance(exc, driver.DriverStopped) and kind == "slurm":
+            record.update(note=f"the driver stopped at {time.strftime('%Y-%m-%dT%H:%M:%S')}: {exc}")
+        else:  # a local job was ended with its driver: nothing runs any more
+            record.update("failed", error=error_text(exc))
+        print(cell_line(spec["cell"], None, error_text(exc), time.time() - t0, record.data["attempt"]),
+              file=sys.stderr, flush=True)  # fmt: skip
+        raise
+    follow.finish()
+    result = payload.get("result") or {}
+    record.update("done", job_id=job_id, result_status=result.get("status"))
+    print(cell_line(spec["cell"], result, None, time.time() - t0, record.data["attempt"]), file=sys.stderr, flush=True)
     return payload

@@ -7,17 +7,20 @@ from typing import Any
 
 from pretrain_planner.planning.grid import Cell as CellConfig  # the planner's cell is the run's cell: one definition
 from pretrain_planner.planning.methods import Method, parse_canonical
+from pretrain_planner.schema import section
 
 
 @dataclass(frozen=True)
 class BenchConfig:
-    warmup_steps: int = 2
-    timed_steps: int = 5
-    max_micro_batch: int | None = None
-    seed: int = 0
-    suspect_mfu: float = 0.85
-    max_spread: float = 1.5  # p90/p10 above which the timing is repeated once, then kept as `noisy`
-    device: str = "auto"  # auto: CUDA for GPU types, CPU for `cpu`; cpu: force CPU (plumbing tests)
+    """The config's `benchmark` section (workflow/schemas/config.schema.yaml holds every default)."""
+
+    warmup_steps: int
+    timed_steps: int
+    max_micro_batch: int | None
+    seed: int
+    suspect_mfu: float
+    max_spread: float  # p90/p10 above which the timing is repeated once, then kept as `noisy`
+    device: str  # auto: CUDA for GPU types, CPU for `cpu`; cpu: force CPU (plumbing tests)
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,7 @@ class RunConfig:
             method=parse_canonical(cell.method),
             model=spec["model"],
             gpu=spec["gpu"],
-            bench=BenchConfig(**spec["benchmark"]),
+            bench=BenchConfig(**section("config", "benchmark", spec["benchmark"])),
             outputs=Outputs(**spec["outputs"]),
             threads_per_rank=int(spec.get("threads_per_rank", 1)),
         )

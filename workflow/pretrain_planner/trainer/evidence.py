@@ -49,7 +49,7 @@ class Probe:
     def on(cls, net: torch.nn.Module) -> Probe | None:
         """A probe on the model's first checkpointing layer (what activation checkpointing recomputes), or
         else its first outermost repeated block; None if it has neither."""
-        from pretrain_planner.trainer.parallel import blocks
+        from pretrain_planner.trainer.models import blocks
 
         found = blocks(net)  # innermost first, outermost last; each depth in the model's order
         if not found:

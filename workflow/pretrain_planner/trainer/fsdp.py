@@ -27,7 +27,8 @@ import torch
 
 from pretrain_planner.trainer.config import RunConfig
 from pretrain_planner.trainer.evidence import fsdp_sharding
-from pretrain_planner.trainer.parallel import RankEnv, Unsupported, blocks
+from pretrain_planner.trainer.models import blocks
+from pretrain_planner.trainer.rank import RankEnv, Unsupported
 
 
 def _tied_outside(net: torch.nn.Module, found: list[tuple[str, torch.nn.Module]]) -> dict[str, str]:

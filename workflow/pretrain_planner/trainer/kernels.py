@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from pretrain_planner.trainer.parallel import Unsupported
+from pretrain_planner.trainer.rank import Unsupported
 
 # op name (substring of the profiler event) -> kernel, most specific first
 ATTENTION_OPS = (

@@ -29,10 +29,12 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 
+from pretrain_planner.launch import progress
+from pretrain_planner.planning.grid import largest_micro_batch
 from pretrain_planner.trainer.config import RunConfig
 from pretrain_planner.trainer.models import make_batch
 from pretrain_planner.trainer.oom import Verdict, free_memory, guarded, is_oom
-from pretrain_planner.trainer.parallel import RankEnv
+from pretrain_planner.trainer.rank import RankEnv
 from pretrain_planner.trainer.step import ACCUMULATING, TrainStep
 
 BATCH_POOL = 2  # distinct micro-batches cycled through a step (bounded memory for image models)
@@ -43,9 +45,8 @@ __all__ = ["BATCH_POOL", "Builder", "find_micro_batch", "is_oom", "measure", "ti
 
 
 def micro_batch_candidates(per_rank_batch: int, cap: int | None) -> list[int]:
-    """Powers of two from the largest allowed down to 1 (per-rank batches are powers of two)."""
-    top = per_rank_batch if cap is None else min(per_rank_batch, cap)
-    top = 1 << (max(1, top).bit_length() - 1)
+    """Powers of two from the largest allowed (grid.largest_micro_batch) down to 1."""
+    top = largest_micro_batch(per_rank_batch, cap)
     out = []
     while top >= 1:
         out.append(top)
@@ -130,6 +131,9 @@ def find_micro_batch(cfg: RunConfig, env: RankEnv, build: Builder, start: int | 
                 used = sync or (options[0] if options else None)
                 extra = {"grad_sync": used} if used else {}
                 search.trials.append(_trial_entry(mb, verdict, time.perf_counter() - t0, **extra))
+                k, fits = len(search.trials), "OOM" if verdict.oom else "fits"
+                progress.mark(k, f"micro-batch search trial {k}: micro-batch {mb} {fits}"
+                              + (f" (gradient sync {used})" if used else ""), always=True)  # fmt: skip
                 if verdict.oom:
                     phase = step.trial_phase if step is not None else 0
                     step = _after_oom(env, verdict, step)
@@ -245,7 +249,11 @@ def time_steps(cfg: RunConfig, env: RankEnv, step: TrainStep, micro_batch: int, 
     warmup = cfg.bench.warmup_steps
     attempt = 0
     jitter = _test_jitter()
-    while len(times) < cfg.bench.timed_steps and skipped <= MAX_SKIPPED:
+    n = cfg.bench.timed_steps
+    again = " again (the first timing was spread out)" if repeat else ""
+    plan = f"timing micro-batch {micro_batch} x {accum}{again}: {warmup} warm-up, {n} timed steps"
+    progress.mark(0, plan, always=True)
+    while len(times) < n and skipped <= MAX_SKIPPED:
         mark = step.overflow_mark()  # host reads stay outside the timed region
         scale = step.loss_scale()
         if attempt == warmup - 1 and env.distributed:  # the last warm-up step: which collectives a step runs
@@ -272,6 +280,9 @@ def time_steps(cfg: RunConfig, env: RankEnv, step: TrainStep, micro_batch: int, 
             scales.append(scale)
             skipped_before.append(since)
             since = 0
+            progress.mark(len(times), f"timed step {len(times)} of {n} ({elapsed:.3g} s)", always=len(times) == n)
+        else:
+            progress.mark(attempt, f"warm-up step {attempt} of {warmup}")
     if not times:
         raise RuntimeError(
             f"the loss scaler skipped {skipped} steps in a row (inf/nan gradients at every scale): no step to time"

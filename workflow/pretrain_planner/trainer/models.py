@@ -1,6 +1,7 @@
 """Build each family's transformers model from config values (never from the hub) and its batches.
 
-Adding a family = one builder here + its name in catalog.FAMILY_TASK and the models schema.
+A family's facts (its transformers classes, task, attention) are in planning/families.py; a family whose
+plain transformers class needs more (ConvNeXt's checkpointing, sparse prediction) gets it here.
 
 Two additions on top of the plain transformers classes, both selected by config values:
 
@@ -13,6 +14,7 @@ Two additions on top of the plain transformers classes, both selected by config 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 from importlib import metadata
@@ -21,19 +23,10 @@ from typing import Any
 import torch
 import transformers as tf
 
-# family -> (config class, model class, has attention that takes attn_implementation)
-_FAMILIES = {
-    "gptneox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", True),
-    "roberta": ("RobertaConfig", "RobertaForMaskedLM", True),
-    "roberta-prelayernorm": ("RobertaPreLayerNormConfig", "RobertaPreLayerNormForMaskedLM", True),
-    "bert": ("BertConfig", "BertForMaskedLM", True),
-    "mamba": ("MambaConfig", "MambaForCausalLM", False),
-    "convnext": ("ConvNextConfig", "ConvNextForImageClassification", False),
-    "vit": ("ViTConfig", "ViTForImageClassification", True),
-}
+from pretrain_planner.planning.families import FAMILIES, names
+
 # arch keys read by this module, not passed to the transformers config class
 BUILDER_KEYS = ("sparse_prediction",)
-MASKED_LM_FAMILIES = ("roberta", "roberta-prelayernorm", "bert")
 
 
 class SparsePredictionMixin:
@@ -89,27 +82,27 @@ def _enable_convnext_checkpointing(net: torch.nn.Module) -> None:
 
 def has_attention(model: dict[str, Any]) -> bool:
     """Whether the family has attention layers that take `attn_implementation`."""
-    return _FAMILIES[model["family"]][2]
+    return FAMILIES[model["family"]].attention
 
 
 def model_class(model: dict[str, Any], fused_ce: bool = False) -> type:
     """The transformers class `build_model` instantiates for `model` (a ModelSpec.to_dict()); with
     `fused_ce`, its loss comes from the fused linear + cross-entropy head (trainer.heads, method part flce)."""
     family, arch = model["family"], model["arch"]
-    cls = getattr(tf, _FAMILIES[family][1])
+    fam = FAMILIES[family]
+    cls = getattr(tf, fam.model_class)
     sparse = bool(arch.get("sparse_prediction"))
-    if sparse and family not in MASKED_LM_FAMILIES:
+    if sparse and not fam.masked_lm:
         raise ValueError(
             f"model {model.get('name', '?')!r}: arch.sparse_prediction is for masked-LM families "
-            f"({', '.join(MASKED_LM_FAMILIES)}), not {family!r}"
+            f"({', '.join(names(lambda f: f.masked_lm))}), not {family!r}"
         )
     if fused_ce:
-        from pretrain_planner.planning.catalog import FAMILY_TASK
         from pretrain_planner.trainer.heads import fused_head_class
 
-        if FAMILY_TASK[family] not in ("causal_lm", "masked_lm"):
+        if not fam.vocab_head:
             raise ValueError(f"model {model.get('name', '?')!r}: flce needs a vocabulary head ({family!r} has none)")
-        return fused_head_class(cls, family in MASKED_LM_FAMILIES, sparse)
+        return fused_head_class(cls, fam.masked_lm, sparse)
     if sparse:
         cls = sparse_prediction_class(cls)
     return cls
@@ -121,9 +114,10 @@ def build_model(
     """The model with fresh weights, and the attention implementation it actually uses (None: no attention).
 
     Works under `with torch.device("meta"):` (shapes and parameter counts without memory)."""
-    config_cls, _, has_attention = _FAMILIES[model["family"]]
+    fam = FAMILIES[model["family"]]
+    has_attention = fam.attention
     arch = {k: v for k, v in model["arch"].items() if k not in BUILDER_KEYS}
-    config = getattr(tf, config_cls)(**arch)
+    config = getattr(tf, fam.config_class)(**arch)
     kwargs = {"attn_implementation": attn_implementation} if has_attention and attn_implementation else {}
     net = model_class(model, fused_ce)._from_config(config, **kwargs)
     if model["family"] == "convnext":
@@ -190,3 +184,19 @@ def make_batch(model: dict[str, Any], micro_batch: int, generator: torch.Generat
     labels = torch.where(masked, ids, torch.full_like(ids, -100))
     inputs = torch.where(masked, torch.full_like(ids, vocab - 1), ids)
     return {"input_ids": inputs, "labels": labels}
+
+
+def blocks(net: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """The model's repeated blocks, children before parents: modules whose class is in transformers'
+    `_no_split_modules` (the units it never splits across devices), and its checkpointing layers."""
+    names = set(getattr(net, "_no_split_modules", None) or ())
+    gc_layer = None
+    with contextlib.suppress(ImportError):
+        from transformers.modeling_layers import GradientCheckpointingLayer as gc_layer
+    found = [
+        (name, mod)
+        for name, mod in net.named_modules()
+        if mod is not net and (type(mod).__name__ in names or (gc_layer is not None and isinstance(mod, gc_layer)))
+    ]
+    # named_modules() is pre-order; reverse depth so inner blocks are wrapped before the blocks holding them
+    return sorted(found, key=lambda nm: -nm[0].count("."))

@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from pretrain_planner.trainer.parallel import RankEnv
+from pretrain_planner.trainer.rank import RankEnv
 
 FAKE_OOM_ENV = "PRETRAIN_PLANNER_FAKE_OOM_ABOVE"
 ARRIVAL_TIMEOUT = dt.timedelta(minutes=10)  # as long as a collective may take (the process group's timeout)
@@ -172,7 +172,7 @@ class FakeOom:
         the hook does not apply to this rank."""
         if self.at == "build" or (self.rank is not None and self.rank != rank):
             return None
-        from pretrain_planner.trainer.parallel import blocks
+        from pretrain_planner.trainer.models import blocks
 
         found = blocks(net)
         depth = min((n.count(".") for n, _ in found), default=None)

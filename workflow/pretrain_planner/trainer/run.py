@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from pretrain_planner.launch.rankjob import job_id_here, observe_rank, recorded_job
+from pretrain_planner.planning.catalog import GpuSpec
 from pretrain_planner.planning.flops import mfu, train_flops_per_sample
 from pretrain_planner.results import write_result, write_steps
 from pretrain_planner.trainer import kernels, zero
@@ -21,15 +22,8 @@ from pretrain_planner.trainer.config import RunConfig
 from pretrain_planner.trainer.measure import batches_for, measure, percentile
 from pretrain_planner.trainer.models import build_model, has_attention, kernel_info, model_class
 from pretrain_planner.trainer.oom import FakeOom
-from pretrain_planner.trainer.parallel import (
-    RankEnv,
-    Unsupported,
-    apply_method,
-    build_optimizer,
-    close_rank,
-    init_rank,
-    precision_setup,
-)
+from pretrain_planner.trainer.parallel import apply_method, build_optimizer, precision_setup
+from pretrain_planner.trainer.rank import RankEnv, Unsupported, close_rank, init_rank
 from pretrain_planner.trainer.step import TrainStep
 
 
@@ -161,6 +155,7 @@ def make_builder(cfg: RunConfig, env: RankEnv, built: list[dict[str, Any]]):
 
 
 def measure_cell(cfg: RunConfig, env: RankEnv) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The cell's result fields and its timed steps: search the micro-batch, time, gather the evidence."""
     check_supported(cfg, env)
     built: list[dict[str, Any]] = []
     measured = measure(cfg, env, make_builder(cfg, env, built))
@@ -172,38 +167,12 @@ def measure_cell(cfg: RunConfig, env: RankEnv) -> tuple[dict[str, Any], list[dic
         where = f" (out of memory on rank {', '.join(map(str, last.get('oom_ranks') or []))}: {last.get('error')})"
         return {**result, "status": "oom", "reason": "micro-batch 1 does not fit on every rank" + where}, []
     step, timing, mb = measured.step, measured.timing, measured.micro_batch
-    settings = step.settings
-    settings["observed"] = step.observed()
-    settings["attention"] = _attention_evidence(cfg, env, step, mb)
-    settings["attention_kernel"] = (settings["attention"] or {}).get("attention_kernel")
-    if settings.get("compile"):  # what compilation covered (ZeRO-3 breaks the graph at every hooked module)
-        settings["compile_observed"] = (settings["attention"] or {}).get("compile_observed") or _compile_evidence(
-            cfg, env, step, mb
-        )
-    settings["collectives_per_step"] = timing.collectives  # c10d ops of one whole step (last warm-up step)
-    settings["loss_scaling"] = _loss_scaling_record(step, timing)
-    result["method_settings"] = settings
-    accum = cfg.recipe["global_batch"] // cfg.cell.world_size // mb
-    median = timing.median
-    per_sample = train_flops_per_sample(cfg.model)
-    flops_source = "formula"
-    if per_sample is None:
-        per_sample, flops_source = _counted_flops(cfg, step, env), "flop_counter"
-    settings["flops_source"] = flops_source
+    settings = _evidence(cfg, env, step, mb, timing)
     settings["timing_spreads"] = measured.spreads
+    result["method_settings"] = settings
+    result.update(_throughput(cfg, env, step, timing, settings))
     step.close()
-    gb = cfg.recipe["global_batch"]
-    flops_per_step = per_sample * gb if per_sample else None
-    peak = None
-    if env.device.type == "cuda":
-        peak = (cfg.gpu.get("peak_tflops") or {}).get(
-            "tf32" if cfg.recipe["precision"] == "fp32" and settings["tf32"] else cfg.recipe["precision"]
-        )
-    util = mfu(flops_per_step, median, cfg.cell.world_size, peak)
-    suspect = util is not None and util > cfg.bench.suspect_mfu
-    tokens = cfg.model["recipe"].get("sequence_length") if cfg.model["task"] != "image_classification" else None
-    recipe_steps = cfg.recipe.get("steps")
-    budget_h = cfg.recipe.get("time_budget_hours")
+    accum = cfg.recipe["global_batch"] // cfg.cell.world_size // mb
     spreads = " then ".join(f"{x:.2f}" for x in measured.spreads)
     result.update(
         status="noisy" if measured.noisy else "ok",
@@ -216,39 +185,80 @@ def measure_cell(cfg: RunConfig, env: RankEnv) -> tuple[dict[str, Any], list[dic
         spread=timing.spread,
         micro_batch_size=mb,
         grad_accum_steps=accum,
-        step_time_s=median,
         step_time_p10_s=percentile(timing.step_times, 0.1),
         step_time_p90_s=percentile(timing.step_times, 0.9),
         timed_steps=len(timing.step_times),
         warmup_steps=cfg.bench.warmup_steps,
-        samples_per_s=gb / median,
-        tokens_per_s=gb * tokens / median if tokens else None,
-        flops_per_step=flops_per_step,
-        peak_tflops=peak,
-        mfu=util,
-        suspect=suspect,
-        suspect_reason=(
-            f"implied MFU {util:.1%} exceeds {cfg.bench.suspect_mfu:.0%} of the dense peak: the timing cannot be right"
-            if suspect
-            else None
-        ),
         peak_mem_gib=timing.peak_mem_gib,
         peak_mem_kind=timing.peak_mem_kind,
-        recipe_steps=recipe_steps,
-        training_days=recipe_steps * median / 86400 if recipe_steps else None,
-        steps_in_budget=budget_h * 3600 / median if budget_h else None,
         final_loss=timing.losses[-1],
         skipped_steps=timing.skipped_steps if step_scales(timing) else None,
         loss_scale=timing.loss_scales[-1] if timing.loss_scales else None,
     )
+    return result, _step_records(timing, mb, accum)
+
+
+def _evidence(cfg: RunConfig, env: RankEnv, step: TrainStep, mb: int, timing: Any) -> dict[str, Any]:
+    """The method's settings with the proof it was in effect: what the step observed, the attention kernel
+    that ran, what compilation covered, the collectives of a step, the loss scaling."""
+    settings = step.settings
+    settings["observed"] = step.observed()
+    settings["attention"] = _attention_evidence(cfg, env, step, mb)
+    settings["attention_kernel"] = (settings["attention"] or {}).get("attention_kernel")
+    if settings.get("compile"):  # what compilation covered (ZeRO-3 breaks the graph at every hooked module)
+        settings["compile_observed"] = (settings["attention"] or {}).get("compile_observed") or _compile_evidence(
+            cfg, env, step, mb
+        )
+    settings["collectives_per_step"] = timing.collectives  # c10d ops of one whole step (last warm-up step)
+    settings["loss_scaling"] = _loss_scaling_record(step, timing)
+    return settings
+
+
+def _throughput(cfg: RunConfig, env: RankEnv, step: TrainStep, timing: Any, settings: dict[str, Any]) -> dict[str, Any]:
+    """Step time, samples and tokens per second, FLOPs, MFU against the dense peak (suspect above
+    benchmark.suspect_mfu), and what the recipe's steps or time budget make of them."""
+    median, gb = timing.median, cfg.recipe["global_batch"]
+    per_sample = train_flops_per_sample(cfg.model)
+    settings["flops_source"] = "formula"
+    if per_sample is None:
+        per_sample, settings["flops_source"] = _counted_flops(cfg, step, env), "flop_counter"
+    flops_per_step = per_sample * gb if per_sample else None
+    peak = None
+    if env.device.type == "cuda":  # the catalog's one rule: the dense peak of the precision the step ran in
+        peak = GpuSpec(**cfg.gpu).peak_for(cfg.recipe["precision"], tf32=bool(settings["tf32"]))
+    util = mfu(flops_per_step, median, cfg.cell.world_size, peak)
+    suspect = util is not None and util > cfg.bench.suspect_mfu
+    tokens = cfg.model["recipe"].get("sequence_length") if cfg.model["task"] != "image_classification" else None
+    recipe_steps, budget_h = cfg.recipe.get("steps"), cfg.recipe.get("time_budget_hours")
+    return {
+        "step_time_s": median,
+        "samples_per_s": gb / median,
+        "tokens_per_s": gb * tokens / median if tokens else None,
+        "flops_per_step": flops_per_step,
+        "peak_tflops": peak,
+        "mfu": util,
+        "suspect": suspect,
+        "suspect_reason": (
+            f"implied MFU {util:.1%} exceeds {cfg.bench.suspect_mfu:.0%} of the dense peak: the timing cannot be right"
+            if suspect
+            else None
+        ),
+        "recipe_steps": recipe_steps,
+        "training_days": recipe_steps * median / 86400 if recipe_steps else None,
+        "steps_in_budget": budget_h * 3600 / median if budget_h else None,
+    }
+
+
+def _step_records(timing: Any, mb: int, accum: int) -> list[dict[str, Any]]:
+    """steps.jsonl: one line per timed step (fp16: the scale it ran with and the steps skipped before it)."""
     steps = [
         {"step": i, "time_s": t, "loss": loss, "micro_batch_size": mb, "grad_accum_steps": accum}
         for i, (t, loss) in enumerate(zip(timing.step_times, timing.losses, strict=True))
     ]
-    if step_scales(timing):  # fp16: the scale each timed step ran with, and the skipped steps just before it
+    if step_scales(timing):
         for rec, scale, skipped in zip(steps, timing.loss_scales, timing.skipped_before, strict=True):
             rec.update(loss_scale=scale, skipped_before=skipped)
-    return result, steps
+    return steps
 
 
 def step_scales(timing: Any) -> bool:

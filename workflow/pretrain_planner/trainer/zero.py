@@ -25,26 +25,21 @@ how many compiled graphs actually ran, and how often one was entered, in a micro
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import logging
 import os
 from typing import Any
 
 import torch
 
+from pretrain_planner.planning.methods import ZERO_STAGE
 from pretrain_planner.trainer.config import RunConfig
 from pretrain_planner.trainer.evidence import Probe, zero_sharding
-from pretrain_planner.trainer.parallel import (
-    Applied,
-    RankEnv,
-    Unsupported,
-    _allow_recompiles,
-    build_optimizer,
-    common_setup,
-    cudnn_benchmark,
-)
+from pretrain_planner.trainer.parallel import Applied, _allow_recompiles, build_optimizer, common_setup, cudnn_benchmark
+from pretrain_planner.trainer.rank import RankEnv, Unsupported
 from pretrain_planner.trainer.step import TrainStep
 
-STAGES = {"zero1": 1, "zero2": 2, "zero3": 3}
+STAGES = ZERO_STAGE  # methods.py: one table of the shardings
 STEPS_PER_PRINT = 2**31 - 1  # DeepSpeed's progress log, never
 
 
@@ -202,6 +197,78 @@ def _offload_device(offload_config) -> str | None:
     return None if device in (None, "none") else str(device)
 
 
+def _settings(
+    cfg: RunConfig,
+    env: RankEnv,
+    engine: Any,
+    config: dict[str, Any],
+    compiled: bool,
+    tf32: bool,
+    attn_used: str | None,
+    opt_settings: dict[str, Any] | None,
+    build_note: str,
+    device: str,
+) -> dict[str, Any]:
+    """What a ZeRO cell records of its method: the engine's own view of the stage, offload, precision and
+    compilation, the DeepSpeed config it ran, and the optimizer."""
+    method, precision = cfg.method, cfg.recipe["precision"]
+    base = getattr(engine.optimizer, "optimizer", engine.optimizer)
+    if opt_settings is None:
+        p = config["optimizer"]["params"]
+        opt_settings = {
+            "optimizer": f"{type(base).__name__} (DeepSpeed config: Adam, adam_w_mode={p['adam_w_mode']})",
+            "fused_optimizer": False,
+            **{k: v for k, v in p.items() if k != "adam_w_mode"},
+        }
+    return {
+        "base": method.base,
+        "attn_implementation": attn_used,
+        "compile": bool(compiled and getattr(engine, "is_compiled", False)),
+        "compile_note": (
+            "DeepSpeedEngine.compile(compile_kwargs={'dynamic': False})"
+            + (
+                "; partial: ZeRO-3's parameter hooks are excluded from compilation, the graph breaks at every "
+                "hooked module (compile_observed)"
+                if STAGES[method.sharding] == 3
+                else ""
+            )
+            if compiled
+            else None
+            if not method.free_lunch
+            else "model does not support torch.compile"
+        ),
+        "tf32": tf32,
+        "cudnn_benchmark": cudnn_benchmark(cfg, env),
+        "autocast": None,
+        "grad_scaler": "DeepSpeed dynamic loss scaling" if precision == "fp16" else None,
+        "activation_checkpointing": method.checkpointing,
+        "parallel": "deepspeed",
+        "ddp": None,
+        "deepspeed": {
+            "version": importlib.metadata.version("deepspeed"),
+            "config": config,
+            "zero_stage": engine.zero_optimization_stage(),
+            "precision": {
+                "fp32": "fp32 weights and optimizer",
+                "bf16": "bf16 model weights and compute, fp32 master weights and optimizer state",
+                "fp16": "fp16 model weights and compute, fp32 master weights, dynamic loss scaling",
+            }[precision],
+            "optimizer_source": (
+                "DeepSpeed config (ZeRO-Offload)" if method.offload else "client (the recipe's torch optimizer)"
+            ),
+            "offload_optimizer": _offload_device(engine.zero_offload_optimizer()),
+            "offload_param": _offload_device(engine.zero_offload_param()),
+            "accumulation": "engine.backward / engine.step, boundary set per micro-batch; loss scaled 1/accum",
+            "device": device,
+            "build": build_note,
+            **zero_sharding(engine),
+        },
+        "device": env.device.type,
+        "torch_threads": torch.get_num_threads(),
+        **opt_settings,
+    }
+
+
 def build_step(
     cfg: RunConfig, env: RankEnv, net: torch.nn.Module, attn_used: str | None, micro_batch: int, accum: int
 ) -> DeepSpeedStep:
@@ -229,61 +296,7 @@ def build_step(
         _allow_recompiles()
         engine.compile(compile_kwargs={"dynamic": False})
     probe = None if compiled else Probe.on(net)
-    base = getattr(engine.optimizer, "optimizer", engine.optimizer)
-    if opt_settings is None:
-        p = config["optimizer"]["params"]
-        opt_settings = {
-            "optimizer": f"{type(base).__name__} (DeepSpeed config: Adam, adam_w_mode={p['adam_w_mode']})",
-            "fused_optimizer": False,
-            **{k: v for k, v in p.items() if k != "adam_w_mode"},
-        }
+    settings = _settings(cfg, env, engine, config, compiled, tf32, attn_used, opt_settings, build_note, device)
     precision = cfg.recipe["precision"]
-    settings = {
-        "base": method.base,
-        "attn_implementation": attn_used,
-        "compile": bool(compiled and getattr(engine, "is_compiled", False)),
-        "compile_note": (
-            "DeepSpeedEngine.compile(compile_kwargs={'dynamic': False})"
-            + (
-                "; partial: ZeRO-3's parameter hooks are excluded from compilation, the graph breaks at every "
-                "hooked module (compile_observed)"
-                if STAGES[method.sharding] == 3
-                else ""
-            )
-            if compiled
-            else None
-            if not method.free_lunch
-            else "model does not support torch.compile"
-        ),
-        "tf32": tf32,
-        "cudnn_benchmark": cudnn_benchmark(cfg, env),
-        "autocast": None,
-        "grad_scaler": "DeepSpeed dynamic loss scaling" if precision == "fp16" else None,
-        "activation_checkpointing": method.checkpointing,
-        "parallel": "deepspeed",
-        "ddp": None,
-        "deepspeed": {
-            "version": deepspeed.__version__,
-            "config": config,
-            "zero_stage": engine.zero_optimization_stage(),
-            "precision": {
-                "fp32": "fp32 weights and optimizer",
-                "bf16": "bf16 model weights and compute, fp32 master weights and optimizer state",
-                "fp16": "fp16 model weights and compute, fp32 master weights, dynamic loss scaling",
-            }[precision],
-            "optimizer_source": (
-                "DeepSpeed config (ZeRO-Offload)" if method.offload else "client (the recipe's torch optimizer)"
-            ),
-            "offload_optimizer": _offload_device(engine.zero_offload_optimizer()),
-            "offload_param": _offload_device(engine.zero_offload_param()),
-            "accumulation": "engine.backward / engine.step, boundary set per micro-batch; loss scaled 1/accum",
-            "device": device,
-            "build": build_note,
-            **zero_sharding(engine),
-        },
-        "device": env.device.type,
-        "torch_threads": torch.get_num_threads(),
-        **opt_settings,
-    }
     applied = Applied(engine, net, None, None, {}, probe, precision == "fp16", True)
     return DeepSpeedStep(engine, applied, micro_batch, env.device.type, settings)

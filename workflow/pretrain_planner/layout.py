@@ -1,0 +1,110 @@
+"""Where everything lives under the results folder. Every path is composed here; the Snakemake rules, the
+planner, the launcher, the search, the tables, the CLI and the budget stage ask this module (results/README.md
+says what each file holds). Imports no torch.
+
+    results/
+      plan.csv                                   every cell of the sweep, valid or not
+      cells/{model}/{gpu}/{N}x{G}/{method}/      one cell: result.json, steps.jsonl, cell.log, state.json ...
+      search/{model}/{gpu}/{N}x{G}/              the adaptive search's rounds: round{k}.json, search.json
+      tables/ plots/ report.md                   the aggregation
+      optimal/{model}/{gpu}/{N}x{G}/             the plan to run (plan.json, training_arguments.json, launch.sh)
+      budget/                                    the time-budgeted BERT stage
+      logs/                                      the rules' logs
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+PLAN = "plan.csv"
+CELLS = "cells"
+SEARCH = "search"
+TABLES = "tables"
+PLOTS = "plots"
+REPORT = "report.md"
+OPTIMAL = "optimal"
+BUDGET = "budget"
+LOGS = "logs"
+
+# a cell's folder and its files
+RESULT = "result.json"
+STEPS = "steps.jsonl"
+CELL_LOG = "cell.log"
+SETTING_PATTERN = "{model}/{gpu}/{nodes}x{gpus_per_node}"
+CELL_PATTERN = f"{CELLS}/{SETTING_PATTERN}/{{method}}"
+CELL_RE = re.compile(
+    rf"{CELLS}/(?P<model>[^/]+)/(?P<gpu>[^/]+)/(?P<nodes>\d+)x(?P<gpus_per_node>\d+)/(?P<method>[^/]+)"
+)
+CELL_STATE = "state.json"  # launch/state.py
+CELL_PROGRESS = "progress.jsonl"  # launch/progress.py
+SLURM_RECORD = "slurm_job.json"  # launch/rankjob.py
+LOCAL_RECORD = "local_job.json"
+ROUND = "round{k}.json"
+SEARCH_FILE = "search.json"
+PLAN_FILE = "plan.json"
+
+
+def setting_folder(model: str, gpu: str, nodes: int | str, gpus_per_node: int | str) -> str:
+    """{model}/{gpu}/{N}x{G}: a setting's folder below cells/, search/ and optimal/."""
+    return SETTING_PATTERN.format(model=model, gpu=gpu, nodes=nodes, gpus_per_node=gpus_per_node)
+
+
+def cell_path(model: str, gpu: str, nodes: int | str, gpus_per_node: int | str, method: str) -> str:
+    """cells/{model}/{gpu}/{N}x{G}/{method}, relative to the results folder."""
+    return CELL_PATTERN.format(model=model, gpu=gpu, nodes=nodes, gpus_per_node=gpus_per_node, method=method)
+
+
+def cell_file(results: str | Path, folder: str, method: str, name: str = RESULT) -> str:
+    """A file of a cell, from its setting's folder ({model}/{gpu}/{N}x{G})."""
+    return f"{results}/{CELLS}/{folder}/{method}/{name}"
+
+
+def cell_coords(path: str | Path) -> dict[str, Any] | None:
+    """The cell a path lies in (cells/{model}/{gpu}/{N}x{G}/{method}[/...]), or None."""
+    m = CELL_RE.search(str(path).replace("\\", "/"))
+    if not m:
+        return None
+    d = m.groupdict()
+    return {**d, "nodes": int(d["nodes"]), "gpus_per_node": int(d["gpus_per_node"])}
+
+
+def all_results(results: str | Path) -> list[Path]:
+    """Every cell's result.json under the results folder."""
+    return sorted(Path(results).glob(f"{CELLS}/*/*/*/*/{RESULT}"))
+
+
+def search_dir(results: str | Path, folder: str) -> str:
+    return f"{results}/{SEARCH}/{folder}"
+
+
+def optimal_dir(results: str | Path, model: str, gpu: str, nodes: int | str, gpus_per_node: int | str) -> Path:
+    return Path(results) / OPTIMAL / setting_folder(model, gpu, nodes, gpus_per_node)
+
+
+def table(results: str | Path, name: str) -> Path:
+    """tables/{name} (e.g. "time_to_train.csv")."""
+    return Path(results) / TABLES / name
+
+
+def log(results: str | Path, name: str) -> str:
+    """logs/{name} (e.g. "aggregate.log", "budget/pretrain.log")."""
+    return f"{results}/{LOGS}/{name}"
+
+
+def wildcard(name: str) -> str:
+    """A Snakemake wildcard in a pattern composed here (`{name}` written as `{{name}}` in an f-string)."""
+    return "{" + name + "}"
+
+
+def cell_dir_pattern(results: str) -> str:
+    """The benchmark rule's cell folder, with Snakemake wildcards."""
+    w = {k: wildcard(k) for k in ("model", "gpu", "nodes", "gpus_per_node", "method")}
+    return f"{results}/{CELL_PATTERN.format(**w)}"
+
+
+def search_dir_pattern(results: str) -> str:
+    """The search rules' setting folder, with Snakemake wildcards."""
+    w = {k: wildcard(k) for k in ("model", "gpu", "nodes", "gpus_per_node")}
+    return f"{results}/{SEARCH}/{SETTING_PATTERN.format(**w)}"
