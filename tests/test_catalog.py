@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from pretrain_planner.planning.catalog import FAMILY_TASK, load_catalog, load_gpus, load_models
+from pretrain_planner.planning.catalog import load_catalog, load_gpus, load_models
+from pretrain_planner.planning.families import FAMILIES
 from pretrain_planner.schema import ConfigError, validate
 
 from .conftest import TINY_GPTNEOX_ARCH
@@ -41,8 +42,8 @@ def test_config_files_list_models_and_gpus():
 def test_every_model_loads(catalog, name):
     spec = catalog.model(name)
     assert spec.name == name
-    assert spec.family in FAMILY_TASK
-    assert spec.task == FAMILY_TASK[spec.family]
+    assert spec.family in FAMILIES
+    assert spec.task == FAMILIES[spec.family].task
     r = spec.recipe
     assert r.global_batch >= 1
     assert r.steps is not None or r.time_budget_hours is not None

@@ -10,9 +10,10 @@ from types import SimpleNamespace
 import pytest
 import yaml
 from pretrain_planner import schema
+from pretrain_planner.layout import CELL_PATTERN
 from pretrain_planner.planning import grid
 from pretrain_planner.planning.catalog import load_catalog
-from pretrain_planner.planning.grid import CELL_PATTERN, WILDCARD_CONSTRAINTS, Cell, PlannedCell
+from pretrain_planner.planning.grid import WILDCARD_CONSTRAINTS, Cell, PlannedCell
 from pretrain_planner.schema import ConfigError
 
 from .conftest import TINY_GPTNEOX_ARCH
@@ -476,10 +477,14 @@ def test_meaningful_extras_are_valid(catalog, model, gpu, gpn, method):
 
 
 def test_family_tables_agree_with_the_trainer():
-    """grid's torch-free family tables must say what trainer.models builds."""
-    from pretrain_planner.planning.catalog import FAMILY_TASK
-    from pretrain_planner.trainer import models
+    """The torch-free family registry must say what transformers (and so trainer.models) builds: the classes
+    exist and match, and `attention` is whether the model class takes an attention implementation."""
+    import transformers as tf
+    from pretrain_planner.planning.families import FAMILIES
 
-    for family in FAMILY_TASK:
-        assert (family in grid.NO_ATTENTION_FAMILIES) is (not models._FAMILIES[family][2]), family
-    assert set(grid.LIGER_FAMILIES) <= set(FAMILY_TASK)
+    for name, fam in FAMILIES.items():
+        cls, config = getattr(tf, fam.model_class), getattr(tf, fam.config_class)
+        assert cls.config_class is config, name
+        assert fam.attention is bool(getattr(cls, "_supports_sdpa", False)), name
+        assert fam.task in ("causal_lm", "masked_lm", "image_classification"), name
+    assert {n for n, f in FAMILIES.items() if f.liger} <= set(FAMILIES)
