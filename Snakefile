@@ -22,6 +22,7 @@ include: "workflow/rules/benchmark.smk"
 include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/pretrain.smk"
+include: "workflow/rules/train.smk"
 
 
 rule all:
@@ -30,6 +31,7 @@ rule all:
         cells=all_cell_outputs,
         tables=list(TABLES.values()),
         plots=list(PLOTS.values()),
+        study=list(STUDY_TABLES.values()) + list(WHATIF.values()) + list(STUDY_PLOTS.values()),
         optimal=OPTIMAL,
         report=REPORT,
     default_target: True

@@ -31,10 +31,10 @@ from pretrain_planner.planning import methods  # noqa: E402
 from pretrain_planner.planning.catalog import load_catalog  # noqa: E402
 from pretrain_planner.planning.flops import train_flops_per_sample  # noqa: E402
 from pretrain_planner.planning.grid import expand  # noqa: E402
-from pretrain_planner.report import document  # noqa: E402
+from pretrain_planner.report import document, study_plots  # noqa: E402
 from pretrain_planner.report import plots as pp_plots  # noqa: E402
 from pretrain_planner.results import atomic_write_text, write_result  # noqa: E402
-from pretrain_planner.tables import aggregate, export  # noqa: E402
+from pretrain_planner.tables import aggregate, export, study, whatif  # noqa: E402
 
 MODELS = ["pythia-160m", "pythia-410m", "pythia-1b", "pythia-1.4b", "pythia-2.8b", "pythia-6.9b", "roberta-large",
           "mamba-2.8b", "convnext-xlarge-22k", "vit-large-in21k", "bert-24h"]  # fmt: skip
@@ -179,6 +179,17 @@ def main() -> int:
     stage("report: report.write_report",
           lambda: document.write_report(tables, plots, str(results / "optimal"), str(results / "report.md"),
                                       str(logs / "report.log"), costs_config))  # fmt: skip
+    extra = {**study.table_files(str(results / "tables" / "study")), **whatif.table_files(str(results / "tables"))}
+    views = stage("study: study.build_study_tables (9 views)",
+                  lambda: study.build_study_tables(tables["cells_parquet"], tables["time_to_train_csv"], extra,
+                                                   str(logs / "study.log"), catalog, 0.85))  # fmt: skip
+    predicted = stage("whatif: whatif.build_whatif (every GPU type x count)",
+                      lambda: whatif.build_whatif(tables["cells_parquet"], extra, str(logs / "whatif.log"), catalog,
+                                                  MODELS, [(n, g) for n in (1, 2) for g in (1, 2, 4, 8)], 0.85,
+                                                  costs_config))  # fmt: skip
+    stage("study plots: study_plots.make_plots (5 plots, PNG + SVG)",
+          lambda: study_plots.make_plots({**tables, **extra}, study_plots.plot_files(str(results / "plots" / "study")),
+                                         str(logs / "study_plots.log")))  # fmt: skip
     load_after = os.getloadavg()
 
     shape = {name: df.height for name, df in built.items()}
@@ -196,6 +207,8 @@ def main() -> int:
         f"{len(MODELS)} models x {len(GPUS)} GPU types x 2 node counts x 4 GPUs/node x {len(all_methods())} methods; "
         f"plan.csv of {built['cells'].height} cells (the sample plus every invalid cell)",
         f"- output rows: {shape}; {sum(1 for e in index if e['best_method'])} exported plans",
+        f"- study views (rows): { ({n: (v[0] if isinstance(v, tuple) else v).height for n, v in views.items()}) }; "
+        f"what-if: {predicted.height} predictions {dict(predicted.group_by('status').len().sort('status').rows())}",
         "",
         f"- load average (1 min) before / after the timed stages: {load_before[0]:.2f} / {load_after[0]:.2f} "
         "(other jobs on the machine inflate wall time; CPU time is this process's own)",

@@ -15,7 +15,10 @@ PKG = REPO / "workflow" / "pretrain_planner"
 HEAVY = ("torch", "transformers", "deepspeed", "flash_attn", "liger_kernel", "numpy.testing")
 # Parts that run where there may be no torch (a login node, the Snakemake driver) and must import fast.
 LIGHT = ("planning", "launch", "tables", "report", "search", "schema", "layout", "results", "integrity", "cli")
-LIGHT_ENTRIES = ("trainer.cell", "budget.config", "budget.jobs", "budget.job")  # torch-free entries of compute parts
+# torch-free entries of compute parts
+LIGHT_ENTRIES = (
+    "trainer.cell", "budget.config", "budget.jobs", "budget.job", "train.jobs", "train.job", "train.record",
+)  # fmt: skip
 
 
 def _modules() -> dict[str, Path]:

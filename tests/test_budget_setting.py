@@ -48,7 +48,7 @@ def test_setting_from_benchmark_plan_config_or_error(tmp_path):
     s = bconfig.load(path, results=results)["setting"]
     assert s == {"gpu": "cpu", "nodes": 1, "gpus_per_node": 2, "world_size": 2, "source": "benchmark",
                  "plan": str(plan), "micro_batch": 4, "grad_accum_steps": 2, "global_batch": 16,
-                 "method": "fl+ac"}  # fmt: skip
+                 "method": "fl+ac", "grad_sync": None}  # fmt: skip
     assert bconfig.load(_cfg(tmp_path, gpus_per_node=2, setting="auto"), results=results)["setting"]["source"] == (
         "benchmark"
     )
@@ -58,6 +58,19 @@ def test_setting_from_benchmark_plan_config_or_error(tmp_path):
     assert bconfig.load(_cfg(tmp_path, gpus_per_node=1), results=results)["setting"]["source"] == "config"
     with pytest.raises(ConfigError, match=r"not a multiple of train.micro_batch 4 x 4 ranks"):
         bconfig.load(_cfg(tmp_path, gpus_per_node=4, setting="config"), results=results)
+
+
+def test_fsdp_gradient_sync_comes_from_the_plan(tmp_path):
+    """Issue 16: the budget stage runs FSDP2 with the gradient synchronisation the measurement found to fit (the
+    plan's method_settings.fsdp_policy.grad_sync), not always once per step."""
+    results = tmp_path / "results"
+    plan = _write_plan(results, method="naive+fsdp-grad")
+    rec = json.loads(plan.read_text())
+    assert rec["method_settings"]["fsdp_policy"]["grad_sync"] == "last"
+    rec["method_settings"]["fsdp_policy"]["grad_sync"] = "every"  # as a cell that fitted only so records it
+    plan.write_text(json.dumps(rec))
+    s = bconfig.load(_cfg(tmp_path, gpus_per_node=2, setting="benchmark"), results=results)["setting"]
+    assert s["method"] == "naive+fsdp-grad" and s["grad_sync"] == "every"
 
 
 def test_missing_plan_warns_at_parse_and_stops_the_pretrain_job(tmp_path):

@@ -93,6 +93,9 @@ PYTHIA = {
     "pythia-1.4b": (2048, 24, 16, 2e-4),
     "pythia-2.8b": (2560, 32, 32, 1.6e-4),
     "pythia-6.9b": (4096, 32, 32, 1.2e-4),
+    "pythia-14m": (128, 6, 4, 1.0e-3),
+    "pythia-31m": (256, 6, 8, 1.0e-3),
+    "pythia-70m": (512, 6, 8, 1.0e-3),
     "pythia-12b": (5120, 36, 40, 1.2e-4),
 }
 
@@ -237,6 +240,34 @@ def test_gpu_peaks(catalog):
     assert v100.bf16 is False and v100.tf32 is False and v100.fp16 is True
     assert not v100.supports("bf16") and v100.supports("fp16")
     assert "bf16" not in v100.peak_tflops
+
+
+def test_study_gpu_types_a40_l40(catalog):
+    """The GPU types the study's code knows beyond those it swept (src/gpus.py): datasheet dense peaks, no price."""
+    a40, l40 = catalog.gpu("a40"), catalog.gpu("l40")
+    assert (a40.memory_gib, l40.memory_gib) == (48, 48)
+    assert a40.peak_tflops == {"bf16": 149.7, "fp16": 149.7, "tf32": 74.8, "fp32": 37.4}
+    assert l40.peak_tflops == {"bf16": 181.05, "fp16": 181.05, "tf32": 90.5, "fp32": 90.5}
+    assert a40.price_usd is None and l40.price_usd is None
+    assert a40.interconnect_gb_s == 64 and catalog.gpu("a100").interconnect_gb_s == 600
+
+
+def test_study_models_convnext_large_and_original_runs(catalog):
+    """ConvNeXt-L (1k / 22k) as the study's src/models/convnext.py, and the originally reported resources
+    (scripts/plotting/gpu_days.py) behind the GPU-days view."""
+    for name, labels, steps, warmup in (("convnext-large-1k", 1000, 93600, 6240),
+                                        ("convnext-large-22k", 21841, 311940, 17330)):  # fmt: skip
+        spec = catalog.model(name)
+        assert spec.arch["hidden_sizes"] == [192, 384, 768, 1536] and spec.arch["depths"] == [3, 3, 27, 3]
+        assert spec.arch["num_labels"] == labels
+        assert (spec.recipe.steps, spec.recipe.schedule["warmup_steps"]) == (steps, warmup)
+    assert catalog.model("convnext-xlarge-22k").recipe.schedule["warmup_steps"] == 17330
+    assert catalog.model("vit-large-in21k").arch["hidden_dropout_prob"] == 0.1
+    original = {n: (m.original_training or {}).get("gpus", 0) * (m.original_training or {}).get("days", 0)
+                for n, m in catalog.models.items() if m.original_training}  # fmt: skip
+    assert original == {"pythia-160m": 32, "pythia-410m": 96, "pythia-1b": 192, "pythia-2.8b": 576,
+                        "pythia-6.9b": 1280, "roberta-large": 1024, "convnext-xlarge-22k": 384,
+                        "vit-large-in21k": 240}  # fmt: skip
 
 
 def test_gpu_memory(catalog):

@@ -106,6 +106,19 @@ def test_recorded_configs_validate(sweep, monkeypatch):
 
 @pytest.mark.slow
 @needs_ds
+def test_recorded_settings_are_the_exported_ones(sweep):
+    """Issue 16: each ZeRO cell ran planning.settings' DeepSpeed dict (the study's overlap and buckets), exactly
+    what the export writes for it."""
+    from .test_method_settings import assert_recorded_is_exported
+
+    for method in METHODS:
+        assert_recorded_is_exported(sweep, MODEL, method, 2)
+    z2 = cell(sweep, MODEL, "naive+zero2")[0]["method_settings"]["deepspeed"]["config"]["zero_optimization"]
+    assert z2["overlap_comm"] and z2["reduce_bucket_size"] == 200_000_000
+
+
+@pytest.mark.slow
+@needs_ds
 def test_losses_agree_with_ddp(sweep):
     reference = losses(cell(sweep, MODEL, "naive")[1])
     for method in ZERO:

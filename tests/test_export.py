@@ -104,11 +104,14 @@ def test_deepspeed_configs(exported):
     assert ds["zero_optimization"]["stage"] == 1 and "offload_optimizer" not in ds["zero_optimization"]
     assert ds["train_batch_size"] == 1024 and ds["train_micro_batch_size_per_gpu"] == 16
     assert ds["gradient_accumulation_steps"] == 16 and ds["bf16"]["enabled"] and not ds["fp16"]["enabled"]
-    assert ds["gradient_clipping"] == 1.0 and ds["optimizer"]["type"] == "Adam"
-    assert ds["optimizer"]["params"]["adam_w_mode"] is False  # the recipe's Adam, L2 weight decay
+    # the recipe's torch optimizer as DeepSpeed's client optimizer, as the measured cell ran it
+    assert ds["gradient_clipping"] == 1.0 and "optimizer" not in ds
+    assert _args(folder, f"{P}/a100/1x4")["optim"] == "adamw_torch_fused"
     ds = json.loads((folder / P / "h100/1x8/deepspeed.json").read_text())
     zero = ds["zero_optimization"]
     assert zero["stage"] == 3 and zero["offload_optimizer"]["device"] == "cpu" and zero["offload_param"]
+    assert zero["overlap_comm"] and zero["reduce_bucket_size"] == 2048 * 2048  # the study's ZeRO-3, written out
+    assert ds["optimizer"]["type"] == "Adam" and ds["optimizer"]["params"]["adam_w_mode"] is False  # the recipe's Adam
     assert _args(folder, f"{P}/h100/1x8")["gradient_checkpointing"] is True
     fsdp = _args(folder, f"{P}/a100/2x4")
     assert fsdp["fsdp"] is True and fsdp["fsdp_config"]["reshard_after_forward"] is True

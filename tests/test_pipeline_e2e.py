@@ -144,3 +144,30 @@ def test_damaged_or_missing_results_are_measured_again(sweep):
     assert {d: (d / "result.json").stat().st_mtime_ns for d in dirs[3:]} == untouched
     problems = pl.read_csv(work / "results/tables/problems.csv")
     assert problems.height == 0
+
+
+def test_exported_plans_are_what_ran_and_launch_the_train_stage(sweep, tmp_path):
+    """Issue 16: each setting's plan.json holds the settings its fastest cell recorded (one translation), and the
+    exported launch.sh runs the shipped train stage on CPU (torchrun, 2 gloo ranks) end to end, with the same
+    settings and its throughput beside the prediction."""
+    import os
+    import subprocess
+
+    from .conftest import BIN
+    from .test_method_settings import assert_recorded_is_exported
+
+    work, _, _ = sweep
+    for model in MODELS:
+        for ranks in RANKS:
+            plan = json.loads((work / f"results/optimal/{model}/cpu/1x{ranks}/plan.json").read_text())
+            assert_recorded_is_exported(work, model, plan["method"], ranks)
+    folder = work / "results/optimal/tiny-gptneox/cpu/1x2"
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "HF_HUB_OFFLINE": "1"}
+    out = tmp_path / "train"
+    proc = subprocess.run(["bash", str(folder / "launch.sh"), "--steps", "3", "--out", str(out)], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    result = json.loads((out / "result.json").read_text())
+    assert result["status"] == "ok" and result["steps"] == 3 and result["world_size"] == 2
+    assert result["settings_differences"] == [] and result["data"]["synthetic"] is True
+    assert result["throughput"]["ratio"]["step_time_s"] > 0 and (out / "throughput.md").is_file()

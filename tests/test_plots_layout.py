@@ -10,12 +10,14 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.transforms import Bbox
 from pretrain_planner.report import plots as pp_plots
-from pretrain_planner.tables import aggregate
+from pretrain_planner.report import study_plots
+from pretrain_planner.tables import aggregate, study, whatif
 
 from .conftest import REPO
 from .test_aggregate import CATALOG, COSTS, INVALID, cell_result, gpu_set_results, write_set
@@ -39,9 +41,17 @@ def demo_results() -> list[dict]:
 
 
 def _tables(root: Path, plan: str, paths: list[str]) -> dict[str, str]:
+    """The aggregation's tables, the study's views and the what-if predictions (every plot's input)."""
     out = aggregate.table_files(str(root / "tables"))
     aggregate.build_tables(plan, paths, out, str(root / "aggregate.log"), CATALOG, COSTS)
-    return out
+    extra = {**study.table_files(str(root / "tables" / "study")), **whatif.table_files(str(root / "tables"))}
+    study.build_study_tables(out["cells_parquet"], out["time_to_train_csv"], extra, str(root / "study.log"), CATALOG,
+                             0.85)  # fmt: skip
+    cells = pl.read_parquet(out["cells_parquet"], columns=["model", "nodes", "gpus_per_node"])
+    counts = sorted(set(cells.select("nodes", "gpus_per_node").rows()))
+    whatif.build_whatif(out["cells_parquet"], extra, str(root / "whatif.log"), CATALOG,
+                        sorted(set(cells["model"].to_list())), counts, 0.85, COSTS)  # fmt: skip
+    return {**out, **extra}
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +70,8 @@ def sets(tmp_path_factory) -> dict[str, dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def figures(sets) -> dict[tuple[str, str], Figure]:
-    return {(name, key): fig for name, tables in sets.items() for key, fig in pp_plots.figures(tables, COSTS).items()}
+    return {(name, key): fig for name, tables in sets.items()
+            for key, fig in {**pp_plots.figures(tables, COSTS), **study_plots.figures(tables)}.items()}  # fmt: skip
 
 
 def text_boxes(fig: Figure) -> list[tuple[str, Bbox]]:
@@ -116,7 +127,7 @@ def outside(fig: Figure, boxes: list[tuple[str, Bbox]]) -> list[str]:
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("key", list(pp_plots.PLOTS))
+@pytest.mark.parametrize("key", [*pp_plots.PLOTS, *study_plots.STUDY_PLOTS])
 @pytest.mark.parametrize("name", SETS)
 def test_no_text_overlaps_or_leaves_the_canvas(figures, name, key):
     fig = figures[(name, key)]
@@ -126,7 +137,7 @@ def test_no_text_overlaps_or_leaves_the_canvas(figures, name, key):
     assert not problems, f"{key} on the {name}: {len(problems)} problems:\n" + "\n".join(problems[:20])
 
 
-@pytest.mark.parametrize("key", list(pp_plots.PLOTS))
+@pytest.mark.parametrize("key", [*pp_plots.PLOTS, *study_plots.STUDY_PLOTS])
 @pytest.mark.parametrize("name", SETS)
 def test_content_fills_the_canvas(figures, name, key):
     """No wide blank band: what is drawn spans the canvas but for at most 15% or half an inch each way."""

@@ -163,5 +163,17 @@ def test_losses_agree_across_methods(sweep):
         assert got == pytest.approx(reference, rel=rel), method
 
 
+def test_recorded_settings_are_the_exported_ones(sweep):
+    """Issue 16: every cell recorded planning.settings' values as applied, and the sweep's exported plan for the
+    setting holds its fastest cell's settings."""
+    from .test_method_settings import assert_recorded_is_exported
+
+    for method in METHODS:
+        assert_recorded_is_exported(sweep, MODEL, method, 2)
+    plan = json.loads((sweep / "results/optimal" / MODEL / "cpu/1x2/plan.json").read_text())
+    recorded = cell(sweep, MODEL, plan["method"])[0]["method_settings"]
+    assert {k: recorded[k] for k in plan["method_settings"]} == plan["method_settings"]
+
+
 def test_no_process_left(sweep):
     assert leftover_processes(str(sweep)) == []

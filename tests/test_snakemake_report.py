@@ -12,11 +12,14 @@ import pytest
 from docutils.core import publish_parts
 from pretrain_planner.report import document
 from pretrain_planner.report.plots import PLOTS
+from pretrain_planner.report.study_plots import STUDY_PLOTS
 from pretrain_planner.tables.aggregate import TABLE_NAMES
+from pretrain_planner.tables.study import STUDY_TABLES
 
 from .conftest import snakemake, write_config
 
-CAPTIONED = [*TABLE_NAMES, *(stem for stem, _ in PLOTS.values())]
+CAPTIONED = [*TABLE_NAMES, *(stem for stem, _ in PLOTS.values()), *STUDY_TABLES, "whatif",
+             *(stem for stem, _ in STUDY_PLOTS.values()), "study_views", "study_reading"]  # fmt: skip
 
 
 @pytest.mark.parametrize("stem", [*CAPTIONED, "workflow"])
@@ -78,11 +81,14 @@ def test_html_report_after_a_sweep(tmp_path):
     results, categories = _embedded(page, "results"), _embedded(page, "categories")
     tables = {f"results/tables/{n}.csv": n for n in TABLE_NAMES}
     plots = {f"results/plots/{stem}.png": stem for stem, _ in PLOTS.values()}
-    assert set(results) == set(tables) | set(plots)
-    assert sorted(categories) == ["Plots", "Tables"]
+    study = {f"results/tables/study/{n}.csv": n for n in STUDY_TABLES} | {"results/tables/whatif.csv": "whatif"}
+    study |= {f"results/plots/study/{stem}.png": stem for stem, _ in STUDY_PLOTS.values()}
+    assert set(results) == set(tables) | set(plots) | set(study)
+    assert sorted(categories) == ["Plots", "Study views", "Tables"]
     assert {p for sub in categories["Plots"].values() for p in sub} == set(plots)
+    assert {p for sub in categories["Study views"].values() for p in sub} == set(study)
     md = (tmp_path / "results/report.md").read_text()
-    for path, stem in {**tables, **plots}.items():
+    for path, stem in {**tables, **plots, **study}.items():
         entry = results[path]
         assert entry["mime_type"] == ("text/csv" if path.endswith(".csv") else "image/png"), path
         assert entry["data_uri"].startswith(f"data:{entry['mime_type']}"), path  # the file itself is embedded

@@ -4,6 +4,7 @@ see where a sweep stands. Reads config files and results only; imports no torch.
   pretrain-planner cost --gpu a100 --count 4 --days 17.57
   pretrain-planner best --model pythia-1b --gpu a100 --count 4 [--results results]
   pretrain-planner status [--results results] [--watch [--every 2]]
+  pretrain-planner train --plan results/optimal/tiny-gptneox/cpu/1x1 [--launcher local|slurm|debug] [--steps N]
 """
 
 from __future__ import annotations
@@ -224,6 +225,58 @@ def cmd_best(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_predict(args: argparse.Namespace) -> int:
+    """Days and cost on a GPU type you may not own, predicted from the cells measured on others (tables/whatif.py)."""
+    import polars as pl
+
+    from pretrain_planner.schema import section
+    from pretrain_planner.tables import aggregate, costs, whatif
+
+    config = load_config(args)
+    results = _results_dir(config)
+    catalog = _catalog(config)
+    catalog.model(args.model), catalog.gpu(args.gpu)  # unknown names: a clear error
+    parquet = layout.table(results, "cells.parquet")
+    if parquet.is_file():
+        cells, source = pl.read_parquet(parquet), str(parquet)
+    else:
+        paths = [str(p) for p in layout.all_results(results)]
+        if not paths:
+            raise CliError(f"no results in {results}: neither tables/cells.parquet nor cells/*/.../result.json")
+        results_df, _ = aggregate.read_results(paths)
+        cells, _ = aggregate.cells_table(aggregate.plan_from_results(results_df), paths, catalog)
+        source = f"{len(paths)} result files in {results}/cells"
+    limit = section("config", "benchmark", config.get("benchmark"))["suspect_mfu"]
+    p = whatif.Predictor(cells, catalog, limit, config.get("costs")).predict(
+        args.model, args.gpu, args.nodes, _split(args.count, args.nodes)
+    )
+    if args.json:
+        print(json.dumps({**p.to_dict(), "source": source}, indent=1))
+        return 0
+    print(f"PREDICTION (not a measurement): {args.model} on {args.nodes}x{p.gpus_per_node} {args.gpu}: {p.status}")
+    if p.days_optimistic is not None:
+        band = f"{_days(p.days_optimistic)} (optimistic)"
+        if p.days_central is not None:
+            band += f" / {_days(p.days_central)} (central)"
+        pess = p.days_pessimistic
+        band += f" / {_days(pess)} (pessimistic)" if pess is not None else " / no pessimistic end"
+        print(f"  days to train: {band}")
+    if p.method:
+        print(f"  assumes {p.method}: {p.why}")
+        print(f"  compute MFU {p.mfu_low:.1%} .. {p.mfu_high:.1%} (central {p.mfu_central:.1%}); from {p.basis}")
+    elif p.why:
+        print(f"  {p.why}")
+    if p.amortised_usd_optimistic is not None or p.hardware_usd is not None:
+        print(f"  cost: hardware {costs.usd(p.hardware_usd)}, amortised {costs.usd(p.amortised_usd_optimistic)} .. "
+              f"{costs.usd(p.amortised_usd_pessimistic)}")  # fmt: skip
+    if p.measured_days is not None:
+        print(f"  measured here: {_days(p.measured_days)} days (not used for the prediction)")
+    if p.note:
+        print(f"  note: {p.note}")
+    print(f"  (from {source})")
+    return 0
+
+
 def _status_snapshot(args: argparse.Namespace, config: dict[str, Any], results: Path):
     """(summary, cells, plan source): plan.csv when the pipeline wrote it, else the config's plan."""
     from pretrain_planner.tables import status
@@ -274,6 +327,32 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    """Run an exported plan for real through the config's launcher (or --launcher): train/jobs.py."""
+    from pretrain_planner.train import jobs
+
+    config = load_config(args)
+    rec = jobs.read_plan(args.plan)
+    launcher = {**config["launcher"], **({"kind": args.launcher} if args.launcher else {})}
+    if args.site:
+        launcher["site"] = args.site
+    if args.timeout_min:
+        launcher["timeout_min"] = args.timeout_min
+    launch = jobs.launch_settings(launcher, rec, REPO)
+    out = Path(args.out) if args.out else layout.train_dir_of_plan(rec, _results_dir(config))
+    log_path = args.log or str(out / "launch.log")
+    res = jobs.run_plan(args.plan, launch, out, log_path, threads=args.threads, device=args.device, steps=args.steps,
+                        time_budget_h=args.time_budget_h, data=args.data, tokenizer=args.tokenizer)  # fmt: skip
+    if args.json:
+        print(json.dumps(res, indent=1, default=str))
+    else:
+        t, ratio = res["throughput"], (res["throughput"].get("ratio") or {})
+        print(f"{res['model']} on {res['nodes']}x{res['gpus_per_node']} {res['gpu']} ({res['method']}): {res['steps']} "
+              f"steps ({res['stop_reason']}), sustained step {t.get('step_time_s')} s, train / prediction "
+              f"{ratio.get('step_time_s')}; {out / layout.RESULT}, {out / layout.THROUGHPUT_MD}")  # fmt: skip
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------- parser
 
 
@@ -305,6 +384,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results", help="results folder (default: the config's `results`)")
     p.set_defaults(func=cmd_best)
 
+    p = sub.add_parser("predict", parents=[common],
+                       help="PREDICT days and cost on a GPU type from the cells measured on others")  # fmt: skip
+    p.add_argument("--model", required=True)
+    p.add_argument("--gpu", required=True, help="the target GPU type (a name in config/gpus.yaml)")
+    p.add_argument("--count", type=_positive(int), required=True, help="number of GPUs in all")
+    p.add_argument("--nodes", type=_positive(int), default=1, help="machines the GPUs are spread over (default 1)")
+    p.add_argument("--results", help="results folder (default: the config's `results`)")
+    p.set_defaults(func=cmd_predict)
+
     p = sub.add_parser("status", parents=[common], help="where the sweep stands, per GPU type")
     p.add_argument("--results", help="results folder (default: the config's `results`)")
     p.add_argument("--watch", action="store_true",
@@ -312,6 +400,23 @@ def build_parser() -> argparse.ArgumentParser:
                         "until nothing runs or waits (Ctrl-C to leave)")  # fmt: skip
     p.add_argument("--every", type=_positive(float), default=2.0, help="seconds between refreshes (default 2)")
     p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("train", parents=[common], help="run an exported plan for real (local / SLURM / debug)")
+    p.add_argument("--plan", required=True, help="results/optimal/{model}/{gpu}/{N}x{G}/ (or its plan.json)")
+    p.add_argument("--launcher", choices=["local", "slurm", "debug"], help="default: the config's launcher.kind")
+    p.add_argument("--site", help="the SLURM site file (default: the config's launcher.site)")
+    p.add_argument("--timeout-min", type=_positive(int), help="the local launcher's limit (default: the config's)")
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--steps", type=_positive(int), help="optimizer steps (default: the recipe's)")
+    budget.add_argument("--time-budget-h", type=_positive(float), help="hours of training time instead of steps")
+    p.add_argument("--out", help="output folder (default: <results>/train/{model}/{gpu}/{N}x{G})")
+    p.add_argument("--log", help="the launcher's log (default: <out>/launch.log)")
+    p.add_argument("--data", help="text files or an image folder (default: a generated corpus / synthetic images)")
+    p.add_argument("--tokenizer", help="a local tokenizers JSON file (default: trained on the corpus)")
+    p.add_argument("--device", choices=["auto", "cpu"], default="auto", help="cpu: a GPU plan on CPU processes")
+    p.add_argument("--threads", type=_positive(int), default=1, help="cores for the run's ranks on this host")
+    p.add_argument("--results", help="results folder (default: the config's `results`)")
+    p.set_defaults(func=cmd_train)
     return parser
 
 
@@ -321,6 +426,6 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return args.func(args)
-    except (CliError, ConfigError, FileNotFoundError) as exc:
+    except (CliError, ConfigError, FileNotFoundError) as exc:  # a failed train job raises (see its log)
         print(f"pretrain-planner {args.command}: {exc}", file=sys.stderr)
         return 1

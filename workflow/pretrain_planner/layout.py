@@ -9,6 +9,8 @@ says what each file holds). Imports no torch.
       tables/ plots/ report.md                   the aggregation
       optimal/{model}/{gpu}/{N}x{G}/             the plan to run (plan.json, training_arguments.json, launch.sh)
       budget/                                    the time-budgeted BERT stage
+      train/{model}/{gpu}/{N}x{G}/               the train stage (a plan run for real): result.json,
+                                                 throughput.{md,csv}, train.log, run/ (checkpoint, steps.jsonl)
       logs/                                      the rules' logs
 """
 
@@ -24,8 +26,11 @@ SEARCH = "search"
 TABLES = "tables"
 PLOTS = "plots"
 REPORT = "report.md"
+STUDY = f"{TABLES}/study"  # the study's views (tables/study.py); tables/whatif.{csv,md} beside the tables
+STUDY_PLOTS = f"{PLOTS}/study"  # their plots (report/study_plots.py)
 OPTIMAL = "optimal"
 BUDGET = "budget"
+TRAIN = "train"
 LOGS = "logs"
 
 # a cell's folder and its files
@@ -44,6 +49,11 @@ LOCAL_RECORD = "local_job.json"
 ROUND = "round{k}.json"
 SEARCH_FILE = "search.json"
 PLAN_FILE = "plan.json"
+# a train run's folder (train/{model}/{gpu}/{N}x{G}/) and its files
+THROUGHPUT_MD = "throughput.md"
+THROUGHPUT_CSV = "throughput.csv"
+TRAIN_LOG = "train.log"
+TRAIN_RUN = "run"  # checkpoint.pt, steps.jsonl: outlives a killed job (not a Snakemake output)
 
 
 def setting_folder(model: str, gpu: str, nodes: int | str, gpus_per_node: int | str) -> str:
@@ -108,3 +118,27 @@ def search_dir_pattern(results: str) -> str:
     """The search rules' setting folder, with Snakemake wildcards."""
     w = {k: wildcard(k) for k in ("model", "gpu", "nodes", "gpus_per_node")}
     return f"{results}/{SEARCH}/{SETTING_PATTERN.format(**w)}"
+
+
+def train_dir(results: str | Path, model: str, gpu: str, nodes: int | str, gpus_per_node: int | str) -> Path:
+    """train/{model}/{gpu}/{N}x{G}: where the train stage runs a setting's plan."""
+    return Path(results) / TRAIN / setting_folder(model, gpu, nodes, gpus_per_node)
+
+
+def train_dir_of_plan(plan: dict[str, Any], results: str | Path = "results") -> Path:
+    """The train folder of a plan.json record (its model, GPU type, nodes and GPUs per node)."""
+    model = plan["model"]["name"] if isinstance(plan["model"], dict) else plan["model"]
+    gpu = plan["gpu"]["name"] if isinstance(plan["gpu"], dict) else plan["gpu"]
+    return train_dir(results, model, gpu, plan["nodes"], plan["gpus_per_node"])
+
+
+def train_dir_pattern(results: str) -> str:
+    """The train rule's folder, with Snakemake wildcards."""
+    w = {k: wildcard(k) for k in ("model", "gpu", "nodes", "gpus_per_node")}
+    return f"{results}/{TRAIN}/{SETTING_PATTERN.format(**w)}"
+
+
+def optimal_plan_pattern(results: str) -> str:
+    """optimal/{model}/{gpu}/{N}x{G}/plan.json, with Snakemake wildcards."""
+    w = {k: wildcard(k) for k in ("model", "gpu", "nodes", "gpus_per_node")}
+    return f"{results}/{OPTIMAL}/{SETTING_PATTERN.format(**w)}/{PLAN_FILE}"

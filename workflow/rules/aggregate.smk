@@ -3,8 +3,12 @@
 
 import pretrain_planner.report.document as pp_document
 import pretrain_planner.tables.export as pp_export
+import pretrain_planner.tables.study as pp_study
+import pretrain_planner.tables.whatif as pp_whatif
 
 OPTIMAL = f"{RESULTS}/{pp_layout.OPTIMAL}"
+STUDY_TABLES = pp_study.table_files(f"{RESULTS}/{pp_layout.STUDY}")
+WHATIF = pp_whatif.table_files(f"{RESULTS}/{pp_layout.TABLES}")
 
 
 rule aggregate:
@@ -47,4 +51,49 @@ rule export_plan:
     run:
         pp_export.export_plans(
             input.time_to_train, input.feasibility, output[0], log[0], PP.catalog, params.seed
+        )
+
+
+rule study_tables:
+    input:
+        cells=TABLES["cells_parquet"],
+        time_to_train=TABLES["time_to_train_csv"],
+        models=PP.catalog.models_path,
+        gpus=PP.catalog.gpus_path,
+    output:
+        **pp_document.for_report(STUDY_TABLES, "Study views"),
+    log:
+        pp_layout.log(RESULTS, "study_tables.log"),
+    params:
+        suspect_mfu=PP.config["benchmark"]["suspect_mfu"],
+    run:
+        pp_study.build_study_tables(
+            input.cells, input.time_to_train, dict(output.items()), log[0], PP.catalog, params.suspect_mfu
+        )
+
+
+rule whatif:
+    input:
+        cells=TABLES["cells_parquet"],
+        models=PP.catalog.models_path,
+        gpus=PP.catalog.gpus_path,
+    output:
+        **pp_document.for_report(WHATIF, "Study views"),
+    log:
+        pp_layout.log(RESULTS, "whatif.log"),
+    params:
+        models=PP.config["sweep"]["models"],
+        counts=[(n, g) for n in PP.config["sweep"]["nodes"] for g in PP.config["sweep"]["gpus_per_node"]],
+        suspect_mfu=PP.config["benchmark"]["suspect_mfu"],
+        costs=PP.config.get("costs", {}),
+    run:
+        pp_whatif.build_whatif(
+            input.cells,
+            dict(output.items()),
+            log[0],
+            PP.catalog,
+            params.models,
+            params.counts,
+            params.suspect_mfu,
+            params.costs,
         )

@@ -3,8 +3,10 @@
 # captioned by its paragraph in workflow/report/, the same paragraphs report.md has.
 
 import pretrain_planner.report.document as pp_document
+import pretrain_planner.report.study_plots as pp_study_plots
 
 REPORT = f"{RESULTS}/{pp_layout.REPORT}"
+STUDY_PLOTS = pp_study_plots.plot_files(f"{RESULTS}/{pp_layout.STUDY_PLOTS}")
 
 
 report: "../report/workflow.rst"
@@ -23,10 +25,24 @@ rule plots:
         pp_plots.make_plots(dict(input.items()), dict(output.items()), log[0], params.costs)
 
 
+rule study_plots:
+    input:
+        **STUDY_TABLES,
+        **WHATIF,
+    output:
+        **pp_document.for_report(STUDY_PLOTS, "Study views"),
+    log:
+        pp_layout.log(RESULTS, "study_plots.log"),
+    run:
+        pp_study_plots.make_plots(dict(input.items()), dict(output.items()), log[0])
+
+
 rule report:
     input:
         tables=list(TABLES.values()),
         plots=list(PLOTS.values()),
+        study=list(STUDY_TABLES.values()) + list(WHATIF.values()),
+        study_plots=list(STUDY_PLOTS.values()),
         optimal=OPTIMAL,
     output:
         report=REPORT,
@@ -35,4 +51,11 @@ rule report:
     params:
         costs=PP.config.get("costs", {}),
     run:
-        pp_document.write_report(TABLES, PLOTS, input.optimal, output.report, log[0], params.costs)
+        pp_document.write_report(
+            {**TABLES, **STUDY_TABLES, **WHATIF},
+            {**PLOTS, **STUDY_PLOTS},
+            input.optimal,
+            output.report,
+            log[0],
+            params.costs,
+        )

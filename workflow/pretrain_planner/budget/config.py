@@ -87,10 +87,12 @@ def resolve_setting(
             rec = json.loads(plan.read_text())
             mb, accum = int(rec["measured"]["micro_batch_size"]), int(rec["measured"]["grad_accum_steps"])
             method = str(rec["method"])
+            # FSDP2's gradient synchronisation, as the measurement found it to fit (planning.settings)
+            grad_sync = ((rec.get("method_settings") or {}).get("fsdp_policy") or {}).get("grad_sync")
         except (ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"{plan}: not a plan of the export_plan rule ({type(exc).__name__}: {exc})") from None
         return {**base, "source": "benchmark", "plan": str(plan), "micro_batch": mb, "grad_accum_steps": accum,
-                "global_batch": mb * accum * world, "method": method}  # fmt: skip
+                "global_batch": mb * accum * world, "method": method, "grad_sync": grad_sync}  # fmt: skip
     if tr["setting"] == "benchmark":
         where = str(plan) if plan is not None else "results/optimal/{model}/{gpu}/{nodes}x{gpus_per_node}/plan.json"
         msg = (

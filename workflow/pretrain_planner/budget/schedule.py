@@ -4,7 +4,8 @@
 - validation points: every `dense_every` in the first `dense_first` and last `dense_last` of the budget,
   every `every` in between, and at the end;
 - early-stop markers and fine-tuning checkpoints: fractions of the budget.
-Imports no torch.
+`recipe_lr` is the catalog recipes' schedules (constant, linear, cosine, time-linear) for the train stage, keyed
+on steps or on time. Imports no torch.
 """
 
 from __future__ import annotations
@@ -64,3 +65,38 @@ def early_stop(markers: list[dict[str, float]], progress: float, last_val_loss: 
                 f"after {m['at_fraction']:.3f} of the budget"
             )
     return None
+
+
+def recipe_lr(sched: dict[str, Any], peak_lr: float, step: int, progress: float, total_steps: int | None) -> float:
+    """The learning rate of a catalog recipe's schedule (config/models.yaml `recipe.schedule`: constant, linear,
+    cosine, time-linear; warmup_steps or warmup_fraction; min_lr_ratio or min_lr) before optimizer step `step`
+    (0-based) at `progress` in [0, 1] (step / total steps, or elapsed time / time budget). Warm-up is linear from
+    0, over `warmup_steps` steps or `warmup_fraction` of progress; then constant, linear to 0 (linear,
+    time-linear) or a cosine to the floor (min_lr, or min_lr_ratio x peak, else 0). Under a time budget
+    (`total_steps` None) a warm-up given in steps counts steps and the decay follows time."""
+    import math
+
+    name = sched.get("name", "constant")
+    p = min(max(progress, 0.0), 1.0)
+    floor = sched.get("min_lr")
+    if floor is None:
+        floor = peak_lr * float(sched.get("min_lr_ratio") or 0.0)
+    w_steps, w_frac = sched.get("warmup_steps"), sched.get("warmup_fraction")
+    if w_steps:
+        if step < w_steps:
+            return peak_lr * step / w_steps
+        start = w_steps / total_steps if total_steps else 0.0
+    elif w_frac:
+        if p < w_frac:
+            return peak_lr * p / w_frac
+        start = w_frac
+    else:
+        start = 0.0
+    if name == "constant":
+        return peak_lr
+    q = min(max((p - start) / (1.0 - start), 0.0), 1.0) if start < 1.0 else 1.0  # decay progress
+    if name in ("linear", "time-linear"):
+        return peak_lr * (1.0 - q)
+    if name == "cosine":
+        return floor + (peak_lr - floor) * 0.5 * (1.0 + math.cos(math.pi * q))
+    raise ValueError(f"unknown schedule {name!r} (allowed: constant, linear, cosine, time-linear)")

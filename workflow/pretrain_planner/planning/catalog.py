@@ -48,6 +48,7 @@ class ModelSpec:
     supports_compile: bool = True
     supports_checkpointing: bool = True
     source: str = ""
+    original_training: dict[str, Any] | None = None  # {gpus, days, source}: the original run's resources
 
     @property
     def kind(self) -> Family:
@@ -102,6 +103,7 @@ class GpuSpec:
     tf32: bool
     price_usd: float | None
     cloud_usd_per_gpu_hour: float | None
+    interconnect_gb_s: float | None = None  # datasheet GPU-to-GPU bandwidth (the what-if predictor's ratio)
 
     def supports(self, precision: str) -> bool:
         return precision == "fp32" or bool(getattr(self, precision))
@@ -171,6 +173,7 @@ def _model(name: str, raw: dict, source: str) -> ModelSpec:
         supports_compile=supports.get("compile", True),
         supports_checkpointing=supports.get("activation_checkpointing", True),
         source=raw.get("source", ""),
+        original_training=raw.get("original_training"),
     )
 
 
@@ -192,6 +195,7 @@ def load_gpus(path: str | Path) -> tuple[dict[str, GpuSpec], dict[int, float]]:
             tf32=g["tf32"],
             price_usd=g.get("price_usd"),
             cloud_usd_per_gpu_hour=g.get("cloud_usd_per_gpu_hour"),
+            interconnect_gb_s=g.get("interconnect_gb_s"),
         )
         for name, g in data["gpus"].items()
     }

@@ -22,7 +22,7 @@ class Family:
     model_class: str  # the transformers model class built from that config
     attention: bool  # has attention layers that take `attn_implementation` (eager / sdpa / flash-attn 2)
     liger: bool  # Liger has kernels for it (the `liger` method part)
-    formula: str | None  # the closed form of its parameters and FLOPs (flops.py): transformer | vit | mamba;
+    formula: str | None  # the closed form of its parameters and FLOPs (flops.py): transformer | vit | mamba | convnext;
     # None: the trainer counts a step's FLOPs (torch.utils.flop_counter) and the memory model has no estimate
     required_arch: tuple[str, ...]  # arch keys the formulas and batch shapes read: never a transformers default
 
@@ -54,7 +54,7 @@ FAMILIES: dict[str, Family] = {
         Family("mamba", "causal_lm", "MambaConfig", "MambaForCausalLM", False, False, "mamba",
                ("hidden_size", "num_hidden_layers", "vocab_size")),
         Family("convnext", "image_classification", "ConvNextConfig", "ConvNextForImageClassification", False, False,
-               None, ("num_labels",)),
+               "convnext", ("depths", "hidden_sizes", "num_labels")),
     )
 }  # fmt: skip
 

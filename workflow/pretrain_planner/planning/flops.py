@@ -7,8 +7,16 @@ in full, deliberately (issue 14): the PaLM appendix, Megatron and torch.utils.fl
 MFU must compare with their figures; a causal flash kernel skips about half of it, so at long contexts MFU
 overstates the arithmetic done by up to half the attention share. Norms, biases and activations are ignored
 (< 2% for real sizes). With sparse prediction (24-hour BERT) the LM head counts for the masked share
-of the tokens only. Families with no formula (families.py: ConvNeXt) return None; the trainer then counts
-the FLOPs of one step with torch.utils.flop_counter. Imports no torch.
+of the tokens only.
+
+ConvNeXt (issue 17) has its closed form too: per block a 7x7 depthwise convolution (49 x C multiply-adds per pixel)
+and two pointwise layers (8 x C^2), the 2x2 downsamplings, the 4x4 stem (forward and weight gradient only: its input
+is the image) and the classifier. torch's FlopCounterMode, which counted it before, ignores `groups` in the
+convolution's backward: every depthwise weight gradient counted once per channel, ConvNeXt-XL at ~1.09e12 FLOPs per
+sample against ~3.66e11 (2.98x), and the MFU inflated by as much. Every family now has a formula, so every count is
+model FLOPs only: activation checkpointing's recomputed forward (which the counter also counted, +10.9% for
+ConvNeXt) is never model FLOPs. A family with no formula would return None (the trainer's counter then).
+Imports no torch.
 """
 
 from __future__ import annotations
@@ -31,6 +39,25 @@ def _mamba_block(arch: dict[str, Any]) -> int:
     d_inner, n = e * h, arch.get("state_size", 16)
     dt_rank = -(-h // 16)
     return h * 2 * d_inner + d_inner * h + d_inner * (dt_rank + 2 * n) + dt_rank * d_inner
+
+
+def _convnext_macs(arch: dict[str, Any], image: int) -> tuple[float, float, float]:
+    """(multiply-adds of one forward without the stem, those of the stem, parameters): ConvNeXt's stages at sides
+    image/4, /8, /16, /32. Norms, layer scale and activations are left out (< 1%)."""
+    widths, depths = arch.get("hidden_sizes", [96, 192, 384, 768]), arch.get("depths", [3, 3, 9, 3])
+    patch = arch.get("patch_size", 4)
+    side = image // patch
+    stem_params = arch.get("num_channels", 3) * widths[0] * patch * patch
+    macs, params = 0.0, float(stem_params + widths[-1] * arch.get("num_labels", 2))
+    for i, (c, d) in enumerate(zip(widths, depths, strict=True)):
+        if i:
+            side //= 2
+            params += widths[i - 1] * c * 4
+            macs += widths[i - 1] * c * 4 * side * side
+        block = 49 * c + 8 * c * c  # depthwise 7x7, then C -> 4C -> C
+        params += d * block
+        macs += d * block * side * side
+    return macs + widths[-1] * arch.get("num_labels", 2), float(stem_params * (image // patch) ** 2), params
 
 
 def _patches(arch: dict[str, Any]) -> int:
@@ -59,6 +86,8 @@ def param_count(model: dict[str, Any]) -> float | None:
         tied = a.get("tie_word_embeddings", model["family"] != "gptneox")
         embed = a["vocab_size"] * a["hidden_size"] * (1 if tied else 2)
         return float(a["num_hidden_layers"] * _transformer_block(a) + embed)
+    if formula == "convnext":
+        return _convnext_macs(a, model["recipe"]["image_size"])[2]
     return None
 
 
@@ -80,6 +109,9 @@ def train_flops_per_sample(model: dict[str, Any]) -> float | None:
     if formula == "mamba":
         per_token = 6 * (arch["num_hidden_layers"] * _mamba_block(arch) + arch["hidden_size"] * arch["vocab_size"])
         return float(per_token * recipe["sequence_length"])
+    if formula == "convnext":  # forward 2 x MACs, backward 4 x; the stem has no input gradient (2 + 2)
+        body, stem, _ = _convnext_macs(arch, recipe["image_size"])
+        return 6 * body + 4 * stem
     return None
 
 
@@ -88,3 +120,11 @@ def mfu(flops_per_step: float | None, step_time_s: float | None, world_size: int
     if not flops_per_step or not step_time_s or not peak_tflops:
         return None
     return flops_per_step / (step_time_s * world_size * peak_tflops * 1e12)
+
+
+def suspect(util: float | None, limit: float) -> tuple[bool, str | None]:
+    """Whether an implied MFU is physically implausible (above `limit`, benchmark.suspect_mfu), and why: the check
+    every cell's timing gets, and the study's published numbers too (tables/study.py)."""
+    if util is None or util <= limit:
+        return False, None
+    return True, f"implied MFU {util:.1%} exceeds {limit:.0%} of the dense peak: the timing cannot be right"

@@ -15,13 +15,15 @@ from typing import Any
 
 import polars as pl
 
-from pretrain_planner.report.plots import PLOTS
+from pretrain_planner.report.plots import PLOTS as BASE_PLOTS
+from pretrain_planner.report.study_plots import STUDY_PLOTS
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.tables import costs as pp_costs
 from pretrain_planner.tables.aggregate import GROUP, read_table, to_markdown
 
 # workflow/report/: the snakemake-workflows convention, beside the rules (the package runs from the repository)
 CAPTIONS = Path(__file__).resolve().parents[2] / "report"
+PLOTS = {**BASE_PLOTS, **STUDY_PLOTS}  # every plot: key -> (file stem, title)
 MAX_ROWS = 200  # report.md shows at most this many rows of a table (the CSV holds them all)
 
 
@@ -204,6 +206,26 @@ def _benchmark_cost(links: Links) -> list[str]:
     return ["## Benchmark cost\n", said + "\n", links.described("benchmark_cost")]
 
 
+def _study(links: Links) -> list[str]:
+    """The study's views (tables/study.py) and the what-if predictions, each with its paragraph."""
+    if "days_optimal_csv" not in links.tables or not Path(links.tables["days_optimal_csv"]).is_file():
+        return []
+    md = ["## The study's views\n", " ".join(paragraphs("study_views")) + "\n"]
+    for name in ("days_optimal", "days_naive", "optimal_settings"):
+        md.append(links.described(name))
+    md.append(Path(links.tables["days_optimal_md"]).read_text().split("\n\n", 2)[-1])
+    md += links.plot("study_days")
+    md += [links.described("gpu_days"), *links.plot("gpu_days")]
+    md += [links.described("speedups"), links.described("step_time_stats"), *links.plot("speedups")]
+    md += [links.described("memory_saving"), *links.plot("memory_saving")]
+    md += [links.described("model_flops"), links.described("study_claims")]
+    claims = Path(links.tables["study_claims_md"]).read_text().split("\n\n", 2)[-1]
+    md += [claims, "### What the study's numbers mean\n", " ".join(paragraphs("study_reading")) + "\n"]
+    if "whatif_csv" in links.tables and Path(links.tables["whatif_csv"]).is_file():
+        md += ["## What-if: GPU types you do not own (predictions)\n", links.described("whatif"), *links.plot("whatif")]
+    return md
+
+
 def _files(links: Links) -> list[str]:
     names = [n for n in ("cells", "time_to_train", "feasibility", "costs", "pareto", "problems", "benchmark_cost")
              if f"{n}_csv" in links.tables]  # fmt: skip
@@ -244,6 +266,7 @@ def write_report(
         *_problems(read_table(tables["problems_csv"])),
         *_exported_plans(optimal_dir, links),
         *_benchmark_cost(links),
+        *_study(links),
         *_files(links),
     ]
     atomic_write_text(out_md, "\n".join(md))

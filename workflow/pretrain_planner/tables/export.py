@@ -29,9 +29,11 @@ import polars as pl
 from pretrain_planner import layout
 from pretrain_planner.planning import methods
 from pretrain_planner.planning.catalog import Catalog, GpuSpec, ModelSpec
+from pretrain_planner.planning.settings import differences, resolve
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.tables.aggregate import GROUP, read_table
 
+WORKFLOW_DIR = str(Path(__file__).resolve().parents[2])  # where the package lives: launch.sh runs its train stage
 INDEX_COLUMNS = ["model", "gpu", "nodes", "gpus_per_node", "world_size", "best_method", "training_days", "folder",
                  "files", "note"]  # fmt: skip
 
@@ -87,65 +89,76 @@ def _max_steps(model: ModelSpec, step_time_s: float | None) -> int:
     raise ValueError(f"{model.name}: the recipe has neither steps nor a time budget with a measured step time")
 
 
-def deepspeed_config(
-    method: methods.Method, model: ModelSpec, micro_batch: int, accum: int, world_size: int
-) -> dict[str, Any] | None:
-    """DeepSpeed ZeRO config for a zero1/2/3 method (None otherwise); values match the TrainingArguments."""
-    stage = methods.ZERO_STAGE.get(method.sharding or "")
-    if stage is None:
-        return None
-    r, opt = model.recipe, model.recipe.optimizer
-    zero: dict[str, Any] = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True}
-    if stage == 3:
-        zero.update(stage3_gather_16bit_weights_on_model_save=True)
-    if method.offload:
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-        if stage == 3:
-            zero["offload_param"] = {"device": "cpu", "pin_memory": True}
-    return {
-        "train_batch_size": micro_batch * accum * world_size,
-        "train_micro_batch_size_per_gpu": micro_batch,
-        "gradient_accumulation_steps": accum,
-        "gradient_clipping": float(r.grad_clip or 0.0),
-        "bf16": {"enabled": r.precision == "bf16"},
-        "fp16": {"enabled": r.precision == "fp16", "loss_scale": 0, "initial_scale_power": 16},
-        "optimizer": {
-            # plain Adam (L2 weight decay) as the recipe has it; DeepSpeed's Adam with adam_w_mode false
-            "type": "AdamW" if opt.name == "adamw" else "Adam",
-            "params": {
-                "lr": opt.lr,
-                "betas": list(opt.betas),
-                "eps": opt.eps,
-                "weight_decay": opt.weight_decay,
-                **({} if opt.name == "adamw" else {"adam_w_mode": False}),
-            },
-        },
-        "zero_optimization": zero,
-        "steps_per_print": 1000,
-        "wall_clock_breakdown": False,
-    }
+def settings_for(
+    model: ModelSpec, gpu: GpuSpec, row: dict[str, Any], recorded: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The method's concrete settings for one time_to_train row (planning.settings.resolve, as the trainer
+    applied them); `recorded`: the cell's method_settings, for what only the measurement decides (FSDP2's
+    gradient synchronisation)."""
+    recorded = recorded or {}
+    grad_sync = (recorded.get("fsdp_policy") or {}).get("grad_sync") or (recorded.get("fsdp") or {}).get("grad_sync")
+    world = int(row["nodes"]) * int(row["gpus_per_node"])
+    return resolve(
+        row["best_method"], model.to_dict(), gpu.to_dict(), world, int(row["micro_batch_size"]),
+        int(row["grad_accum_steps"]), grad_sync=grad_sync,
+    )  # fmt: skip
+
+
+def not_expressible(model: ModelSpec, settings: dict[str, Any]) -> list[dict[str, str]]:
+    """The parts of the measured setting that `transformers.TrainingArguments` cannot express, each with why
+    and what a user of their own Hugging Face script does instead."""
+    out: list[dict[str, str]] = []
+
+    def add(part: str, reason: str) -> None:
+        out.append({"part": part, "reason": reason})
+
+    if settings["attn_implementation"]:
+        add("attn_implementation", f"a model argument, not a training one: build the model with "
+            f"attn_implementation={settings['attn_implementation']!r} (plan.json model_init_kwargs)")  # fmt: skip
+    if settings["optimizer"] == "Adam":
+        add("optimizer", "the recipe's Adam adds weight decay to the gradient (L2); the Trainer's optimizers "
+            "decouple it (AdamW): the plan uses AdamW with the same hyper-parameters")  # fmt: skip
+    if not settings["no_decay_1d"] and settings["weight_decay"]:
+        add("weight_decay_groups", "the measured run decays every parameter; the Trainer exempts biases and "
+            "LayerNorm weights from weight decay")  # fmt: skip
+    if settings["compile_optimizer"]:
+        add("cstep", "the Trainer compiles the model only; the optimizer step (and clipping) runs eagerly")
+    if settings["fused_ce"]:
+        add("flce", "our fused linear + cross-entropy head has no Trainer switch; use_liger_kernel brings Liger's "
+            "for the model types Liger patches")  # fmt: skip
+    if settings["cudnn_benchmark"]:
+        add("cudnn_benchmark", "set torch.backends.cudnn.benchmark = True in the training script")
+    policy = settings["fsdp_policy"]
+    if policy and policy["grad_sync"] == "every":
+        add("fsdp grad_sync", "the measurement reduce-scattered gradients on every micro-batch (the unsharded "
+            "accumulation did not fit); accelerate synchronises at the accumulation boundary only")  # fmt: skip
+    if model.arch.get("sparse_prediction"):
+        add("sparse_prediction", "the MLM head on the masked positions only is pretrain-planner's model class")
+    if model.recipe.schedule.get("name") == "time-linear":
+        add("time-linear schedule", "the Trainer schedules by steps: the plan decays over max_steps instead")
+    return out
 
 
 def training_arguments(
-    model: ModelSpec, gpu: GpuSpec, row: dict[str, Any], seed: int = 0, output_dir: str | None = None
+    model: ModelSpec,
+    gpu: GpuSpec,
+    row: dict[str, Any],
+    seed: int = 0,
+    output_dir: str | None = None,
+    settings: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any] | None, list[str]]:
-    """(TrainingArguments kwargs, DeepSpeed config or None, notes) for one time_to_train row."""
-    method = methods.parse(row["best_method"])
+    """(TrainingArguments kwargs, DeepSpeed config or None, notes) for one time_to_train row, from the method's
+    concrete settings (`settings_for`): every part the Trainer can express, nothing it cannot."""
+    s = settings or settings_for(model, gpu, row)
     r, opt = model.recipe, model.recipe.optimizer
     cpu = _is_cpu(gpu)
-    fl = method.free_lunch
     mb, accum = int(row["micro_batch_size"]), int(row["grad_accum_steps"])
     world = int(row["nodes"]) * int(row["gpus_per_node"])
     max_steps = _max_steps(model, row.get("step_time_s"))
     notes: list[str] = []
     if mb * accum * world != r.global_batch:
         notes.append(f"micro-batch {mb} x {accum} x {world} GPUs != the recipe's global batch {r.global_batch}")
-    if opt.name == "adam" and opt.weight_decay and methods.ZERO_STAGE.get(method.sharding or "") is None:
-        notes.append(
-            "the recipe's Adam adds weight decay to the gradient (L2); the Trainer's optimizer "
-            f"({'adamw_torch_fused' if fl and not cpu else 'adamw_torch'}) decouples it (AdamW)"
-        )
-    slug = method.slug.replace("+", "-")
+    slug = s["method"].replace("+", "-")
     args: dict[str, Any] = {
         "output_dir": output_dir or f"runs/{model.name}-{gpu.name}-{row['nodes']}x{row['gpus_per_node']}-{slug}",
         "per_device_train_batch_size": mb,
@@ -156,13 +169,13 @@ def training_arguments(
         "adam_beta2": opt.betas[1],
         "adam_epsilon": opt.eps,
         "weight_decay": opt.weight_decay,
-        "optim": "adamw_torch_fused" if fl and not cpu else "adamw_torch",
+        "optim": "adamw_torch_fused" if s["fused_optimizer"] else "adamw_torch",
         "max_grad_norm": float(r.grad_clip or 0.0),
-        "bf16": r.precision == "bf16",
-        "fp16": r.precision == "fp16",
-        "tf32": bool(fl and gpu.tf32 and not cpu),
-        "torch_compile": bool(fl and model.supports_compile),
-        "gradient_checkpointing": method.checkpointing,
+        "bf16": s["precision"] == "bf16",
+        "fp16": s["precision"] == "fp16",
+        "tf32": s["tf32"],
+        "torch_compile": s["compile"],
+        "gradient_checkpointing": s["activation_checkpointing"],
         "use_cpu": cpu,
         "seed": seed,
         "logging_steps": 10,
@@ -172,6 +185,12 @@ def training_arguments(
         "report_to": "none",
         "dataloader_drop_last": True,
     }
+    if s["compile"] and s["compile_mode"] != "default":
+        args["torch_compile_mode"] = s["compile_mode"]  # reduce-overhead: CUDA graphs (`cg`)
+    if s["activation_checkpointing"]:
+        args["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
+    if s["liger"]:
+        args["use_liger_kernel"] = True
     schedule, sched_notes = _schedule(model, max_steps)
     args.update(schedule)
     notes += sched_notes
@@ -179,17 +198,21 @@ def training_arguments(
         notes.append("the recipe does not clip gradients: max_grad_norm 0 disables clipping")
     if world > 1:
         args["ddp_find_unused_parameters"] = False
-    if fl and model.supports_compile is False:
+    if s["base"] == "fl" and not s["compile"]:
         notes.append(f"{model.name} does not support torch.compile: free-lunch runs it eagerly")
-    ds = deepspeed_config(method, model, mb, accum, world)
+    ds = s["deepspeed_config"]
     if ds is not None:
         args["deepspeed"] = ds
-    elif method.sharding in ("fsdp-grad", "fsdp-full"):
+        if ds["zero_optimization"]["stage"] == 3:
+            notes.append("ZeRO-3 partitions the model as it is built: parse the TrainingArguments and call "
+                         "deepspeed.init_distributed() before building the model")  # fmt: skip
+    elif s["fsdp_policy"]:
+        policy = s["fsdp_policy"]
         args["fsdp"] = True
         args["fsdp_config"] = {
             "version": 2,
-            "reshard_after_forward": method.sharding == "fsdp-full",
-            "cpu_offload": method.offload,
+            "reshard_after_forward": policy["reshard_after_forward"],
+            "cpu_offload": policy["cpu_offload"],
             "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
         }
     return args, ds, notes
@@ -207,18 +230,27 @@ def launch_script(model: ModelSpec, gpu: GpuSpec, row: dict[str, Any]) -> str:
 # micro-batch {row["micro_batch_size"]} x {row["grad_accum_steps"]} accumulation steps per GPU, measured step
 # {row["step_time_s"]:.4g} s -> about {days_txt} for the recipe's steps. Generated by pretrain-planner.
 #
-# TRAIN_SCRIPT: your Hugging Face Trainer script; it gets the path of training_arguments.json as its first
-# argument (e.g. HfArgumentParser(TrainingArguments).parse_json_file(sys.argv[1])) and builds the model of
-# plan.json; extra arguments of this script are passed on. Run it on one node as `bash launch.sh`, or submit it
-# with `sbatch launch.sh` (add your account/partition; the time limit below is the estimate + 10%, capped
-# by your site: a run that long needs checkpoint/resume across jobs).
+# By default it runs pretrain-planner's train stage on plan.json (python -m pretrain_planner.train: the method
+# exactly as measured, the recipe's optimizer and schedule, checkpoints and exact resume, and its throughput
+# against this measurement in result.json / throughput.md); arguments of this script are passed on (--steps N,
+# --time-budget-h H, --data PATH, --tokenizer PATH, --out DIR). TRAIN_SCRIPT=your_script.py runs your own
+# Hugging Face Trainer script instead, with the path of training_arguments.json as its first argument
+# (HfArgumentParser(TrainingArguments).parse_json_file(sys.argv[1])); plan.json lists what those arguments
+# cannot express (not_expressible). Run it on one node as `bash launch.sh`, or submit it with `sbatch launch.sh`
+# (add your account/partition; the time limit below is the estimate + 10%, capped by your site: a run that long
+# needs checkpoint/resume across jobs, which the train stage has).
 #SBATCH --job-name=pp-train-{model.name}-{gpu.name}-{nodes}x{gpn}
 #SBATCH --nodes={nodes}
 #SBATCH --ntasks-per-node=1
 {gres}#SBATCH --time={hours // 24}-{hours % 24:02d}:00:00
 set -euo pipefail
 PLAN_DIR="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
-TRAIN_SCRIPT="${{TRAIN_SCRIPT:-train.py}}"
+export PYTHONPATH="{WORKFLOW_DIR}${{PYTHONPATH:+:$PYTHONPATH}}"
+if [[ -n "${{TRAIN_SCRIPT:-}}" ]]; then
+  ENTRY=("$TRAIN_SCRIPT" "$PLAN_DIR/training_arguments.json")
+else
+  ENTRY=(-m pretrain_planner.train "$PLAN_DIR/plan.json")
+fi
 NNODES={nodes}
 NPROC_PER_NODE={gpn}
 export HF_HUB_OFFLINE="${{HF_HUB_OFFLINE:-1}}"
@@ -227,10 +259,10 @@ if [[ -n "${{SLURM_JOB_ID:-}}" ]]; then
   srun --nodes="$NNODES" --ntasks-per-node=1 \\
     torchrun --nnodes="$NNODES" --nproc-per-node="$NPROC_PER_NODE" \\
       --rdzv-id="$SLURM_JOB_ID" --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:29500" \\
-      "$TRAIN_SCRIPT" "$PLAN_DIR/training_arguments.json" "$@"
+      "${{ENTRY[@]}}" "$@"
 elif [[ "$NNODES" -eq 1 ]]; then
   torchrun --standalone --nnodes=1 --nproc-per-node="$NPROC_PER_NODE" \\
-    "$TRAIN_SCRIPT" "$PLAN_DIR/training_arguments.json" "$@"
+    "${{ENTRY[@]}}" "$@"
 else
   echo "this plan spans $NNODES nodes: submit it with sbatch (or run it inside a SLURM allocation)" >&2
   exit 2
@@ -238,11 +270,11 @@ fi
 """
 
 
-def _plan_record(model: ModelSpec, gpu: GpuSpec, row: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+def _plan_record(
+    model: ModelSpec, gpu: GpuSpec, row: dict[str, Any], notes: list[str], settings: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    s = settings or settings_for(model, gpu, row)
     method = methods.parse(row["best_method"])
-    attn = None
-    if model.kind.attention:
-        attn = "sdpa" if method.free_lunch else "eager"
     return {
         "model": model.to_dict(),
         "gpu": gpu.to_dict(),
@@ -250,7 +282,10 @@ def _plan_record(model: ModelSpec, gpu: GpuSpec, row: dict[str, Any], notes: lis
         "gpus_per_node": row["gpus_per_node"],
         "method": method.slug,
         "method_description": method.describe(),
-        "attn_implementation": attn,
+        "attn_implementation": s["attn_implementation"],
+        "model_init_kwargs": {"attn_implementation": s["attn_implementation"]} if s["attn_implementation"] else {},
+        "method_settings": s,
+        "not_expressible": not_expressible(model, s),
         "measured": {
             k: row.get(k)
             for k in (
@@ -271,6 +306,15 @@ def _plan_record(model: ModelSpec, gpu: GpuSpec, row: dict[str, Any], notes: lis
     }
 
 
+def _recorded_settings(results: Path, folder: str, method: str) -> dict[str, Any] | None:
+    """The method_settings the measured cell recorded (None: no readable result.json)."""
+    path = Path(layout.cell_file(results, folder, method))
+    try:
+        return json.loads(path.read_text()).get("method_settings") or None
+    except (OSError, ValueError):
+        return None
+
+
 def _write(path: Path, text: str) -> None:
     """Plain write: the folder is one Snakemake output, marked incomplete as a whole if the rule fails (an
     fsync per file would make a 400-setting export take seconds)."""
@@ -281,6 +325,48 @@ def _clean(v: Any) -> Any:
     return None if isinstance(v, float) and math.isnan(v) else v
 
 
+def _no_plan(target: Path, model: str, folder: str, why: str) -> dict[str, Any]:
+    _write(target / "README.md", f"# No plan for {model} on {folder}\n\n{why}.\n")
+    return {"files": "README.md", "note": why}
+
+
+def _export_setting(
+    target: Path, f: dict[str, Any], row: dict[str, Any] | None, catalog: Catalog, results: Path, seed: int
+) -> dict[str, Any]:
+    """One setting's folder: its plan, or a README saying why there is none. Returns the index fields."""
+    folder = plan_folder(*(f[k] for k in GROUP))
+    model, gpu = catalog.models.get(f["model"]), catalog.gpus.get(f["gpu"])
+    if row is None:
+        return _no_plan(target, f["model"], folder, f"no feasible method: {f['verdict']} (naive: {f['naive']}, "
+                        f"fl: {f['fl']})")  # fmt: skip
+    if model is None or gpu is None:
+        return _no_plan(target, f["model"], folder, f"{f['model']} or {f['gpu']} is no longer in the catalog")
+    row = {k: _clean(v) for k, v in row.items()}
+    recorded = _recorded_settings(results, folder, row["best_method"])
+    settings = settings_for(model, gpu, row, recorded)
+    differ = differences(settings, recorded or {})
+    if differ:
+        cell = layout.cell_path(*(f[k] for k in GROUP), row["best_method"])
+        why = (
+            f"the measured cell ran other settings than this plan would ({'; '.join(differ)}): re-measure it with "
+            f"this version (delete {cell}) before exporting"
+        )
+        return _no_plan(target, f["model"], folder, why)
+    args, ds, notes = training_arguments(model, gpu, row, seed, settings=settings)
+    if recorded is None:
+        notes.append("the measured cell's result.json was not found: settings as planned, not as recorded")
+    files = ["training_arguments.json", "launch.sh", "plan.json"]
+    _write(target / "training_arguments.json", json.dumps(args, indent=1) + "\n")
+    if ds is not None:
+        _write(target / "deepspeed.json", json.dumps(ds, indent=1) + "\n")
+        files.append("deepspeed.json")
+    _write(target / "launch.sh", launch_script(model, gpu, row))
+    (target / "launch.sh").chmod(0o755)
+    _write(target / "plan.json", json.dumps(_plan_record(model, gpu, row, notes, settings), indent=1) + "\n")
+    return {"best_method": row["best_method"], "training_days": row["training_days"], "files": " ".join(files),
+            "note": "; ".join(notes)}  # fmt: skip
+
+
 def export_plans(
     time_to_train_csv: str,
     feasibility_csv: str,
@@ -288,9 +374,13 @@ def export_plans(
     log_path: str,
     catalog: Catalog,
     seed: int = 0,
+    results_dir: str | None = None,
 ) -> list[dict[str, Any]]:
-    """The `export` rule: one folder per model x GPU x count, and index.csv."""
+    """The `export` rule: one folder per model x GPU x count, and index.csv. A setting whose measured cell
+    recorded settings other than the plan's gets no plan but a README saying which (results_dir: where the
+    cells are; default the folder above `out_dir`)."""
     out = Path(out_dir)
+    results = Path(results_dir) if results_dir else out.parent
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
@@ -305,29 +395,7 @@ def export_plans(
         target.mkdir(parents=True, exist_ok=True)
         entry = {**{k: f[k] for k in GROUP}, "world_size": f["world_size"], "best_method": None,
                  "training_days": None, "folder": folder, "files": "", "note": ""}  # fmt: skip
-        row = best.get(key)
-        model, gpu = catalog.models.get(f["model"]), catalog.gpus.get(f["gpu"])
-        if row is None or model is None or gpu is None:
-            why = (
-                f"no feasible method: {f['verdict']} (naive: {f['naive']}, fl: {f['fl']})"
-                if row is None
-                else f"{f['model']} or {f['gpu']} is no longer in the catalog"
-            )
-            _write(target / "README.md", f"# No plan for {f['model']} on {folder}\n\n{why}.\n")
-            entry.update(files="README.md", note=why)
-        else:
-            row = {k: _clean(v) for k, v in row.items()}
-            args, ds, notes = training_arguments(model, gpu, row, seed)
-            files = ["training_arguments.json", "launch.sh", "plan.json"]
-            _write(target / "training_arguments.json", json.dumps(args, indent=1) + "\n")
-            if ds is not None:
-                _write(target / "deepspeed.json", json.dumps(ds, indent=1) + "\n")
-                files.append("deepspeed.json")
-            _write(target / "launch.sh", launch_script(model, gpu, row))
-            (target / "launch.sh").chmod(0o755)
-            _write(target / "plan.json", json.dumps(_plan_record(model, gpu, row, notes), indent=1) + "\n")
-            entry.update(best_method=row["best_method"], training_days=row["training_days"], files=" ".join(files),
-                         note="; ".join(notes))  # fmt: skip
+        entry.update(_export_setting(target, f, best.get(key), catalog, results, seed))
         index.append(entry)
         log.append(f"{folder}: {entry['best_method'] or entry['note']}")
     buf = io.StringIO()

@@ -53,9 +53,10 @@ def _outermost(found: list[tuple[str, torch.nn.Module]]) -> list[tuple[str, torc
 
 
 def shard(
-    cfg: RunConfig, env: RankEnv, net: torch.nn.Module, compiled: bool, autocast_dtype: torch.dtype | None
+    cfg: RunConfig, env: RankEnv, net: torch.nn.Module, plan: dict[str, Any], autocast_dtype: torch.dtype | None
 ) -> tuple[torch.nn.Module, torch.dtype | None, dict[str, Any]]:
-    """Shard `net` in place; return it, the autocast dtype still to use (None: the policy casts), settings."""
+    """Shard `net` in place by `plan` (planning.settings: its fsdp_policy and compile); return it, the autocast
+    dtype still to use (None: the policy casts), settings."""
     try:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
@@ -63,21 +64,21 @@ def shard(
         raise Unsupported(
             f"FSDP2 (torch.distributed.fsdp.fully_shard) is not available in torch {torch.__version__}"
         ) from None
-    method = cfg.method
-    reshard = method.sharding == "fsdp-full"
+    method, policy, compiled = cfg.method, plan["fsdp_policy"], plan["compile"]
+    reshard = policy["reshard_after_forward"]
     mp_note = None
-    if compiled and autocast_dtype is not None and env.device.type == "cpu":
+    if autocast_dtype is not None and policy["mixed_precision"] is None:
         # inductor's C++ backend miscompiles kernels over bf16 parameters (torch 2.13: "conflicting
         # declaration 'auto at_BFloat16_tmp_acc0_vec'"); autocast over fp32 parameters compiles fine
         mp_note = "compiled on CPU: autocast over fp32 parameters (inductor's C++ backend fails on bf16 parameters)"
-    use_policy = autocast_dtype is not None and mp_note is None
+    use_policy = policy["mixed_precision"] is not None
     mp = (
         MixedPrecisionPolicy(param_dtype=autocast_dtype, reduce_dtype=torch.float32)
         if use_policy
         else MixedPrecisionPolicy()
     )
-    pin = env.device.type == "cuda"
-    offload = CPUOffloadPolicy(pin_memory=pin) if method.offload else OffloadPolicy()
+    pin = policy["pin_memory"]
+    offload = CPUOffloadPolicy(pin_memory=pin) if policy["cpu_offload"] else OffloadPolicy()
     skeleton = any(p.is_meta for p in net.parameters())
     # rank 0's weights, kept on the CPU until the other ranks have theirs (fully_shard replaces the parameters'
     # data by their GPU shards; these references keep the CPU copies)

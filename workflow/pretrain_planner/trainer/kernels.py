@@ -88,11 +88,9 @@ def fused_ce_impl(method: Any, device: torch.device) -> str | None:
 
 def attn_implementation(method: Any, has_attention: bool) -> str | None:
     """What the model is built with: eager (naive), SDPA (fl), flash-attn 2 (fl+fa2); None without attention."""
-    if not has_attention:
-        return None
-    if method.flash_attn:
-        return "flash_attention_2"
-    return "sdpa" if method.free_lunch else "eager"
+    from pretrain_planner.planning.settings import attention_for
+
+    return attention_for(method) if has_attention else None
 
 
 def apply_liger(net: torch.nn.Module) -> dict[str, Any]:

@@ -3,7 +3,9 @@
 Honest means: every timed region is bounded by device synchronisation; warm-up steps (compile,
 autotune, allocator growth) are dropped; a step is a whole optimizer step with its real gradient
 accumulation and the gradient synchronisation where it happens; each step's time is the slowest rank's;
-the median is reported with p10/p90. Batches are made before timing, so no data work is timed.
+the median is reported with p10/p90. Batches are made before timing, so no data work is timed. The timed steps
+run on the one training loop (trainer.loop, as the budget and train stages do), so the step measured is the step
+that trains.
 
 The search runs on scratch instances of the trained model (`build(micro_batch, accum)`; DeepSpeed needs
 one per micro-batch size); the timed steps run on a fresh instance, so every method starts timing from
@@ -32,6 +34,7 @@ import torch.distributed as torch_dist
 from pretrain_planner.launch import progress
 from pretrain_planner.planning.grid import largest_micro_batch
 from pretrain_planner.trainer.config import RunConfig
+from pretrain_planner.trainer.loop import Hooks, Loop, Ranks
 from pretrain_planner.trainer.models import make_batch
 from pretrain_planner.trainer.oom import Verdict, free_memory, guarded, is_oom
 from pretrain_planner.trainer.rank import RankEnv
@@ -234,7 +237,29 @@ def _agree_skipped(env: RankEnv, skipped: bool) -> bool:
     return _agree_any(env, skipped)
 
 
+class _TimedHooks(Hooks):
+    """The benchmark's run on the one loop: the pre-made synthetic batches in turn, the recipe's learning rate
+    (constant), and the PP_TEST_JITTER disturbance inside the timed region when `jitter_now`."""
+
+    def __init__(self, batches: list[dict[str, torch.Tensor]], lr: float, jitter: tuple[float, str] | None) -> None:
+        self.batches, self.lr_value, self.jitter = batches, lr, jitter
+        self.jitter_now = False
+
+    def micro_batch(self, index: int) -> dict[str, torch.Tensor]:
+        return self.batches[index % len(self.batches)]
+
+    def lr(self, state: dict[str, Any]) -> float:
+        return self.lr_value
+
+    def in_step(self, state: dict[str, Any]) -> None:
+        if self.jitter is not None and self.jitter_now:
+            time.sleep(self.jitter[0])
+
+
 def time_steps(cfg: RunConfig, env: RankEnv, step: TrainStep, micro_batch: int, repeat: int = 0) -> Timing:
+    """Warm-up, then `timed_steps` whole optimizer steps on the one training loop (trainer.loop: the step of every
+    run), each bounded by device syncs and lasting as long as its slowest rank; steps the fp16 loss scaler skipped
+    are not timed (every rank agrees which)."""
     per_rank = cfg.recipe["global_batch"] // cfg.cell.world_size
     accum = per_rank // micro_batch
     batches = batches_for(cfg, env, micro_batch, min(accum, BATCH_POOL))
@@ -245,30 +270,28 @@ def time_steps(cfg: RunConfig, env: RankEnv, step: TrainStep, micro_batch: int, 
     scales: list[float | None] = []
     skipped_before: list[int] = []
     skipped = since = 0
-    collectives = None
+    collectives: dict[str, dict[str, int]] = {}
     warmup = cfg.bench.warmup_steps
     attempt = 0
     jitter = _test_jitter()
+    hooks = _TimedHooks(batches, cfg.recipe["optimizer"]["lr"], jitter)
+    loop = Loop.timed(step, Ranks.of(env), hooks, accum, cfg.bench.seed)
     n = cfg.bench.timed_steps
     again = " again (the first timing was spread out)" if repeat else ""
     plan = f"timing micro-batch {micro_batch} x {accum}{again}: {warmup} warm-up, {n} timed steps"
     progress.mark(0, plan, always=True)
+
+    def counted(work: Callable[[], Any]) -> Any:  # the last warm-up step: which collectives a step runs
+        out, collectives["counts"] = count_collectives(work)
+        return out
+
     while len(times) < n and skipped <= MAX_SKIPPED:
         mark = step.overflow_mark()  # host reads stay outside the timed region
         scale = step.loss_scale()
-        if attempt == warmup - 1 and env.distributed:  # the last warm-up step: which collectives a step runs
-            env.sync()
-            loss, collectives = count_collectives(lambda: step(batches, accum))
-            env.sync()
-            elapsed = 0.0
-        else:
-            env.sync()
-            t0 = time.perf_counter()
-            loss = step(batches, accum)
-            if jitter and (jitter[1] == "all" or repeat == 0) and attempt >= warmup and len(times) % 2:
-                time.sleep(jitter[0])
-            env.sync()
-            elapsed = time.perf_counter() - t0
+        counting = attempt == warmup - 1 and env.distributed
+        hooks.jitter_now = bool(jitter and (jitter[1] == "all" or repeat == 0) and attempt >= warmup and len(times) % 2)
+        loop.step([], wrap=counted if counting else None)
+        elapsed, loss = loop.last["step_time_s"], loop.last["loss"]
         attempt += 1
         if mark is not None and _agree_skipped(env, step.was_skipped(mark)):
             skipped += 1
@@ -287,12 +310,8 @@ def time_steps(cfg: RunConfig, env: RankEnv, step: TrainStep, micro_batch: int, 
         raise RuntimeError(
             f"the loss scaler skipped {skipped} steps in a row (inf/nan gradients at every scale): no step to time"
         )
-    if env.distributed:  # a step lasts as long as its slowest rank
-        t = torch.tensor(times, dtype=torch.float64, device=env.device)
-        torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX)
-        times = t.tolist()
     peak, kind = _peak_memory(env)
-    return Timing(times, losses, peak, kind, scales, skipped_before, skipped, collectives)
+    return Timing(times, losses, peak, kind, scales, skipped_before, skipped, collectives.get("counts"))
 
 
 @dataclass

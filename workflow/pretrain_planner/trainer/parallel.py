@@ -62,18 +62,29 @@ def precision_setup(cfg: RunConfig, env: RankEnv) -> torch.dtype | None:
     return torch.bfloat16 if precision == "bf16" else torch.float16
 
 
+def planned(cfg: RunConfig, env: RankEnv, micro_batch: int = 1, accum: int = 1, grad_sync: str | None = None):
+    """The method's concrete settings on this rank's device (planning.settings.resolve: the export's too)."""
+    from pretrain_planner.planning.settings import resolve
+
+    return resolve(
+        cfg.method, cfg.model, cfg.gpu, env.world_size, micro_batch, accum,
+        cuda=env.device.type == "cuda", grad_sync=grad_sync, recipe=cfg.recipe,
+    )  # fmt: skip
+
+
 def common_setup(cfg: RunConfig, env: RankEnv, net: torch.nn.Module) -> tuple[bool, torch.dtype | None]:
     """TF32 (free-lunch on GPUs that have it), cuDNN autotuning (free-lunch on GPUs: convolutions of ConvNeXt;
-    the shapes are fixed, the warm-up steps absorb the search), the recipe's precision, activation checkpointing."""
-    on_cuda = env.device.type == "cuda"
-    tf32 = cfg.method.free_lunch and on_cuda and bool(cfg.gpu.get("tf32"))
-    if on_cuda:
+    the shapes are fixed, the warm-up steps absorb the search), the recipe's precision, activation checkpointing:
+    as planning.settings resolves them."""
+    plan = planned(cfg, env)
+    tf32 = plan["tf32"]
+    if env.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = tf32
         torch.backends.cudnn.allow_tf32 = tf32
-        torch.backends.cudnn.benchmark = cudnn_benchmark(cfg, env)
+        torch.backends.cudnn.benchmark = plan["cudnn_benchmark"]
     autocast_dtype = precision_setup(cfg, env)
     net.train()
-    if cfg.method.checkpointing:
+    if plan["activation_checkpointing"]:
         kwargs = {"use_reentrant": False}
         if hasattr(net, "activation_checkpointing_enable"):  # transformers >= 5.x; the old name warns
             net.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
@@ -83,8 +94,8 @@ def common_setup(cfg: RunConfig, env: RankEnv, net: torch.nn.Module) -> tuple[bo
 
 
 def cudnn_benchmark(cfg: Any, env: RankEnv) -> bool:
-    """Whether cuDNN autotunes its convolution algorithms: under free-lunch on CUDA."""
-    return bool(cfg.method.free_lunch) and env.device.type == "cuda"
+    """Whether cuDNN autotunes its convolution algorithms: under free-lunch on CUDA (planning.settings)."""
+    return bool(planned(cfg, env)["cudnn_benchmark"])
 
 
 def _allow_recompiles() -> None:
@@ -103,15 +114,16 @@ def apply_method(cfg: RunConfig, env: RankEnv, net: torch.nn.Module, attn_used: 
     method = cfg.method
     if method.sharding and not method.sharding.startswith("fsdp"):
         raise ValueError(f"{method.sharding} is applied by trainer.zero, not apply_method")
+    plan = planned(cfg, env)
     tf32, autocast_dtype = common_setup(cfg, env, net)
     loss_scaling = autocast_dtype == torch.float16
-    compiled = method.free_lunch and cfg.model["supports_compile"]
+    compiled = plan["compile"]
     # static shapes (the benchmark's fixed batches); a model dict may ask otherwise (None: automatic dynamic)
-    compile_kwargs: dict[str, Any] = {"dynamic": cfg.model.get("compile_dynamic", False)}
-    if method.compile_mode == "cg":
-        if method.sharding:
-            raise Unsupported(f"cg: CUDA graphs cannot capture {method.sharding}'s collectives and hooks")
-        compile_kwargs["mode"] = "reduce-overhead"  # inductor + CUDA graph trees
+    compile_kwargs: dict[str, Any] = {"dynamic": plan["compile_dynamic"]}
+    if method.compile_mode == "cg" and method.sharding:
+        raise Unsupported(f"cg: CUDA graphs cannot capture {method.sharding}'s collectives and hooks")
+    if plan["compile_mode"] not in (None, "default"):
+        compile_kwargs["mode"] = plan["compile_mode"]  # reduce-overhead: inductor + CUDA graph trees
     if compiled:
         _allow_recompiles()
     ddp = probe = fsdp_root = None
@@ -119,7 +131,7 @@ def apply_method(cfg: RunConfig, env: RankEnv, net: torch.nn.Module, attn_used: 
     if method.sharding:
         from pretrain_planner.trainer.fsdp import shard
 
-        module, autocast_dtype, parallel = shard(cfg, env, net, compiled, autocast_dtype)
+        module, autocast_dtype, parallel = shard(cfg, env, net, plan, autocast_dtype)
         fsdp_root = module
         if not compiled:
             probe = Probe.on(net)
@@ -140,15 +152,16 @@ def apply_method(cfg: RunConfig, env: RankEnv, net: torch.nn.Module, attn_used: 
             }
         else:
             parallel = {"parallel": "single", "ddp": None}
+    # the planned settings, each overwritten by what was applied (a difference shows in the result)
     settings = {
-        "base": method.base,
-        "attn_implementation": None,  # filled by the caller
+        **plan,
         "compile": compiled,
         "compile_note": None if compiled or not method.free_lunch else "model does not support torch.compile",
         "compile_mode": compile_kwargs.get("mode", "default") if compiled else None,
-        "cuda_graphs": compiled and method.compile_mode == "cg",
+        "compile_dynamic": compile_kwargs["dynamic"] if compiled else None,
+        "cuda_graphs": bool(compiled and compile_kwargs.get("mode") == "reduce-overhead"),
         "tf32": tf32,
-        "cudnn_benchmark": cudnn_benchmark(cfg, env),
+        "cudnn_benchmark": bool(torch.backends.cudnn.benchmark) if env.device.type == "cuda" else False,
         "autocast": str(autocast_dtype).replace("torch.", "") if autocast_dtype else None,
         "grad_scaler": (("ShardedGradScaler" if method.sharding else "GradScaler") if loss_scaling else None),
         "activation_checkpointing": method.checkpointing,
@@ -171,7 +184,7 @@ def build_optimizer(
     opt = cfg.recipe["optimizer"]
     cls = torch.optim.AdamW if opt["name"] == "adamw" else torch.optim.Adam
     # fused AdamW on CUDA (free-lunch); with FSDP's CPU offload the optimizer steps CPU tensors
-    fused = cfg.method.free_lunch and env.device.type == "cuda" and not offload
+    fused = planned(cfg, env)["fused_optimizer"]
     kwargs = {"lr": opt["lr"], "betas": tuple(opt["betas"]), "eps": opt["eps"], "weight_decay": opt["weight_decay"]}
     if fused:
         kwargs["fused"] = True
@@ -181,7 +194,8 @@ def build_optimizer(
         decay, no_decay = [p for p in params if p.ndim >= 2], [p for p in params if p.ndim < 2]
         params = [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
         extra["weight_decay_groups"] = "1-d parameters (biases, norms) without weight decay"
-    return cls(params, **kwargs), {"optimizer": cls.__name__, "fused_optimizer": fused, **kwargs, **extra}
+    recorded = {**kwargs, "betas": list(kwargs["betas"]), "no_decay_1d": bool(opt.get("no_decay_1d"))}
+    return cls(params, **kwargs), {"optimizer": cls.__name__, "fused_optimizer": fused, **recorded, **extra}
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from pretrain_planner.launch.rankjob import job_id_here, observe_rank, recorded_job
+from pretrain_planner.planning import flops
 from pretrain_planner.planning.catalog import GpuSpec
 from pretrain_planner.planning.flops import mfu, train_flops_per_sample
 from pretrain_planner.results import write_result, write_steps
@@ -227,7 +228,7 @@ def _throughput(cfg: RunConfig, env: RankEnv, step: TrainStep, timing: Any, sett
     if env.device.type == "cuda":  # the catalog's one rule: the dense peak of the precision the step ran in
         peak = GpuSpec(**cfg.gpu).peak_for(cfg.recipe["precision"], tf32=bool(settings["tf32"]))
     util = mfu(flops_per_step, median, cfg.cell.world_size, peak)
-    suspect = util is not None and util > cfg.bench.suspect_mfu
+    suspect, suspect_reason = flops.suspect(util, cfg.bench.suspect_mfu)
     tokens = cfg.model["recipe"].get("sequence_length") if cfg.model["task"] != "image_classification" else None
     recipe_steps, budget_h = cfg.recipe.get("steps"), cfg.recipe.get("time_budget_hours")
     return {
@@ -238,11 +239,7 @@ def _throughput(cfg: RunConfig, env: RankEnv, step: TrainStep, timing: Any, sett
         "peak_tflops": peak,
         "mfu": util,
         "suspect": suspect,
-        "suspect_reason": (
-            f"implied MFU {util:.1%} exceeds {cfg.bench.suspect_mfu:.0%} of the dense peak: the timing cannot be right"
-            if suspect
-            else None
-        ),
+        "suspect_reason": suspect_reason,
         "recipe_steps": recipe_steps,
         "training_days": recipe_steps * median / 86400 if recipe_steps else None,
         "steps_in_budget": budget_h * 3600 / median if budget_h else None,

@@ -131,6 +131,8 @@ class TrainStep:
             "did not fit)"
         )
         self.settings["fsdp"]["grad_sync"] = mode
+        if self.settings.get("fsdp_policy"):
+            self.settings["fsdp_policy"] = {**self.settings["fsdp_policy"], "grad_sync": mode}
 
     def accepts(self, micro_batch: int) -> bool:
         """Whether this instance can run micro-batches of that size (a torch optimizer: any size)."""

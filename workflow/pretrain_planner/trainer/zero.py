@@ -35,12 +35,18 @@ import torch
 from pretrain_planner.planning.methods import ZERO_STAGE
 from pretrain_planner.trainer.config import RunConfig
 from pretrain_planner.trainer.evidence import Probe, zero_sharding
-from pretrain_planner.trainer.parallel import Applied, _allow_recompiles, build_optimizer, common_setup, cudnn_benchmark
+from pretrain_planner.trainer.parallel import (
+    Applied,
+    _allow_recompiles,
+    build_optimizer,
+    common_setup,
+    cudnn_benchmark,
+    planned,
+)
 from pretrain_planner.trainer.rank import RankEnv, Unsupported
 from pretrain_planner.trainer.step import TrainStep
 
 STAGES = ZERO_STAGE  # methods.py: one table of the shardings
-STEPS_PER_PRINT = 2**31 - 1  # DeepSpeed's progress log, never
 
 
 def import_deepspeed(env: RankEnv):
@@ -82,40 +88,8 @@ def check_supported(cfg: RunConfig, env: RankEnv) -> None:
 
 
 def ds_config(cfg: RunConfig, env: RankEnv, micro_batch: int, accum: int) -> dict[str, Any]:
-    """The DeepSpeed config of this cell at one micro-batch size (validates with DeepSpeedConfig)."""
-    method, recipe = cfg.method, cfg.recipe
-    stage = STAGES[method.sharding]
-    pin = env.device.type == "cuda"
-    zero: dict[str, Any] = {"stage": stage}
-    if method.offload:
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin}
-        if stage == 3:
-            zero["offload_param"] = {"device": "cpu", "pin_memory": pin}
-    precision = recipe["precision"]
-    config: dict[str, Any] = {
-        "train_batch_size": micro_batch * accum * env.world_size,
-        "train_micro_batch_size_per_gpu": micro_batch,
-        "gradient_accumulation_steps": accum,
-        "gradient_clipping": float(recipe.get("grad_clip") or 0.0),
-        "zero_optimization": zero,
-        "bf16": {"enabled": precision == "bf16"},
-        "fp16": {"enabled": precision == "fp16", **({"loss_scale": 0} if precision == "fp16" else {})},
-        "steps_per_print": STEPS_PER_PRINT,
-        "wall_clock_breakdown": False,
-    }
-    if method.offload:  # ZeRO-Offload refuses a client optimizer: DeepSpeed's CPU Adam from the config
-        opt = recipe["optimizer"]
-        config["optimizer"] = {
-            "type": "Adam",
-            "params": {
-                "lr": opt["lr"],
-                "betas": list(opt["betas"]),
-                "eps": opt["eps"],
-                "weight_decay": opt["weight_decay"],
-                "adam_w_mode": opt["name"] == "adamw",
-            },
-        }
-    return config
+    """The DeepSpeed config of this cell at one micro-batch size: planning.settings' (the export's), exactly."""
+    return planned(cfg, env, micro_batch, accum)["deepspeed_config"]
 
 
 class DeepSpeedStep(TrainStep):
@@ -213,14 +187,18 @@ def _settings(
     compilation, the DeepSpeed config it ran, and the optimizer."""
     method, precision = cfg.method, cfg.recipe["precision"]
     base = getattr(engine.optimizer, "optimizer", engine.optimizer)
+    plan = planned(cfg, env, config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"])
     if opt_settings is None:
         p = config["optimizer"]["params"]
         opt_settings = {
-            "optimizer": f"{type(base).__name__} (DeepSpeed config: Adam, adam_w_mode={p['adam_w_mode']})",
+            "optimizer": type(base).__name__,
+            "optimizer_note": f"DeepSpeed config: Adam, adam_w_mode={p['adam_w_mode']}",
             "fused_optimizer": False,
             **{k: v for k, v in p.items() if k != "adam_w_mode"},
         }
     return {
+        **plan,  # the planned settings, each overwritten below by what the engine reports
+        "deepspeed_config": config,
         "base": method.base,
         "attn_implementation": attn_used,
         "compile": bool(compiled and getattr(engine, "is_compiled", False)),
@@ -237,6 +215,7 @@ def _settings(
             if not method.free_lunch
             else "model does not support torch.compile"
         ),
+        "compile_mode": "default" if compiled and getattr(engine, "is_compiled", False) else None,
         "tf32": tf32,
         "cudnn_benchmark": cudnn_benchmark(cfg, env),
         "autocast": None,

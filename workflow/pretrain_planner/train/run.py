@@ -1,0 +1,360 @@
+"""Run an exported plan for real, on every rank: the plan's method through the trainer's pieces (as a benchmark
+cell builds it: trainer/methodbuild.py over parallel.apply_method / build_optimizer, zero.build_step,
+step.TrainStep and run.build_with_extras, on the plan's model, GPU and recipe values), the family's data
+(train/data.py), the recipe's optimizer and schedule (budget.schedule.recipe_lr), step-budgeted (--steps, or the
+recipe's steps) or time-budgeted (--time-budget-h, or the recipe's time budget), on the shared loop
+(trainer/loop.py: accumulation, checkpoint/resume exactly after a kill, signals, the step log).
+
+Rank 0 writes `result.json` (the run, plan.json's method_settings beside what the trainer reports it applied,
+the data and whether it is synthetic, the sustained throughput beside the benchmark's prediction and their
+ratios) and `throughput.{md,csv}` (train/record.py) in the output folder; `run/` holds checkpoint.pt and
+steps.jsonl (a rerun resumes from it) and `data/` the prepared data.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import signal
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pretrain_planner import layout
+from pretrain_planner.budget import schedule
+from pretrain_planner.budget.config import TORCH_LOCK, FileLog, fingerprint
+from pretrain_planner.planning.methods import parse
+from pretrain_planner.results import atomic_write_text
+from pretrain_planner.train import data as tdata
+from pretrain_planner.train import record
+from pretrain_planner.trainer import methodbuild
+from pretrain_planner.trainer.loop import Hooks, Loop, Ranks, read_jsonl
+from pretrain_planner.trainer.parallel import MethodConfig
+
+
+def load_plan(plan: str | Path) -> tuple[dict[str, Any], Path]:
+    """plan.json (or the folder holding it), read."""
+    p = Path(plan)
+    if p.is_dir():
+        p = p / layout.PLAN_FILE
+    rec = json.loads(p.read_text())
+    for key in ("model", "gpu", "nodes", "gpus_per_node", "method", "measured"):
+        if key not in rec:
+            raise ValueError(f"{p}: not a plan of the export_plan rule (no {key!r})")
+    return rec, p
+
+
+def _device_of(plan: dict[str, Any], device: str):
+    gpu = plan["gpu"]["name"]
+
+    def of(local_rank: int) -> torch.device:
+        if device == "cpu" or (device == "auto" and gpu == "cpu"):
+            return torch.device("cpu")
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"the plan is for GPU type {gpu!r} but no CUDA device is visible on "
+                               f"{socket.gethostname()} (--device cpu runs it on CPU processes)")  # fmt: skip
+        from pretrain_planner.trainer.rank import device_index
+
+        return torch.device("cuda", device_index(local_rank, torch.cuda.device_count()))
+
+    return of
+
+
+def _versions() -> dict[str, str | None]:
+    from importlib import metadata
+
+    out: dict[str, str | None] = {"python": platform.python_version(), "cuda": torch.version.cuda}
+    for pkg in ("torch", "transformers", "tokenizers", "deepspeed", "pretrain-planner"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+class _Train(Hooks):
+    """One process of a plan's run: ranks, data, the method, and the loop's hooks (data, schedule, stop)."""
+
+    def __init__(self, plan: dict[str, Any], plan_path: Path, out: Path, o: dict[str, Any]) -> None:
+        self.plan, self.plan_path, self.out, self.o = plan, plan_path, out, o
+        model = plan["model"]
+        self.task, self.recipe = model["task"], model["recipe"]
+        self.method = parse(plan["method"], "plan.json method")
+        if o["threads"]:
+            torch.set_num_threads(int(o["threads"]))
+        self.ranks = Ranks(None, _device_of(plan, o["device"]), group_for_one=bool(self.method.sharding))
+        self.rank0, self.world, self.device = self.ranks.rank == 0, self.ranks.world, self.ranks.device
+        self.logger = FileLog(out / layout.TRAIN_LOG if self.rank0 else None)
+        self.notes: list[str] = []
+        m = plan["measured"]
+        self.micro = int(m["micro_batch_size"])
+        gb = int(self.recipe["global_batch"])
+        if gb % (self.micro * self.world):
+            raise ValueError(f"global batch {gb} is not a multiple of micro-batch {self.micro} x {self.world} ranks")
+        self.accum, self.global_batch = gb // (self.micro * self.world), gb
+        self.plan_world = int(plan["nodes"]) * int(plan["gpus_per_node"])
+        if self.world != self.plan_world:
+            self.notes.append(f"ran on {self.world} rank(s), the plan's setting has {self.plan_world}: accumulation "
+                              f"{self.accum} instead of {m.get('grad_accum_steps')}, so the throughput is not the "
+                              "same setting as the prediction")  # fmt: skip
+        self._budget()
+        self._data()
+
+    # -- set-up ----------------------------------------------------------------------------------------------
+    def _budget(self) -> None:
+        o, r = self.o, self.recipe
+        if o["steps"] is not None:
+            self.budget = {"mode": "steps", "steps": int(o["steps"]), "source": "--steps"}
+        elif o["time_budget_h"] is not None:
+            self.budget = {"mode": "time", "hours": float(o["time_budget_h"]), "source": "--time-budget-h"}
+        elif r.get("steps"):
+            self.budget = {"mode": "steps", "steps": int(r["steps"]), "source": "the recipe's steps"}
+        elif r.get("time_budget_hours"):
+            self.budget = {"mode": "time", "hours": float(r["time_budget_hours"]), "source": "the recipe's time budget"}
+        else:
+            raise ValueError("the recipe has neither steps nor a time budget: pass --steps or --time-budget-h")
+
+    def _data(self) -> None:
+        """Rank 0 prepares (tokenizer, packing, shards), the others then read what it wrote."""
+        o, model, seed, out = self.o, self.plan["model"], self.o["seed"], self.out
+        self.model = dict(model)
+        need = max(256, self.global_batch * 4)
+        for turn in ("rank0", "others"):
+            if (turn == "rank0") == self.rank0:
+                self._prepare(o, model, seed, out / "data", need)
+            if turn == "rank0":
+                self.ranks.barrier()
+
+    def _prepare(self, o: dict[str, Any], model: dict[str, Any], seed: int, ddir: Path, need: int) -> None:
+        r = self.recipe
+        if self.task == "image_classification":
+            self.images = tdata.ImageSource(o["data"], int(r["image_size"]), int(model["arch"].get("num_labels", 2)),
+                                            seed, need)  # fmt: skip
+            self.sampler = tdata.IndexSampler(self.images.n, seed)
+            self.data_info = dict(self.images.info)
+            return
+        seq = int(r["sequence_length"])
+        files, info = tdata.text_files(o["data"], ddir, seed, min_words=need * seq)
+        if self.task == "causal_lm":
+            self.blocks, meta = tdata.causal_lm_tokens(files, o["tokenizer"], int(model["arch"]["vocab_size"]), seq,
+                                                       ddir)  # fmt: skip
+            self.sampler = tdata.IndexSampler(len(self.blocks), seed)
+            self.data_info = {**info, **{k: v for k, v in meta.items() if k != "fingerprint"}, "fingerprint":
+                              meta["fingerprint"]}  # fmt: skip
+            return
+        # masked LM: the budget stage's data preparation (WordPiece, samples, static masking, shards)
+        from pretrain_planner.budget.data import prepare_data
+        from pretrain_planner.budget.pretrain import ShardSampler
+
+        cfg = tdata.mlm_config(files, o["tokenizer"], model, seed)
+        index_path = ddir / "mlm" / "index.json"
+        if self.rank0:
+            prepare_data(cfg, index_path, self.out / layout.TRAIN_LOG)
+        self.index = json.loads(index_path.read_text())
+        if self.index["vocab_size"] > int(model["arch"]["vocab_size"]):
+            raise ValueError(f"the tokenizer has {self.index['vocab_size']} tokens, the model's vocabulary "
+                             f"{model['arch']['vocab_size']}")  # fmt: skip
+        self.sampler = ShardSampler(index_path.parent, self.index["splits"]["train"],
+                                    self.index["duplication_factor"], seed)  # fmt: skip
+        self.pad_id = self.index["special_ids"]["pad"]
+        self.model = {**model, "arch": {**model["arch"], "pad_token_id": self.pad_id}}
+        self.data_info = {**info, "prepared_by": "budget/data.py (WordPiece, static masking)",
+                          "tokenizer": o["tokenizer"] or "WordPiece trained on the corpus",
+                          "tokenizer_vocab": self.index["vocab_size"], "seq_len": self.index["seq_len"],
+                          "samples": self.index["samples"], "fingerprint": self.index["fingerprint"],
+                          "model_overrides": {"pad_token_id": self.pad_id}}  # fmt: skip
+        if self.index["seq_len"] != seq:
+            self.notes.append(f"sequence length {self.index['seq_len']} (the model's positions), not the recipe's "
+                              f"{seq}")  # fmt: skip
+
+    def build(self) -> None:
+        """The plan's method on the plan's model, GPU and recipe values, as a benchmark cell builds it."""
+        o, plan = self.o, self.plan
+        cfg = MethodConfig(method=self.method, model=self.model, gpu=plan["gpu"], recipe=self.recipe)
+        planned = plan.get("method_settings") or {}
+        grad_sync = (planned.get("fsdp_policy") or {}).get("grad_sync") if isinstance(planned, dict) else None
+        sched = self.recipe.get("schedule") or {"name": "constant"}
+        self.built = methodbuild.build(
+            cfg, self.ranks.env(), self.model, self.micro, self.accum, o["seed"], fl_attn=None, grad_sync=grad_sync,
+            where="plan.json method", compile_note=None,
+            lr_schedule=f"the recipe's {json.dumps(sched)} over the run's {self.budget['mode']} budget, set every step "
+                        "(budget.schedule.recipe_lr)",
+        )  # fmt: skip
+        from pretrain_planner.trainer.models import kernel_info
+
+        if kernels := kernel_info(self.model):
+            self.built.settings["kernels"] = kernels
+        fp = fingerprint(self.model, plan["method"], self.micro, self.accum, self.world, o["seed"], self.budget,
+                         self.data_info.get("fingerprint"), self.data_info["label"])  # fmt: skip
+        self.loop = Loop(
+            built=self.built, ranks=self.ranks, hooks=self, run_dir=self.out / layout.TRAIN_RUN, fingerprint=fp,
+            accum=self.accum, seed=o["seed"], logger=self.logger, fake_step_s=o["fake_step_s"],
+            checkpoint_every_s=o["checkpoint_every_min"] * 60 if o["checkpoint_every_min"] else None,
+            checkpoint_every_steps=o["checkpoint_every_steps"], log_every=o["log_every"],
+            warmup_steps=o["warmup_steps"], extra_state={"starts": []},
+        )  # fmt: skip
+
+    # -- the loop's hooks ----------------------------------------------------------------------------------
+    def micro_batch(self, index: int) -> dict[str, torch.Tensor]:
+        """This rank's slice of the next micro * world samples of the global stream."""
+        micro, rank = self.micro, self.ranks.rank
+        if self.task == "masked_lm":
+            from pretrain_planner.budget.pretrain import to_batch
+
+            part = self.sampler.take(micro * self.world)
+            part = {a: v[rank * micro : (rank + 1) * micro] for a, v in part.items()}
+            return to_batch(part, self.pad_id, self.device)
+        idx = self.sampler.take(micro * self.world)[rank * micro : (rank + 1) * micro]
+        if self.task == "image_classification":
+            batch = self.images.batch(idx)
+        else:
+            ids = torch.from_numpy(np.asarray(self.blocks[np.sort(idx)], dtype=np.int64))
+            batch = {"input_ids": ids, "labels": ids.clone()}
+        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+
+    def progress(self, state: dict[str, Any]) -> float:
+        if self.budget["mode"] == "steps":
+            return state["step"] / self.budget["steps"]
+        return state["elapsed_s"] / (self.budget["hours"] * 3600.0)
+
+    def lr(self, state: dict[str, Any]) -> float:
+        total = self.budget["steps"] if self.budget["mode"] == "steps" else None
+        sched = self.recipe.get("schedule") or {"name": "constant"}
+        return schedule.recipe_lr(sched, float(self.recipe["optimizer"]["lr"]), state["step"], self.progress(state),
+                                  total)  # fmt: skip
+
+    def stop(self, state: dict[str, Any]) -> str | None:
+        if self.budget["mode"] == "steps" and state["step"] >= self.budget["steps"]:
+            return "steps"
+        if self.budget["mode"] == "time" and self.progress(state) >= 1.0:
+            return "time budget"
+        return None
+
+    def step_fields(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {"progress": round(self.progress(state), 6)}
+
+    def data_state(self) -> dict[str, Any]:
+        return {"sampler": self.sampler.state()}
+
+    def load_data_state(self, s: dict[str, Any]) -> None:
+        self.sampler.load_state(s["sampler"])
+
+    def on_start(self, loop: Loop) -> None:
+        p = self.plan
+        self.logger.info(
+            "start: plan %s: model %s (%s) on %d rank(s) (%s, plan %dx%d %s), method %s, batch %d = %d x %d x %d, "
+            "%s budget %s (%s), data: %s", self.plan_path, p["model"]["name"], p["model"]["family"], self.world,
+            self.device, p["nodes"], p["gpus_per_node"], p["gpu"]["name"], p["method"], self.global_batch,
+            self.micro, self.accum, self.world, self.budget["mode"], self.budget.get("steps", self.budget.get("hours")),
+            self.budget["source"], self.data_info["label"],
+        )  # fmt: skip
+
+    # -- the end -------------------------------------------------------------------------------------------
+    def result(self, started: str, t0: float) -> dict[str, Any]:
+        p, state, loop = self.plan, self.loop.state, self.loop
+        steps = read_jsonl(loop.steps_path)
+        losses = [s["loss"] for s in steps]
+        k = max(1, len(losses) // 10)
+        tokens = int(self.recipe["sequence_length"]) if self.task != "image_classification" else None
+        if self.task == "masked_lm":
+            tokens = int(self.index["seq_len"])
+        settings = {**self.built.settings, "observed": loop.observed}
+        planned = p.get("method_settings")
+        try:
+            from pretrain_planner.planning.settings import differences
+
+            diffs = differences(planned, settings) if planned else None
+        except ImportError:  # an older checkout without planning.settings
+            diffs = None
+        thr = record.sustained(steps, self.global_batch, tokens, p["measured"])
+        if self.o["fake_step_s"] is not None:
+            thr["note"] = "a fake clock (testing): every step counted fake_step_s"
+        return {
+            "status": "ok", "model": p["model"]["name"], "family": p["model"]["family"], "task": self.task,
+            "gpu": p["gpu"]["name"], "nodes": p["nodes"], "gpus_per_node": p["gpus_per_node"],
+            "world_size": self.world, "plan_world_size": self.plan_world, "method": p["method"],
+            "plan": str(self.plan_path), "device": str(self.device), "launched_by": self.ranks.launched_by,
+            "precision": self.recipe["precision"], "micro_batch_size": self.micro, "grad_accum_steps": self.accum,
+            "global_batch": self.global_batch, "budget": self.budget, "steps": state["step"],
+            "elapsed_s": state["elapsed_s"], "stop_reason": state["stop"], "starts_at_step": state["starts"],
+            "optimizer": self.recipe["optimizer"], "schedule": self.recipe.get("schedule"),
+            "grad_clip": self.recipe.get("grad_clip"), "data": self.data_info,
+            "method_settings_plan": planned, "method_settings": settings, "settings_differences": diffs,
+            "throughput": thr, "loss_first": float(np.mean(losses[:k])) if losses else None,
+            "loss_last": float(np.mean(losses[-k:])) if losses else None, "notes": self.notes,
+            "run_dir": str(loop.run_dir), "versions": _versions(), "hostname": socket.gethostname(),
+            "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "started_at": started,
+            "finished_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "wall_time_s": time.time() - t0,
+        }  # fmt: skip
+
+
+def train_plan(plan: str | Path, **kwargs: Any) -> dict[str, Any]:
+    """See `_train_plan`; one torch job at a time per process (an in-process debug run)."""
+    with TORCH_LOCK:
+        try:
+            return _train_plan(plan, **kwargs)
+        finally:
+            import torch.distributed as torch_dist
+
+            if torch_dist.is_available() and torch_dist.is_initialized():
+                torch_dist.destroy_process_group()
+
+
+def _train_plan(
+    plan: str | Path,
+    out: str | Path | None = None,
+    *,
+    steps: int | None = None,
+    time_budget_h: float | None = None,
+    data: str | None = None,
+    tokenizer: str | None = None,
+    device: str = "auto",
+    threads: int | None = None,
+    seed: int = 0,
+    warmup_steps: int = 2,
+    log_every: int = 10,
+    checkpoint_every_min: float | None = 30.0,
+    checkpoint_every_steps: int | None = None,
+    fake_step_s: float | None = None,
+    kill_at_step: int | None = None,
+    kill_signal: int = signal.SIGKILL,
+) -> dict[str, Any]:
+    """Run the plan on this rank (torchrun's, submitit's or a single process); rank 0 writes result.json and
+    throughput.{md,csv} in `out` (default: results/train/{model}/{gpu}/{N}x{G} under the working directory) and
+    returns the result. `kill_at_step` (testing): rank 0 sends `kill_signal` to itself after that step."""
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    t0, started = time.time(), dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    rec, plan_path = load_plan(plan)
+    out_dir = Path(out) if out is not None else layout.train_dir_of_plan(rec, "results")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    o = {"steps": steps, "time_budget_h": time_budget_h, "data": data, "tokenizer": tokenizer, "device": device,
+         "threads": threads, "seed": seed, "warmup_steps": warmup_steps, "log_every": log_every,
+         "checkpoint_every_min": checkpoint_every_min, "checkpoint_every_steps": checkpoint_every_steps,
+         "fake_step_s": fake_step_s}  # fmt: skip
+    run = _Train(rec, plan_path.resolve(), out_dir, o)
+    try:
+        run.build()
+        run.loop.resume_or_start()
+        run.loop.state["starts"].append(run.loop.state["step"])
+        run.loop.run(kill_at_step, kill_signal)
+        run.logger.info("stopped (%s) at step %d, %.1f s of training time", run.loop.state["stop"],
+                        run.loop.state["step"], run.loop.state["elapsed_s"])  # fmt: skip
+        run.loop.checkpoint()
+        if not run.rank0:
+            return {"rank": run.ranks.rank}
+        result = run.result(started, t0)
+        atomic_write_text(out_dir / layout.RESULT, json.dumps(result, indent=1, default=str))
+        record.write_tables(out_dir, result)
+        return result
+    finally:
+        run.ranks.close()
