@@ -30,7 +30,7 @@ def budget_cfg(tmp_path, load=True, **over):
         "model": {"family": "roberta-prelayernorm", "arch": {"hidden_size": 32, "num_hidden_layers": 1,
                   "num_attention_heads": 2, "intermediate_size": 64, "type_vocab_size": 1,
                   "sparse_prediction": True}},
-        "train": {"budget_hours": 12 / 3600, "global_batch": 8, "micro_batch": 4, "fake_step_s": 1.0,
+        "train": {"budget_hours": 12 / 3600, "clock": "train", "global_batch": 8, "micro_batch": 4, "fake_step_s": 1.0,
                   "checkpoint_every_s": 4, "early_stop": [], "finetune_checkpoints": [0.5],
                   "validation": {"every": 0.25, "dense_every": 0.1, "dense_first": 0.0, "dense_last": 0.0,
                                  "max_samples": 16}},

@@ -16,17 +16,135 @@ from pretrain_planner.budget import glue
 from .conftest import BIN, REPO
 
 
-def test_metrics_against_known_values():
-    y = np.array([1, 1, 0, 0, 1, 0])
-    p = np.array([1, 0, 0, 1, 1, 0])
-    assert glue.accuracy(y, p) == pytest.approx(4 / 6)
-    assert glue.f1_binary(y, p) == pytest.approx(2 * 2 / (2 * 2 + 1 + 1))
-    assert glue.matthews(y, p) == pytest.approx((2 * 2 - 1 * 1) / math.sqrt(3 * 3 * 3 * 3))
-    assert glue.matthews(y, np.ones_like(y)) == 0.0  # constant prediction
-    assert glue.pearson([1, 2, 3], [2, 4, 6]) == pytest.approx(1.0)
-    assert glue.spearman([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
-    # ties get averaged ranks (as scipy.stats.spearmanr): ranks [1.5, 1.5, 3] vs [1, 2, 3]
-    assert glue.spearman([1, 1, 2], [1, 2, 3]) == pytest.approx(np.corrcoef([1.5, 1.5, 3], [1, 2, 3])[0, 1])
+def test_metrics_are_the_libraries_of_the_reference():
+    """scikit-learn's accuracy, F1, Matthews and scipy's Pearson, Spearman (the reference's `glue` metric), not
+    hand-written ones: equal on random data with ties, and NaN where scipy gives NaN (a constant prediction)."""
+    from scipy import stats
+    from sklearn import metrics as skm
+
+    m = glue.glue_metrics
+    assert m.LIBRARY == {"acc": "sklearn.metrics.accuracy_score", "f1": "sklearn.metrics.f1_score",
+                         "mcc": "sklearn.metrics.matthews_corrcoef", "pearson": "scipy.stats.pearsonr",
+                         "spearman": "scipy.stats.spearmanr"}  # fmt: skip
+    rng = np.random.default_rng(0)
+    y, p = rng.integers(0, 2, 50), rng.integers(0, 2, 50)
+    assert m.compute("acc", y, p) == skm.accuracy_score(y, p)
+    assert m.compute("f1", y, p) == skm.f1_score(y, p)
+    assert m.compute("mcc", y, p) == skm.matthews_corrcoef(y, p)
+    a, b = rng.integers(0, 5, 40).astype(float), rng.normal(size=40)  # ties in `a`
+    assert m.compute("pearson", a, b) == pytest.approx(stats.pearsonr(a, b)[0], abs=1e-12)
+    assert m.compute("spearman", a, b) == pytest.approx(stats.spearmanr(a, b)[0], abs=1e-12)
+    assert math.isnan(m.compute("pearson", a, np.ones_like(a)))  # scipy: NaN (a hand-written one said 0.0)
+    assert m.compute("mcc", y, np.ones_like(y)) == 0.0
+    assert {t: m.monitor(t) for t in ("cola", "mrpc", "qqp", "stsb", "mnli", "rte")} == {
+        "cola": "mcc", "mrpc": "f1", "qqp": "f1", "stsb": "spearman", "mnli": "acc", "rte": "acc"}  # fmt: skip
+
+
+def test_grid_and_the_median_of_the_best_setting():
+    """Every lr x batch x epochs (a scalar is a one-value axis); per setting the median over seeds, the best
+    setting by that median (not by its best seed, nor by the mean)."""
+    assert glue.grid({"lr": [1e-4, 5e-5], "batch": 32, "epochs": [3, 5]}) == [
+        {"lr": 1e-4, "batch": 32, "epochs": 3}, {"lr": 1e-4, "batch": 32, "epochs": 5},
+        {"lr": 5e-5, "batch": 32, "epochs": 3}, {"lr": 5e-5, "batch": 32, "epochs": 5}]  # fmt: skip
+    runs = [
+        # setting A: one lucky seed (best single run and best mean), median 0.50
+        {"lr": 1e-4, "batch": 16, "epochs": 3, "seed": 0, "acc": 0.50, "f1": 0.1},
+        {"lr": 1e-4, "batch": 16, "epochs": 3, "seed": 1, "acc": 0.95, "f1": 0.2},
+        {"lr": 1e-4, "batch": 16, "epochs": 3, "seed": 2, "acc": 0.48, "f1": 0.3},
+        # setting B: median 0.60
+        {"lr": 5e-5, "batch": 32, "epochs": 3, "seed": 0, "acc": 0.60, "f1": 0.6},
+        {"lr": 5e-5, "batch": 32, "epochs": 3, "seed": 1, "acc": 0.58, "f1": 0.4},
+        {"lr": 5e-5, "batch": 32, "epochs": 3, "seed": 2, "acc": 0.62, "f1": float("nan")},
+    ]
+    agg = glue.glue_metrics.aggregate(runs, "acc", ["acc", "f1"])
+    assert agg["setting"] == {"lr": 5e-5, "batch": 32, "epochs": 3} and agg["seeds"] == [0, 1, 2]
+    assert agg["metrics"] == {"acc": pytest.approx(0.60), "f1": pytest.approx(0.5)}  # NaN left out of a median
+    assert [s["acc"] for s in agg["settings"]] == [pytest.approx(0.50), pytest.approx(0.60)]
+
+
+def _tiny_classifier(num_labels=2):
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(0)
+    cfg = tf.BertConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=16, num_labels=num_labels)  # fmt: skip
+    model = tf.BertForSequenceClassification(cfg)
+
+    def encode(rows):
+        ids = torch.tensor([[2 + (hash(r[0]) % 30) for _ in range(4)] for r in rows])
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+    return model, encode
+
+
+def test_a_run_warms_up_decays_clips_evaluates_every_n_steps_and_keeps_the_best(monkeypatch):
+    """run_glue's recipe: linear warm-up then linear decay, gradient norm clipped at 1.0, an evaluation every
+    eval_steps, the best evaluated checkpoint restored at the end, and patience stopping the run."""
+    import torch
+    from pretrain_planner.budget import glue_train
+
+    model, encode = _tiny_classifier()
+    x = [(f"row {i}",) for i in range(40)]
+    y = [i % 2 for i in range(40)]
+    task = glue.TASKS["rte"]
+    g = {"weight_decay": 0.01, "warmup_steps": 3, "eval_steps": 2, "patience": 2, "max_grad_norm": 1.0}
+    # the schedule: 0 -> lr over 3 warm-up steps, then linear to ~0 at the last of 13 steps
+    opt = glue_train.build_optimizer(model, 1e-3, 0.01)
+    sched = glue_train.build_schedule(opt, 3, 13)
+    lrs = []
+    for _ in range(13):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs[:4] == pytest.approx([0, 1e-3 / 3, 2e-3 / 3, 1e-3]) and lrs[8] == pytest.approx(1e-3 * 5 / 10, rel=1e-3)
+    assert opt.param_groups[0]["lr"] == pytest.approx(1e-7)
+    clips = []
+    real_clip = torch.nn.utils.clip_grad_norm_
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda ps, norm: clips.append(norm) or real_clip(ps, norm))
+    # scripted dev scores: best at the 2nd evaluation (step 4), then two without improvement -> stop at step 8
+    scores, states = iter([0.5, 0.7, 0.6, 0.7]), []
+
+    def scripted(m, enc, devs, t, batch):
+        states.append({k: v.clone() for k, v in m.state_dict().items()})
+        return {"acc": next(scores), "dev_rows": 24}
+
+    monkeypatch.setattr(glue_train, "evaluate", scripted)
+    run = glue_train.train_run(model, encode, x, y, {"dev": (x, y)}, task, g, lr=1e-3, batch=4, epochs=3, seed=0,
+                               device=torch.device("cpu"))  # fmt: skip
+    assert run["total_steps"] == 30 and run["steps"] == 8 and run["stopped_early"]
+    assert [e["step"] for e in run["evaluations"]] == [2, 4, 6, 8] and run["best_step"] == 4 and run["acc"] == 0.7
+    assert clips == [1.0] * 8
+    final = model.state_dict()
+    assert all(torch.equal(final[k], states[1][k]) for k in final)  # the step-4 weights, not the last ones
+    assert not all(torch.equal(final[k], states[3][k]) for k in final)
+    # without patience: every eval_steps and once after the last step
+    model, encode = _tiny_classifier()
+    scores = iter([0.1] * 100)
+    run = glue_train.train_run(model, encode, x, y, {"dev": (x, y)}, task, {**g, "patience": None, "eval_steps": 4},
+                               lr=1e-3, batch=8, epochs=2, seed=0, device=torch.device("cpu"))  # fmt: skip
+    assert [e["step"] for e in run["evaluations"]] == [4, 8, 10] and not run["stopped_early"]
+
+
+def test_table_shows_the_published_24h_test_numbers_beside_ours(tmp_path):
+    files = []
+    for task, metrics in {"mnli": {"acc": 0.61, "acc_mm": 0.6}, "rte": {"acc": 0.55},
+                          "stsb": {"pearson": 0.3, "spearman": 0.25}}.items():  # fmt: skip
+        f = tmp_path / f"{task}.json"
+        f.write_text(json.dumps({"task": task, "init": "pretrained", "setting": {"lr": 5e-5, "batch": 32, "epochs": 5},
+                                 "seeds": [0, 1, 2, 3, 4], **metrics}))  # fmt: skip
+        files.append(str(f))
+    rows = glue.glue_table(files, tmp_path / "glue.csv", tmp_path / "glue.md")
+    got = {r["task"]: r for r in csv.DictReader((tmp_path / "glue.csv").open())}
+    assert [r["task"] for r in rows] == ["mnli", "rte", "stsb"]
+    assert (got["mnli"]["published_24h_test"], got["mnli"]["published_24h_test_mm"]) == ("84.4", "83.8")
+    assert got["rte"]["published_24h_test"] == "57.7" and got["stsb"]["published_24h_test"] == "82.0"
+    assert got["rte"]["seeds"] == "5" and got["rte"]["lr"] == "5e-05" and got["stsb"]["score"] == "0.3"
+    md = (tmp_path / "glue.md").read_text()
+    assert "| mnli | pretrained | 5e-05 | 32 | 5 | 5 |" in md and "| 61.0 | 60.0 |" in md and "| 84.4 | 83.8 |" in md
+    assert "dev-set" in md and "*test* sets" in md and "median over seeds of the best setting" in md
+    assert "Published 24-hour model, same tasks (test): 74.7" in md  # (84.4 + 57.7 + 82.0) / 3
+    assert "Cramming" in md and "78.6" in md and "80.7" in md and "MosaicBERT" in md and "79.6" in md
 
 
 def test_readers_of_the_standard_layout(tmp_path):
@@ -57,9 +175,13 @@ def pipeline(tmp_path_factory):
     (work / "main.yaml").write_text(yaml.safe_dump(main))
     cfg = yaml.safe_load((REPO / "config/budget.yaml").read_text())
     cfg["corpus"]["files"] = [str(REPO / "tests/data/corpus/*.txt")]
-    cfg["glue"].update(data_dir=str(REPO / "tests/data/glue"), epochs=1)
+    # the protocol's grid at its smallest: 2 settings (learning rates) x 2 seeds per task
+    cfg["glue"].update(data_dir=str(REPO / "tests/data/glue"), lr=[1e-3, 3e-4], batch=16, epochs=1, seeds=[0, 1],
+                       eval_steps=2)  # fmt: skip
     # two data-parallel ranks (gloo processes of the local launcher): global batch 32 = 8 x 2 x 2
-    cfg["train"].update(budget_hours=10 / 3600, fake_step_s=1.0, checkpoint_every_s=5, gpus_per_node=2, micro_batch=8)
+    # the fake clock counts training time: the 10 steps are exact (a wall clock would count start-up too)
+    cfg["train"].update(budget_hours=10 / 3600, fake_step_s=1.0, checkpoint_every_s=5, gpus_per_node=2, micro_batch=8,
+                        clock="train")  # fmt: skip
     cfg["train"]["validation"].update(every=0.5, dense_first=0.0, dense_last=0.0)
     (work / "config").mkdir()
     (work / "config/budget.yaml").write_text(yaml.safe_dump(cfg))
@@ -82,7 +204,20 @@ def test_end_to_end_glue_table(pipeline):
     assert float(rows["mrpc"]["score"]) == float(rows["mrpc"]["f1"])
     assert float(rows["stsb"]["score"]) == float(rows["stsb"]["pearson"])
     md = (res / "budget/glue.md").read_text()
-    assert "| mnli | pretrained |" in md and "Average score" in md
+    assert "| mnli | pretrained | 0.001 | 16 | 1 | 2 |" in md or "| mnli | pretrained | 0.0003 | 16 | 1 | 2 |" in md
+    assert "Average score" in md and "| 84.4 | 83.8 |" in md
+    for task in ("mnli", "rte", "mrpc", "stsb"):
+        m = json.loads((res / f"budget/glue/{task}/metrics.json").read_text())
+        key = m["monitor"]
+        assert [(r["lr"], r["seed"]) for r in m["runs"]] == [(1e-3, 0), (1e-3, 1), (3e-4, 0), (3e-4, 1)], task
+        assert all(r["evaluations"][0]["step"] == 2 and r["steps"] == r["total_steps"] == 3 for r in m["runs"])
+        best = m["setting"]
+        mine = [r[key] for r in m["runs"] if r["lr"] == best["lr"]]
+        other = [r[key] for r in m["runs"] if r["lr"] != best["lr"]]
+        assert m[key] == pytest.approx(float(np.median(mine))) and m[key] >= float(np.median(other)), task
+        assert float(rows[task]["lr"]) == best["lr"] and rows[task]["seeds"] == "2"
+    mnli = json.loads((res / "budget/glue/mnli/metrics.json").read_text())
+    assert mnli["model"]["lr"] == mnli["setting"]["lr"] and mnli["model"]["seed"] in (0, 1)
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -130,3 +131,70 @@ def test_debug_launcher_runs_in_process_and_refuses_ranks(uninterrupted):
     two = {**cfg, "train": {**cfg["train"], "gpus_per_node": 2}}
     with pytest.raises(ConfigError, match="launcher.kind debug runs one rank"):
         bconfig.launch_settings(main, two, REPO)
+
+
+def test_wall_clock_counts_what_training_time_does_not(uninterrupted, monkeypatch):
+    """The reference's budget is wall time from the start: start-up, validation and checkpoint writes count. With
+    the fake clock (1 s a step, budget 12 s) and a checkpoint write made 1 s slower, training time still runs 12
+    steps; the wall clock stops earlier, and the result records both clocks."""
+    cfg, tmp, _ = uninterrupted
+    from pretrain_planner.trainer.loop import Loop
+
+    write = Loop.checkpoint
+
+    def slow_write(self):
+        time.sleep(1.0)
+        write(self)
+
+    monkeypatch.setattr(Loop, "checkpoint", slow_write)
+    train = _run(cfg, tmp, "wall-t", threads=1)
+    wall = _run({**cfg, "train": {**cfg["train"], "clock": "wall"}}, tmp, "wall-w", threads=1)
+    assert train["clock"] == "train" and train["steps"] == 12 and train["elapsed_s"] == pytest.approx(12.0)
+    assert train["wall_s"] > train["train_s"] + 2.0, "four slow checkpoints (steps 4, 8, 12, the end), the start-up"
+    assert wall["clock"] == "wall" and wall["stop_reason"] == "budget"
+    assert wall["steps"] < train["steps"] and wall["steps"] <= 10
+    assert wall["elapsed_s"] == wall["wall_s"] >= 12.0 and wall["train_s"] == pytest.approx(wall["steps"])
+    steps = _steps(tmp / "wall-w/run")
+    assert all(s["wall_s"] >= s["elapsed_s"] for s in steps)
+    assert [s["lr"] for s in steps] != [s["lr"] for s in _steps(tmp / "wall-t/run")][: len(steps)], "lr on wall time"
+
+
+def test_a_nan_loss_stops_the_run_with_its_reason(uninterrupted, monkeypatch):
+    """A NaN loss (the weights poisoned inside the second step, as a diverged model would be) ends the run after
+    the step that saw it, with the reason in stop_reason."""
+    cfg, tmp, _ = uninterrupted
+
+    def poison(self, state):
+        if state["step"] == 1:  # inside the second step, after its optimizer step
+            with torch.no_grad():
+                next(self.model.parameters()).fill_(float("nan"))
+
+    monkeypatch.setattr(pretrain._Run, "in_step", poison, raising=False)
+    res = _run(cfg, tmp, "nan", threads=1)
+    assert res["steps"] == 3 and res["stop_reason"] == "non-finite loss: nan at step 3"
+    assert "stopping: non-finite loss" in (tmp / "nan/log").read_text()
+    # without the step-loss check, the reference's own rule still ends it: a NaN validation loss (step 3)
+    off = {**cfg, "train": {**cfg["train"], "stop_on_nonfinite_loss": False}}
+    assert _run(off, tmp, "nan-off", threads=1)["stop_reason"] == "nan validation loss"
+
+
+def test_fp16_run_stops_on_a_loss_scale_stuck_at_its_floor():
+    """The hook that applies the rule (fp16 needs CUDA: its scaler is stubbed here): the count is kept in the
+    run's state (checkpointed), and the stop reason set when it reaches train.loss_scale_floor.steps."""
+    from types import SimpleNamespace
+
+    logged = []
+    tr = {"stop_on_nonfinite_loss": True, "precision": "fp16", "loss_scale_floor": {"scale": 1.0, "steps": 3}}
+    run = SimpleNamespace(state={"step": 0, "stop": None, "scale_floor_steps": 0}, tr=tr,
+                          logger=SimpleNamespace(info=lambda *a: logged.append(a)))  # fmt: skip
+    scales = iter([4.0, 1.0, 1.0, 1.0])
+    loop = SimpleNamespace(last={"loss": 2.0}, step_fn=SimpleNamespace(loss_scale=lambda: next(scales)))
+    stops = []
+    for _ in range(4):
+        run.state["step"] += 1
+        stops.append(pretrain._Run._loss_checks(run, loop))
+    assert stops == [False, False, False, True] and run.state["scale_floor_steps"] == 3
+    assert run.state["stop"].startswith("loss scale stuck at its floor") and logged
+    run.tr = {**tr, "precision": "bf16"}
+    run.state.update(stop=None, scale_floor_steps=0)
+    assert not pretrain._Run._loss_checks(run, loop)  # no loss scaler outside fp16

@@ -45,3 +45,31 @@ def test_early_stop_markers():
     assert schedule.early_stop(markers, 0.2, 5.9) is None
     assert "early stop" in schedule.early_stop(markers, 0.2, 6.5)
     assert schedule.early_stop(markers, 0.2, None) is None
+
+
+def test_the_reference_early_stop_counts_minutes_strictly():
+    """run_pretraining.py check_if_early_stop: stop when more than early_stop_time minutes passed and the eval loss
+    is above early_stop_eval_loss (not <= 6 after 180 minutes); a NaN eval loss stops at any time."""
+    markers = [{"after_minutes": 180, "max_loss": 6.0}]
+    assert schedule.early_stop(markers, 0.5, 6.5, elapsed_s=180 * 60) is None  # not yet more than 180 minutes
+    assert "more than 180 minutes" in schedule.early_stop(markers, 0.5, 6.5, elapsed_s=180 * 60 + 1)
+    assert schedule.early_stop(markers, 0.5, 6.0, elapsed_s=200 * 60) is None  # <= 6 is fine
+    assert schedule.early_stop(markers, 0.01, float("nan"), elapsed_s=60) == "nan validation loss"
+
+
+def test_loss_scale_floor_rule():
+    """fp16 (the reference's scale_cnt_limit): steps in a row with the scale at or below the floor; the count
+    restarts when the scale rises above it; no scaler (bf16 / fp32) never counts."""
+    count, why = 0, None
+    for scale in [65536.0, 2.0, 1.0, 1.0, 0.5]:
+        count, why = schedule.loss_scale_floor(scale, count, 1.0, 3)
+    assert count == 3 and why == "loss scale stuck at its floor: 0.5 <= 1 for 3 steps in a row"
+    count = 0
+    for scale in [1.0, 1.0, 2.0, 1.0, 1.0]:
+        count, why = schedule.loss_scale_floor(scale, count, 1.0, 3)
+        assert why is None
+    assert count == 2
+    assert schedule.loss_scale_floor(None, 99, 1.0, 3) == (0, None)
+    assert schedule.loss_scale_floor(1.0, 99, 1.0, 100)[1] is not None  # the reference's limit: 100
+    assert schedule.nonfinite_loss(float("inf"), 7) == "non-finite loss: inf at step 7"
+    assert schedule.nonfinite_loss(3.2, 7) is None

@@ -132,6 +132,9 @@ def test_sparse_prediction_is_in_effect(prepared):
     with torch.no_grad():
         out_s, out_d = sparse(**batch), dense(**batch)
     assert type(sparse).__name__.endswith("WithSparsePrediction")
-    assert out_s.logits.shape == (masked, index["vocab_size"]) and out_d.logits.shape[:2] == batch["input_ids"].shape
+    # the head spans the vocabulary padded to a multiple of 8 (tokenizer.pad_vocab_to_multiple_of), as the reference
+    assert mdict["arch"]["vocab_size"] == -(-index["vocab_size"] // 8) * 8
+    assert out_s.logits.shape == (masked, mdict["arch"]["vocab_size"])
+    assert out_d.logits.shape[:2] == batch["input_ids"].shape
     assert masked < batch["input_ids"].numel() // 4
     assert float(out_s.loss) == pytest.approx(float(out_d.loss), rel=1e-5)

@@ -49,9 +49,10 @@ VIT_L_16 = 304e6
 VIT_22K_HEAD = 1024 * 21841 + 21841
 # BERT-large (bert-large-uncased BertModel): 335,141,888. The 24-hour BERT differs exactly by: 130 positions
 # instead of 512, 1 token type instead of 2, the pre-LN encoder's final LayerNorm, and the MLM head (dense +
-# LayerNorm + decoder bias over 30,522 words; decoder tied) in place of the pooler (dense) = 334,784,314.
+# LayerNorm + decoder bias over 30,522 words; decoder tied) in place of the pooler (dense) = 334,784,314; and the
+# vocabulary padded to a multiple of 8 as the reference pads it (30,528: 6 more word embeddings and decoder biases).
 BERT_LARGE = 335_141_888
-BERT_24H = BERT_LARGE - (512 - 130) * 1024 - 1024 + 2 * 1024 + (2 * 1024 + 30522)
+BERT_24H = BERT_LARGE - (512 - 130) * 1024 - 1024 + 2 * 1024 + (2 * 1024 + 30522) + 6 * (1024 + 1)
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import datetime
 import glob
 import hashlib
@@ -34,7 +35,9 @@ def load(path: str | Path, basedir: str | Path = ".", results: str | Path | None
     path = resolve(str(path), basedir)
     if not Path(path).is_file():
         raise ConfigError(f"{path}: budget config not found")
-    cfg = validate(load_yaml(path), "budget", path)
+    raw = load_yaml(path) or {}
+    given = copy.deepcopy(raw)  # what the file sets (validation fills the defaults in)
+    cfg = validate(raw, "budget", path)
     files: list[str] = []
     for pattern in cfg["corpus"]["files"]:
         p = str(resolve(pattern, basedir))
@@ -46,7 +49,8 @@ def load(path: str | Path, basedir: str | Path = ".", results: str | Path | None
     if cfg["tokenizer"]["path"]:
         cfg["tokenizer"]["path"] = str(resolve(cfg["tokenizer"]["path"], basedir))
     cfg["glue"]["data_dir"] = str(resolve(cfg["glue"]["data_dir"], basedir))
-    cfg["model"] = _model(cfg, path, basedir)
+    cfg["model"], recipe = _model(cfg, path, basedir)
+    cfg["recipe_keys"] = apply_recipe(cfg, given, recipe) if recipe is not None else {}
     cfg["setting"] = resolve_setting(cfg, results, str(path), missing_ok=results is not None)
     cfg["source"] = str(path)
     return cfg
@@ -173,17 +177,58 @@ def wants_gpu(tr: dict[str, Any]) -> bool:
     return tr["device"] == "cuda" or (tr["device"] == "auto" and tr.get("gpu", "cpu") != "cpu")
 
 
-def _model(cfg: dict[str, Any], source: Path, basedir: str | Path) -> dict[str, Any]:
+def _model(cfg: dict[str, Any], source: Path, basedir: str | Path) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The model {name, family, arch} and, for a catalog model (a name, or a mapping with `base`), its recipe."""
     m = cfg["model"]
+    if isinstance(m, dict) and "base" not in m:
+        return {"name": m.get("name", "custom"), "family": m["family"], "arch": dict(m["arch"])}, None
+    name = m if isinstance(m, str) else m["base"]
+    key = "model" if isinstance(m, str) else "model.base"
+    catalog = load_models(resolve(cfg["catalog_models"], basedir))
+    if name not in catalog:
+        raise ConfigError(f"{source}: {key}: no model {name!r} in {cfg['catalog_models']}")
+    spec = catalog[name]
+    if spec.task != "masked_lm":
+        raise ConfigError(f"{source}: {key}: {name!r} is not a masked LM (family {spec.family})")
+    recipe = spec.to_dict()["recipe"]
     if isinstance(m, str):
-        catalog = load_models(resolve(cfg["catalog_models"], basedir))
-        if m not in catalog:
-            raise ConfigError(f"{source}: model: no model {m!r} in {cfg['catalog_models']}")
-        spec = catalog[m]
-        if spec.task != "masked_lm":
-            raise ConfigError(f"{source}: model: {m!r} is not a masked LM (family {spec.family})")
-        return {"name": spec.name, "family": spec.family, "arch": dict(spec.arch)}
-    return {"name": m.get("name", "custom"), "family": m["family"], "arch": dict(m["arch"])}
+        return {"name": spec.name, "family": spec.family, "arch": dict(spec.arch)}, recipe
+    arch = {**spec.arch, **(m.get("arch") or {})}
+    return {"name": m.get("name") or f"{spec.name}-custom", "family": spec.family, "arch": arch}, recipe
+
+
+# (section, key of the budget file) <- a getter of the catalog recipe's value (config/models.yaml `recipe`)
+RECIPE_KEYS: dict[tuple[str, str], Callable[[dict[str, Any]], Any]] = {
+    ("train", "budget_hours"): lambda r: r["time_budget_hours"],
+    ("train", "global_batch"): lambda r: r["global_batch"],
+    ("train", "precision"): lambda r: r["precision"],
+    ("train", "lr"): lambda r: r["optimizer"]["lr"],
+    ("train", "betas"): lambda r: list(r["optimizer"]["betas"]),
+    ("train", "eps"): lambda r: r["optimizer"]["eps"],
+    ("train", "weight_decay"): lambda r: r["optimizer"]["weight_decay"],
+    ("train", "warmup_fraction"): lambda r: r["schedule"].get("warmup_fraction"),
+    ("train", "grad_clip"): lambda r: r["grad_clip"],
+    ("data", "seq_len"): lambda r: r["sequence_length"],
+    ("data", "mlm_probability"): lambda r: r["mlm_probability"],
+}
+
+
+def apply_recipe(cfg: dict[str, Any], raw: dict[str, Any], recipe: dict[str, Any]) -> dict[str, str]:
+    """A catalog model's recipe fills every train / data key that the budget file leaves out (the file only
+    overrides); returns where each of those keys came from ("catalog" or "file")."""
+    if recipe.get("optimizer", {}).get("name") not in (None, "adamw"):
+        raise ConfigError(f"{cfg.get('source', 'budget config')}: the catalog recipe's optimizer "
+                          f"{recipe['optimizer']['name']!r}: the budget stage trains with AdamW")  # fmt: skip
+    origin: dict[str, str] = {}
+    for (section, key), get in RECIPE_KEYS.items():
+        if key in (raw.get(section) or {}):
+            origin[f"{section}.{key}"] = "file"
+            continue
+        value = get(recipe)
+        if value is not None:
+            cfg[section][key] = value
+            origin[f"{section}.{key}"] = "catalog"
+    return origin
 
 
 def fingerprint(*parts: Any) -> str:

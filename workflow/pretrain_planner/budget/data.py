@@ -1,4 +1,9 @@
-"""Text files -> WordPiece tokenizer -> 128-token samples -> static masking x duplication -> .npy shards.
+"""Documents -> WordPiece tokenizer -> 128-token samples -> static masking x duplication -> .npy shards.
+
+Documents come from plain text (one per line), JSON lines (one per line, the text in `corpus.text_field`) or
+Parquet files (one per row, the `text_field` column). The tokenizer is trained here, or read from a tokenizers
+JSON file or a local Hugging Face tokenizer folder. As in the reference (BERT's create_pretraining_data), a
+fraction `short_seq_prob` of the documents is cut into shorter samples (a random target length).
 
 Streaming (documents are read line by line, tokenised `docs_per_batch` at a time, and written one shard
 at a time), deterministic given the seed, and resumable: progress.json records the shards written and
@@ -32,14 +37,67 @@ ARRAYS = ("input_ids", "positions", "labels")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
-def iter_documents(files: list[str]) -> Iterator[str]:
-    """Every non-empty line of every file, in order, streamed."""
-    for path in files:
+JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+PARQUET_SUFFIXES = (".parquet", ".pq")
+
+
+def file_format(path: str, fmt: str = "auto") -> str:
+    """text, jsonl or parquet: `fmt` unless auto, else from the file's extension (anything unknown is text)."""
+    if fmt != "auto":
+        return fmt
+    name = path.lower()
+    if name.endswith(JSONL_SUFFIXES):
+        return "jsonl"
+    if name.endswith(PARQUET_SUFFIXES):
+        return "parquet"
+    return "text"
+
+
+def _texts(path: str, fmt: str, field: str) -> Iterator[str]:
+    """The raw document texts of one file, streamed (Parquet: one row group's column at a time)."""
+    if fmt == "text":
         with open(path, encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                line = line.strip()
-                if line:
-                    yield line
+            yield from fh
+    elif fmt == "jsonl":
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            for n, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                    text = rec[field]
+                except (ValueError, KeyError, TypeError) as exc:
+                    raise ValueError(f"{path}:{n}: not a JSON object with a {field!r} field (corpus.text_field): "
+                                     f"{type(exc).__name__}: {exc}") from None  # fmt: skip
+                if text is not None:
+                    yield str(text)
+    else:
+        import polars as pl
+
+        try:
+            lazy = pl.scan_parquet(path).select(pl.col(field).cast(pl.Utf8))
+            for frame in lazy.collect_batches() if hasattr(lazy, "collect_batches") else [lazy.collect()]:
+                yield from (t for t in frame.get_column(field).to_list() if t is not None)
+        except pl.exceptions.ColumnNotFoundError:
+            raise ValueError(f"{path}: no column {field!r} (corpus.text_field)") from None
+
+
+def iter_documents(files: list[str], fmt: str = "auto", field: str = "text") -> Iterator[str]:
+    """Every non-empty document of every file, in order, streamed: a line of a text file, a record's `field` of a
+    JSON-lines file, a row's `field` column of a Parquet file (newlines inside a document become spaces)."""
+    for path in files:
+        for text in _texts(path, file_format(path, fmt), field):
+            text = text.strip()
+            if "\n" in text or "\r" in text:  # a JSON / Parquet document: one line
+                text = " ".join(text.split())
+            if text:
+                yield text
+
+
+def corpus_documents(cfg: dict[str, Any]) -> Iterator[str]:
+    """The documents of a budget config's corpus (its files, format and text field)."""
+    c = cfg["corpus"]
+    return iter_documents(c["files"], c.get("format", "auto"), c.get("text_field", "text"))
 
 
 def is_validation(doc_index: int, seed: int, fraction: float) -> bool:
@@ -82,10 +140,25 @@ def special_ids(tok) -> dict[str, int]:
 
 
 # ----------------------------------------------------------------------------------------------- samples
-def build_samples(sentences_ids: list[list[int]], seq_len: int, cls: int, sep: int, min_tokens: int) -> list[list[int]]:
+def short_target(seq_len: int, short_seq_prob: float, seed: int, doc_index: int) -> int | None:
+    """The reference's (BERT's) short sequences: with probability short_seq_prob a document's samples aim at a
+    random length in [2, seq_len - 2] tokens (without [CLS] / [SEP]), drawn once per document from a seeded
+    generator keyed on the document's number (deterministic, resumable); None: the full seq_len - 2."""
+    if short_seq_prob <= 0:
+        return None
+    rng = np.random.default_rng([seed, 3, doc_index])
+    if rng.random() < short_seq_prob:
+        return int(rng.integers(2, seq_len - 2, endpoint=True))
+    return None
+
+
+def build_samples(
+    sentences_ids: list[list[int]], seq_len: int, cls: int, sep: int, min_tokens: int, target: int | None = None
+) -> list[list[int]]:
     """Single-segment samples of consecutive sentences of one document: [CLS] s_i s_i+1 ... [SEP], at most
-    seq_len tokens; a sentence longer than a sample is cut across samples; a short tail is dropped."""
-    target = seq_len - 2
+    seq_len tokens (`target` + 2 when given: a short-sequence document); a sentence longer than a sample is cut
+    across samples; a short tail is dropped."""
+    target = min(target, seq_len - 2) if target else seq_len - 2
     out, cur = [], []
     for ids in sentences_ids:
         if cur and len(cur) + len(ids) > target:
@@ -196,7 +269,7 @@ def prepare_data(cfg: dict[str, Any], out_index: str | Path, log: str | Path | N
     state = _progress(data_dir, fp, logger)
     tok = _tokenizer(cfg, data_dir, logger)
     writer = _ShardWriter(cfg, data_dir, tok, state, logger, stop_after_shards)
-    for batch in _doc_batches(iter_documents(files), writer.cursor, cfg["data"]["docs_per_batch"]):
+    for batch in _doc_batches(corpus_documents(cfg), writer.cursor, cfg["data"]["docs_per_batch"]):
         if writer.add(batch):
             return None
     return writer.finish(out_index)
@@ -227,14 +300,35 @@ def _tokenizer(cfg: dict[str, Any], data_dir: Path, logger):
         t0 = time.perf_counter()
         tc, files = cfg["tokenizer"], cfg["corpus"]["files"]
         if tc["path"]:
-            shutil.copyfile(tc["path"], tok_path)
+            copy_tokenizer(tc["path"], tok_path)
             logger.info("tokenizer: copied %s", tc["path"])
         else:
             seed, frac = cfg["seed"], cfg["corpus"]["validation_fraction"]
-            train_docs = (d for i, d in enumerate(iter_documents(files)) if not is_validation(i, seed, frac))
+            train_docs = (d for i, d in enumerate(corpus_documents(cfg)) if not is_validation(i, seed, frac))
             train_tokenizer(files, tc["vocab_size"], tc["lowercase"], tok_path, train_docs)
             logger.info("tokenizer: trained WordPiece on %d files in %.1fs", len(files), time.perf_counter() - t0)
     return Tokenizer.from_file(str(tok_path))
+
+
+def copy_tokenizer(src: str | Path, dest: Path) -> None:
+    """A local tokenizer as a tokenizers JSON file at `dest`: a tokenizers JSON file as it is; a Hugging Face
+    tokenizer folder (save_pretrained) by its tokenizer.json, or, without one (vocab.txt only), converted to a
+    fast tokenizer by transformers from the local files alone (nothing is downloaded)."""
+    src = Path(src)
+    if src.is_file():
+        shutil.copyfile(src, dest)
+        return
+    if not src.is_dir():
+        raise FileNotFoundError(f"tokenizer.path {src}: neither a tokenizers JSON file nor a tokenizer folder")
+    if (src / "tokenizer.json").is_file():
+        shutil.copyfile(src / "tokenizer.json", dest)
+        return
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(src), local_files_only=True, use_fast=True)
+    if not getattr(tok, "is_fast", False):
+        raise ValueError(f"tokenizer.path {src}: transformers cannot make a fast tokenizer of it")
+    tok.backend_tokenizer.save(str(dest))
 
 
 def _doc_batches(docs: Iterator[str], cursor: int, size: int) -> Iterator[list[tuple[int, str]]]:
@@ -284,7 +378,9 @@ class _ShardWriter:
             k += len(ss)
             split = "validation" if is_validation(i, self.seed, self.frac) else "train"
             self.counts[split] += 1
-            self.buffers[split].extend(build_samples(ids, cd["seq_len"], sp["cls"], sp["sep"], cd["min_tokens"]))
+            target = short_target(cd["seq_len"], cd.get("short_seq_prob", 0.0), self.seed, i)
+            samples = build_samples(ids, cd["seq_len"], sp["cls"], sp["sep"], cd["min_tokens"], target)
+            self.buffers[split].extend(samples)
             self.doc_no = i + 1
             if len(self.buffers["train"]) >= cd["samples_per_shard"] and self.flush():
                 return True
@@ -334,6 +430,7 @@ class _ShardWriter:
             "max_predictions": cd["max_predictions"],
             "mlm_probability": cd["mlm_probability"],
             "duplication_factor": cd["duplication_factor"],
+            "short_seq_prob": cd.get("short_seq_prob", 0.0),
             "dtype": np.dtype(self.dtype).name,
             "documents": counts,
             "samples": {s: sum(x["samples"] for x in v) for s, v in state["shards"].items()},

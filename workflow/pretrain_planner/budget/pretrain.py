@@ -1,8 +1,12 @@
 """Time-budgeted masked-LM pre-training (Izsak et al. 2021) with checkpoint/resume.
 
-Progress is elapsed *training* time / budget: the time of optimizer steps and validations, not of start-up,
-loading or checkpoint writes, and it survives a restart (it is part of the checkpoint). The learning rate,
-validation points, early stop and fine-tuning checkpoints all key on progress.
+Progress is elapsed time / budget on `train.clock`: `wall` (default, the reference's) counts wall time from the
+start of the run - model building, data loading, validation, checkpoint and model writes included; `train` counts
+the optimizer steps and validations only. Both survive a restart (they are part of the checkpoint; the wall time
+between the last checkpoint and a kill is lost, as in the reference, which saves its clock with the checkpoint) and
+both are in the result. The learning rate, validation points, early stop and fine-tuning checkpoints all key on
+progress. The run also stops, with the reason in the result's stop_reason, on a NaN or infinite step loss, a NaN
+validation loss, and under fp16 on a loss scale stuck at its floor (the reference's scale_cnt_limit).
 
 `run_dir` keeps what must outlive a killed job (checkpoint.pt, steps.jsonl, validation.jsonl, the
 fine-tuning checkpoints finetune-0.50/ ...); it is not a Snakemake output, so a failed job does not
@@ -20,8 +24,8 @@ them all. After each step the ranks take the largest elapsed time and any
 rank's stop signal, so schedule, validation points and the stop agree. Dropout is reseeded per (rank, step),
 so a resumed run draws what the uninterrupted one drew.
 
-For tests, `train.fake_step_s` makes every step count a fixed time (a deterministic clock) and
-`train.max_steps` caps the steps.
+For tests, `train.fake_step_s` makes every step count a fixed time (a deterministic clock; the wall clock then
+counts the steps at that time and everything else at its real time) and `train.max_steps` caps the steps.
 """
 
 from __future__ import annotations
@@ -51,6 +55,11 @@ from pretrain_planner.budget.data import load_shard
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.trainer.loop import Hooks, Loop, Ranks, append_jsonl, read_jsonl
 from pretrain_planner.trainer.models import build_model
+
+# The reference's 24-hour run, for the result's comparison: ~23k optimizer steps at batch 4096, about 95M sequences.
+# From the issue brief (issue 18); not in shared/reference/papers.md - unverified.
+REFERENCE_RUN = {"hours": 24.0, "steps": 23_000, "global_batch": 4096, "sequences": 95_000_000,
+                 "source": "issue 18 (~23k steps at batch 4096, about 95M sequences, in 24 h); unverified"}  # fmt: skip
 
 
 class ShardSampler:
@@ -124,7 +133,10 @@ def model_dict(cfg: dict[str, Any], index: dict[str, Any]) -> dict[str, Any]:
     m = cfg["model"]
     sp = index["special_ids"]
     arch = dict(m["arch"])
-    arch.update(vocab_size=index["vocab_size"], pad_token_id=sp["pad"], bos_token_id=sp["cls"], eos_token_id=sp["sep"])
+    # the reference pads the vocabulary to a multiple of 8 (30522 -> 30528; base.py _init_vocab_size)
+    multiple = int((cfg.get("tokenizer") or {}).get("pad_vocab_to_multiple_of", 1))
+    vocab = -(-index["vocab_size"] // multiple) * multiple
+    arch.update(vocab_size=vocab, pad_token_id=sp["pad"], bos_token_id=sp["cls"], eos_token_id=sp["sep"])
     # RoBERTa numbers positions from pad_token_id + 1
     need = index["seq_len"] + (sp["pad"] + 1 if m["family"].startswith("roberta") else 0)
     arch["max_position_embeddings"] = max(arch.get("max_position_embeddings", 0), need)
@@ -206,10 +218,11 @@ def _pretrain(
     """Pre-train within the time budget (resuming from run_dir/checkpoint.pt when present); write the final
     model folder and a result JSON. `kill_at_step` (testing) sends `kill_signal` to this process after that
     step: SIGKILL is a crash; SIGTERM/SIGUSR1 (pre-emption) end the run with a checkpoint and SystemExit."""
+    t_start = time.perf_counter()  # the wall clock starts here: building, loading, validation, writes all count
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
-    run = _Run(cfg, Path(index_path), Path(run_dir), log, threads)
+    run = _Run(cfg, Path(index_path), Path(run_dir), log, threads, t_start)
     run.build_method()
     run.resume_or_start()
     run.loop.run(kill_at_step, kill_signal)
@@ -221,7 +234,7 @@ def _run_fingerprint(cfg: dict[str, Any], setting: dict[str, Any], index: dict[s
     result and the setting actually used (not the logging, checkpoint cadence, device or thread settings)."""
     keyed = {k: v for k, v in cfg["train"].items() if k not in ("max_steps", "checkpoint_every_s", "log_every",
                                                                   "device", "threads", "setting", "micro_batch",
-                                                                  "method")}  # fmt: skip
+                                                                  "method", "plot")}  # fmt: skip
     used = {k: setting[k] for k in ("micro_batch", "grad_accum_steps", "world_size", "method")}
     return fingerprint(index["fingerprint"], cfg["seed"], mdict, keyed, used)
 
@@ -231,10 +244,17 @@ class _Run(Hooks):
     (trainer/loop.py) as its hooks: the sample stream, the time-based learning rate, the budget and max-steps
     stop, validation points with the early stop, fine-tuning checkpoints, the model folder and the result."""
 
-    def __init__(self, cfg: dict[str, Any], index_path: Path, run_dir: Path, log, threads: int | None) -> None:
+    def __init__(
+        self, cfg: dict[str, Any], index_path: Path, run_dir: Path, log, threads: int | None, t_start: float | None
+    ) -> None:
         """Ranks (process group), log, index and the run's sizes and fingerprint."""
         from pretrain_planner.planning.methods import parse
 
+        self.t_start = time.perf_counter() if t_start is None else t_start
+        self.wall_base = 0.0  # wall time of the run before this process (a resumed run's, from the checkpoint)
+        self.train_base = 0.0  # training time likewise
+        self.real_step_s = 0.0  # under the fake clock: the real time of this process's steps (replaced by fake)
+        self._step_t0: float | None = None
         self.cfg, self.tr, self.setting = cfg, cfg["train"], setting_of(cfg)
         tr, setting = self.tr, self.setting
         set_torch_threads(tr, threads)
@@ -251,6 +271,7 @@ class _Run(Hooks):
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
         self.budget_s = tr["budget_hours"] * 3600.0
+        self.clock_kind = tr.get("clock", "train")
         self.micro, self.accum, self.world = setting["micro_batch"], setting["grad_accum_steps"], self.ranks.world
         self.global_batch = self.micro * self.accum * self.world
         self.pad_id = self.index["special_ids"]["pad"]
@@ -278,7 +299,7 @@ class _Run(Hooks):
             built=self.built, ranks=self.ranks, hooks=self, run_dir=self.run_dir, fingerprint=self.fp,
             accum=self.accum, seed=self.cfg["seed"], logger=self.logger, fake_step_s=tr["fake_step_s"],
             checkpoint_every_s=tr["checkpoint_every_s"], log_every=tr["log_every"],
-            extra_state={"val_s": 0.0, "last_val_loss": None},
+            extra_state={"val_s": 0.0, "last_val_loss": None, "wall_s": 0.0, "scale_floor_steps": 0},
         )  # fmt: skip
 
     @property
@@ -289,9 +310,30 @@ class _Run(Hooks):
         """From run_dir/checkpoint.pt when it is there (and belongs to this configuration), else fresh; the step
         and validation logs cut back to the checkpoint's step; the next validation and fine-tuning points."""
         self.loop.resume_or_start(extra_logs=(self.val_path,))
-        progress = self.state["elapsed_s"] / self.budget_s
+        self.state.setdefault("wall_s", 0.0)
+        self.state.setdefault("scale_floor_steps", 0)
+        self.wall_base, self.train_base = self.state["wall_s"], self.state["elapsed_s"]
+        self._tick()
+        progress = self._elapsed(self.state) / self.budget_s
         self.val_idx = schedule.next_after(self.val_points, progress)
         self.ft_idx = schedule.next_after(self.ft_points, progress)
+
+    # -- the clocks -------------------------------------------------------------------------------------------
+    def _wall_local(self) -> float:
+        """This rank's wall time of the run: the earlier processes' (checkpoint) + this process's since it started.
+        Under the fake clock the steps count their fake time instead of their real time."""
+        wall = self.wall_base + time.perf_counter() - self.t_start
+        if self.tr["fake_step_s"] is not None:
+            wall += (self.state["elapsed_s"] - self.train_base) - self.real_step_s
+        return wall
+
+    def _tick(self) -> None:
+        """state["wall_s"]: the wall time now, the slowest rank's (so that every rank decides the same)."""
+        (self.state["wall_s"],) = self.ranks.max(self._wall_local())
+
+    def _elapsed(self, state: dict[str, Any]) -> float:
+        """The time that counts against the budget (train.clock)."""
+        return state["wall_s"] if self.clock_kind == "wall" else state["elapsed_s"]
 
     # -- the loop's hooks ------------------------------------------------------------------------------------
     def micro_batch(self, index: int) -> dict[str, torch.Tensor]:
@@ -303,25 +345,54 @@ class _Run(Hooks):
         return to_batch(part, self.pad_id, self.device)
 
     def lr(self, state: dict[str, Any]) -> float:
-        return schedule.lr_at(state["elapsed_s"], self.budget_s, self.tr["lr"], self.tr["warmup_fraction"])
+        self._step_t0 = time.perf_counter()  # the step starts (the fake clock's real-time bookkeeping)
+        return schedule.lr_at(self._elapsed(state), self.budget_s, self.tr["lr"], self.tr["warmup_fraction"])
 
     def stop(self, state: dict[str, Any]) -> str | None:
-        """The budget or train.max_steps ends the run before another step."""
-        if state["elapsed_s"] / self.budget_s >= 1.0:
+        """The budget (on train.clock) or train.max_steps ends the run before another step."""
+        self._tick()
+        if self._elapsed(state) / self.budget_s >= 1.0:
             return "budget"
         if self.tr["max_steps"] is not None and state["step"] >= self.tr["max_steps"]:
             return "max_steps"
         return None
 
     def step_fields(self, state: dict[str, Any]) -> dict[str, Any]:
-        return {"progress": round(state["elapsed_s"] / self.budget_s, 6)}
+        wall = self._wall_local()
+        now = wall if self.clock_kind == "wall" else state["elapsed_s"]
+        return {"progress": round(now / self.budget_s, 6), "wall_s": round(wall, 6)}
 
     def after_step(self, loop: Loop) -> None:
-        """A validation point passed (its time counts as training time; the early stop), fine-tuning checkpoints."""
-        progress = self.state["elapsed_s"] / self.budget_s
+        """The loss checks (a NaN / infinite loss, fp16's loss scale at its floor); a validation point passed (its
+        time counts as training time; the early stop); fine-tuning checkpoints."""
+        if self._step_t0 is not None:
+            self.real_step_s += time.perf_counter() - self._step_t0
+            self._step_t0 = None
+        state = self.state
+        if self._loss_checks(loop):
+            return
+        self._tick()
+        progress = self._elapsed(state) / self.budget_s
         if self.val_idx < len(self.val_points) and progress >= self.val_points[self.val_idx]:
             self._validate(progress)
         self._finetune_checkpoints(progress)
+
+    def _loss_checks(self, loop: Loop) -> bool:
+        """Set the stop reason on a NaN / infinite step loss, or (fp16) a loss scale at its floor for
+        train.loss_scale_floor.steps steps in a row; True when the run stops."""
+        state, tr = self.state, self.tr
+        why = schedule.nonfinite_loss(loop.last["loss"], state["step"]) if tr["stop_on_nonfinite_loss"] else None
+        if why is None and tr["precision"] == "fp16":
+            floor = tr["loss_scale_floor"]
+            scale = loop.step_fn.loss_scale()
+            state["scale_floor_steps"], why = schedule.loss_scale_floor(
+                scale, state["scale_floor_steps"], floor["scale"], floor["steps"]
+            )
+        if why is None:
+            return False
+        state["stop"] = why
+        self.logger.info("stopping: %s", why)
+        return True
 
     def data_state(self) -> dict[str, Any]:
         return {"sampler": self.sampler.state()}
@@ -362,7 +433,7 @@ class _Run(Hooks):
             with self.val_path.open("a") as fh:
                 append_jsonl(fh, {"step": state["step"], "progress": round(progress, 6), "val_loss": vl})
         self.logger.info("validation at step %d progress %.4f: loss %.4f", state["step"], progress, vl)
-        state["stop"] = schedule.early_stop(self.tr["early_stop"], progress, vl)
+        state["stop"] = schedule.early_stop(self.tr["early_stop"], progress, vl, self._elapsed(state))
         if state["stop"]:
             self.logger.info(state["stop"])
 
@@ -370,7 +441,8 @@ class _Run(Hooks):
         """The model folders run_dir/finetune-<p> of every fine-tuning point that progress has passed."""
         while self.ft_idx < len(self.ft_points) and progress >= self.ft_points[self.ft_idx]:
             d = self.run_dir / f"finetune-{self.ft_points[self.ft_idx]:.2f}"
-            self.save_full(d, {"step": self.state["step"], "progress": progress})
+            self.save_full(d, {"step": self.state["step"], "progress": progress, "clock": self.clock_kind,
+                               "sequences": self.state["step"] * self.global_batch})  # fmt: skip
             if self.rank0:
                 self.logger.info("fine-tuning checkpoint %s at step %d", d, self.state["step"])
             self.ranks.barrier()
@@ -394,18 +466,27 @@ class _Run(Hooks):
         """After the loop: a last validation when the last point was not reached, the last checkpoint, the model
         folder; rank 0 writes the result JSON. Closes the process group."""
         state = self.state
-        self.logger.info("stopped (%s) at step %d, %.1f s of training time", state["stop"], state["step"],
-                         state["elapsed_s"])  # fmt: skip
+        self._tick()
+        self.logger.info("stopped (%s) at step %d, %.1f s of training time, %.1f s of wall time", state["stop"],
+                         state["step"], state["elapsed_s"], state["wall_s"])  # fmt: skip
         if state["last_val_loss"] is None or self.val_idx < len(self.val_points):
             state["last_val_loss"] = self._validation_loss()
         self.checkpoint()
-        info = {"model": self.mdict, "step": state["step"], "elapsed_s": state["elapsed_s"], "stop": state["stop"]}
+        info = {"model": self.mdict, "step": state["step"], "elapsed_s": state["elapsed_s"], "wall_s": state["wall_s"],
+                "stop": state["stop"]}  # fmt: skip
         self.save_full(out_model, info)
+        self._tick()
         if not self.rank0:
             self.ranks.close()
             return {"rank": self.ranks.rank}
         result = self._result(out_model)
         atomic_write_text(out_result, json.dumps(result, indent=1))
+        write_summary(result, Path(out_result).parent)
+        if self.tr.get("plot", True):
+            try:
+                plot_loss(self.loop.steps_path, self.val_path, Path(out_result).parent / "loss.png", self.clock_kind)
+            except Exception as exc:  # noqa: BLE001 - a plot must not fail the run
+                self.logger.info("loss plot not written: %s: %s", type(exc).__name__, exc)
         self.ranks.close()
         return result
 
@@ -416,13 +497,17 @@ class _Run(Hooks):
         k = max(1, len(losses) // 10)
         result = {
             "model": mdict["name"], "family": mdict["family"], "device": str(self.device), "precision": tr["precision"],
-            "steps": state["step"], "budget_s": self.budget_s, "elapsed_s": state["elapsed_s"],
+            "steps": state["step"], "budget_s": self.budget_s, "clock": self.clock_kind,
+            "elapsed_s": self._elapsed(state), "train_s": state["elapsed_s"], "wall_s": state["wall_s"],
             "validation_s": state["val_s"], "stop_reason": state["stop"], "micro_batch": self.micro,
+            "sequences": state["step"] * gb, "tokens": state["step"] * gb * self.index["seq_len"],
+            "reference": reference_comparison(state["step"], state["step"] * gb, self.budget_s),
             "grad_accum_steps": self.accum, "world_size": self.world, "global_batch": gb, "setting": self.setting,
             "method_settings": {**self.method_settings, "observed": self.loop.observed},
             "sparse_prediction": bool(mdict["arch"].get("sparse_prediction")),
             "model_class": type(self.model).__name__,
             "tokens_per_s": state["step"] * gb * self.index["seq_len"] / max(state["elapsed_s"], 1e-9),
+            "vocab_size": mdict["arch"]["vocab_size"], "tokenizer_vocab_size": self.index["vocab_size"],
             "loss_first": float(np.mean(losses[:k])) if losses else None,
             "loss_last": float(np.mean(losses[-k:])) if losses else None,
             "val_loss": state["last_val_loss"],
@@ -433,3 +518,79 @@ class _Run(Hooks):
         if gb != tr["global_batch"]:
             result["note"] = f"global batch {gb} (the benchmark's setting) instead of train.global_batch"
         return result
+
+
+def reference_comparison(steps: int, sequences: int, budget_s: float) -> dict[str, Any]:
+    """This run's steps and sequences beside the reference's 24-hour run (REFERENCE_RUN), whole and at its pace
+    over this budget (the reference's numbers x budget / 24 h)."""
+    ref = REFERENCE_RUN
+    share = budget_s / (ref["hours"] * 3600.0)
+    pace_steps, pace_seq = ref["steps"] * share, ref["sequences"] * share
+    return {
+        **ref, "pace_steps": pace_steps, "pace_sequences": pace_seq,
+        "steps_vs_pace": steps / pace_steps if pace_steps else None,
+        "sequences_vs_pace": sequences / pace_seq if pace_seq else None,
+    }  # fmt: skip
+
+
+def write_summary(result: dict[str, Any], out_dir: Path) -> None:
+    """summary.{csv,md} next to result.json: the run's steps and sequences within the budget beside the reference."""
+    ref = result["reference"]
+    hours = result["budget_s"] / 3600.0
+    rows = [
+        ("this run", hours, result["clock"], result["steps"], result["global_batch"], result["sequences"],
+         result["wall_s"] / 3600.0, result["train_s"] / 3600.0, result["stop_reason"], result["val_loss"]),
+        (f"reference at its pace over {hours:g} h", hours, "wall", ref["pace_steps"], ref["global_batch"],
+         ref["pace_sequences"], None, None, None, None),
+        ("reference, 24 h", ref["hours"], "wall", ref["steps"], ref["global_batch"], ref["sequences"], ref["hours"],
+         None, None, None),
+    ]  # fmt: skip
+    head = ["run", "budget_h", "clock", "steps", "global_batch", "sequences", "wall_h", "train_h", "stop_reason",
+            "val_loss"]  # fmt: skip
+
+    def fmt(v: Any) -> str:
+        if v is None:
+            return ""
+        if isinstance(v, float):
+            return f"{v:.4g}" if abs(v) < 1e6 else f"{v:,.0f}"
+        return f"{v:,}" if isinstance(v, int) else str(v)
+
+    csv = ",".join(head) + "\n" + "".join(",".join("" if v is None else str(v) for v in r) + "\n" for r in rows)
+    md = (
+        "| "
+        + " | ".join(head)
+        + " |\n|"
+        + "---|" * len(head)
+        + "\n"
+        + "".join("| " + " | ".join(fmt(v) for v in r) + " |\n" for r in rows)
+        + f"\nsequences = steps x global batch. Reference: {ref['source']}.\n"
+    )
+    atomic_write_text(out_dir / "summary.csv", csv)
+    atomic_write_text(out_dir / "summary.md", md)
+
+
+def plot_loss(steps_path: Path, val_path: Path, out: Path, clock: str = "wall") -> Path:
+    """Training loss (each step) and validation loss against elapsed hours on the run's clock, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    steps, vals = read_jsonl(steps_path), read_jsonl(val_path)
+    key = "wall_s" if clock == "wall" else "elapsed_s"
+    by_step = {s["step"]: s.get(key, s["elapsed_s"]) for s in steps}
+    fig = plt.figure(figsize=(6.4, 4.0))
+    ax = fig.add_axes((0.12, 0.14, 0.84, 0.78))  # fixed margins (docs/architecture.md: no tight_layout)
+    ax.plot([by_step[s["step"]] / 3600 for s in steps], [s["loss"] for s in steps], lw=0.8, label="training loss")
+    pts = [(by_step[v["step"]] / 3600, v["val_loss"]) for v in vals if v["step"] in by_step]
+    if pts:
+        ax.plot(*zip(*pts, strict=True), "o-", ms=3, label="validation loss")
+    ax.set_xlabel(f"hours ({'wall time' if clock == 'wall' else 'training time'})")
+    ax.set_ylabel("MLM loss")
+    ax.legend(loc="upper right")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, out)
+    return out

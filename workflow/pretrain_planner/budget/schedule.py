@@ -1,4 +1,5 @@
-"""What happens when, as a function of progress = elapsed training time / time budget (never of steps).
+"""What happens when, as a function of progress = elapsed time / time budget (never of steps); the elapsed time is
+train.clock's: wall time since the run's start (the reference's) or training time.
 
 - the learning rate: linear warm-up over `warmup_fraction` of the budget, then linear decay to 0 at the end;
 - validation points: every `dense_every` in the first `dense_first` and last `dense_last` of the budget,
@@ -10,6 +11,7 @@ on steps or on time. Imports no torch.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -54,17 +56,46 @@ def next_after(points: list[float], progress: float) -> int:
     return len(points)
 
 
-def early_stop(markers: list[dict[str, float]], progress: float, last_val_loss: float | None) -> str | None:
-    """The reason to stop, when a passed marker's threshold is exceeded by the last validation loss."""
+def early_stop(
+    markers: list[dict[str, float]], progress: float, last_val_loss: float | None, elapsed_s: float | None = None
+) -> str | None:
+    """The reason to stop after a validation: its loss is NaN (the reference's check_if_early_stop), or a passed
+    marker's threshold is exceeded - `at_fraction` of the budget reached, or more than `after_minutes` elapsed
+    (the reference's rule: eval loss > early_stop_eval_loss once more than early_stop_time minutes passed)."""
     if last_val_loss is None:
         return None
+    if math.isnan(last_val_loss):
+        return "nan validation loss"
     for m in markers:
-        if progress >= m["at_fraction"] and last_val_loss > m["max_loss"]:
-            return (
-                f"early stop: validation loss {last_val_loss:.4f} > {m['max_loss']} "
-                f"after {m['at_fraction']:.3f} of the budget"
-            )
+        if "after_minutes" in m:
+            passed = elapsed_s is not None and elapsed_s / 60.0 > m["after_minutes"]
+            when = f"after more than {m['after_minutes']:g} minutes"
+        else:
+            passed = progress >= m["at_fraction"]
+            when = f"after {m['at_fraction']:.3f} of the budget"
+        if passed and last_val_loss > m["max_loss"]:
+            return f"early stop: validation loss {last_val_loss:.4f} > {m['max_loss']} {when}"
     return None
+
+
+def nonfinite_loss(loss: float, step: int) -> str | None:
+    """The reason to stop when a step's loss (the mean over ranks) is NaN or infinite."""
+    if math.isfinite(loss):
+        return None
+    return f"non-finite loss: {loss} at step {step}"
+
+
+def loss_scale_floor(scale: float | None, count: int, floor: float, limit: int) -> tuple[int, str | None]:
+    """fp16's diverged-model stop (the reference's scale_cnt_limit): the count of optimizer steps in a row whose
+    loss scale is at or below `floor` after this step's `scale` (None: no loss scaler, never counts), and the
+    reason to stop once it reaches `limit`. The reference counts steps at DeepSpeed's min_loss_scale 1 within
+    one data shard; here the count restarts when the scale rises above the floor."""
+    if scale is None:
+        return 0, None
+    count = count + 1 if scale <= floor else 0
+    if count >= limit:
+        return count, f"loss scale stuck at its floor: {scale:g} <= {floor:g} for {count} steps in a row"
+    return count, None
 
 
 def recipe_lr(sched: dict[str, Any], peak_lr: float, step: int, progress: float, total_steps: int | None) -> float:
@@ -74,8 +105,6 @@ def recipe_lr(sched: dict[str, Any], peak_lr: float, step: int, progress: float,
     0, over `warmup_steps` steps or `warmup_fraction` of progress; then constant, linear to 0 (linear,
     time-linear) or a cosine to the floor (min_lr, or min_lr_ratio x peak, else 0). Under a time budget
     (`total_steps` None) a warm-up given in steps counts steps and the decay follows time."""
-    import math
-
     name = sched.get("name", "constant")
     p = min(max(progress, 0.0), 1.0)
     floor = sched.get("min_lr")
