@@ -410,13 +410,10 @@ class Loop:
         torch.manual_seed(step_seed(self.seed, ranks.rank, state["step"]))
 
         def work() -> list[torch.Tensor]:
-            micro_losses = []  # on the device: read once after the step, not after every micro-batch (a host sync)
-            for i in range(accum):
-                batch = self.hooks.micro_batch(i)
-                # trainer.step: DDP all-reduces on the last micro-batch only (no_sync before), FSDP2 reduce-scatters
-                # each (or the last), ZeRO marks the accumulation boundary; autocast / loss scaling
-                micro_losses.append(step_fn.micro(batch, 1.0 / accum, sync_grads=i == accum - 1).float())
-            step_fn.optimizer_step()  # clipping, the optimizer, zeroed gradients
+            # trainer.step: DDP all-reduces on the last micro-batch only (no_sync before), FSDP2 reduce-scatters
+            # each (or the last), ZeRO marks the accumulation boundary; autocast / loss scaling; then clipping, the
+            # optimizer, zeroed gradients. The losses stay on the device: read once after the step.
+            micro_losses = step_fn.accumulate(self.hooks.micro_batch, accum)
             self.hooks.in_step(state)
             return micro_losses
 

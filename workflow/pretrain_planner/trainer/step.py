@@ -20,6 +20,7 @@ AccumulateGrad adds the replay's output into it.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -202,13 +203,16 @@ class TrainStep:
         if self.scaler is not None:
             self.scaler = self._new_scaler(init_scale=self.scaler.get_scale())
 
-    def __call__(self, batches: list[dict[str, torch.Tensor]], accum: int) -> torch.Tensor:
-        """`accum` micro-batches (cycling through `batches`), gradients synchronised on the last, then step."""
-        losses = [
-            self.micro(batches[i % len(batches)], 1.0 / accum, sync_grads=i == accum - 1).float() for i in range(accum)
-        ]
+    def accumulate(self, batch_of: Callable[[int], dict[str, torch.Tensor]], accum: int) -> list[torch.Tensor]:
+        """One optimizer step: `accum` micro-batches (`batch_of(i)`), each loss scaled 1/accum, gradients
+        synchronised on the last, then the optimizer. The micro-batches' losses, on the device (no host sync)."""
+        losses = [self.micro(batch_of(i), 1.0 / accum, sync_grads=i == accum - 1).float() for i in range(accum)]
         self.optimizer_step()
-        return torch.stack(losses).sum()
+        return losses
+
+    def __call__(self, batches: list[dict[str, torch.Tensor]], accum: int) -> torch.Tensor:
+        """`accumulate` cycling through `batches`; the step's loss."""
+        return torch.stack(self.accumulate(lambda i: batches[i % len(batches)], accum)).sum()
 
     def observed(self) -> dict[str, Any] | None:
         """What the evidence probe saw during the first micro-batch (None: not probed, e.g. compiled)."""
