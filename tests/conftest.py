@@ -30,6 +30,30 @@ def snakemake(workdir: Path, *args: str, env: dict | None = None, timeout: int =
     return subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, env=full_env, timeout=timeout)
 
 
+def budget_workflow(work: Path, budget: dict, launcher: str, steps: int, **train) -> Path:
+    """The `budget` target of a Snakefile of our own that includes common.smk and pretrain.smk (not the benchmark
+    rules), with `budget` as work/config/budget.yaml and the main config's launcher kind `launcher`; `steps` steps
+    on the fake clock (1 s each, training time: exact, where a wall clock would count start-up too), validation
+    half-way and at the end, `train` keys over the file's. Returns the results folder."""
+    budget["train"].update(budget_hours=steps / 3600, fake_step_s=1.0, clock="train", **train)
+    budget["train"]["validation"].update(every=0.5, dense_first=0.0, dense_last=0.0)
+    (work / "Snakefile").write_text(
+        f'configfile: "main.yaml"\n\n\ninclude: "{REPO}/workflow/rules/common.smk"\n'
+        f'include: "{REPO}/workflow/rules/pretrain.smk"\n'
+    )
+    main = {"catalog": {"models": str(REPO / "config/models.yaml"), "gpus": str(REPO / "config/gpus.yaml")},
+            "sweep": {"models": ["tiny-bert"], "gpus": ["cpu"]}, "launcher": {"kind": launcher}}  # fmt: skip
+    (work / "main.yaml").write_text(yaml.safe_dump(main))
+    (work / "config").mkdir(exist_ok=True)
+    (work / "config/budget.yaml").write_text(yaml.safe_dump(budget))
+    cmd = [str(BIN / "snakemake"), "-s", str(work / "Snakefile"), "-d", str(work), "--cores", "2",
+           "--force-use-threads", "budget"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return work / "results"
+
+
 def write_config(path: Path, **sections) -> Path:
     path.write_text(yaml.safe_dump(sections, sort_keys=False))
     return path

@@ -38,10 +38,15 @@ def main(plan_dir: str, out_dir: str, steps: int) -> None:
     if int(os.environ.get("RANK", "0")) == 0:
         losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
         Path(out_dir, "hf_result.json").write_text(json.dumps({"steps": trainer.state.global_step, "losses": losses}))
-    if torch.distributed.is_initialized():  # an orderly end: a group left to the interpreter's exit may abort
+    if torch.distributed.is_initialized():  # every rank has finished training before any leaves
         torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    # Leave without the interpreter's teardown: with DeepSpeed's CPU communication op loaded, tearing down
+    # (destroying the gloo group, then the interpreter's finalisation) aborted a rank once in CI with "terminate
+    # called without an active exception", after training and the result were done - not what this test checks.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -5,15 +5,13 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
-import subprocess
 
 import numpy as np
 import pytest
 import yaml
 from pretrain_planner.budget import glue
 
-from .conftest import BIN, REPO
+from .conftest import REPO, budget_workflow
 
 
 def test_metrics_are_the_libraries_of_the_reference():
@@ -166,31 +164,13 @@ def pipeline(tmp_path_factory):
     """A Snakefile of our own that includes common.smk and pretrain.smk, run to the `budget` target with the
     local launcher: pre-training on two ranks, each fine-tune in a process of its own."""
     work = tmp_path_factory.mktemp("budget_e2e")
-    (work / "Snakefile").write_text(
-        f'configfile: "main.yaml"\n\n\ninclude: "{REPO}/workflow/rules/common.smk"\n'
-        f'include: "{REPO}/workflow/rules/pretrain.smk"\n'
-    )
-    main = {"catalog": {"models": str(REPO / "config/models.yaml"), "gpus": str(REPO / "config/gpus.yaml")},
-            "sweep": {"models": ["tiny-bert"], "gpus": ["cpu"]}, "launcher": {"kind": "local"}}  # fmt: skip
-    (work / "main.yaml").write_text(yaml.safe_dump(main))
     cfg = yaml.safe_load((REPO / "config/budget.yaml").read_text())
     cfg["corpus"]["files"] = [str(REPO / "tests/data/corpus/*.txt")]
     # the protocol's grid at its smallest: 2 settings (learning rates) x 2 seeds per task
     cfg["glue"].update(data_dir=str(REPO / "tests/data/glue"), lr=[1e-3, 3e-4], batch=16, epochs=1, seeds=[0, 1],
                        eval_steps=2)  # fmt: skip
-    # two data-parallel ranks (gloo processes of the local launcher): global batch 32 = 8 x 2 x 2
-    # the fake clock counts training time: the 10 steps are exact (a wall clock would count start-up too)
-    cfg["train"].update(budget_hours=10 / 3600, fake_step_s=1.0, checkpoint_every_s=5, gpus_per_node=2, micro_batch=8,
-                        clock="train")  # fmt: skip
-    cfg["train"]["validation"].update(every=0.5, dense_first=0.0, dense_last=0.0)
-    (work / "config").mkdir()
-    (work / "config/budget.yaml").write_text(yaml.safe_dump(cfg))
-    cmd = [str(BIN / "snakemake"), "-s", str(work / "Snakefile"), "-d", str(work), "--cores", "2",
-           "--force-use-threads", "budget"]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return work / "results"
+    # two data-parallel ranks (gloo processes of the local launcher): global batch 32 = 8 x 2 x 2; 10 steps
+    return budget_workflow(work, cfg, "local", 10, checkpoint_every_s=5, gpus_per_node=2, micro_batch=8)
 
 
 @pytest.mark.slow

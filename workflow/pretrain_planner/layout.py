@@ -8,7 +8,9 @@ says what each file holds). Imports no torch.
       search/{model}/{gpu}/{N}x{G}/              the adaptive search's rounds: round{k}.json, search.json
       tables/ plots/ report.md                   the aggregation
       optimal/{model}/{gpu}/{N}x{G}/             the plan to run (plan.json, training_arguments.json, launch.sh)
-      budget/                                    the time-budgeted BERT stage
+      budget/                                    the time-budgeted BERT stage: data/, pretrain/, glue/, glue.{csv,md};
+                                                 with budget.sweep recipes/{name}/ (the same), data-seq{N}/,
+                                                 sweep.{csv,md}, sweep_loss.png
       train/{model}/{gpu}/{N}x{G}/               the train stage (a plan run for real): result.json,
                                                  throughput.{md,csv}, train.log, run/ (checkpoint, steps.jsonl)
       logs/                                      the rules' logs

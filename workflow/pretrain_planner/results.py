@@ -105,6 +105,15 @@ def atomic_write_text(path: str | Path, text: str) -> None:
         raise
 
 
+def atomic_savefig(fig: Any, path: str | Path, dpi: int = 100) -> None:
+    """A matplotlib figure as a PNG, written to a temporary name and renamed: a reader never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=dpi, format="png")
+    os.replace(tmp, path)
+
+
 def write_result(path: str | Path, result: dict[str, Any]) -> None:
     unknown = set(result) - set(RESULT_FIELDS)
     if unknown:

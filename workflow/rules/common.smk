@@ -114,8 +114,44 @@ BUDGET_PRETRAIN_THREADS = pp_request.driver_cores(
 BUDGET_JOB_THREADS = pp_request.driver_cores(BUDGET_LAUNCH["kind"], 1, BUDGET_THREADS, workflow.cores)
 
 
+# budget.sweep: {recipe} is "" for the file's own recipe (results/budget/pretrain/...) and recipes/<name>/ for each
+# swept one; {data} is "data", or data-seq<N> for a swept sequence length (pretrain_planner.budget.sweep).
+import pretrain_planner.budget.sweep as pp_budget_sweep
+
+BUDGET_RECIPES = pp_budget_config.recipes_or_exit(BUDGET)
+BUDGET_SWEEP = pp_budget_sweep.swept(BUDGET_RECIPES)
+BUDGET_DATA = pp_budget_sweep.data_sets(BUDGET_RECIPES)
+BUDGET_SWEEP_OUT = {
+    "csv": f"{BUDGET_DIR}/sweep.csv",
+    "md": f"{BUDGET_DIR}/sweep.md",
+    "png": f"{BUDGET_DIR}/sweep_loss.png",
+}
+
+
+def budget_recipe(wildcards):
+    return BUDGET_RECIPES[wildcards.recipe]
+
+
+def budget_index(wildcards):
+    """The prepared data of a recipe (its sequence length's)."""
+    key = pp_budget_sweep.data_key(BUDGET_RECIPES[wildcards.recipe], BUDGET)
+    return f"{BUDGET_DIR}/{key}/index.json"
+
+
 def budget_init_model(wildcards):
     """RTE, STS-B, MRPC (glue.from_mnli) start from the MNLI-fine-tuned model; the rest from pre-training."""
     if wildcards.task in BUDGET_FROM_MNLI:
-        return f"{BUDGET_DIR}/glue/mnli/model"
-    return f"{BUDGET_DIR}/pretrain/model"
+        return f"{BUDGET_DIR}/{wildcards.recipe}glue/mnli/model"
+    return f"{BUDGET_DIR}/{wildcards.recipe}pretrain/model"
+
+
+def budget_metrics(wildcards):
+    """The GLUE metrics of every task of a recipe."""
+    return [f"{BUDGET_DIR}/{wildcards.recipe}glue/{task}/metrics.json" for task in BUDGET_TASKS]
+
+
+def budget_targets():
+    """What `budget` builds: the sweep's comparison, or the one recipe's GLUE table and pre-training result."""
+    if BUDGET_SWEEP:
+        return BUDGET_SWEEP_OUT
+    return {**BUDGET_GLUE, "pretrain": f"{BUDGET_DIR}/pretrain/result.json"}

@@ -68,6 +68,13 @@ def load_or_exit(path: str | Path, basedir: str | Path = ".", results: str | Pat
     return _or_exit(load, path, basedir, results)
 
 
+def recipes_or_exit(cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The budget file's recipe and budget.sweep's (budget.sweep.recipes), an error ending the parse."""
+    from pretrain_planner.budget.sweep import recipes
+
+    return _or_exit(recipes, cfg)
+
+
 def plan_path(cfg: dict[str, Any], results: str | Path) -> Path:
     """Where the export_plan rule puts the benchmark's best setting for this model, GPU type and count."""
     tr = cfg["train"]

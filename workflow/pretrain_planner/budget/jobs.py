@@ -54,6 +54,11 @@ def _threads(cfg: dict[str, Any], launch: dict[str, Any], threads: int, world: i
     return threads_per_rank(launch["kind"], launch["slurm"], threads, world, on_gpus, launch.get("local_gpus"))
 
 
+def _of(cfg: dict[str, Any]) -> str:
+    """A job name's suffix naming its budget.sweep recipe: the recipes' jobs run side by side, each its own."""
+    return f"-{cfg['recipe']['name']}" if cfg.get("recipe") else ""
+
+
 def _request(
     entry: str, kwargs: dict[str, Any], cfg: dict[str, Any], launch: dict[str, Any], folder: Path, **more: Any
 ) -> JobRequest:
@@ -111,7 +116,7 @@ def pretrain(
         max_requeues = math.ceil(budget_min * 1.5 / usable) + 3  # a budget longer than the time limit
     req = _request(
         "pretrain", kwargs, cfg, launch, run.parent,
-        name=f"pp-budget-pretrain-{cfg['model']['name']}-{tr['gpu']}-{tr['nodes']}x{tr['gpus_per_node']}",
+        name=f"pp-budget-pretrain-{cfg['model']['name']}-{tr['gpu']}-{tr['nodes']}x{tr['gpus_per_node']}{_of(cfg)}",
         nodes=tr["nodes"], gpus_per_node=tr["gpus_per_node"], timeout_min=timeout, max_num_timeout=max_requeues,
     )  # fmt: skip
     outputs = [Path(out_model), Path(out_result)]
@@ -140,8 +145,7 @@ def finetune(
     }  # fmt: skip
     log = RuleLog(log_path)
     log(f"finetune {task} from {init_kind}: launcher {launch['kind']}, 1 rank ({tr['gpu']})")
-    req = _request(
-        "finetune", kwargs, cfg, launch, out.parent, name=f"pp-budget-glue-{task}", timeout_min=launch["timeout_min"]
-    )
+    name = f"pp-budget-glue-{task}{_of(cfg)}"
+    req = _request("finetune", kwargs, cfg, launch, out.parent, name=name, timeout_min=launch["timeout_min"])
     outputs = [Path(out_metrics)] + ([Path(out_model)] if out_model else [])
     return _run("finetune", kwargs, req, log, log_path, outputs, launch.get("slurm_error"))

@@ -52,7 +52,7 @@ from pretrain_planner.budget.config import (
     wants_gpu,
 )
 from pretrain_planner.budget.data import load_shard
-from pretrain_planner.results import atomic_write_text
+from pretrain_planner.results import atomic_savefig, atomic_write_text
 from pretrain_planner.trainer.loop import Hooks, Loop, Ranks, append_jsonl, read_jsonl
 from pretrain_planner.trainer.models import build_model
 
@@ -346,7 +346,7 @@ class _Run(Hooks):
 
     def lr(self, state: dict[str, Any]) -> float:
         self._step_t0 = time.perf_counter()  # the step starts (the fake clock's real-time bookkeeping)
-        return schedule.lr_at(self._elapsed(state), self.budget_s, self.tr["lr"], self.tr["warmup_fraction"])
+        return schedule.lr_at(self._elapsed(state), self.budget_s, self.tr["lr"], self.tr["warmup_fraction"], self.tr)
 
     def stop(self, state: dict[str, Any]) -> str | None:
         """The budget (on train.clock) or train.max_steps ends the run before another step."""
@@ -511,6 +511,8 @@ class _Run(Hooks):
             "loss_first": float(np.mean(losses[:k])) if losses else None,
             "loss_last": float(np.mean(losses[-k:])) if losses else None,
             "val_loss": state["last_val_loss"],
+            "validation": self._validation_history(),
+            "recipe": self.cfg.get("recipe"),
             "finetune_checkpoints": sorted(str(p) for p in self.run_dir.glob("finetune-*")),
             "run_dir": str(self.run_dir), "model_dir": str(out_model),
             "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
@@ -518,6 +520,16 @@ class _Run(Hooks):
         if gb != tr["global_batch"]:
             result["note"] = f"global batch {gb} (the benchmark's setting) instead of train.global_batch"
         return result
+
+    def _validation_history(self) -> list[dict[str, Any]]:
+        """Every validation point's loss with its time on train.clock (progress x budget), and the final one
+        (taken at the end when the run stopped before its last point): the sweep's loss-against-time plot."""
+        state = self.state
+        hist = [{"step": v["step"], "elapsed_s": v["progress"] * self.budget_s, "val_loss": v["val_loss"]}
+                for v in read_jsonl(self.val_path)]  # fmt: skip
+        if not hist or hist[-1]["step"] != state["step"]:
+            hist.append({"step": state["step"], "elapsed_s": self._elapsed(state), "val_loss": state["last_val_loss"]})
+        return hist
 
 
 def reference_comparison(steps: int, sequences: int, budget_s: float) -> dict[str, Any]:
@@ -588,9 +600,6 @@ def plot_loss(steps_path: Path, val_path: Path, out: Path, clock: str = "wall") 
     ax.set_xlabel(f"hours ({'wall time' if clock == 'wall' else 'training time'})")
     ax.set_ylabel("MLM loss")
     ax.legend(loc="upper right")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp.png")
-    fig.savefig(tmp, dpi=100)
+    atomic_savefig(fig, out)
     plt.close(fig)
-    os.replace(tmp, out)
     return out

@@ -1,7 +1,8 @@
 """What happens when, as a function of progress = elapsed time / time budget (never of steps); the elapsed time is
 train.clock's: wall time since the run's start (the reference's) or training time.
 
-- the learning rate: linear warm-up over `warmup_fraction` of the budget, then linear decay to 0 at the end;
+- the learning rate: linear warm-up over `warmup_fraction` of the budget, then linear decay to 0 at the end
+  (train.curve linear, the recipe's), or the reference's exp curve;
 - validation points: every `dense_every` in the first `dense_first` and last `dense_last` of the budget,
   every `every` in between, and at the end;
 - early-stop markers and fine-tuning checkpoints: fractions of the budget.
@@ -23,8 +24,25 @@ def lr_factor(progress: float, warmup_fraction: float) -> float:
     return max(0.0, (1.0 - p) / (1.0 - warmup_fraction))
 
 
-def lr_at(elapsed_s: float, budget_s: float, peak_lr: float, warmup_fraction: float) -> float:
-    return peak_lr * lr_factor(elapsed_s / budget_s, warmup_fraction)
+def exp_factor(
+    progress: float, warmup_fraction: float, budget_h: float, decay_rate: float, decay_step_h: float
+) -> float:
+    """The reference's `exp` curve (pretraining/schedules.py ExpCurve under its time scheduler): a quadratic
+    warm-up, then decay_rate ** (hours since warm-up's end / decay_step_h) - no decay to 0 at the end."""
+    p = min(max(progress, 0.0), 1.0)
+    if warmup_fraction > 0 and p < warmup_fraction:
+        return (p / warmup_fraction) ** 2
+    return decay_rate ** ((p - warmup_fraction) * budget_h / decay_step_h)
+
+
+def lr_at(elapsed_s: float, budget_s: float, peak_lr: float, warmup_fraction: float, tr: dict | None = None) -> float:
+    """The learning rate after `elapsed_s` of a `budget_s` budget, on the curve of `tr` (train.curve: linear,
+    the recipe's, or exp with train.decay_rate / train.decay_step_hours)."""
+    progress = elapsed_s / budget_s
+    if tr is not None and tr.get("curve", "linear") == "exp":
+        return peak_lr * exp_factor(progress, warmup_fraction, budget_s / 3600.0, tr["decay_rate"],
+                                    tr["decay_step_hours"])  # fmt: skip
+    return peak_lr * lr_factor(progress, warmup_fraction)
 
 
 def validation_points(v: dict[str, Any]) -> list[float]:

@@ -1,0 +1,199 @@
+"""The paper's ablations as a sweep: budget.sweep's values expand into one recipe per combination (the budget
+file with those keys replaced), each pre-trained within the budget and fine-tuned on GLUE by the workflow's
+`{recipe}` rules; `sweep_table` compares them. Imports no torch (the workflow's parse calls `recipes`).
+
+The reference (IntelLabs/academic-budget-bert) only generates the command lines of such a grid
+(generate_training_commands.py: the product of every hyper-parameter's values); here each is a job.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from pretrain_planner.results import atomic_savefig, atomic_write_text
+from pretrain_planner.schema import ConfigError
+
+# budget.sweep key -> (section, key of the budget file, short label in a recipe's name)
+SWEEP_KEYS: dict[str, tuple[str, str, str]] = {
+    "global_batch": ("train", "global_batch", "gb"),
+    "lr": ("train", "lr", "lr"),
+    "warmup_fraction": ("train", "warmup_fraction", "wu"),
+    "seq_len": ("data", "seq_len", "seq"),
+    "curve": ("train", "curve", ""),
+}
+BASE = ""  # the {recipe} wildcard of the budget file's own recipe: results/budget/pretrain/...
+DATA = "data"  # the {data} wildcard of the budget file's own data: results/budget/data/index.json
+
+
+def recipe_dir(name: str) -> str:
+    """The {recipe} wildcard (a path prefix under results/budget/) of a swept recipe."""
+    return f"recipes/{name}/"
+
+
+def recipe_name(values: dict[str, Any]) -> str:
+    """A recipe's folder name from its swept values, e.g. gb4096-lr0.001-wu0.06."""
+    return "-".join(f"{SWEEP_KEYS[k][2]}{v:g}" if not isinstance(v, str) else v for k, v in values.items())
+
+
+def _with_global_batch(setting: dict[str, Any], gb: int, where: str) -> dict[str, Any]:
+    """The setting with its accumulation remade for global batch `gb` (micro-batch, ranks and method kept)."""
+    if setting["source"] == "missing":  # the pretrain job stops with the setting's own message
+        return setting
+    mb, world = setting["micro_batch"], setting["world_size"]
+    if gb % (mb * world):
+        raise ConfigError(
+            f"{where}: sweep.global_batch {gb} is not a multiple of micro-batch {mb} x {world} ranks (the setting "
+            f"from {setting['source']}{': ' + setting['plan'] if setting.get('plan') else ''})"
+        )
+    return {**setting, "global_batch": gb, "grad_accum_steps": gb // (mb * world)}
+
+
+def recipes(cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """{recipe} wildcard -> the recipe's budget config: the file's own (BASE) and, for budget.sweep, every
+    combination of its values (in the order the file lists the keys) under recipes/<name>/. Each swept config
+    records `recipe` {name, values} and `recipe_keys` origin "sweep" for the keys it replaces."""
+    out = {BASE: cfg}
+    sweep = {k: v for k, v in (cfg.get("sweep") or {}).items() if v}
+    if not sweep:  # (the product of no axes is one empty recipe)
+        return out
+    for combo in itertools.product(*sweep.values()):
+        values = dict(zip(sweep, combo, strict=True))
+        name = recipe_name(values)
+        rc = copy.deepcopy(cfg)
+        for key, value in values.items():
+            section, field, _ = SWEEP_KEYS[key]
+            rc[section][field] = value
+            rc["recipe_keys"][f"{section}.{field}"] = "sweep"
+        if "global_batch" in values:
+            rc["setting"] = _with_global_batch(rc["setting"], values["global_batch"], f"{cfg['source']}: recipe {name}")
+        rc["recipe"] = {"name": name, "values": values}
+        out[recipe_dir(name)] = rc
+    return out
+
+
+def swept(all_recipes: dict[str, dict[str, Any]]) -> list[str]:
+    """The {recipe} wildcards of budget.sweep's recipes (empty without a sweep)."""
+    return [r for r in all_recipes if r != BASE]
+
+
+def data_key(cfg: dict[str, Any], base: dict[str, Any]) -> str:
+    """The {data} wildcard of a recipe's prepared data: the base's, or data-seq<N> for another sequence length."""
+    return DATA if cfg["data"]["seq_len"] == base["data"]["seq_len"] else f"{DATA}-seq{cfg['data']['seq_len']}"
+
+
+def data_sets(all_recipes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """{data} wildcard -> a config whose seed, corpus, tokenizer and data settings prepare that data."""
+    base = all_recipes[BASE]
+    return {data_key(rc, base): rc for rc in reversed(all_recipes.values())} | {DATA: base}
+
+
+# -- the comparison ------------------------------------------------------------------------------------------
+COLUMNS = ["recipe", "stop_reason", "steps", "global_batch", "sequences", "tokens", "loss_last", "val_loss",
+           "glue_tasks", "glue_avg"]  # fmt: skip
+
+
+def _glue_average(csv_path: Path) -> tuple[int, float | None]:
+    """Tasks scored and the mean of their headline score (x100) in a recipe's glue.csv."""
+    lines = csv_path.read_text().splitlines()
+    head, rows = lines[0].split(","), [dict(zip(lines[0].split(","), ln.split(","), strict=False)) for ln in lines[1:]]
+    if "score" not in head:
+        raise ValueError(f"{csv_path}: no score column (not a glue_table output)")
+    scores = [float(r["score"]) for r in rows if r.get("score") not in (None, "")]
+    scores = [s for s in scores if not math.isnan(s)]
+    return len(scores), (100 * sum(scores) / len(scores) if scores else None)
+
+
+def _names(rows: list[dict[str, Any]], key: str, value: float) -> str:
+    """The recipes whose `key` is `value` (a tie names them all)."""
+    return ", ".join(r["recipe"] for r in rows if r[key] == value)
+
+
+def _fmt(v: Any) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return f"{v:,}" if isinstance(v, int) else str(v)
+
+
+def sweep_table(
+    recipes_values: dict[str, dict[str, Any]],
+    results: list[str],
+    glue_csvs: list[str],
+    out_csv: str | Path,
+    out_md: str | Path,
+    out_png: str | Path,
+    log: str | Path | None = None,
+) -> list[dict[str, Any]]:
+    """One row per recipe (in `recipes_values`' order, matching `results` and `glue_csvs`): its swept values,
+    why it stopped, steps and sequences seen within the budget, training and validation loss at the end, the GLUE
+    average (dev, headline score per task); and the validation loss of every recipe against time as a PNG."""
+    from pretrain_planner.budget.config import file_logger
+
+    logger = file_logger("sweep_table", log)
+    keys = list(dict.fromkeys(k for v in recipes_values.values() for k in v))
+    rows, curves = [], {}
+    for (name, values), res_path, glue_path in zip(recipes_values.items(), results, glue_csvs, strict=True):
+        res = json.loads(Path(res_path).read_text())
+        n_tasks, avg = _glue_average(Path(glue_path))
+        rows.append({"recipe": name, **{k: values.get(k) for k in keys},
+                     **{c: res.get(c) for c in ("stop_reason", "steps", "global_batch", "sequences", "tokens",
+                                                "loss_last", "val_loss")},
+                     "glue_tasks": n_tasks, "glue_avg": avg})  # fmt: skip
+        curves[name] = (res.get("clock", "wall"), res.get("validation") or [])
+    head = COLUMNS[:1] + keys + [c for c in COLUMNS[1:] if c not in keys]
+    atomic_write_text(out_csv, ",".join(head) + "\n" + "".join(
+        ",".join("" if r[c] is None else str(r[c]) for c in head) + "\n" for r in rows))  # fmt: skip
+    finite = [r for r in rows if isinstance(r["val_loss"], float) and not math.isnan(r["val_loss"])]
+    scored = [r for r in rows if r["glue_avg"] is not None]
+    clock = {c for c, _ in curves.values()}
+    md = ["# The budget's recipes compared", "",
+          f"Every recipe of budget.sweep ({', '.join(keys)}) pre-trained within the same time budget "
+          f"({'/'.join(sorted(clock))} clock) and fine-tuned on the same GLUE tasks. `loss_last`: training MLM "
+          "loss over the last tenth of the steps; `val_loss`: validation loss at the end; `glue_avg`: the mean "
+          "headline score (dev, x100) of each task's median over seeds of its best setting; sequences = steps x "
+          "global batch. Validation loss against time: sweep_loss.png.", "",
+          "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
+    md += ["| " + " | ".join(_fmt(r[c]) for c in head) + " |" for r in rows]
+    if finite:
+        low = min(r["val_loss"] for r in finite)
+        md += ["", f"Lowest validation loss at the budget's end: {_names(finite, 'val_loss', low)} ({low:.4g})."]
+    if scored:
+        high = max(r["glue_avg"] for r in scored)
+        md += [f"Highest GLUE average: {_names(scored, 'glue_avg', high)} ({high:.1f}, dev)."]
+    stopped = [r for r in rows if r["stop_reason"] and r["stop_reason"] != "budget"]
+    if stopped:
+        md += ["", "Stopped before the budget's end: " + "; ".join(f"{r['recipe']} ({r['stop_reason']})"
+                                                                 for r in stopped) + "."]  # fmt: skip
+    atomic_write_text(out_md, "\n".join(md) + "\n")
+    plot_validation(curves, Path(out_png))
+    logger.info("sweep table: %d recipes -> %s, %s, %s", len(rows), out_csv, out_md, out_png)
+    return rows
+
+
+def plot_validation(curves: dict[str, tuple[str, list[dict[str, Any]]]], out: Path) -> Path:
+    """Validation loss against hours on the runs' clock, one line per recipe."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure(figsize=(7.2, 4.4))
+    ax = fig.add_axes((0.1, 0.12, 0.58, 0.8))  # fixed margins, the legend to the right (docs/architecture.md)
+    for name, (_, points) in curves.items():
+        pts = [(p["elapsed_s"] / 3600, p["val_loss"]) for p in points if p.get("val_loss") is not None]
+        if pts:
+            ax.plot(*zip(*pts, strict=True), "o-", ms=3, label=name)
+    clocks = {c for c, _ in curves.values()}
+    ax.set_xlabel("hours (" + ("wall time" if clocks == {"wall"} else "training time" if clocks == {"train"}
+                               else "each run's clock") + ")")  # fmt: skip
+    ax.set_ylabel("validation MLM loss")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize="small")
+    atomic_savefig(fig, out)
+    plt.close(fig)
+    return out
