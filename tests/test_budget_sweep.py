@@ -57,6 +57,9 @@ def test_bad_sweeps_stop_the_parse_naming_the_key(tmp_path):
     cfg = bconfig.load(_budget_file(tmp_path, sweep={"global_batch": [24]}), REPO)
     with pytest.raises(SystemExit, match=r"recipe gb24: sweep.global_batch 24 is not a multiple of micro-batch 16"):
         bconfig.recipes_or_exit(cfg)
+    cfg = bconfig.load(_budget_file(tmp_path, sweep={"lr": [1e-3, 1.0000001e-3]}), REPO)
+    with pytest.raises(SystemExit, match=r"get the same name 'lr0.001'"):
+        bconfig.recipes_or_exit(cfg)
     with pytest.raises(ConfigError, match=r"sweep.curve"):
         bconfig.load(_budget_file(tmp_path, sweep={"curve": ["cosine"]}), REPO)
 

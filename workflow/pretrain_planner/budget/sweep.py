@@ -64,6 +64,10 @@ def recipes(cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
     for combo in itertools.product(*sweep.values()):
         values = dict(zip(sweep, combo, strict=True))
         name = recipe_name(values)
+        if recipe_dir(name) in out:  # values equal to 6 significant digits would share a folder
+            other = out[recipe_dir(name)]["recipe"]["values"]
+            raise ConfigError(f"{cfg['source']}: sweep: recipes {other} and {values} get the same name {name!r}: "
+                              "make the values differ in the first 6 digits")  # fmt: skip
         rc = copy.deepcopy(cfg)
         for key, value in values.items():
             section, field, _ = SWEEP_KEYS[key]
