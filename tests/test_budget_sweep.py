@@ -30,7 +30,7 @@ def _budget_file(tmp_path, **sections):
 
 def test_every_combination_is_a_recipe_with_its_own_setting_and_data(tmp_path):
     cfg = bconfig.load(_budget_file(tmp_path, sweep={"global_batch": [16, 32], "seq_len": [64, 32]}), REPO)
-    got = bconfig.recipes_or_exit(cfg)
+    got = sweep.recipes_or_exit(cfg)
     assert list(got) == ["", "recipes/gb16-seq64/", "recipes/gb16-seq32/", "recipes/gb32-seq64/",
                          "recipes/gb32-seq32/"]  # fmt: skip
     assert got[""] is cfg and "recipe" not in cfg and sweep.swept(got) == list(got)[1:]
@@ -56,10 +56,10 @@ def test_bad_sweeps_stop_the_parse_naming_the_key(tmp_path):
         bconfig.load(_budget_file(tmp_path, sweep={"batch": [16]}), REPO)
     cfg = bconfig.load(_budget_file(tmp_path, sweep={"global_batch": [24]}), REPO)
     with pytest.raises(SystemExit, match=r"recipe gb24: sweep.global_batch 24 is not a multiple of micro-batch 16"):
-        bconfig.recipes_or_exit(cfg)
+        sweep.recipes_or_exit(cfg)
     cfg = bconfig.load(_budget_file(tmp_path, sweep={"lr": [1e-3, 1.0000001e-3]}), REPO)
     with pytest.raises(SystemExit, match=r"get the same name 'lr0.001'"):
-        bconfig.recipes_or_exit(cfg)
+        sweep.recipes_or_exit(cfg)
     with pytest.raises(ConfigError, match=r"sweep.curve"):
         bconfig.load(_budget_file(tmp_path, sweep={"curve": ["cosine"]}), REPO)
 
@@ -157,7 +157,7 @@ def test_the_presets_commented_sweep_is_the_papers_grid(tmp_path):
     commented = text[text.index("# sweep:") :].splitlines()
     grid = yaml.safe_load("\n".join(line.removeprefix("# ") for line in commented))["sweep"]
     assert grid == {"global_batch": [4096, 8192, 16384], "lr": [5e-4, 1e-3, 2e-3]}
-    got = bconfig.recipes_or_exit(_preset(tmp_path, sweep=grid))
+    got = sweep.recipes_or_exit(_preset(tmp_path, sweep=grid))
     swept = sweep.swept(got)
     assert len(swept) == 9 and swept[0] == "recipes/gb4096-lr0.0005/" and swept[-1] == "recipes/gb16384-lr0.002/"
     assert [got[r]["setting"]["grad_accum_steps"] for r in swept[::3]] == [16, 32, 64]

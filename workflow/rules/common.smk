@@ -118,7 +118,7 @@ BUDGET_JOB_THREADS = pp_request.driver_cores(BUDGET_LAUNCH["kind"], 1, BUDGET_TH
 # swept one; {data} is "data", or data-seq<N> for a swept sequence length (pretrain_planner.budget.sweep).
 import pretrain_planner.budget.sweep as pp_budget_sweep
 
-BUDGET_RECIPES = pp_budget_config.recipes_or_exit(BUDGET)
+BUDGET_RECIPES = pp_budget_sweep.recipes_or_exit(BUDGET)
 BUDGET_SWEEP = pp_budget_sweep.swept(BUDGET_RECIPES)
 BUDGET_DATA = pp_budget_sweep.data_sets(BUDGET_RECIPES)
 BUDGET_SWEEP_OUT = {

@@ -56,7 +56,7 @@ def load(path: str | Path, basedir: str | Path = ".", results: str | Path | None
     return cfg
 
 
-def _or_exit(fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+def or_exit(fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
     """`fn(*args)`, a configuration error ending the workflow's parse with its message (not a traceback)."""
     try:
         return fn(*args)
@@ -65,14 +65,7 @@ def _or_exit(fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
 
 
 def load_or_exit(path: str | Path, basedir: str | Path = ".", results: str | Path | None = None) -> dict[str, Any]:
-    return _or_exit(load, path, basedir, results)
-
-
-def recipes_or_exit(cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The budget file's recipe and budget.sweep's (budget.sweep.recipes), an error ending the parse."""
-    from pretrain_planner.budget.sweep import recipes
-
-    return _or_exit(recipes, cfg)
+    return or_exit(load, path, basedir, results)
 
 
 def plan_path(cfg: dict[str, Any], results: str | Path) -> Path:
@@ -166,7 +159,7 @@ def launch_settings(main: dict[str, Any], cfg: dict[str, Any], basedir: str | Pa
 
 
 def launch_or_exit(main: dict[str, Any], cfg: dict[str, Any], basedir: str | Path) -> dict[str, Any]:
-    return _or_exit(launch_settings, main, cfg, basedir)
+    return or_exit(launch_settings, main, cfg, basedir)
 
 
 def set_torch_threads(tr: dict[str, Any], threads: int | None) -> None:

@@ -15,6 +15,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from pretrain_planner.budget.config import file_logger, or_exit
 from pretrain_planner.results import atomic_savefig, atomic_write_text
 from pretrain_planner.schema import ConfigError
 
@@ -80,6 +81,11 @@ def recipes(cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def recipes_or_exit(cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """`recipes`, a configuration error ending the workflow's parse with its message."""
+    return or_exit(recipes, cfg)
+
+
 def swept(all_recipes: dict[str, dict[str, Any]]) -> list[str]:
     """The {recipe} wildcards of budget.sweep's recipes (empty without a sweep)."""
     return [r for r in all_recipes if r != BASE]
@@ -137,8 +143,6 @@ def sweep_table(
     """One row per recipe (in `recipes_values`' order, matching `results` and `glue_csvs`): its swept values,
     why it stopped, steps and sequences seen within the budget, training and validation loss at the end, the GLUE
     average (dev, headline score per task); and the validation loss of every recipe against time as a PNG."""
-    from pretrain_planner.budget.config import file_logger
-
     logger = file_logger("sweep_table", log)
     keys = list(dict.fromkeys(k for v in recipes_values.values() for k in v))
     rows, curves = [], {}
