@@ -106,11 +106,13 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 
 def atomic_savefig(fig: Any, path: str | Path, dpi: int = 100) -> None:
-    """A matplotlib figure as a PNG, written to a temporary name and renamed: a reader never sees half a file."""
+    """A matplotlib figure in the format of the path's suffix (png, svg), written to a temporary name and renamed:
+    a reader never sees half a file."""
     path = Path(path)
+    ext = path.suffix.lstrip(".")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=dpi, format="png")
+    tmp = path.with_name(f".{path.name}.tmp.{ext}")
+    fig.savefig(tmp, dpi=dpi, format=ext)
     os.replace(tmp, path)
 
 

@@ -583,15 +583,12 @@ def write_summary(result: dict[str, Any], out_dir: Path) -> None:
 
 def plot_loss(steps_path: Path, val_path: Path, out: Path, clock: str = "wall") -> Path:
     """Training loss (each step) and validation loss against elapsed hours on the run's clock, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
+    from pretrain_planner.report.plots import _canvas  # a Figure of its own: no pyplot state across threads
 
     steps, vals = read_jsonl(steps_path), read_jsonl(val_path)
     key = "wall_s" if clock == "wall" else "elapsed_s"
     by_step = {s["step"]: s.get(key, s["elapsed_s"]) for s in steps}
-    fig = plt.figure(figsize=(6.4, 4.0))
+    fig = _canvas(6.4, 4.0)
     ax = fig.add_axes((0.12, 0.14, 0.84, 0.78))  # fixed margins (docs/architecture.md: no tight_layout)
     ax.plot([by_step[s["step"]] / 3600 for s in steps], [s["loss"] for s in steps], lw=0.8, label="training loss")
     pts = [(by_step[v["step"]] / 3600, v["val_loss"]) for v in vals if v["step"] in by_step]
@@ -601,5 +598,4 @@ def plot_loss(steps_path: Path, val_path: Path, out: Path, clock: str = "wall") 
     ax.set_ylabel("MLM loss")
     ax.legend(loc="upper right")
     atomic_savefig(fig, out)
-    plt.close(fig)
     return out

@@ -186,12 +186,9 @@ def sweep_table(
 
 def plot_validation(curves: dict[str, tuple[str, list[dict[str, Any]]]], out: Path) -> Path:
     """Validation loss against hours on the runs' clock, one line per recipe."""
-    import matplotlib
+    from pretrain_planner.report.plots import _canvas  # a Figure of its own: no pyplot state across threads
 
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    fig = plt.figure(figsize=(7.2, 4.4))
+    fig = _canvas(7.2, 4.4)
     ax = fig.add_axes((0.1, 0.12, 0.58, 0.8))  # fixed margins, the legend to the right (docs/architecture.md)
     for name, (_, points) in curves.items():
         pts = [(p["elapsed_s"] / 3600, p["val_loss"]) for p in points if p.get("val_loss") is not None]
@@ -203,5 +200,4 @@ def plot_validation(curves: dict[str, tuple[str, list[dict[str, Any]]]], out: Pa
     ax.set_ylabel("validation MLM loss")
     ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize="small")
     atomic_savefig(fig, out)
-    plt.close(fig)
     return out

@@ -10,17 +10,15 @@ torch."""
 from __future__ import annotations
 
 import math
-import os
 import random
 import textwrap
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from pretrain_planner.results import atomic_write_text
+from pretrain_planner.results import atomic_savefig, atomic_write_text
 from pretrain_planner.tables import costs as pp_costs
 from pretrain_planner.tables.aggregate import GROUP, VERDICTS, read_table
 
@@ -80,11 +78,7 @@ def _canvas(width: float, height: float) -> Figure:
 def _save(fig: Figure, out: dict[str, str], key: str) -> None:
     """PNG and SVG, each written to a temporary name and renamed: a reader never sees half a file."""
     for ext in ("png", "svg"):
-        path = Path(out[f"{key}_{ext}"])
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp.{ext}")
-        fig.savefig(tmp, dpi=DPI, format=ext)
-        os.replace(tmp, path)
+        atomic_savefig(fig, out[f"{key}_{ext}"], DPI)
 
 
 def _margins(fig: Figure, left: float, right: float, bottom: float, top: float) -> None:
