@@ -52,6 +52,16 @@ def _row(r: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+def _scored(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in rows if r["score"] is not None and not math.isnan(r["score"])]
+
+
+def average_score(rows: list[dict[str, Any]]) -> tuple[int, float | None]:
+    """Tasks with a headline score (not NaN) and the mean of those scores x100: the table's GLUE average."""
+    scored = _scored(rows)
+    return len(scored), (100 * float(np.mean([r["score"] for r in scored])) if scored else None)
+
+
 def glue_table(metric_files: list[str], out_csv: str | Path, out_md: str | Path, log: str | Path | None = None):
     """results: one row per task (the median over seeds of its best setting; metrics x100 in the markdown)."""
     logger = file_logger("glue_table", log)
@@ -59,7 +69,7 @@ def glue_table(metric_files: list[str], out_csv: str | Path, out_md: str | Path,
     lines = [",".join(TABLE_COLUMNS)]
     lines += [",".join("" if r[c] is None else str(r[c]) for c in TABLE_COLUMNS) for r in rows]
     atomic_write_text(out_csv, "\n".join(lines) + "\n")
-    scored = [r for r in rows if r["score"] is not None and not math.isnan(r["score"])]
+    scored = _scored(rows)
     md = ["# GLUE (dev) of the time-budgeted model", "",
           "Per task the median over seeds of the best setting of the grid (learning rate x batch x epochs), each run "
           "keeping its best evaluated checkpoint (Izsak et al. 2021, appendix B). Metrics x100: accuracy (MNLI "
@@ -70,8 +80,7 @@ def glue_table(metric_files: list[str], out_csv: str | Path, out_md: str | Path,
           "| " + " | ".join(TABLE_COLUMNS) + " |", "|" + "---|" * len(TABLE_COLUMNS)]  # fmt: skip
     md += ["| " + " | ".join(_fmt(c, r[c]) for c in TABLE_COLUMNS) + " |" for r in rows]
     if scored:
-        ours = 100 * float(np.mean([r["score"] for r in scored]))
-        md += ["", f"Average score over {len(scored)} tasks (dev): {ours:.1f}"]
+        md += ["", f"Average score over {len(scored)} tasks (dev): {average_score(rows)[1]:.1f}"]
         pub = [PUBLISHED_24H_TEST[r["task"]] for r in scored if r["task"] in PUBLISHED_24H_TEST]
         if len(pub) == len(scored):
             md += [f"Published 24-hour model, same tasks (test): {float(np.mean(pub)):.1f}"]

@@ -9,6 +9,7 @@ The reference (IntelLabs/academic-budget-bert) only generates the command lines 
 from __future__ import annotations
 
 import copy
+import csv
 import itertools
 import json
 import math
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pretrain_planner.budget.config import file_logger, or_exit
+from pretrain_planner.budget.glue_report import average_score
 from pretrain_planner.results import atomic_savefig, atomic_write_text
 from pretrain_planner.schema import ConfigError
 
@@ -108,14 +110,12 @@ COLUMNS = ["recipe", "stop_reason", "steps", "global_batch", "sequences", "token
 
 
 def _glue_average(csv_path: Path) -> tuple[int, float | None]:
-    """Tasks scored and the mean of their headline score (x100) in a recipe's glue.csv."""
-    lines = csv_path.read_text().splitlines()
-    head, rows = lines[0].split(","), [dict(zip(lines[0].split(","), ln.split(","), strict=False)) for ln in lines[1:]]
-    if "score" not in head:
+    """Tasks scored and the mean of their headline score (x100) in a recipe's glue.csv (glue_report's average)."""
+    with csv_path.open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    if rows and "score" not in rows[0]:
         raise ValueError(f"{csv_path}: no score column (not a glue_table output)")
-    scores = [float(r["score"]) for r in rows if r.get("score") not in (None, "")]
-    scores = [s for s in scores if not math.isnan(s)]
-    return len(scores), (100 * sum(scores) / len(scores) if scores else None)
+    return average_score([{"score": float(r["score"]) if r["score"] else None} for r in rows])
 
 
 def _names(rows: list[dict[str, Any]], key: str, value: float) -> str:
