@@ -208,7 +208,7 @@ def build(
             step.settings["weight_decay_note"] = "ZeRO-Offload's DeepSpeedCPUAdam: weight decay on every parameter"
     else:
         applied = apply_method(cfg, env, net, attn_used)
-        optimizer, opt_settings = build_optimizer(cfg, env, net.parameters(), offload=m.offload)
+        optimizer, opt_settings = build_optimizer(cfg, env, net.parameters())
         step = TrainStep(applied, optimizer, cfg.recipe["grad_clip"], env.device.type, {**applied.settings,
                                                                                         **opt_settings})  # fmt: skip
         if grad_sync is not None and step.grad_sync_options():

@@ -62,13 +62,13 @@ def precision_setup(cfg: RunConfig, env: RankEnv) -> torch.dtype | None:
     return torch.bfloat16 if precision == "bf16" else torch.float16
 
 
-def planned(cfg: RunConfig, env: RankEnv, micro_batch: int = 1, accum: int = 1, grad_sync: str | None = None):
+def planned(cfg: RunConfig, env: RankEnv, micro_batch: int = 1, accum: int = 1):
     """The method's concrete settings on this rank's device (planning.settings.resolve: the export's too)."""
     from pretrain_planner.planning.settings import resolve
 
     return resolve(
         cfg.method, cfg.model, cfg.gpu, env.world_size, micro_batch, accum,
-        cuda=env.device.type == "cuda", grad_sync=grad_sync, recipe=cfg.recipe,
+        cuda=env.device.type == "cuda", recipe=cfg.recipe,
     )  # fmt: skip
 
 
@@ -178,9 +178,7 @@ def apply_method(cfg: RunConfig, env: RankEnv, net: torch.nn.Module, attn_used: 
     )
 
 
-def build_optimizer(
-    cfg: RunConfig, env: RankEnv, params, offload: bool = False
-) -> tuple[torch.optim.Optimizer, dict[str, Any]]:
+def build_optimizer(cfg: RunConfig, env: RankEnv, params) -> tuple[torch.optim.Optimizer, dict[str, Any]]:
     opt = cfg.recipe["optimizer"]
     cls = torch.optim.AdamW if opt["name"] == "adamw" else torch.optim.Adam
     # fused AdamW on CUDA (free-lunch); with FSDP's CPU offload the optimizer steps CPU tensors

@@ -138,7 +138,7 @@ def make_builder(cfg: RunConfig, env: RankEnv, built: list[dict[str, Any]]):
             step: TrainStep = zero.build_step(cfg, env, net, attn_used, micro_batch, accum)
         else:
             applied = apply_method(cfg, env, net, attn_used)
-            optimizer, opt_settings = build_optimizer(cfg, env, net.parameters(), offload=cfg.method.offload)
+            optimizer, opt_settings = build_optimizer(cfg, env, net.parameters())
             settings = {**applied.settings, **opt_settings}
             step = TrainStep(applied, optimizer, cfg.recipe["grad_clip"], env.device.type, settings)
             if method.compile_mode == "cstep":
