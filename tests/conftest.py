@@ -23,9 +23,11 @@ BIN = Path(sys.executable).parent
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def snakemake(workdir: Path, *args: str, env: dict | None = None, timeout: int = 1200) -> subprocess.CompletedProcess:
-    """`snakemake -s <repo>/Snakefile -d <workdir> ...`, output captured."""
-    cmd = [str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "-d", str(workdir), *args]
+def snakemake(
+    workdir: Path, *args: str, env: dict | None = None, timeout: int = 1200, snakefile: Path = REPO / "Snakefile"
+) -> subprocess.CompletedProcess:
+    """`snakemake -s <repo>/Snakefile -d <workdir> ...` (or another `snakefile`), output captured."""
+    cmd = [str(BIN / "snakemake"), "-s", str(snakefile), "-d", str(workdir), *args]
     full_env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
     return subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, env=full_env, timeout=timeout)
 
@@ -46,10 +48,7 @@ def budget_workflow(work: Path, budget: dict, launcher: str, steps: int, **train
     (work / "main.yaml").write_text(yaml.safe_dump(main))
     (work / "config").mkdir(exist_ok=True)
     (work / "config/budget.yaml").write_text(yaml.safe_dump(budget))
-    cmd = [str(BIN / "snakemake"), "-s", str(work / "Snakefile"), "-d", str(work), "--cores", "2",
-           "--force-use-threads", "budget"]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    proc = snakemake(work, "--cores", "2", "--force-use-threads", "budget", timeout=900, snakefile=work / "Snakefile")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return work / "results"
 

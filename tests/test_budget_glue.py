@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 import yaml
-from pretrain_planner.budget import glue
+from pretrain_planner.budget import glue, glue_report
 
 from .conftest import REPO, budget_workflow
 
@@ -132,7 +132,7 @@ def test_table_shows_the_published_24h_test_numbers_beside_ours(tmp_path):
         f.write_text(json.dumps({"task": task, "init": "pretrained", "setting": {"lr": 5e-5, "batch": 32, "epochs": 5},
                                  "seeds": [0, 1, 2, 3, 4], **metrics}))  # fmt: skip
         files.append(str(f))
-    rows = glue.glue_table(files, tmp_path / "glue.csv", tmp_path / "glue.md")
+    rows = glue_report.glue_table(files, tmp_path / "glue.csv", tmp_path / "glue.md")
     got = {r["task"]: r for r in csv.DictReader((tmp_path / "glue.csv").open())}
     assert [r["task"] for r in rows] == ["mnli", "rte", "stsb"]
     assert (got["mnli"]["published_24h_test"], got["mnli"]["published_24h_test_mm"]) == ("84.4", "83.8")

@@ -22,7 +22,6 @@ from typing import Any
 
 from pretrain_planner.budget import glue_metrics
 from pretrain_planner.budget.config import TASK_DIRS, TORCH_LOCK, file_logger, set_torch_threads, wants_gpu
-from pretrain_planner.budget.glue_report import PRIMARY, TABLE_COLUMNS, glue_table  # noqa: F401  (the rule's entry)
 from pretrain_planner.results import atomic_write_text
 
 
