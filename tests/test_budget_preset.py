@@ -121,3 +121,11 @@ def test_tiny_size_of_the_preset_runs_end_to_end(tmp_path):
 def test_clock_is_checked_by_the_schema(tmp_path):
     with pytest.raises(ConfigError, match=r"train.clock: 'cpu' is not one of \['wall', 'train'\]"):
         _preset(tmp_path, train={"clock": "cpu"})
+
+
+def test_a_catalog_recipe_the_stage_cannot_train_is_refused_naming_the_file(tmp_path):
+    models = yaml.safe_load((REPO / "config/models.yaml").read_text())
+    models["models"]["bert-24h"]["recipe"]["optimizer"]["name"] = "adam"
+    (tmp_path / "models.yaml").write_text(yaml.safe_dump(models))
+    with pytest.raises(ConfigError, match=rf"{tmp_path}/budget.yaml: the catalog recipe's optimizer 'adam'"):
+        _preset(tmp_path, catalog_models=str(tmp_path / "models.yaml"))

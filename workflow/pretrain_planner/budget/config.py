@@ -38,6 +38,7 @@ def load(path: str | Path, basedir: str | Path = ".", results: str | Path | None
     raw = load_yaml(path) or {}
     given = copy.deepcopy(raw)  # what the file sets (validation fills the defaults in)
     cfg = validate(raw, "budget", path)
+    cfg["source"] = str(path)  # (errors below name the file)
     files: list[str] = []
     for pattern in cfg["corpus"]["files"]:
         p = str(resolve(pattern, basedir))
@@ -52,7 +53,6 @@ def load(path: str | Path, basedir: str | Path = ".", results: str | Path | None
     cfg["model"], recipe = _model(cfg, path, basedir)
     cfg["recipe_keys"] = apply_recipe(cfg, given, recipe) if recipe is not None else {}
     cfg["setting"] = resolve_setting(cfg, results, str(path), missing_ok=results is not None)
-    cfg["source"] = str(path)
     return cfg
 
 
