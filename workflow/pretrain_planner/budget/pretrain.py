@@ -245,12 +245,12 @@ class _Run(Hooks):
     stop, validation points with the early stop, fine-tuning checkpoints, the model folder and the result."""
 
     def __init__(
-        self, cfg: dict[str, Any], index_path: Path, run_dir: Path, log, threads: int | None, t_start: float | None
+        self, cfg: dict[str, Any], index_path: Path, run_dir: Path, log, threads: int | None, t_start: float
     ) -> None:
         """Ranks (process group), log, index and the run's sizes and fingerprint."""
         from pretrain_planner.planning.methods import parse
 
-        self.t_start = time.perf_counter() if t_start is None else t_start
+        self.t_start = t_start
         self.wall_base = 0.0  # wall time of the run before this process (a resumed run's, from the checkpoint)
         self.train_base = 0.0  # training time likewise
         self.real_step_s = 0.0  # under the fake clock: the real time of this process's steps (replaced by fake)
@@ -271,7 +271,7 @@ class _Run(Hooks):
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
         self.budget_s = tr["budget_hours"] * 3600.0
-        self.clock_kind = tr.get("clock", "train")
+        self.clock_kind = tr["clock"]
         self.micro, self.accum, self.world = setting["micro_batch"], setting["grad_accum_steps"], self.ranks.world
         self.global_batch = self.micro * self.accum * self.world
         self.pad_id = self.index["special_ids"]["pad"]
@@ -310,8 +310,6 @@ class _Run(Hooks):
         """From run_dir/checkpoint.pt when it is there (and belongs to this configuration), else fresh; the step
         and validation logs cut back to the checkpoint's step; the next validation and fine-tuning points."""
         self.loop.resume_or_start(extra_logs=(self.val_path,))
-        self.state.setdefault("wall_s", 0.0)
-        self.state.setdefault("scale_floor_steps", 0)
         self.wall_base, self.train_base = self.state["wall_s"], self.state["elapsed_s"]
         self._tick()
         progress = self._elapsed(self.state) / self.budget_s

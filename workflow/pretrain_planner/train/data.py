@@ -130,8 +130,9 @@ def causal_lm_tokens(
     fp = fingerprint([(f, Path(f).stat().st_size, Path(f).stat().st_mtime) for f in files], tokenizer, vocab_size,
                      seq_len)  # fmt: skip
     meta_path, tok_path, arr_path = data_dir / "tokens.json", data_dir / "tokenizer.json", data_dir / "tokens.npy"
-    if meta_path.exists() and json.loads(meta_path.read_text()).get("fingerprint") == fp:
-        return np.load(arr_path, mmap_mode="r"), json.loads(meta_path.read_text())
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    if meta.get("fingerprint") == fp:
+        return np.load(arr_path, mmap_mode="r"), meta
     if tokenizer:
         tok = Tokenizer.from_file(tokenizer)
         how = f"from {tokenizer}"

@@ -427,8 +427,9 @@ class Loop:
         state["elapsed_s"] += dt
         state["step"] += 1
         self.since_start += 1
-        rec = {"step": state["step"], "elapsed_s": round(state["elapsed_s"], 6), **self.hooks.step_fields(state),
-               "lr": lr, "loss": loss_sum, "step_time_s": round(dt, 6)}  # fmt: skip
+        fields = self.hooks.step_fields(state)
+        rec = {"step": state["step"], "elapsed_s": round(state["elapsed_s"], 6), **fields, "lr": lr, "loss": loss_sum,
+               "step_time_s": round(dt, 6)}  # fmt: skip
         if self.since_start <= self.warmup_steps:
             rec["warmup"] = True
         self.last = rec
@@ -436,7 +437,7 @@ class Loop:
             append_jsonl(self._steps_fh, rec)
         if state["step"] % self.log_every == 0 or state["step"] == 1:
             self.logger.info("step %d lr %.3g loss %.4f (%.3f s)%s", state["step"], lr, loss_sum, dt,
-                             "".join(f" {k} {v}" for k, v in self.hooks.step_fields(state).items()))  # fmt: skip
+                             "".join(f" {k} {v}" for k, v in fields.items()))  # fmt: skip
         return stop_sig
 
     def _stop_on_signal(self, sig: int, previous: dict[int, Any]) -> None:
