@@ -54,12 +54,9 @@ CHAR_IN = 0.06  # width of a character at font size 7, inches (for fixed margins
 TITLE_CHAR_IN = 0.1  # the same at the default title / legend-title size (10-12 pt)
 
 
-def plot_files(folder: str) -> dict[str, str]:
-    files = {}
-    for key, (stem, _) in PLOTS.items():
-        files[f"{key}_png"] = f"{folder}/{stem}.png"
-        files[f"{key}_svg"] = f"{folder}/{stem}.svg"
-    return files
+def plot_files(folder: str, plots: dict[str, tuple[str, str]] = PLOTS) -> dict[str, str]:
+    """{key}_png / {key}_svg -> folder/{stem}.png / .svg for each plot of `plots`."""
+    return {f"{key}_{ext}": f"{folder}/{stem}.{ext}" for key, (stem, _) in plots.items() for ext in ("png", "svg")}
 
 
 # -------------------------------------------------------------------------------------------- helpers

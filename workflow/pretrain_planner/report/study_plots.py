@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
+from pretrain_planner.report import plots
 from pretrain_planner.report.plots import (
     CHAR_IN,
     MAX_BARS,
@@ -20,9 +21,10 @@ from pretrain_planner.report.plots import (
     _legend_width,
     _margins,
     _save,
+    _setting,
 )
 from pretrain_planner.results import atomic_write_text
-from pretrain_planner.tables.study import read_study_table
+from pretrain_planner.tables.study import _round_days, read_study_table
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -37,9 +39,7 @@ STUDY_PLOTS = {
 
 
 def plot_files(folder: str) -> dict[str, str]:
-    return {
-        f"{key}_{ext}": f"{folder}/{stem}.{ext}" for key, (stem, _) in STUDY_PLOTS.items() for ext in ("png", "svg")
-    }
+    return plots.plot_files(folder, STUDY_PLOTS)
 
 
 def _read(tables: dict[str, str], name: str) -> pl.DataFrame:
@@ -81,14 +81,15 @@ def figure_study_days(days: pl.DataFrame) -> Figure:
         return _empty_figure(title, "no settings", "GPU type, nodes x GPUs", "model")
     vals = [[math.log10(v) if v and v > 0 else math.nan for v in r[1:]] for r in days.rows()]
     finite = [v for r in vals for v in r if not math.isnan(v)]
-    texts = [["—" if v is None else ("<1" if v < 0.5 else f"{v:.0f}") for v in r[1:]] for r in days.rows()]
+    texts = [[_round_days(v) for v in r[1:]] for r in days.rows()]
     lo, hi = (min(finite), max(finite)) if finite else (0.0, 1.0)
     return _heatmap(title, days["model"].to_list(), cols, vals, texts, "GPU type, nodes x GPUs", "model", "YlOrRd",
                     lo - 0.5, hi + 0.5)  # fmt: skip
 
 
-def _hbars(title: str, labels: list[str], series: dict[str, list[float | None]], xlabel: str, log: bool) -> Figure:
-    """Horizontal bars, one group per label, one bar per series; values written at the bar ends."""
+def _hbars(title: str, labels: list[str], series: dict[str, list[float | None]], xlabel: str) -> Figure:
+    """Horizontal bars, one group per label, one bar per series; values written at the bar ends; a log axis when
+    the values span more than 100x."""
     from matplotlib import colormaps
 
     left = 0.4 + CHAR_IN * max(len(x) for x in labels)
@@ -110,7 +111,7 @@ def _hbars(title: str, labels: list[str], series: dict[str, list[float | None]],
     ax.invert_yaxis()
     ax.set_xlabel(xlabel)
     ax.set_title(title, fontsize=10)
-    if log and shown and max(shown) / min(shown) > 100:
+    if shown and max(shown) / min(shown) > 100:
         ax.set_xscale("log")
         ax.minorticks_off()
     ax.margins(x=0.15)
@@ -128,7 +129,7 @@ def figure_gpu_days(gd: pl.DataFrame) -> Figure:
     ]
     return _hbars(title, labels, {"originally reported": gd["original_gpu_days"].to_list(),
                                   "ours (fewest GPU-days measured)": gd["ours_gpu_days"].to_list()},
-                  "GPU-days (GPUs x days to train)", log=True)  # fmt: skip
+                  "GPU-days (GPUs x days to train)")  # fmt: skip
 
 
 def figure_speedups(spd: pl.DataFrame, stats: pl.DataFrame) -> Figure:
@@ -195,7 +196,7 @@ def figure_whatif(w: pl.DataFrame) -> Figure:
     if shown.is_empty():
         return _empty_figure(title, "no prediction: see tables/whatif.md for why", "days to train", "")
     rows = list(shown.iter_rows(named=True))
-    labels = [f"{r['model']}  {r['gpu']} {r['nodes']}x{r['gpus_per_node']}  {r['method'] or r['status']}" for r in rows]
+    labels = [f"{r['model']}  {_setting(r)}  {r['method'] or r['status']}" for r in rows]
     left = 0.4 + CHAR_IN * max(len(x) for x in labels)
     right = _legend_width("", ["predicted", "bound only", "measured"])
     fig = _canvas(max(left + 6 + right, 0.4 + TITLE_CHAR_IN * 0.9 * len(title.split("\n")[0])),

@@ -61,7 +61,6 @@ def run_plan(
     *,
     threads: int = 1,
     device: str = "auto",
-    timeout_min: int | None = None,
     **options: Any,
 ) -> dict[str, Any]:
     """Run plan.json through the launcher into `out_dir` (result.json, throughput.{md,csv}, run/ to resume from).
@@ -86,7 +85,7 @@ def run_plan(
     if launch["kind"] == "slurm" and launch["slurm"] is None:
         raise RuntimeError(f"train: no site settings for GPU type {gpu!r}")
     hours = options.get("time_budget_h") or 0
-    limit = max(timeout_min or launch["timeout_min"], math.ceil(hours * 60 * 1.5) + 30)
+    limit = max(launch["timeout_min"], math.ceil(hours * 60 * 1.5) + 30)
     requeues = 3
     if launch["slurm"]:
         usable = max(1.0, launch["slurm"]["time_limit_min"] - launch["slurm"]["signal_delay_s"] / 60)
