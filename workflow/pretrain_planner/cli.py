@@ -137,20 +137,29 @@ def _time_to_train(results: Path, config: dict[str, Any]):
     table = layout.table(results, "time_to_train.csv")
     if table.is_file():
         return aggregate.read_table(table), str(table)
-    paths = [str(p) for p in layout.all_results(results)]
-    if not paths:
-        raise CliError(f"no results in {results}: neither tables/time_to_train.csv nor cells/*/.../result.json")
-    results_df, _ = aggregate.read_results(paths)
-    plan = results / layout.PLAN
-    plan_df = aggregate.read_plan(plan) if plan.is_file() else aggregate.plan_from_results(results_df)
     try:
         catalog = _catalog(config)
     except Exception:
         catalog = None
+    cells, source = _cells_here(results, catalog, "tables/time_to_train.csv")
+    return aggregate.time_to_train(cells), source
+
+
+def _cells_here(results: Path, catalog, table: str):
+    """The cells table aggregated here from the cell results (the pipeline's table `table` is not there yet),
+    with results/plan.csv when it exists; files that cannot be read are named on stderr."""
+    from pretrain_planner.tables import aggregate
+
+    paths = [str(p) for p in layout.all_results(results)]
+    if not paths:
+        raise CliError(f"no results in {results}: neither {table} nor cells/*/.../result.json")
+    results_df, _ = aggregate.read_results(paths)
+    plan = results / layout.PLAN
+    plan_df = aggregate.read_plan(plan) if plan.is_file() else aggregate.plan_from_results(results_df)
     cells, problems = aggregate.cells_table(plan_df, paths, catalog)
     for p, why in problems.select("path", "problem").iter_rows():
         print(f"skipped {p}: {why}", file=sys.stderr)
-    return aggregate.time_to_train(cells), f"{len(paths)} result files in {results}/cells"
+    return cells, f"{len(paths)} result files in {results}/cells"
 
 
 def cmd_best(args: argparse.Namespace) -> int:
@@ -230,7 +239,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     import polars as pl
 
     from pretrain_planner.schema import section
-    from pretrain_planner.tables import aggregate, costs, whatif
+    from pretrain_planner.tables import costs, whatif
 
     config = load_config(args)
     results = _results_dir(config)
@@ -240,12 +249,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if parquet.is_file():
         cells, source = pl.read_parquet(parquet), str(parquet)
     else:
-        paths = [str(p) for p in layout.all_results(results)]
-        if not paths:
-            raise CliError(f"no results in {results}: neither tables/cells.parquet nor cells/*/.../result.json")
-        results_df, _ = aggregate.read_results(paths)
-        cells, _ = aggregate.cells_table(aggregate.plan_from_results(results_df), paths, catalog)
-        source = f"{len(paths)} result files in {results}/cells"
+        cells, source = _cells_here(results, catalog, "tables/cells.parquet")
     limit = section("config", "benchmark", config.get("benchmark"))["suspect_mfu"]
     p = whatif.Predictor(cells, catalog, limit, config.get("costs")).predict(
         args.model, args.gpu, args.nodes, _split(args.count, args.nodes)
