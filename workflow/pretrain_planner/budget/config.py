@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
 import glob
 import hashlib
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,21 @@ from pretrain_planner.schema import ConfigError, load_yaml, validate
 # Jobs of one Snakemake process (--force-use-threads) share torch's global RNG and thread settings: the
 # budget stage's torch jobs take turns, so that each is deterministic given its seed.
 TORCH_LOCK = threading.RLock()
+
+
+@contextlib.contextmanager
+def torch_job() -> Iterator[None]:
+    """A torch job of this process: one at a time (TORCH_LOCK); a process group it leaves behind (a failed run's,
+    or a one-rank sharded run's in-process group) is destroyed at its end."""
+    with TORCH_LOCK:
+        try:
+            yield
+        finally:
+            import torch.distributed as torch_dist  # a torch job's, at run time: this module imports no torch
+
+            if torch_dist.is_available() and torch_dist.is_initialized():
+                torch_dist.destroy_process_group()
+
 
 # GLUE task -> the folder name of the standard download
 TASK_DIRS = {

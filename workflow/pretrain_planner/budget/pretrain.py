@@ -44,16 +44,16 @@ import torch
 from pretrain_planner.budget import method as bmethod
 from pretrain_planner.budget import schedule
 from pretrain_planner.budget.config import (
-    TORCH_LOCK,
     file_logger,
     fingerprint,
     set_torch_threads,
     setting_of,
+    torch_job,
     wants_gpu,
 )
 from pretrain_planner.budget.data import load_shard
 from pretrain_planner.results import atomic_savefig, atomic_write_text
-from pretrain_planner.trainer.loop import Hooks, Loop, Ranks, append_jsonl, read_jsonl
+from pretrain_planner.trainer.loop import Hooks, Loop, Ranks, append_jsonl, loss_ends, read_jsonl
 from pretrain_planner.trainer.models import build_model
 
 # The reference's 24-hour run, for the result's comparison: ~23k optimizer steps at batch 4096, about 95M sequences.
@@ -128,6 +128,13 @@ def to_batch(arrays: dict[str, np.ndarray], pad_id: int, device: torch.device) -
     }
 
 
+def rank_batch(sampler: ShardSampler, micro: int, world: int, rank: int, pad_id: int, device: torch.device):
+    """This rank's slice of the next micro x world samples of the global stream, as model inputs (the sampler's
+    state stays the same on every rank, so rank 0's checkpoint resumes them all)."""
+    part = sampler.take(micro * world)
+    return to_batch({a: v[rank * micro : (rank + 1) * micro] for a, v in part.items()}, pad_id, device)
+
+
 def model_dict(cfg: dict[str, Any], index: dict[str, Any]) -> dict[str, Any]:
     """The config's model with the tokenizer's vocabulary and special ids (a dict like ModelSpec.to_dict())."""
     m = cfg["model"]
@@ -192,15 +199,9 @@ def validation_loss(model, sampler_shards, data_dir, pad_id, micro, max_samples,
 
 
 def pretrain(*args: Any, **kwargs: Any) -> dict[str, Any]:
-    """See `_pretrain`; one torch job at a time per process (TORCH_LOCK)."""
-    with TORCH_LOCK:
-        try:
-            return _pretrain(*args, **kwargs)
-        finally:  # a run that failed may leave its process group (a one-rank sharded run's is in-process)
-            import torch.distributed as torch_dist
-
-            if torch_dist.is_available() and torch_dist.is_initialized():
-                torch_dist.destroy_process_group()
+    """See `_pretrain`; one torch job at a time per process (torch_job)."""
+    with torch_job():
+        return _pretrain(*args, **kwargs)
 
 
 def _pretrain(
@@ -337,10 +338,7 @@ class _Run(Hooks):
     def micro_batch(self, index: int) -> dict[str, torch.Tensor]:
         # each rank trains on its own micro-batch of the global stream (the sampler state stays the same on every
         # rank, so rank 0's checkpoint resumes them all)
-        micro, rank = self.micro, self.ranks.rank
-        part = self.sampler.take(micro * self.world)
-        part = {a: v[rank * micro : (rank + 1) * micro] for a, v in part.items()}
-        return to_batch(part, self.pad_id, self.device)
+        return rank_batch(self.sampler, self.micro, self.world, self.ranks.rank, self.pad_id, self.device)
 
     def lr(self, state: dict[str, Any]) -> float:
         self._step_t0 = time.perf_counter()  # the step starts (the fake clock's real-time bookkeeping)
@@ -491,8 +489,7 @@ class _Run(Hooks):
     def _result(self, out_model: Path) -> dict[str, Any]:
         """The result JSON: steps, time, stop reason, the setting and method, throughput and losses."""
         state, tr, mdict, gb = self.state, self.tr, self.mdict, self.global_batch
-        losses = [r["loss"] for r in read_jsonl(self.loop.steps_path)]
-        k = max(1, len(losses) // 10)
+        loss_first, loss_last = loss_ends([r["loss"] for r in read_jsonl(self.loop.steps_path)])
         result = {
             "model": mdict["name"], "family": mdict["family"], "device": str(self.device), "precision": tr["precision"],
             "steps": state["step"], "budget_s": self.budget_s, "clock": self.clock_kind,
@@ -506,8 +503,7 @@ class _Run(Hooks):
             "model_class": type(self.model).__name__,
             "tokens_per_s": state["step"] * gb * self.index["seq_len"] / max(state["elapsed_s"], 1e-9),
             "vocab_size": mdict["arch"]["vocab_size"], "tokenizer_vocab_size": self.index["vocab_size"],
-            "loss_first": float(np.mean(losses[:k])) if losses else None,
-            "loss_last": float(np.mean(losses[-k:])) if losses else None,
+            "loss_first": loss_first, "loss_last": loss_last,
             "val_loss": state["last_val_loss"],
             "validation": self._validation_history(),
             "recipe": self.cfg.get("recipe"),

@@ -16,7 +16,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import platform
 import signal
 import socket
 import time
@@ -28,14 +27,17 @@ import torch
 
 from pretrain_planner import layout
 from pretrain_planner.budget import schedule
-from pretrain_planner.budget.config import TORCH_LOCK, FileLog, fingerprint
+from pretrain_planner.budget.config import FileLog, fingerprint, torch_job
 from pretrain_planner.planning.methods import parse
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.train import data as tdata
 from pretrain_planner.train import record
 from pretrain_planner.trainer import methodbuild
-from pretrain_planner.trainer.loop import Hooks, Loop, Ranks, read_jsonl
+from pretrain_planner.trainer.loop import Hooks, Loop, Ranks, loss_ends, read_jsonl
 from pretrain_planner.trainer.parallel import MethodConfig
+from pretrain_planner.trainer.run import versions
+
+TRAIN_PACKAGES = ("torch", "transformers", "tokenizers", "deepspeed", "pretrain-planner")  # in result.json
 
 
 def load_plan(plan: str | Path) -> tuple[dict[str, Any], Path]:
@@ -64,18 +66,6 @@ def _device_of(plan: dict[str, Any], device: str):
         return torch.device("cuda", device_index(local_rank, torch.cuda.device_count()))
 
     return of
-
-
-def _versions() -> dict[str, str | None]:
-    from importlib import metadata
-
-    out: dict[str, str | None] = {"python": platform.python_version(), "cuda": torch.version.cuda}
-    for pkg in ("torch", "transformers", "tokenizers", "deepspeed", "pretrain-planner"):
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            out[pkg] = None
-    return out
 
 
 class _Train(Hooks):
@@ -205,11 +195,9 @@ class _Train(Hooks):
         """This rank's slice of the next micro * world samples of the global stream."""
         micro, rank = self.micro, self.ranks.rank
         if self.task == "masked_lm":
-            from pretrain_planner.budget.pretrain import to_batch
+            from pretrain_planner.budget.pretrain import rank_batch
 
-            part = self.sampler.take(micro * self.world)
-            part = {a: v[rank * micro : (rank + 1) * micro] for a, v in part.items()}
-            return to_batch(part, self.pad_id, self.device)
+            return rank_batch(self.sampler, micro, self.world, rank, self.pad_id, self.device)
         idx = self.sampler.take(micro * self.world)[rank * micro : (rank + 1) * micro]
         if self.task == "image_classification":
             batch = self.images.batch(idx)
@@ -259,8 +247,7 @@ class _Train(Hooks):
     def result(self, started: str, t0: float) -> dict[str, Any]:
         p, state, loop = self.plan, self.loop.state, self.loop
         steps = read_jsonl(loop.steps_path)
-        losses = [s["loss"] for s in steps]
-        k = max(1, len(losses) // 10)
+        loss_first, loss_last = loss_ends([s["loss"] for s in steps])
         tokens = int(self.recipe["sequence_length"]) if self.task != "image_classification" else None
         if self.task == "masked_lm":
             tokens = int(self.index["seq_len"])
@@ -286,9 +273,9 @@ class _Train(Hooks):
             "optimizer": self.recipe["optimizer"], "schedule": self.recipe.get("schedule"),
             "grad_clip": self.recipe.get("grad_clip"), "data": self.data_info,
             "method_settings_plan": planned, "method_settings": settings, "settings_differences": diffs,
-            "throughput": thr, "loss_first": float(np.mean(losses[:k])) if losses else None,
-            "loss_last": float(np.mean(losses[-k:])) if losses else None, "notes": self.notes,
-            "run_dir": str(loop.run_dir), "versions": _versions(), "hostname": socket.gethostname(),
+            "throughput": thr, "loss_first": loss_first,
+            "loss_last": loss_last, "notes": self.notes,
+            "run_dir": str(loop.run_dir), "versions": versions(TRAIN_PACKAGES), "hostname": socket.gethostname(),
             "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "started_at": started,
             "finished_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "wall_time_s": time.time() - t0,
@@ -296,15 +283,9 @@ class _Train(Hooks):
 
 
 def train_plan(plan: str | Path, **kwargs: Any) -> dict[str, Any]:
-    """See `_train_plan`; one torch job at a time per process (an in-process debug run)."""
-    with TORCH_LOCK:
-        try:
-            return _train_plan(plan, **kwargs)
-        finally:
-            import torch.distributed as torch_dist
-
-            if torch_dist.is_available() and torch_dist.is_initialized():
-                torch_dist.destroy_process_group()
+    """See `_train_plan`; one torch job at a time per process (an in-process debug run; torch_job)."""
+    with torch_job():
+        return _train_plan(plan, **kwargs)
 
 
 def _train_plan(

@@ -186,6 +186,14 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
 
 
+def loss_ends(losses: list[float]) -> tuple[float | None, float | None]:
+    """The mean loss over the first and over the last tenth of the steps (a result's loss_first, loss_last)."""
+    if not losses:
+        return None, None
+    k = max(1, len(losses) // 10)
+    return float(np.mean(losses[:k])), float(np.mean(losses[-k:]))
+
+
 @contextmanager
 def stop_signals() -> Iterator[tuple[list[int], dict[int, Any]]]:
     """SIGTERM/SIGUSR1 (SLURM pre-emption, a time-limit warning), and submitit's own pre-emption signal (USR2)

@@ -27,10 +27,13 @@ from pretrain_planner.trainer.parallel import apply_method, build_optimizer, pre
 from pretrain_planner.trainer.rank import RankEnv, Unsupported, close_rank, init_rank
 from pretrain_planner.trainer.step import TrainStep
 
+CELL_PACKAGES = ("torch", "transformers", "submitit", "pretrain-planner", "deepspeed", "flash-attn", "liger-kernel")
 
-def _versions() -> dict[str, str | None]:
+
+def versions(packages: tuple[str, ...] = CELL_PACKAGES) -> dict[str, str | None]:
+    """Python, CUDA and each package's installed version (None: not installed), for a result's `versions`."""
     out: dict[str, str | None] = {"python": platform.python_version(), "cuda": torch.version.cuda}
-    for pkg in ("torch", "transformers", "submitit", "pretrain-planner", "deepspeed", "flash-attn", "liger-kernel"):
+    for pkg in packages:
         try:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
@@ -339,7 +342,7 @@ def run_rank(spec: dict[str, Any]) -> dict[str, Any]:
         method=c.method,
         precision=cfg.recipe["precision"],
         global_batch=cfg.recipe["global_batch"],
-        versions=_versions(),
+        versions=versions(),
         device_name=_device_name(env),
         hostname=socket.gethostname(),
         slurm_job_id=os.environ.get("SLURM_JOB_ID"),
