@@ -16,6 +16,7 @@ from typing import Any
 from pretrain_planner import layout
 from pretrain_planner.planning.catalog import load_models
 from pretrain_planner.planning.pipeline import resolve
+from pretrain_planner.planning.settings import grad_sync_of
 from pretrain_planner.planning.site import load_site
 from pretrain_planner.schema import ConfigError, load_yaml, validate
 
@@ -108,7 +109,7 @@ def resolve_setting(
             mb, accum = int(rec["measured"]["micro_batch_size"]), int(rec["measured"]["grad_accum_steps"])
             method = str(rec["method"])
             # FSDP2's gradient synchronisation, as the measurement found it to fit (planning.settings)
-            grad_sync = ((rec.get("method_settings") or {}).get("fsdp_policy") or {}).get("grad_sync")
+            grad_sync = grad_sync_of(rec.get("method_settings"))
         except (ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"{plan}: not a plan of the export_plan rule ({type(exc).__name__}: {exc})") from None
         return {**base, "source": "benchmark", "plan": str(plan), "micro_batch": mb, "grad_accum_steps": accum,

@@ -29,7 +29,7 @@ import polars as pl
 from pretrain_planner import layout
 from pretrain_planner.planning import methods
 from pretrain_planner.planning.catalog import Catalog, GpuSpec, ModelSpec
-from pretrain_planner.planning.settings import differences, resolve
+from pretrain_planner.planning.settings import differences, grad_sync_of, resolve
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.tables.aggregate import GROUP, read_table
 
@@ -95,8 +95,7 @@ def settings_for(
     """The method's concrete settings for one time_to_train row (planning.settings.resolve, as the trainer
     applied them); `recorded`: the cell's method_settings, for what only the measurement decides (FSDP2's
     gradient synchronisation)."""
-    recorded = recorded or {}
-    grad_sync = (recorded.get("fsdp_policy") or {}).get("grad_sync") or (recorded.get("fsdp") or {}).get("grad_sync")
+    grad_sync = grad_sync_of(recorded)
     world = int(row["nodes"]) * int(row["gpus_per_node"])
     return resolve(
         row["best_method"], model.to_dict(), gpu.to_dict(), world, int(row["micro_batch_size"]),

@@ -29,6 +29,7 @@ from pretrain_planner import layout
 from pretrain_planner.budget import schedule
 from pretrain_planner.budget.config import FileLog, fingerprint, torch_job
 from pretrain_planner.planning.methods import parse
+from pretrain_planner.planning.settings import grad_sync_of
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.train import data as tdata
 from pretrain_planner.train import record
@@ -167,8 +168,7 @@ class _Train(Hooks):
         """The plan's method on the plan's model, GPU and recipe values, as a benchmark cell builds it."""
         o, plan = self.o, self.plan
         cfg = MethodConfig(method=self.method, model=self.model, gpu=plan["gpu"], recipe=self.recipe)
-        planned = plan.get("method_settings") or {}
-        grad_sync = (planned.get("fsdp_policy") or {}).get("grad_sync") if isinstance(planned, dict) else None
+        grad_sync = grad_sync_of(plan.get("method_settings"))
         sched = self.recipe.get("schedule") or {"name": "constant"}
         self.built = methodbuild.build(
             cfg, self.ranks.env(), self.model, self.micro, self.accum, o["seed"], fl_attn=None, grad_sync=grad_sync,
