@@ -38,6 +38,7 @@ AUTOCAST = {"bf16": "bfloat16", "fp16": "float16", "fp32": None}
 
 
 def has_attention(model: dict[str, Any]) -> bool:
+    """Whether the family has attention layers that take `attn_implementation`."""
     return FAMILIES[model["family"]].attention
 
 

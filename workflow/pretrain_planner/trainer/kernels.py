@@ -86,13 +86,6 @@ def fused_ce_impl(method: Any, device: torch.device) -> str | None:
     return "chunked"
 
 
-def attn_implementation(method: Any, has_attention: bool) -> str | None:
-    """What the model is built with: eager (naive), SDPA (fl), flash-attn 2 (fl+fa2); None without attention."""
-    from pretrain_planner.planning.settings import attention_for
-
-    return attention_for(method) if has_attention else None
-
-
 def apply_liger(net: torch.nn.Module) -> dict[str, Any]:
     """Liger kernels on `net`, in place: the model type's own patch where Liger has one (Llama-like models),
     else every nn.LayerNorm becomes a LigerLayerNorm with the same weights. Returns what was done."""

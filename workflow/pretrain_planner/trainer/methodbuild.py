@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from pretrain_planner.planning.settings import attention_for
 from pretrain_planner.trainer import kernels, zero
 from pretrain_planner.trainer.parallel import MethodConfig, apply_method, build_optimizer
 from pretrain_planner.trainer.rank import RankEnv, Unsupported
@@ -182,7 +183,7 @@ def build(
 ) -> Built:
     """The model (fresh weights from `seed`, the same on every rank) with the method applied, as a step.
     `fl_attn`: the attention of `fl` without `fa2` (train.attn_implementation; None: the benchmark's,
-    kernels.attn_implementation). `where` names the method's source in errors; `lr_schedule` and `compile_note`
+    planning.settings.attention_for). `where` names the method's source in errors; `lr_schedule` and `compile_note`
     go into the settings. `grad_sync`: FSDP2's gradient
     synchronisation ("last": one reduce-scatter per step, the default; "every": per micro-batch, the benchmark's
     choice when "last" did not fit)."""
@@ -190,7 +191,7 @@ def build(
 
     m = cfg.method
     check(cfg, env, where)
-    attn = kernels.attn_implementation(m, True)
+    attn = attention_for(m)
     if m.free_lunch and not m.flash_attn and fl_attn is not None:
         attn = fl_attn
     fused_ce = kernels.fused_ce_impl(m, env.device)

@@ -80,11 +80,6 @@ def _enable_convnext_checkpointing(net: torch.nn.Module) -> None:
     net.supports_gradient_checkpointing = True
 
 
-def has_attention(model: dict[str, Any]) -> bool:
-    """Whether the family has attention layers that take `attn_implementation`."""
-    return FAMILIES[model["family"]].attention
-
-
 def model_class(model: dict[str, Any], fused_ce: bool = False) -> type:
     """The transformers class `build_model` instantiates for `model` (a ModelSpec.to_dict()); with
     `fused_ce`, its loss comes from the fused linear + cross-entropy head (trainer.heads, method part flce)."""

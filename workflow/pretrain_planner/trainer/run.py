@@ -17,11 +17,12 @@ from pretrain_planner.launch.rankjob import job_id_here, observe_rank, recorded_
 from pretrain_planner.planning import flops
 from pretrain_planner.planning.catalog import GpuSpec
 from pretrain_planner.planning.flops import mfu, train_flops_per_sample
+from pretrain_planner.planning.settings import attn_implementation, has_attention
 from pretrain_planner.results import write_result, write_steps
 from pretrain_planner.trainer import kernels, zero
 from pretrain_planner.trainer.config import RunConfig
 from pretrain_planner.trainer.measure import batches_for, measure, percentile
-from pretrain_planner.trainer.models import build_model, has_attention, kernel_info, model_class
+from pretrain_planner.trainer.models import build_model, kernel_info, model_class
 from pretrain_planner.trainer.oom import FakeOom
 from pretrain_planner.trainer.parallel import apply_method, build_optimizer, precision_setup
 from pretrain_planner.trainer.rank import RankEnv, Unsupported, close_rank, init_rank
@@ -123,7 +124,7 @@ def make_builder(cfg: RunConfig, env: RankEnv, built: list[dict[str, Any]]):
     """`build(micro_batch, accum)`: a fresh model (same seed, same weights on every rank and in every
     method) with the method applied, as a TrainStep. Appends each instance's settings to `built`."""
     method = cfg.method
-    attn = kernels.attn_implementation(method, has_attention(cfg.model))
+    attn = attn_implementation(method, cfg.model)
     fake = FakeOom.from_env()
     kernel_versions = kernel_info(cfg.model)
     fused_ce = kernels.fused_ce_impl(cfg.method, env.device)

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from pretrain_planner.planning.methods import ZERO_STAGE
+from pretrain_planner.planning.settings import compiles
 from pretrain_planner.trainer.config import RunConfig
 from pretrain_planner.trainer.evidence import Probe, zero_sharding
 from pretrain_planner.trainer.parallel import (
@@ -270,7 +271,7 @@ def build_step(
     engine, *_ = deepspeed.initialize(
         model=net, optimizer=optimizer, config=config, model_parameters=None if optimizer else net.parameters()
     )
-    compiled = method.free_lunch and cfg.model["supports_compile"]
+    compiled = compiles(method, cfg.model)  # the planned settings' rule (planning.settings)
     if compiled:
         _allow_recompiles()
         engine.compile(compile_kwargs={"dynamic": False})
