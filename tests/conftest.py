@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -84,3 +85,21 @@ def slurm_cluster():
     proc = subprocess.run(["bash", str(REPO / "cluster/testbed/slurm-up.sh")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return True
+
+
+@pytest.fixture(scope="session")
+def step_s() -> float:
+    """Seconds per benchmark step of tiny-gptneox (micro-batch 4 x 4, one thread) measured on this machine, once: a
+    test that needs a run to last (to catch it running, to outlast a time limit) asks `steps_lasting(s, step_s)`
+    steps, so it lasts as long on a fast CPU as on a slow one."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from multirank import run_ranks
+
+    (rank,) = run_ranks("tests.rank_workers:tiny_step_time", 1, {"model": "tiny-gptneox"}, 300)
+    assert rank["returncode"] == 0 and not rank["timed_out"], (rank.get("error"), rank["stderr"][-3000:])
+    return float(rank["result"]["step_s"])
+
+
+def steps_lasting(seconds: float, step_s: float) -> int:
+    """Timed steps for a run of about `seconds` at `step_s` per step (a cell's start-up comes on top)."""
+    return max(10, math.ceil(seconds / step_s))

@@ -234,3 +234,65 @@ def deepspeed_groups(payload: dict[str, Any]) -> dict[str, Any]:
     finally:
         close_rank(env)
     return out
+
+
+def bf16_paths(payload: dict[str, Any]) -> dict[str, Any]:
+    """tiny-gptneox in bf16 on this rank for each method of the payload (autocast + DDP, FSDP2's bf16 mixed precision,
+    DeepSpeed's bf16 engine): the settings applied, what the model computes in, and the losses of 2 steps on the same
+    batches (the paths the fp32 stand-ins no longer take in the other tests)."""
+    import torch
+    from pretrain_planner.trainer.measure import batches_for
+    from pretrain_planner.trainer.rank import close_rank, init_rank
+    from pretrain_planner.trainer.run import make_builder
+
+    out: dict[str, Any] = {}
+    env = None
+    try:
+        for method in payload["methods"]:
+            cfg, _ = run_config("tiny-gptneox", method, 2, precision="bf16")
+            env = env or init_rank(cfg)
+            torch.manual_seed(0)
+            step = make_builder(cfg, env, [])(2, 4)
+            batches = batches_for(cfg, env, 2, 4)
+            losses = [float(step(batches, 4)) for _ in range(2)]
+            s = step.settings
+            out[method] = {
+                "losses": losses,
+                "autocast": s.get("autocast"),
+                "parallel": s.get("parallel"),
+                "fsdp_param_dtype": ((s.get("fsdp") or {}).get("mixed_precision") or {}).get("param_dtype"),
+                "deepspeed_bf16": (((s.get("deepspeed") or {}).get("config") or {}).get("bf16") or {}).get("enabled"),
+            }
+            step.close()
+    finally:
+        if env is not None:
+            close_rank(env)
+    return out
+
+
+def tiny_step_time(payload: dict[str, Any]) -> dict[str, Any]:
+    """The quickest of a few whole benchmark steps of `payload["model"]` (micro-batch 4, the recipe's accumulation) on
+    one thread: what a test that needs a run of some seconds divides by to size it on this machine."""
+    import time as clock
+
+    import torch
+    from pretrain_planner.trainer.measure import batches_for
+    from pretrain_planner.trainer.rank import close_rank, init_rank
+    from pretrain_planner.trainer.run import make_builder
+
+    torch.set_num_threads(1)
+    cfg, _ = run_config(payload["model"], "naive", 1)
+    accum = cfg.recipe["global_batch"] // 4
+    env = init_rank(cfg)
+    try:
+        step = make_builder(cfg, env, [])(4, accum)
+        batches = batches_for(cfg, env, 4, accum)
+        times = []
+        for _ in range(2 + payload.get("steps", 5)):
+            t0 = clock.perf_counter()
+            step(batches, accum)
+            times.append(clock.perf_counter() - t0)
+        step.close()
+    finally:
+        close_rank(env)
+    return {"step_s": min(times[2:])}  # the machine at its quickest: a run sized by it lasts at least as long

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import BIN, REPO, snakemake, write_config
+from .conftest import BIN, REPO, snakemake, steps_lasting, write_config
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 SITE = str(REPO / "tests/data/site-testbed.yaml")
@@ -99,13 +99,16 @@ def test_default_sweep_lands_on_each_gpu_partition(slurm_cluster, tmp_path):
             assert r["method_settings"]["parallel"] == "ddp"
 
 
-def test_cancelled_cell_is_retried_preempted_and_timed_out_cells_requeue(slurm_cluster, tmp_path):
+def test_cancelled_cell_is_retried_preempted_and_timed_out_cells_requeue(slurm_cluster, tmp_path, step_s):
     """scancel -> the job fails -> Snakemake retries it; `scontrol requeue` (preemption) and the
     time-limit warning signal (USR2, as SLURM sends it `signal_delay_s` before the limit) -> submitit
     checkpoints and requeues the same job, which restarts cleanly and completes."""
     since = _last_job_id()
-    cfg = _config(tmp_path / "c.yaml", {"models": ["tiny-gptneox"], "gpus_per_node": [1],
-                                        "methods": ["naive", "fl"]}, timed_steps=40)  # fmt: skip
+    cfg = _config(
+        tmp_path / "c.yaml",
+        {"models": ["tiny-gptneox"], "gpus_per_node": [1], "methods": ["naive", "fl"]},
+        timed_steps=steps_lasting(20, step_s),
+    )  # still running when it is cancelled, requeued, signalled
     driver = _start_driver(tmp_path, cfg)
     cancel_name, requeue_name = "pp-tiny-gptneox-a100-1x1-naive", "pp-tiny-gptneox-a100-1x1-fl"
     timeout_name = "pp-tiny-gptneox-h100-1x1-fl"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import REPO, snakemake, write_config
+from .conftest import REPO, snakemake, steps_lasting, write_config
 from .test_slurm import PROFILE, SITE, _last_job_id, _results, _sacct, _start_driver, _wait, bench
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -59,11 +59,12 @@ def _log(work: Path, rel: str) -> str:
     return (work / "results/cells" / rel / "cell.log").read_text()
 
 
-def test_node_failure_reattaches_to_the_requeued_job(slurm_cluster, tmp_path):
+def test_node_failure_reattaches_to_the_requeued_job(slurm_cluster, tmp_path, step_s):
     """A node goes down under a running cell: SLURM requeues the job (sacct says NODE_FAIL for a while); the
     driver waits for the same job instead of failing the cell and submitting a second one."""
     since = _last_job_id()
-    cfg = _config(tmp_path / "c.yaml", ["tiny-gptneox"], ["a100"], timed_steps=800)
+    run_s = 40  # still running when the node goes down, a few seconds after the cell started
+    cfg = _config(tmp_path / "c.yaml", ["tiny-gptneox"], ["a100"], timed_steps=steps_lasting(run_s, step_s))
     driver = _start_driver(tmp_path, cfg)
     try:
         job = _wait(lambda: [j for j in _sacct(since, "pp-tiny-gptneox-a100-1x1-naive") if j["State"] == "RUNNING"],
@@ -73,7 +74,8 @@ def test_node_failure_reattaches_to_the_requeued_job(slurm_cluster, tmp_path):
         _wait(lambda: int(_scontrol(job["JobID"]).get("Restarts", "0")) >= 1, 60, "SLURM to requeue the job")
         time.sleep(5)  # the driver polls meanwhile (NODE_FAIL in accounting); the node returns by itself
         subprocess.run(["scontrol", "update", "nodename=node-a100", "state=resume"], capture_output=True)
-        assert driver.wait(timeout=420) == 0, (tmp_path / "driver.log").read_text()[-5000:]
+        # the requeued run from its first step, the node's return and SLURM's requeue delay on top
+        assert driver.wait(timeout=300 + 2 * run_s) == 0, (tmp_path / "driver.log").read_text()[-5000:]
     finally:
         subprocess.run(["scontrol", "update", "nodename=node-a100", "state=resume"], capture_output=True)
         if driver.poll() is None:
@@ -132,7 +134,7 @@ def test_controller_down_at_submission_backs_off_and_logs_every_attempt(slurm_cl
     _one_job_per_cell(tmp_path, since)
 
 
-def test_time_limit_too_short_fails_once_naming_the_site_key(slurm_cluster, tmp_path):
+def test_time_limit_too_short_fails_once_naming_the_site_key(slurm_cluster, tmp_path, step_s):
     """The USR2 warning arrives right after each (re)start: the second time-out without progress is not
     requeued, the cell fails with the site key to raise, and Snakemake's retry does not submit it again."""
     site = yaml.safe_load(Path(SITE).read_text())
@@ -140,7 +142,8 @@ def test_time_limit_too_short_fails_once_naming_the_site_key(slurm_cluster, tmp_
     site_path = tmp_path / "site.yaml"
     site_path.write_text(yaml.safe_dump(site))
     since = _last_job_id()
-    cfg = _config(tmp_path / "c.yaml", ["tiny-gptneox"], ["a100"], timed_steps=4000, site=str(site_path))
+    steps = steps_lasting(240, step_s)  # 4 x the limit: never done within it
+    cfg = _config(tmp_path / "c.yaml", ["tiny-gptneox"], ["a100"], timed_steps=steps, site=str(site_path))
     proc = snakemake(tmp_path, "--profile", PROFILE, "--configfile", str(cfg), timeout=600)
     assert proc.returncode != 0
     text = _log(tmp_path, "tiny-gptneox/a100/1x1/naive")
@@ -150,11 +153,32 @@ def test_time_limit_too_short_fails_once_naming_the_site_key(slurm_cluster, tmp_
     assert len(jobs) == 1, jobs  # one job, requeued once, then refused
 
 
-def test_second_driver_is_refused_and_sigterm_leaves_jobs_queued(slurm_cluster, tmp_path):
+def test_a_cell_ending_at_its_time_limit_is_not_submitted_again(slurm_cluster, tmp_path, step_s):
+    """No warning before the limit (signal_delay_s 0; likewise a warning that arrives while the job still starts,
+    before submitit's handler exists): the job ends TIMEOUT. A benchmark starts over from its first step, so a new
+    job with the same limit would end the same way: the cell fails naming the site key, with one job only."""
+    site = yaml.safe_load(Path(SITE).read_text())
+    site["gpus"]["a100"].update(time_limit_min=1, signal_delay_s=0)
+    site_path = tmp_path / "site.yaml"
+    site_path.write_text(yaml.safe_dump(site))
+    since = _last_job_id()
+    steps = steps_lasting(300, step_s)  # 5 x the limit: never done within it
+    cfg = _config(tmp_path / "c.yaml", ["tiny-gptneox"], ["a100"], timed_steps=steps, site=str(site_path))
+    proc = snakemake(tmp_path, "--profile", PROFILE, "--configfile", str(cfg), timeout=600)
+    assert proc.returncode != 0
+    text = _log(tmp_path, "tiny-gptneox/a100/1x1/naive")
+    assert "(SLURM state TIMEOUT)" in text and "gpus.a100.time_limit_min" in text, text[-4000:]
+    assert "not submitted again" in text
+    jobs = _sacct(since, "pp-tiny-gptneox-a100-1x1-naive")
+    assert [j["State"] for j in jobs] == ["TIMEOUT"], jobs
+
+
+def test_second_driver_is_refused_and_sigterm_leaves_jobs_queued(slurm_cluster, tmp_path, step_s):
     """`--unlock` while a driver lives does not let a second driver in; SIGTERM stops the first promptly,
     names the jobs it leaves queued, and the next run re-attaches to them."""
     since = _last_job_id()
-    cfg = _config(tmp_path / "c.yaml", ["tiny-gptneox"], ["a100", "h100"], timed_steps=400)
+    run_s = 60  # both still running after --unlock, a refused second driver and the first one's SIGTERM
+    cfg = _config(tmp_path / "c.yaml", ["tiny-gptneox"], ["a100", "h100"], timed_steps=steps_lasting(run_s, step_s))
     driver = _start_driver(tmp_path, cfg)
     try:
         _wait(lambda: len([j for j in _sacct(since) if j["State"] == "RUNNING"]) == 2, 180, "both cells to run")

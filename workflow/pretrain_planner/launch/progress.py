@@ -142,20 +142,28 @@ def decide_requeue(
     last = history[-1].get("progress")
     if not restartable and units is not None and (last is None or units > last):
         return None
+    why = "a benchmark restarts from its first step" if restartable else f"progress {units} vs {last} last time"
+    return refuse(folder, job_id, slurm, f"{what}: job {job_id} reached its time limit again without getting further "
+                  f"({why}")  # fmt: skip
+
+
+def refuse(folder: str | Path, job_id: str | None, slurm: dict[str, Any] | None, what_happened: str) -> str:
+    """Write the refusal to requeue or resubmit (`no_progress.json`) and return its reason, which names the site key
+    to raise. `what_happened` is the reason's start; the time settings close its parenthesis."""
+    from pretrain_planner.results import atomic_write_text
+
     slurm = slurm or {}
     gpu = slurm.get("gpu_type", "<gpu>")
-    why = "a benchmark restarts from its first step" if restartable else f"progress {units} vs {last} last time"
     reason = (
-        f"{what}: job {job_id} reached its time limit again without getting further "
-        f"({why}"
-        f"; time limit {slurm.get('time_limit_min')} min, warning signal {slurm.get('signal_delay_s')} s before it). "
+        f"{what_happened}; time limit {slurm.get('time_limit_min')} min, warning signal "
+        f"{slurm.get('signal_delay_s')} s before it). "
         f"Requeueing cannot finish it: raise `time_limit_min` for GPU type {gpu} in the site file "
         f"({slurm.get('site', 'launcher.site')}: gpus.{gpu}.time_limit_min), or lower its `signal_delay_s`."
     )
     verdict = {"job_id": job_id, "reason": reason, "time_limit_min": slurm.get("time_limit_min"),
                "signal_delay_s": slurm.get("signal_delay_s"), "identity": slurm.get("identity"),
                "pid": os.getpid()}  # fmt: skip
-    atomic_write_text(folder / VERDICT, json.dumps(verdict, indent=1) + "\n")
+    atomic_write_text(Path(folder) / VERDICT, json.dumps(verdict, indent=1) + "\n")
     return reason
 
 

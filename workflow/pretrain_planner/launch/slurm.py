@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import shlex
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -179,8 +181,28 @@ def _reattach(req: JobRequest, log: RuleLog):
     if st.live:
         log(f"re-attached to job {job_id} (state {st.state}) submitted at {record.get('submitted_at')}")
         return job
+    if st.state == "TIMEOUT" and getattr(req.fn, "restartable", False):
+        raise RuntimeError(_ran_out_of_time(req, job_id, log))
     log(f"recorded job {job_id} ended {st.state} without a result: submitting anew")
     return None
+
+
+def _ran_out_of_time(req: JobRequest, job_id: str, log: RuleLog) -> str:
+    """A job that starts over from scratch (a benchmark cell) ended at its time limit (TIMEOUT: the warning signal
+    was not acted on, e.g. it came while the job was starting): a new job with the same limit would end the same
+    way. Refuse it as a time-out without progress does (launch/progress.py), so Snakemake's retry submits nothing."""
+    what = (req.fn.context or {}).get("what", req.name) if getattr(req.fn, "context", None) else req.name
+    reason = progress.refuse(req.workdir, job_id, req.slurm, f"{what}: job {job_id} ran into its time limit "
+                             "(SLURM state TIMEOUT) before finishing (it starts over from its first step")  # fmt: skip
+    log(f"not submitted again: {reason}")
+    return reason
+
+
+# The rank's command: USR2 ignored until submitit installs its handler. SLURM sends the time-limit warning
+# (`--signal=USR2@signal_delay_s`) as soon as less than that is left, which for a short limit is right after a
+# (re)start, while the interpreter still loads the job; USR2's default action would kill it (state FAILED, then
+# submitted anew). Ignored, the early warning is lost and the job ends TIMEOUT, which `_ran_out_of_time` refuses.
+GUARDED_PYTHON = '/bin/sh -c \'trap "" USR2; exec "$0" "$@"\' {python}'
 
 
 def _submit_slurm(req: JobRequest, log: RuleLog):
@@ -192,7 +214,8 @@ def _submit_slurm(req: JobRequest, log: RuleLog):
     if req.record is not None:
         req.record.unlink(missing_ok=True)  # no job but the one submitted now may write the outputs
     submitit.SlurmJob.watcher._delay_s = settings["poll_max_s"]  # one shared sacct poll for all jobs
-    ex = submitit.SlurmExecutor(folder=req.folder, max_num_timeout=req.max_num_timeout)
+    python = GUARDED_PYTHON.format(python=shlex.quote(sys.executable))
+    ex = submitit.SlurmExecutor(folder=req.folder, max_num_timeout=req.max_num_timeout, python=python)
     params = sbatch_parameters(settings, req.nodes, req.gpus_per_node, req.name)
     ex.update_parameters(**params)
     req.fn.context = req.context()
@@ -288,6 +311,8 @@ def run_slurm(req: JobRequest, log: RuleLog, what: str, log_path: str | Path) ->
             if verdict and str(verdict.get("job_id")) == str(job.job_id):
                 log(f"not requeued: {verdict['reason']}")
                 raise RuntimeError(f"{what}: {verdict['reason']}") from None
+            if state is not None and state.state == "TIMEOUT" and getattr(req.fn, "restartable", False):
+                raise RuntimeError(_ran_out_of_time(req, str(job.job_id), log)) from None
             raise
     finally:
         driver.unregister(req.name)

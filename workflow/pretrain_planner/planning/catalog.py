@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pretrain_planner.planning.families import FAMILIES, Family, family
+from pretrain_planner.planning.hostcpu import host_bf16
 from pretrain_planner.schema import ConfigError, load_yaml, validate
 
 
@@ -104,6 +105,7 @@ class GpuSpec:
     price_usd: float | None
     cloud_usd_per_gpu_hour: float | None
     interconnect_gb_s: float | None = None  # datasheet GPU-to-GPU bandwidth (the what-if predictor's ratio)
+    bf16_host: str | None = None  # `bf16: host` (the `cpu` stand-in): how this host's support was decided
 
     def supports(self, precision: str) -> bool:
         return precision == "fp32" or bool(getattr(self, precision))
@@ -182,23 +184,29 @@ def load_models(path: str | Path) -> dict[str, ModelSpec]:
     return {name: _model(name, raw, str(path)) for name, raw in data["models"].items()}
 
 
+def _gpu(name: str, g: dict[str, Any]) -> GpuSpec:
+    bf16, bf16_host = g["bf16"], None
+    if bf16 == "host":  # the `cpu` stand-in: native bf16 on this host's CPU, or emulated (planning/hostcpu.py)
+        support = host_bf16()
+        bf16, bf16_host = support.native, f"{'native' if support.native else 'emulated'} here: {support.why}"
+    return GpuSpec(
+        name=name,
+        label=g["name"],
+        memory_gib=g.get("memory_gib"),
+        peak_tflops=dict(g.get("peak_tflops", {})),
+        bf16=bf16,
+        fp16=g["fp16"],
+        tf32=g["tf32"],
+        price_usd=g.get("price_usd"),
+        cloud_usd_per_gpu_hour=g.get("cloud_usd_per_gpu_hour"),
+        interconnect_gb_s=g.get("interconnect_gb_s"),
+        bf16_host=bf16_host,
+    )
+
+
 def load_gpus(path: str | Path) -> tuple[dict[str, GpuSpec], dict[int, float]]:
     data = validate(load_yaml(path), "gpus", path)
-    gpus = {
-        name: GpuSpec(
-            name=name,
-            label=g["name"],
-            memory_gib=g.get("memory_gib"),
-            peak_tflops=dict(g.get("peak_tflops", {})),
-            bf16=g["bf16"],
-            fp16=g["fp16"],
-            tf32=g["tf32"],
-            price_usd=g.get("price_usd"),
-            cloud_usd_per_gpu_hour=g.get("cloud_usd_per_gpu_hour"),
-            interconnect_gb_s=g.get("interconnect_gb_s"),
-        )
-        for name, g in data["gpus"].items()
-    }
+    gpus = {name: _gpu(name, g) for name, g in data["gpus"].items()}
     base = {}
     for k, v in data.get("base_machine_usd", {}).items():
         if isinstance(k, bool) or not float(k).is_integer() or int(float(k)) < 1:

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from pretrain_planner import layout
-from pretrain_planner.planning import families, methods
+from pretrain_planner.planning import families, hostcpu, methods
 from pretrain_planner.planning.catalog import Catalog, GpuSpec, ModelSpec
 from pretrain_planner.schema import ConfigError
 
@@ -156,6 +156,12 @@ def invalid_reason(cell: Cell, model: ModelSpec, gpu: GpuSpec, launcher: str, ca
         return f"per-GPU batch {gb}/{world} = {gb / world:g} is not a power of two ({where})"
     precision = model.recipe.precision
     if not gpu.supports(precision):
+        if precision == "bf16" and gpu.bf16_host:
+            return (
+                f"bf16 (recipe precision of {model.name}) is emulated on this host's CPU ({gpu.bf16_host}): a bf16 "
+                f"step would time the emulation, several times slower than the model's arithmetic "
+                f"({catalog.gpus_path}: {gpu.name}.bf16 = host; {hostcpu.OVERRIDE_ENV}=native runs it anyway)"
+            )
         return (
             f"{precision} (recipe precision of {model.name}) is not supported by {gpu.name} "
             f"({catalog.gpus_path}: {gpu.name}.{precision} = false)"

@@ -195,14 +195,16 @@ class Timing:
         return percentile(self.step_times, 0.9) / p10 if p10 > 0 else float("inf")
 
 
-def _test_jitter() -> tuple[float, str] | None:
-    """Test hook PP_TEST_JITTER="<seconds>:<first|all>": every other timed step sleeps that long inside the
-    timed region, in the first timing only or in every timing (a noisy machine, made to order)."""
+def _test_jitter() -> tuple[float, bool, str] | None:
+    """Test hook PP_TEST_JITTER="<seconds>[x]:<first|all>": every other timed step sleeps that long inside the
+    timed region, in the first timing only or in every timing (a noisy machine, made to order). With `x` the delay
+    is that multiple of the undisturbed step before it, so the spread it makes is the same on any CPU."""
     raw = os.environ.get("PP_TEST_JITTER")
     if not raw:
         return None
     delay, _, which = raw.partition(":")
-    return float(delay), which or "all"
+    relative = delay.endswith("x")
+    return float(delay.rstrip("x")), relative, which or "all"
 
 
 def count_collectives(fn: Callable[[], Any]) -> tuple[Any, dict[str, int]]:
@@ -241,9 +243,12 @@ class _TimedHooks(Hooks):
     """The benchmark's run on the one loop: the pre-made synthetic batches in turn, the recipe's learning rate
     (constant), and the PP_TEST_JITTER disturbance inside the timed region when `jitter_now`."""
 
-    def __init__(self, batches: list[dict[str, torch.Tensor]], lr: float, jitter: tuple[float, str] | None) -> None:
+    def __init__(
+        self, batches: list[dict[str, torch.Tensor]], lr: float, jitter: tuple[float, bool, str] | None
+    ) -> None:
         self.batches, self.lr_value, self.jitter = batches, lr, jitter
         self.jitter_now = False
+        self.quiet_step_s = 0.0  # the last undisturbed step (a relative jitter's unit)
 
     def micro_batch(self, index: int) -> dict[str, torch.Tensor]:
         return self.batches[index % len(self.batches)]
@@ -253,7 +258,8 @@ class _TimedHooks(Hooks):
 
     def in_step(self, state: dict[str, Any]) -> None:
         if self.jitter is not None and self.jitter_now:
-            time.sleep(self.jitter[0])
+            delay, relative, _ = self.jitter
+            time.sleep(delay * self.quiet_step_s if relative else delay)
 
 
 def time_steps(cfg: RunConfig, env: RankEnv, step: TrainStep, micro_batch: int, repeat: int = 0) -> Timing:
@@ -289,9 +295,11 @@ def time_steps(cfg: RunConfig, env: RankEnv, step: TrainStep, micro_batch: int, 
         mark = step.overflow_mark()  # host reads stay outside the timed region
         scale = step.loss_scale()
         counting = attempt == warmup - 1 and env.distributed
-        hooks.jitter_now = bool(jitter and (jitter[1] == "all" or repeat == 0) and attempt >= warmup and len(times) % 2)
+        hooks.jitter_now = bool(jitter and (jitter[2] == "all" or repeat == 0) and attempt >= warmup and len(times) % 2)
         loop.step([], wrap=counted if counting else None)
         elapsed, loss = loop.last["step_time_s"], loop.last["loss"]
+        if not hooks.jitter_now:
+            hooks.quiet_step_s = elapsed
         attempt += 1
         if mark is not None and _agree_skipped(env, step.was_skipped(mark)):
             skipped += 1
