@@ -287,7 +287,8 @@ def test_peak_for(catalog):
 
 def test_cpu_stand_in(catalog):
     cpu = catalog.gpu("cpu")
-    assert cpu.supports("bf16") and not cpu.supports("fp16")
+    assert not cpu.supports("fp16") and cpu.supports("fp32")
+    assert cpu.supports("bf16") is cpu.bf16 and cpu.bf16_host  # the host decides (tests/test_cpu_bf16.py)
     assert cpu.peak_tflops == {} and cpu.memory_gib is None and cpu.price_usd is None
 
 

@@ -29,12 +29,14 @@ def sweep(tmp_path_factory):
     return run_sweep(tmp_path_factory.mktemp("deepspeed"), [MODEL], METHODS)
 
 
-def _run_config(model: str, method: str, ranks: int = 2, gpu: str = "cpu"):
+def _run_config(model: str, method: str, ranks: int = 2, gpu: str = "cpu", precision: str | None = None):
     from pretrain_planner.trainer.config import RunConfig
 
     catalog = load_catalog(REPO / "config/models.yaml", REPO / "config/gpus.yaml")
     config = {"benchmark": {"warmup_steps": 1, "timed_steps": 1}, "launcher": {"kind": "local", "timeout_min": 5}}
     spec = cell_spec(Cell(model, gpu, 1, ranks, method), catalog, config, "r.json", "s.jsonl")
+    if precision:
+        spec["model"]["recipe"]["precision"] = precision
     return RunConfig.from_spec(spec)
 
 
@@ -149,10 +151,11 @@ def test_no_process_left(sweep):
 def test_generated_config_validates(model, ranks, method, monkeypatch):
     from pretrain_planner.trainer import zero
 
-    cfg = _run_config(model, method, ranks)
+    bf16 = model == "tiny-gptneox"  # in bf16 here (the stand-in's recipe is fp32): both precisions are validated
+    cfg = _run_config(model, method, ranks, precision="bf16" if bf16 else None)
     config = zero.ds_config(cfg, _env(ranks), micro_batch=2, accum=16 // ranks // 2)
     _validate(config, ranks, monkeypatch)
-    assert config["bf16"]["enabled"] is (model == "tiny-gptneox")  # the recipe's precision
+    assert config["bf16"]["enabled"] is bf16  # the recipe's precision
     assert config["gradient_clipping"] == (1.0 if model == "tiny-gptneox" else 0.0)
     zero_opt = config["zero_optimization"]
     assert ("offload_param" in zero_opt) is (method == "naive+zero3+off")

@@ -128,7 +128,7 @@ def test_every_key_is_a_training_argument(exported, TrainingArguments):
 def test_cpu_plans_load(exported, TrainingArguments, tmp_path, monkeypatch):
     folder, _ = exported
     args = _load(TrainingArguments, _args(folder, "tiny-gptneox/cpu/1x2"), tmp_path, monkeypatch)
-    assert args.use_cpu and args.bf16 and args.per_device_train_batch_size == 4
+    assert args.use_cpu and not args.bf16 and not args.fp16 and args.per_device_train_batch_size == 4  # fp32 recipe
     assert args.gradient_accumulation_steps == 2 and args.max_steps == 1000
     assert args.lr_scheduler_type == "cosine_with_min_lr" and args.ddp_find_unused_parameters is False
     args = _load(TrainingArguments, _args(folder, "tiny-bert/cpu/1x1"), tmp_path, monkeypatch)

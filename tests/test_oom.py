@@ -16,7 +16,7 @@ from pretrain_planner.trainer.oom import FAKE_OOM_ENV, FakeOom
 from .test_deepspeed import HAVE_DS
 from .test_sharding import cell, leftover_processes, losses, run_sweep
 
-MODEL = "tiny-gptneox"  # bf16 recipe with gradient clipping: autocast, FSDP2's MixedPrecisionPolicy, DeepSpeed bf16
+MODEL = "tiny-gptneox"  # with gradient clipping (fp32; the bf16 paths: tests/test_cpu_bf16.py)
 HALVED = ["naive", "naive+fsdp-full"] + (["naive+zero3"] if HAVE_DS else [])
 BOUND_S = 420  # the whole run; a hang would otherwise last the process group's 10-minute timeout
 
@@ -52,7 +52,7 @@ def test_both_ranks_halve_together(halved, method):
 
 @pytest.mark.slow
 def test_losses_agree_after_recovery(halved):
-    """After the recovery every method trains the same model on the same data (bf16: looser tolerance)."""
+    """After the recovery every method trains the same model on the same data."""
     reference = losses(cell(halved, MODEL, "naive")[1])
     for method in HALVED[1:]:
         assert losses(cell(halved, MODEL, method)[1]) == pytest.approx(reference, rel=2e-3), method
