@@ -153,7 +153,6 @@ def test_exported_plans_are_what_ran_and_launch_the_train_stage(sweep, tmp_path)
     import os
     import subprocess
 
-    from .conftest import BIN
     from .test_method_settings import assert_recorded_is_exported
 
     work, _, _ = sweep
@@ -162,7 +161,9 @@ def test_exported_plans_are_what_ran_and_launch_the_train_stage(sweep, tmp_path)
             plan = json.loads((work / f"results/optimal/{model}/cpu/1x{ranks}/plan.json").read_text())
             assert_recorded_is_exported(work, model, plan["method"], ranks)
     folder = work / "results/optimal/tiny-gptneox/cpu/1x2"
-    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "HF_HUB_OFFLINE": "1"}
+    # exactly as its header says, `bash launch.sh`, from a shell without the venv on PATH (a fresh login)
+    env = {**os.environ, "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
+    env.pop("PYTHON", None)
     out = tmp_path / "train"
     proc = subprocess.run(["bash", str(folder / "launch.sh"), "--steps", "3", "--out", str(out)], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
@@ -171,3 +172,24 @@ def test_exported_plans_are_what_ran_and_launch_the_train_stage(sweep, tmp_path)
     assert result["status"] == "ok" and result["steps"] == 3 and result["world_size"] == 2
     assert result["settings_differences"] == [] and result["data"]["synthetic"] is True
     assert result["throughput"]["ratio"]["step_time_s"] > 0 and (out / "throughput.md").is_file()
+
+
+@pytest.mark.slurm
+def test_exported_launch_script_runs_under_sbatch(sweep, slurm_cluster, tmp_path):
+    """`sbatch launch.sh` as its header says, from an environment without the venv on PATH: the job runs the train
+    stage with the interpreter the plan was exported with (srun + torchrun inside the allocation)."""
+    import os
+    import subprocess
+
+    work, _, _ = sweep
+    folder = work / "results/optimal/tiny-bert/cpu/1x1"
+    out = tmp_path / "train"
+    env = {**os.environ, "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
+    env.pop("PYTHON", None)
+    proc = subprocess.run(["sbatch", "--wait", "--output", str(tmp_path / "job.out"), str(folder / "launch.sh"),
+                           "--steps", "3", "--out", str(out)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    log = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").is_file() else ""
+    assert proc.returncode == 0, proc.stdout + proc.stderr + log[-4000:]
+    result = json.loads((out / "result.json").read_text())
+    assert result["status"] == "ok" and result["steps"] == 3 and result["world_size"] == 1

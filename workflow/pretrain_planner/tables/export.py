@@ -20,7 +20,9 @@ import csv
 import io
 import json
 import math
+import shlex
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -217,8 +219,11 @@ def training_arguments(
     return args, ds, notes
 
 
-def launch_script(model: ModelSpec, gpu: GpuSpec, row: dict[str, Any]) -> str:
-    """A bash script: torchrun on this host (one node), or srun + torchrun inside a SLURM allocation."""
+def launch_script(
+    model: ModelSpec, gpu: GpuSpec, row: dict[str, Any], python: str | None = None, folder: Path | None = None
+) -> str:
+    """A bash script: torchrun on this host (one node), or srun + torchrun inside a SLURM allocation, both with the
+    interpreter that exported it (`python`, default this one; the script's PYTHON overrides)."""
     nodes, gpn = int(row["nodes"]), int(row["gpus_per_node"])
     days = row.get("training_days")
     days_txt = f"{days:.4g} days" if days is not None and not math.isnan(days) else "an unknown time"
@@ -243,7 +248,21 @@ def launch_script(model: ModelSpec, gpu: GpuSpec, row: dict[str, Any]) -> str:
 #SBATCH --ntasks-per-node=1
 {gres}#SBATCH --time={hours // 24}-{hours % 24:02d}:00:00
 set -euo pipefail
-PLAN_DIR="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
+# The interpreter this plan was exported with (its torch and the package); PYTHON=... overrides it. torchrun is
+# started as `$PYTHON -m torch.distributed.run`, so neither it nor the venv needs to be on PATH (inside an sbatch
+# job included).
+PYTHON="${{PYTHON:-{shlex.quote(python or sys.executable)}}}"
+# The plan's folder: this script's, or under sbatch (which runs a copy from SLURM's spool) the submitted script's;
+# else where it was exported to. PLAN_DIR=... overrides.
+if [[ -z "${{PLAN_DIR:-}}" ]]; then
+  PLAN_DIR="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
+  if [[ ! -f "$PLAN_DIR/plan.json" && -n "${{SLURM_JOB_ID:-}}" ]]; then
+    submitted="$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null | tr ' ' '\n' | sed -n 's/^Command=//p' | head -n 1)"
+    [[ -n "$submitted" && -f "$(dirname "$submitted")/plan.json" ]] && PLAN_DIR="$(cd "$(dirname "$submitted")" && pwd)"
+  fi
+  [[ -f "$PLAN_DIR/plan.json" ]] || PLAN_DIR={shlex.quote(str(folder)) if folder else '"$PLAN_DIR"'}
+fi
+[[ -f "$PLAN_DIR/plan.json" ]] || {{ echo "launch.sh: no plan.json in $PLAN_DIR (set PLAN_DIR=...)" >&2; exit 2; }}
 export PYTHONPATH="{WORKFLOW_DIR}${{PYTHONPATH:+:$PYTHONPATH}}"
 if [[ -n "${{TRAIN_SCRIPT:-}}" ]]; then
   ENTRY=("$TRAIN_SCRIPT" "$PLAN_DIR/training_arguments.json")
@@ -256,11 +275,11 @@ export HF_HUB_OFFLINE="${{HF_HUB_OFFLINE:-1}}"
 if [[ -n "${{SLURM_JOB_ID:-}}" ]]; then
   MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
   srun --nodes="$NNODES" --ntasks-per-node=1 \\
-    torchrun --nnodes="$NNODES" --nproc-per-node="$NPROC_PER_NODE" \\
+    "$PYTHON" -m torch.distributed.run --nnodes="$NNODES" --nproc-per-node="$NPROC_PER_NODE" \\
       --rdzv-id="$SLURM_JOB_ID" --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:29500" \\
       "${{ENTRY[@]}}" "$@"
 elif [[ "$NNODES" -eq 1 ]]; then
-  torchrun --standalone --nnodes=1 --nproc-per-node="$NPROC_PER_NODE" \\
+  "$PYTHON" -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node="$NPROC_PER_NODE" \\
     "${{ENTRY[@]}}" "$@"
 else
   echo "this plan spans $NNODES nodes: submit it with sbatch (or run it inside a SLURM allocation)" >&2
@@ -359,7 +378,7 @@ def _export_setting(
     if ds is not None:
         _write(target / "deepspeed.json", json.dumps(ds, indent=1) + "\n")
         files.append("deepspeed.json")
-    _write(target / "launch.sh", launch_script(model, gpu, row))
+    _write(target / "launch.sh", launch_script(model, gpu, row, folder=Path(target).resolve()))
     (target / "launch.sh").chmod(0o755)
     _write(target / "plan.json", json.dumps(_plan_record(model, gpu, row, notes, settings), indent=1) + "\n")
     return {"best_method": row["best_method"], "training_days": row["training_days"], "files": " ".join(files),
