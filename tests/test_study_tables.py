@@ -155,8 +155,8 @@ def test_models_and_gpu_types_in_the_study_order(cells):
     assert settings.select("model", "gpu").unique(maintain_order=True).rows()[:3] == [
         ("pythia-160m", "rtx3090"), ("pythia-160m", "a100"), ("pythia-410m", "a100")]  # fmt: skip
     flops = csv_of(t["model_flops"])["model"].to_list()
-    assert flops.index("pythia-410m") < flops.index("pythia-1b") < flops.index("pythia-12b") < flops.index(
-        "roberta-large"
+    assert (
+        flops.index("pythia-410m") < flops.index("pythia-1b") < flops.index("pythia-12b") < flops.index("roberta-large")
     )
 
 
