@@ -56,6 +56,18 @@ def test_budget_run(uninterrupted):
     assert result["sparse_prediction"] and result["model_class"].endswith("WithSparsePrediction")
 
 
+def test_validation_rotates_through_the_held_out_shards(uninterrupted):
+    """Each validation takes the next held-out shard, round the held-out set, as the reference's pretrain_validation
+    (shard index mod n), not always the first samples; the shards are named in validation.jsonl and the result."""
+    _, tmp, result = uninterrupted
+    held_out = [s["name"] for s in json.loads((tmp / "data/index.json").read_text())["splits"]["validation"]]
+    assert len(held_out) >= 4  # the shipped corpus: one held-out shard per training shard
+    vals = [json.loads(ln) for ln in (tmp / "a/run/validation.jsonl").read_text().splitlines()]
+    assert [v["shards"] for v in vals] == [[held_out[i % len(held_out)]] for i in range(len(vals))]
+    assert [v["shards"] for v in result["validation"]] == [v["shards"] for v in vals]
+    assert len({v["val_loss"] for v in vals}) == len(vals)
+
+
 def test_sigkill_and_resume_matches_uninterrupted(uninterrupted):
     cfg, tmp, result = uninterrupted
     b = tmp / "b"
