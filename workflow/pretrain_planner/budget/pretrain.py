@@ -511,6 +511,8 @@ class _Run(Hooks):
             "steps": state["step"], "budget_s": self.budget_s, "clock": self.clock_kind,
             "elapsed_s": self._elapsed(state), "train_s": state["elapsed_s"], "wall_s": state["wall_s"],
             "validation_s": state["val_s"], "stop_reason": state["stop"], "micro_batch": self.micro,
+            "checkpoint_every_s": tr["checkpoint_every_s"], "checkpoints": state.get("checkpoints", 0),
+            "checkpoint_s": state.get("checkpoint_s", 0.0),
             "sequences": state["step"] * gb, "tokens": state["step"] * gb * self.index["seq_len"],
             "reference": reference_comparison(state["step"], state["step"] * gb, self.budget_s),
             "grad_accum_steps": self.accum, "world_size": self.world, "global_batch": gb, "setting": self.setting,
@@ -556,6 +558,17 @@ def reference_comparison(steps: int, sequences: int, budget_s: float) -> dict[st
     }  # fmt: skip
 
 
+def checkpoint_note(result: dict[str, Any]) -> str:
+    """What checkpointing cost the run: how many were written, their wall time and its share of the budget."""
+    every = result.get("checkpoint_every_s")
+    cadence = (f"every {every:g} s of training time" if every else
+               "none during the run (the reference's: its README run's --num_epochs_between_checkpoints 10000 is "
+               "never reached in 24 hours), one at the end and one on a pre-emption signal")  # fmt: skip
+    n, secs = result.get("checkpoints", 0), result.get("checkpoint_s", 0.0)
+    return (f"Checkpoints: {cadence}. {n} written, {secs:.3g} s of wall time ({100 * secs / result['budget_s']:.2g}% "
+            "of the budget; every rank waits while rank 0 writes).")  # fmt: skip
+
+
 def write_summary(result: dict[str, Any], out_dir: Path) -> None:
     """summary.{csv,md} next to result.json: the run's steps and sequences within the budget beside the reference."""
     ref = result["reference"]
@@ -587,6 +600,7 @@ def write_summary(result: dict[str, Any], out_dir: Path) -> None:
         + "\n"
         + "".join("| " + " | ".join(fmt(v) for v in r) + " |\n" for r in rows)
         + f"\nsequences = steps x global batch. Reference: {ref['source']}.\n"
+        + f"\n{checkpoint_note(result)}\n"
     )
     atomic_write_text(out_dir / "summary.csv", csv)
     atomic_write_text(out_dir / "summary.md", md)
