@@ -1,7 +1,6 @@
 """The GLUE table of the budget stage: per task the median over seeds of the best setting (dev sets), beside the
 published 24-hour numbers of Izsak et al. 2021 (test sets) and, as context, Cramming's and MosaicBERT's GLUE-dev
-averages. The published numbers are those of ../shared/reference/papers.md, section B (docs/budget.md carries them
-with their sources).
+averages. docs/budget.md (GLUE) carries every published number with its source.
 
 Every average this table shows is on one basis, `AVERAGE_BASIS`: one entry per (task, headline metric), MNLI
 matched and mismatched as two entries, WNLI left out - the basis of Cramming's average, so that its figure can sit
@@ -22,8 +21,8 @@ from pretrain_planner.results import atomic_write_text
 # the one number per task the study reports first
 PRIMARY = {"cola": "mcc", "mrpc": "f1", "qqp": "f1", "stsb": "pearson"}
 ORDER = ["mnli", "qnli", "qqp", "rte", "sst2", "mrpc", "cola", "stsb", "wnli"]  # the study's order
-# The 24-hour model of Izsak et al. 2021 on the GLUE *test* sets, as listed by PapersWithCode (papers.md B:
-# "test set, unverified"); MNLI matched / mismatched. x100.
+# The 24-hour model of Izsak et al. 2021 on the GLUE *test* sets, as listed by PapersWithCode (unverified);
+# MNLI matched / mismatched. x100.
 PUBLISHED_24H_TEST = {"mnli": 84.4, "mnli_mm": 83.8, "qnli": 90.6, "qqp": 70.7, "rte": 57.7, "sst2": 93.0,
                       "mrpc": 87.5, "cola": 57.1, "stsb": 82.0}  # fmt: skip
 # The basis of every average shown: (task, metric) entries; the key of PUBLISHED_24H_TEST each one reads
@@ -31,9 +30,10 @@ AVERAGE_BASIS = (("mnli", "acc"), ("mnli", "acc_mm"), ("qnli", "acc"), ("qqp", "
                  ("mrpc", "f1"), ("cola", "mcc"), ("stsb", "pearson"))  # fmt: skip
 BASIS_TEXT = ("one entry per task's headline metric (accuracy; F1 for MRPC and QQP; Matthews for CoLA; Pearson for "
               "STS-B), MNLI matched and mismatched as two entries, WNLI left out")  # fmt: skip
-# GLUE-dev averages of neighbours (papers.md B, "Neighbours"), context only: other models and budgets. Cramming
-# averages MNLI matched and mismatched as two entries without WNLI (as issue 24 reads its table): our basis.
-# MosaicBERT's per-task entries are not in our sources: its figure is quoted apart, not as an average of our basis.
+# GLUE-dev averages of neighbours (Cramming, Geiping & Goldstein 2022; MosaicBERT, Portes et al. 2023), context
+# only: other models and budgets. Cramming averages MNLI matched and mismatched as two entries without WNLI (as
+# issue 24 reads its table): our basis. MosaicBERT's per-task entries are not in our sources: its figure is quoted
+# apart, not as an average of our basis.
 CONTEXT_DEV_AVERAGES = [
     ("Cramming (Geiping & Goldstein 2022), 1 GPU, 24 h, v1 checkpoint", 78.6),
     ("Cramming, v2 checkpoint", 80.7),

@@ -49,7 +49,7 @@ DASH = "—"
 # ConvNeXt, ViT); the families it does not have sit beside their nearest (BERT-like encoders after RoBERTa).
 FAMILY_ORDER = ("gptneox", "roberta", "roberta-prelayernorm", "bert", "mamba", "convnext", "vit")
 
-# The study's headline numbers (papers.md A: the paper's abstract; the repository's README for 4 x A100).
+# The study's headline numbers (the paper's abstract; its code's README for 4 x A100: docs/methods.md, Facts).
 STUDY_CLAIMS = [
     {"model": "pythia-1b", "gpu": "a100", "world_size": 4, "study_days": 17.57,
      "source": "A code README (print_optimal_config: fl + ZeRO-1, micro-batch 16, 16 accumulation steps)"},
@@ -57,9 +57,9 @@ STUDY_CLAIMS = [
     {"model": "pythia-1b", "gpu": "rtx3090", "world_size": 2, "study_days": 108.0,
      "source": "A paper (2 x RTX 3090: 108 days)"},
 ]  # fmt: skip
-# The study's analytic peaks where they differ from the datasheet (papers.md A, experiments/training_time_analytic.py)
+# The study's analytic peaks where they differ from the datasheet (its experiments/training_time_analytic.py)
 STUDY_PEAK_TFLOPS = {("h100", "half"): 756.0, ("h100", "tf32"): 378.0}
-# torch's FlopCounterMode ignores `groups` in the convolution backward (papers.md A, cross-checks)
+# torch's FlopCounterMode ignores `groups` in the convolution backward (docs/methods.md, Facts: FLOP counter)
 COUNTER_QUIRK = {
     "convnext": "torch's FlopCounterMode (the study's count, and ours before issue 17) counts ConvNeXt-XL at "
     "~1.09e12 per sample, 2.98x this: every depthwise weight gradient once per channel",

@@ -5,7 +5,7 @@ plain transformers class needs more (ConvNeXt's checkpointing, sparse prediction
 
 Two additions on top of the plain transformers classes, both selected by config values:
 
-* `sparse_prediction: true` in a masked-LM model's `arch` (the 24-hour BERT recipe, papers.md B): the LM
+* `sparse_prediction: true` in a masked-LM model's `arch` (the 24-hour BERT recipe, docs/budget.md): the LM
   head and the loss run only on the masked positions (labels != -100), not on every token. The module
   keeps the interface the trainer uses, `module(**batch).loss`, and every PreTrainedModel method.
 * ConvNeXt gets activation checkpointing, which transformers does not implement for it, as the "$100K" study
