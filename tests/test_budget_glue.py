@@ -78,7 +78,8 @@ def _tiny_classifier(num_labels=2):
 
 def test_a_run_warms_up_decays_clips_evaluates_every_n_steps_and_keeps_the_best(monkeypatch):
     """run_glue's recipe: linear warm-up then linear decay, gradient norm clipped at 1.0, an evaluation every
-    eval_steps, the best evaluated checkpoint restored at the end, and patience stopping the run."""
+    eval_steps; with glue.select best_dev (an option since issue 24) the best evaluated checkpoint restored at the
+    end, and patience stopping the run."""
     import torch
     from pretrain_planner.budget import glue_train
 
@@ -86,7 +87,8 @@ def test_a_run_warms_up_decays_clips_evaluates_every_n_steps_and_keeps_the_best(
     x = [(f"row {i}",) for i in range(40)]
     y = [i % 2 for i in range(40)]
     task = glue.TASKS["rte"]
-    g = {"weight_decay": 0.01, "warmup_steps": 3, "eval_steps": 2, "patience": 2, "max_grad_norm": 1.0}
+    g = {"weight_decay": 0.01, "warmup_steps": 3, "eval_steps": 2, "patience": 2, "max_grad_norm": 1.0,
+         "select": "best_dev"}  # fmt: skip
     # the schedule: 0 -> lr over 3 warm-up steps, then linear to ~0 at the last of 13 steps
     opt = glue_train.build_optimizer(model, 1e-3, 0.01)
     sched = glue_train.build_schedule(opt, 3, 13)
@@ -124,14 +126,86 @@ def test_a_run_warms_up_decays_clips_evaluates_every_n_steps_and_keeps_the_best(
     assert [e["step"] for e in run["evaluations"]] == [4, 8, 10] and not run["stopped_early"]
 
 
-def test_table_shows_the_published_24h_test_numbers_beside_ours(tmp_path):
+def test_a_run_reports_its_final_model_by_default(monkeypatch):
+    """The reference's command evaluates the model after the last step (run_glue.py: trainer.evaluate() after
+    trainer.train(), no load_best_model_at_end): the run reports that evaluation and keeps those weights, however
+    much better an earlier one scored; the best evaluation is recorded beside it. Patience needs best_dev."""
+    import torch
+    from pretrain_planner.budget import glue_train
+
+    model, encode = _tiny_classifier()
+    x, y = [(f"row {i}",) for i in range(40)], [i % 2 for i in range(40)]
+    g = {"weight_decay": 0.01, "warmup_steps": 3, "eval_steps": 2, "patience": None, "max_grad_norm": 1.0,
+         "select": "final"}  # fmt: skip
+    scores, states = iter([0.5, 0.9, 0.6, 0.4, 0.55]), []
+
+    def scripted(m, enc, devs, t, batch):
+        states.append({k: v.clone() for k, v in m.state_dict().items()})
+        return {"acc": next(scores), "dev_rows": 40}
+
+    monkeypatch.setattr(glue_train, "evaluate", scripted)
+    run = glue_train.train_run(model, encode, x, y, {"dev": (x, y)}, glue.TASKS["rte"], g, lr=1e-3, batch=4,
+                               epochs=1, seed=0, device=torch.device("cpu"))  # fmt: skip
+    assert [e["step"] for e in run["evaluations"]] == [2, 4, 6, 8, 10] and run["steps"] == 10
+    assert run["acc"] == 0.55 and run["select"] == "final" and run["selected_step"] == 10
+    assert run["best_step"] == 4 and run["best_dev_acc"] == 0.9
+    final = model.state_dict()
+    assert all(torch.equal(final[k], states[-1][k]) for k in final)  # the last weights, not the step-4 ones
+    with pytest.raises(ValueError, match="glue.patience needs glue.select: best_dev"):
+        glue_train.train_run(model, encode, x, y, {"dev": (x, y)}, glue.TASKS["rte"], {**g, "patience": 2},
+                             lr=1e-3, batch=4, epochs=1, seed=0, device=torch.device("cpu"))  # fmt: skip
+
+
+def test_the_default_is_the_final_model_and_patience_needs_best_dev(tmp_path):
+    from pretrain_planner.budget import config as bconfig
+    from pretrain_planner.schema import ConfigError
+
+    from .test_budget_data import budget_cfg
+
+    assert budget_cfg(tmp_path)["glue"]["select"] == "final"
+    with pytest.raises(ConfigError, match=r"budget.yaml: glue.patience 2 needs glue.select: best_dev"):
+        bconfig.load(budget_cfg(tmp_path, load=False, glue={"patience": 2}))
+    assert budget_cfg(tmp_path, glue={"patience": 2, "select": "best_dev"})["glue"]["select"] == "best_dev"
+
+
+def _metric_files(tmp_path, select: str | None = None) -> list[str]:
     files = []
     for task, metrics in {"mnli": {"acc": 0.61, "acc_mm": 0.6}, "rte": {"acc": 0.55},
                           "stsb": {"pearson": 0.3, "spearman": 0.25}}.items():  # fmt: skip
         f = tmp_path / f"{task}.json"
-        f.write_text(json.dumps({"task": task, "init": "pretrained", "setting": {"lr": 5e-5, "batch": 32, "epochs": 5},
-                                 "seeds": [0, 1, 2, 3, 4], **metrics}))  # fmt: skip
+        record = {"task": task, "init": "pretrained", "setting": {"lr": 5e-5, "batch": 32, "epochs": 5},
+                  "seeds": [0, 1, 2, 3, 4], **metrics, **({"select": select} if select else {})}  # fmt: skip
+        f.write_text(json.dumps(record))
         files.append(str(f))
+    return files
+
+
+def test_every_average_on_one_basis_with_its_entries(tmp_path):
+    """MNLI matched and mismatched count as two entries in every average shown - ours, the published 24-hour
+    model's, Cramming's (which counts them so) - and each average lists its entries."""
+    glue_report.glue_table(_metric_files(tmp_path, "final"), tmp_path / "glue.csv", tmp_path / "glue.md")
+    md = (tmp_path / "glue.md").read_text()
+    assert "Average score over 4 entries (dev): 51.5 - entries: mnli, mnli_mm, rte, stsb" in md  # (61+60+55+30)/4
+    assert "Published 24-hour model, same entries (test): 77.0 - entries: mnli, mnli_mm, rte, stsb" in md
+    assert "all 9 entries (test): 78.5 - entries: mnli, mnli_mm, qnli, qqp, rte, sst2, mrpc, cola, stsb" in md
+    assert "MNLI matched and mismatched as two entries, WNLI left out" in md
+    assert "Cramming" in md.split("on the same basis")[1]
+    assert "MosaicBERT" in md.split("Quoted apart")[1]
+    assert "each run's **final model**" in md and "best dev checkpoint" not in md
+    rows = list(csv.DictReader((tmp_path / "glue.csv").open()))
+    assert {r["select"] for r in rows} == {"final"}
+    mnli_wnli = [{"task": "mnli", "acc": 0.8, "acc_mm": 0.7}, {"task": "wnli", "acc": 0.5}]
+    assert glue_report.average_score(mnli_wnli) == (["mnli", "mnli_mm"], pytest.approx(75.0))
+
+
+def test_a_best_dev_table_says_it_is_biased(tmp_path):
+    glue_report.glue_table(_metric_files(tmp_path, "best_dev"), tmp_path / "glue.csv", tmp_path / "glue.md")
+    md = (tmp_path / "glue.md").read_text()
+    assert "**best dev checkpoint**" in md and "biased upward" in md
+
+
+def test_table_shows_the_published_24h_test_numbers_beside_ours(tmp_path):
+    files = _metric_files(tmp_path)
     rows = glue_report.glue_table(files, tmp_path / "glue.csv", tmp_path / "glue.md")
     got = {r["task"]: r for r in csv.DictReader((tmp_path / "glue.csv").open())}
     assert [r["task"] for r in rows] == ["mnli", "rte", "stsb"]
@@ -141,7 +215,7 @@ def test_table_shows_the_published_24h_test_numbers_beside_ours(tmp_path):
     md = (tmp_path / "glue.md").read_text()
     assert "| mnli | pretrained | 5e-05 | 32 | 5 | 5 |" in md and "| 61.0 | 60.0 |" in md and "| 84.4 | 83.8 |" in md
     assert "dev-set" in md and "*test* sets" in md and "median over seeds of the best setting" in md
-    assert "Published 24-hour model, same tasks (test): 74.7" in md  # (84.4 + 57.7 + 82.0) / 3
+    assert "Published 24-hour model, same entries (test): 77.0" in md  # (84.4 + 83.8 + 57.7 + 82.0) / 4
     assert "Cramming" in md and "78.6" in md and "80.7" in md and "MosaicBERT" in md and "79.6" in md
 
 

@@ -70,6 +70,8 @@ def test_preset_resolves_to_the_published_recipe(tmp_path):
     assert tr["early_stop"] == [{"after_minutes": 180, "max_loss": 6.0}]
     assert tr["loss_scale_floor"] == {"scale": 1.0, "steps": 100} and tr["stop_on_nonfinite_loss"] is True
     assert tr["finetune_checkpoints"] == [0.5, 0.9]
+    # no resumable checkpoint during the run, as the reference's (--num_epochs_between_checkpoints 10000): the end's
+    assert tr["checkpoint_every_s"] is None
     # the model the stage builds: the tokenizer's 30522 words padded to 30528 as the reference pads them
     index = {"vocab_size": 30522, "seq_len": 128, "special_ids": {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4}}
     assert pretrain.model_dict(cfg, index)["arch"]["vocab_size"] == 30528

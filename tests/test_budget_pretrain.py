@@ -11,6 +11,7 @@ import time
 
 import pytest
 import torch
+import yaml
 from pretrain_planner.budget import config as bconfig
 from pretrain_planner.budget import data, jobs, pretrain
 from pretrain_planner.schema import ConfigError
@@ -54,6 +55,38 @@ def test_budget_run(uninterrupted):
     assert (tmp / "a/model/tokenizer.json").is_file() and (tmp / "a/model/config.json").is_file()
     assert "checkpoint at step 4" in (tmp / "a/log").read_text()
     assert result["sparse_prediction"] and result["model_class"].endswith("WithSparsePrediction")
+
+
+def test_what_checkpointing_cost_is_recorded_and_the_default_writes_only_the_last(uninterrupted):
+    """Every 4 s of training: steps 4, 8, 12 and the end, their write time in the result and the summary; the default
+    (null, the reference run's) writes the end's alone."""
+    cfg, tmp, result = uninterrupted
+    assert result["checkpoint_every_s"] == 4 and result["checkpoints"] == 4 and result["checkpoint_s"] > 0
+    assert "Checkpoints: every 4 s of training time. 4 written" in (tmp / "a/summary.md").read_text()
+    assert bconfig.load(budget_cfg(tmp, load=False, train={"checkpoint_every_s": None}))["train"][
+        "checkpoint_every_s"] is None  # fmt: skip
+    raw = yaml.safe_load(budget_cfg(tmp, load=False).read_text())
+    del raw["train"]["checkpoint_every_s"]
+    (tmp / "default.yaml").write_text(yaml.safe_dump(raw))
+    default = bconfig.load(tmp / "default.yaml")
+    assert default["train"]["checkpoint_every_s"] is None
+    once = _run(default, tmp, "once", threads=1)
+    assert once["steps"] == 12 and once["checkpoints"] == 1
+    log = (tmp / "once/log").read_text()
+    assert "checkpoint at step 12" in log and "checkpoint at step 4" not in log
+    assert "none during the run (the reference's" in (tmp / "once/summary.md").read_text()
+
+
+def test_validation_rotates_through_the_held_out_shards(uninterrupted):
+    """Each validation takes the next held-out shard, round the held-out set, as the reference's pretrain_validation
+    (shard index mod n), not always the first samples; the shards are named in validation.jsonl and the result."""
+    _, tmp, result = uninterrupted
+    held_out = [s["name"] for s in json.loads((tmp / "data/index.json").read_text())["splits"]["validation"]]
+    assert len(held_out) >= 4  # the shipped corpus: one held-out shard per training shard
+    vals = [json.loads(ln) for ln in (tmp / "a/run/validation.jsonl").read_text().splitlines()]
+    assert [v["shards"] for v in vals] == [[held_out[i % len(held_out)]] for i in range(len(vals))]
+    assert [v["shards"] for v in result["validation"]] == [v["shards"] for v in vals]
+    assert len({v["val_loss"] for v in vals}) == len(vals)
 
 
 def test_sigkill_and_resume_matches_uninterrupted(uninterrupted):

@@ -153,6 +153,7 @@ def test_roberta_large_facts(catalog):
     assert r.optimizer.name == "adam"
     assert r.optimizer.lr == pytest.approx(4e-4)
     assert r.optimizer.betas == (0.9, 0.98)
+    assert r.optimizer.eps == 1e-8  # the study sets none (src/models/roberta.py): torch.optim.Adam's default
     assert r.optimizer.weight_decay == pytest.approx(0.01)
     assert r.schedule == {"name": "linear", "warmup_steps": 30000}
     assert r.grad_clip is None

@@ -95,6 +95,32 @@ def test_zero_configs_are_chosen_deliberately():
     assert cpu["zero_optimization"]["offload_param"]["pin_memory"] is False
 
 
+def test_zero3_buckets_are_hugging_faces_auto_values_for_every_family():
+    """The study leaves ZeRO-3's three bucket sizes "auto" (src/train.py) and Hugging Face's Trainer fills them from
+    the model's config (transformers integrations/deepspeed.py trainer_config_finalize: `hidden_size`, else the
+    largest of `hidden_sizes`): run that very code on every catalog model's config and compare. ConvNeXt-XL's
+    widths 256..2048 give buckets of 2048^2 = 4.19M, not 1024^2 (the old `hidden_size or 1024`)."""
+    from types import SimpleNamespace
+
+    import transformers as tf
+    from pretrain_planner.planning.families import FAMILIES
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    keys = ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold")
+    a100 = CATALOG.gpus["a100"].to_dict()
+    for name, spec in CATALOG.models.items():
+        m = spec.to_dict()
+        arch = {k: v for k, v in m["arch"].items() if k != "sparse_prediction"}
+        model = SimpleNamespace(config=getattr(tf, FAMILIES[spec.family].config_class)(**arch))
+        hf = HfTrainerDeepSpeedConfig({"train_micro_batch_size_per_gpu": 1,
+                                       "zero_optimization": {"stage": 3, **dict.fromkeys(keys, "auto")}})  # fmt: skip
+        hf.trainer_config_finalize(SimpleNamespace(get_warmup_steps=lambda n: 1), model, 10)
+        ours = resolve("fl+zero3", m, a100, 8, 1, 1)["deepspeed_config"]["zero_optimization"]
+        assert {k: ours[k] for k in keys} == {k: hf.config["zero_optimization"][k] for k in keys}, name
+    convnext = resolve("fl+zero3", CATALOG.model("convnext-xlarge-22k").to_dict(), a100, 8, 1, 1)
+    assert convnext["deepspeed_config"]["zero_optimization"]["reduce_bucket_size"] == 2048 * 2048
+
+
 def test_export_refuses_a_plan_whose_cell_ran_other_settings(tmp_path):
     """A cell measured with other settings (an older version, a hand-edited result) gets no plan: the README says
     which setting differs; the same cell with matching settings gets its plan and plan.json says so."""

@@ -45,8 +45,7 @@ def _tables(root: Path, plan: str, paths: list[str]) -> dict[str, str]:
     out = aggregate.table_files(str(root / "tables"))
     aggregate.build_tables(plan, paths, out, str(root / "aggregate.log"), CATALOG, COSTS)
     extra = {**study.table_files(str(root / "tables" / "study")), **whatif.table_files(str(root / "tables"))}
-    study.build_study_tables(out["cells_parquet"], out["time_to_train_csv"], extra, str(root / "study.log"), CATALOG,
-                             0.85)  # fmt: skip
+    study.build_study_tables(out["cells_parquet"], extra, str(root / "study.log"), CATALOG, 0.85)
     cells = pl.read_parquet(out["cells_parquet"], columns=["model", "nodes", "gpus_per_node"])
     counts = sorted(set(cells.select("nodes", "gpus_per_node").rows()))
     whatif.build_whatif(out["cells_parquet"], extra, str(root / "whatif.log"), CATALOG,

@@ -57,7 +57,6 @@ rule export_plan:
 rule study_tables:
     input:
         cells=TABLES["cells_parquet"],
-        time_to_train=TABLES["time_to_train_csv"],
         models=PP.catalog.models_path,
         gpus=PP.catalog.gpus_path,
     output:
@@ -66,9 +65,10 @@ rule study_tables:
         pp_layout.log(RESULTS, "study_tables.log"),
     params:
         suspect_mfu=PP.config["benchmark"]["suspect_mfu"],
+        study=pp_study.study_settings(PP.config.get("study"), PP.catalog),  # checked at parse time (the dry run)
     run:
         pp_study.build_study_tables(
-            input.cells, input.time_to_train, dict(output.items()), log[0], PP.catalog, params.suspect_mfu
+            input.cells, dict(output.items()), log[0], PP.catalog, params.suspect_mfu, params.study
         )
 
 

@@ -67,6 +67,10 @@ def load(path: str | Path, basedir: str | Path = ".", results: str | Path | None
     if cfg["tokenizer"]["path"]:
         cfg["tokenizer"]["path"] = str(resolve(cfg["tokenizer"]["path"], basedir))
     cfg["glue"]["data_dir"] = str(resolve(cfg["glue"]["data_dir"], basedir))
+    if cfg["glue"]["patience"] and cfg["glue"]["select"] != "best_dev":
+        raise ConfigError(f"{path}: glue.patience {cfg['glue']['patience']} needs glue.select: best_dev (early "
+                          "stopping keeps the best dev checkpoint, as run_glue.py's EarlyStoppingCallback needs "
+                          f"load_best_model_at_end); glue.select is {cfg['glue']['select']!r}")  # fmt: skip
     cfg["model"], recipe = _model(cfg, path, basedir)
     cfg["recipe_keys"] = apply_recipe(cfg, given, recipe) if recipe is not None else {}
     cfg["setting"] = resolve_setting(cfg, results, str(path), missing_ok=results is not None)

@@ -1,8 +1,9 @@
 """GLUE by the paper's protocol: tasks and readers of the standard layout, and the fine-tuning job of one task.
 
 Protocol (Izsak et al. 2021, appendix B, and its code's run_glue.py): every setting of the grid (`glue.lr` x
-`glue.batch` x `glue.epochs`) is fine-tuned with each of `glue.seeds`, keeping each run's best evaluated
-checkpoint (`budget/glue_train.py`); per task the table reports the median over seeds of the best setting
+`glue.batch` x `glue.epochs`) is fine-tuned with each of `glue.seeds`, each run reporting the model `glue.select`
+names - its final model (default, as the reference's command) or its best evaluated checkpoint
+(`budget/glue_train.py`); per task the table reports the median over seeds of the best setting
 (`budget/glue_metrics.py`). MNLI is fine-tuned first from the pre-trained model; RTE, STS-B and MRPC (config
 `glue.from_mnli`) start from the MNLI-fine-tuned model (that of the best seed of MNLI's best setting).
 Metrics (scikit-learn, scipy): accuracy (MNLI matched/mismatched, QNLI, RTE, SST-2, WNLI), accuracy and F1
@@ -164,7 +165,7 @@ def _finetune(
     logger.info("%s: best setting %s, median over seeds %s", task_name, json.dumps(best), json.dumps(agg["metrics"]))
     result: dict[str, Any] = {
         "task": task_name, "init": init_kind, "init_model": str(init_model), "train_rows": len(train_x),
-        "monitor": key, "setting": best, "seeds": agg["seeds"], **agg["metrics"],
+        "monitor": key, "select": g["select"], "setting": best, "seeds": agg["seeds"], **agg["metrics"],
         **{k: runs[0][k] for k in ("dev_rows", "dev_rows_mm") if k in runs[0]},
         "settings": agg["settings"], "runs": runs,
     }  # fmt: skip

@@ -4,8 +4,12 @@ IntelLabs/academic-budget-bert README (fine-tuning): AdamW, weight decay 0.01, `
 `--lr_scheduler_type polynomial` (transformers' polynomial decay, power 1, to 1e-7 at the last step),
 `--max_grad_norm 1.0`, `--evaluation_strategy steps --eval_steps 50`, max length 128; run_glue.py adds
 `early_stopping_patience` on the task's metric (F1 for MRPC, Matthews for CoLA, ...). Here: evaluation on the
-first dev file every `glue.eval_steps` optimizer steps and after the last step, the best checkpoint kept (its
-weights restored at the end), and training stopped after `glue.patience` evaluations without improvement.
+first dev file every `glue.eval_steps` optimizer steps and after the last step. What the run reports and keeps is
+`glue.select`: `final` (default) - the model after the last step, as the reference's command reports it
+(`trainer.evaluate()` after `trainer.train()`, no `load_best_model_at_end`); `best_dev` - the best evaluated
+checkpoint (its weights restored at the end), chosen on the same dev set it is reported on, so its score is biased
+upward; only with it may `glue.patience` stop a run after that many evaluations without improvement (run_glue.py's
+EarlyStoppingCallback, which needs load_best_model_at_end).
 """
 
 from __future__ import annotations
@@ -67,11 +71,14 @@ def train_run(
     model, encode, train_x: list, train_y: list, devs: dict[str, tuple[list, list]], task, g: dict[str, Any], *,
     lr: float, batch: int, epochs: float, seed: int, device, logger=None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Fine-tune `model` in place; at the end it holds the best evaluated checkpoint. Returns the run's record:
-    its setting, steps run, the evaluations (step and monitored score), the best step and the metrics there."""
+    """Fine-tune `model` in place; at the end it holds the model `g["select"]` names (the final one, or the best
+    evaluated checkpoint). Returns the run's record: its setting, steps run, the evaluations (step and monitored
+    score), the selected step and the metrics there, and the best evaluation's step and score."""
     import torch
 
-    key = glue_metrics.monitor(task.name)
+    key, select = glue_metrics.monitor(task.name), g["select"]
+    if g["patience"] and select != "best_dev":
+        raise ValueError("glue.patience needs glue.select: best_dev (early stopping keeps the best checkpoint)")
     total = max(1, math.ceil(math.ceil(len(train_x) / batch) * epochs))
     opt = build_optimizer(model, lr, g["weight_decay"])
     sched = build_schedule(opt, g["warmup_steps"], total)
@@ -79,17 +86,20 @@ def train_run(
     y_all = torch.tensor(train_y, dtype=torch.float32 if task.labels is None else torch.long)
     every, patience, clip = g["eval_steps"], g["patience"], g["max_grad_norm"]
     best: dict[str, Any] | None = None
+    last: dict[str, Any] = {}
     best_state = None
     history, losses, bad, step, stopped = [], [], 0, 0, False
 
     def check() -> bool:
-        """Evaluate at `step`; keep the checkpoint when it is the best; True when patience ran out."""
-        nonlocal best, best_state, bad
+        """Evaluate at `step`; keep the checkpoint when it is the best (best_dev); True when patience ran out."""
+        nonlocal best, best_state, bad, last
         m = evaluate(model, encode, devs, task, batch)
         history.append({"step": step, key: m[key]})
+        last = {"step": step, **m}
         if best is None or glue_metrics.better(m[key], best[key]):
-            best, bad = {"step": step, **m}, 0
-            best_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+            best, bad = last, 0
+            if select == "best_dev":
+                best_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
         else:
             bad += 1
         if logger:
@@ -116,8 +126,10 @@ def train_run(
                 break
     if not stopped:
         check()  # after the last step
-    model.load_state_dict(best_state)
+    chosen = best if select == "best_dev" else last
+    if select == "best_dev":
+        model.load_state_dict(best_state)
     return {"lr": lr, "batch": batch, "epochs": epochs, "seed": seed, "steps": step, "total_steps": total,
-            "stopped_early": stopped, "best_step": best["step"], "evaluations": history,
-            "train_loss_first": losses[0], "train_loss_last": losses[-1],
-            **{k: v for k, v in best.items() if k != "step"}}  # fmt: skip
+            "stopped_early": stopped, "select": select, "selected_step": chosen["step"], "best_step": best["step"],
+            f"best_dev_{key}": best[key], "evaluations": history, "train_loss_first": losses[0],
+            "train_loss_last": losses[-1], **{k: v for k, v in chosen.items() if k != "step"}}  # fmt: skip

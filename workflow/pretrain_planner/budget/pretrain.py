@@ -176,9 +176,17 @@ def save_model(
     os.replace(tmp, out_dir)
 
 
+def validation_shards(shards: list[dict[str, Any]], index: int, rotate: bool) -> list[dict[str, Any]]:
+    """The held-out shards the `index`-th validation of a run (0-based) evaluates: with `rotate` (the reference's
+    run_pretraining.py `pretrain_validation`: shard `index mod n` of its held-out shards, the next one each time),
+    one shard; else all of them, in order (of which validation_loss takes the first max_samples)."""
+    return [shards[index % len(shards)]] if rotate and shards else list(shards)
+
+
 @torch.no_grad()
 def validation_loss(model, sampler_shards, data_dir, pad_id, micro, max_samples, device, autocast) -> float:
-    """Mean masked-LM loss over the first `max_samples` validation samples (every masked token weighs the same)."""
+    """Mean masked-LM loss over the first `max_samples` samples of `sampler_shards` (every masked token weighs the
+    same)."""
     model.eval()
     total, count, seen = 0.0, 0, 0
     for shard in sampler_shards:
@@ -300,7 +308,7 @@ class _Run(Hooks):
             built=self.built, ranks=self.ranks, hooks=self, run_dir=self.run_dir, fingerprint=self.fp,
             accum=self.accum, seed=self.cfg["seed"], logger=self.logger, fake_step_s=tr["fake_step_s"],
             checkpoint_every_s=tr["checkpoint_every_s"], log_every=tr["log_every"],
-            extra_state={"val_s": 0.0, "last_val_loss": None, "wall_s": 0.0, "scale_floor_steps": 0},
+            extra_state={"val_s": 0.0, "last_val_loss": None, "wall_s": 0.0, "scale_floor_steps": 0, "val_count": 0},
         )  # fmt: skip
 
     @property
@@ -412,22 +420,30 @@ class _Run(Hooks):
         """Validation's autocast: the method's compute dtype (none under fp32 or when the method casts)."""
         return torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None)
 
-    def _validation_loss(self) -> float:
-        """The validation loss of the model now (at a validation point and at the end)."""
-        return validation_loss(self.model, self.index["splits"]["validation"], self.data_dir, self.pad_id, self.micro,
-                               self.tr["validation"]["max_samples"], self.device, self._autocast)  # fmt: skip
+    def _validation_loss(self) -> tuple[float, list[str]]:
+        """The validation loss of the model now (at a validation point and at the end) and the held-out shards it
+        was taken on: the next in the rotation (`train.validation.rotate`; the count is in the checkpoint, so a
+        resumed run goes on with the next shard)."""
+        val = self.tr["validation"]
+        count = self.state.get("val_count", 0)
+        shards = validation_shards(self.index["splits"]["validation"], count, val["rotate"])
+        self.state["val_count"] = count + 1
+        loss = validation_loss(self.model, shards, self.data_dir, self.pad_id, self.micro, val["max_samples"],
+                               self.device, self._autocast)  # fmt: skip
+        return loss, [sh["name"] for sh in shards]
 
     def _validate(self, progress: float) -> None:
         """A validation point: the loss (its time counts as training time), validation.jsonl, the early stop."""
         state = self.state
         t0 = time.perf_counter()
-        vl = self._validation_loss()
+        vl, shards = self._validation_loss()
         state["val_s"] += self.loop.add_time(t0)
         state["last_val_loss"] = vl
         self.val_idx = schedule.next_after(self.val_points, progress)
         if self.rank0:
             with self.val_path.open("a") as fh:
-                append_jsonl(fh, {"step": state["step"], "progress": round(progress, 6), "val_loss": vl})
+                append_jsonl(fh, {"step": state["step"], "progress": round(progress, 6), "val_loss": vl,
+                                  "shards": shards})  # fmt: skip
         self.logger.info("validation at step %d progress %.4f: loss %.4f", state["step"], progress, vl)
         state["stop"] = schedule.early_stop(self.tr["early_stop"], progress, vl, self._elapsed(state))
         if state["stop"]:
@@ -466,7 +482,7 @@ class _Run(Hooks):
         self.logger.info("stopped (%s) at step %d, %.1f s of training time, %.1f s of wall time", state["stop"],
                          state["step"], state["elapsed_s"], state["wall_s"])  # fmt: skip
         if state["last_val_loss"] is None or self.val_idx < len(self.val_points):
-            state["last_val_loss"] = self._validation_loss()
+            state["last_val_loss"], state["last_val_shards"] = self._validation_loss()
         self.checkpoint()
         info = {"model": self.mdict, "step": state["step"], "elapsed_s": state["elapsed_s"], "wall_s": state["wall_s"],
                 "stop": state["stop"]}  # fmt: skip
@@ -495,6 +511,8 @@ class _Run(Hooks):
             "steps": state["step"], "budget_s": self.budget_s, "clock": self.clock_kind,
             "elapsed_s": self._elapsed(state), "train_s": state["elapsed_s"], "wall_s": state["wall_s"],
             "validation_s": state["val_s"], "stop_reason": state["stop"], "micro_batch": self.micro,
+            "checkpoint_every_s": tr["checkpoint_every_s"], "checkpoints": state.get("checkpoints", 0),
+            "checkpoint_s": state.get("checkpoint_s", 0.0),
             "sequences": state["step"] * gb, "tokens": state["step"] * gb * self.index["seq_len"],
             "reference": reference_comparison(state["step"], state["step"] * gb, self.budget_s),
             "grad_accum_steps": self.accum, "world_size": self.world, "global_batch": gb, "setting": self.setting,
@@ -519,10 +537,11 @@ class _Run(Hooks):
         """Every validation point's loss with its time on train.clock (progress x budget), and the final one
         (taken at the end when the run stopped before its last point): the sweep's loss-against-time plot."""
         state = self.state
-        hist = [{"step": v["step"], "elapsed_s": v["progress"] * self.budget_s, "val_loss": v["val_loss"]}
-                for v in read_jsonl(self.val_path)]  # fmt: skip
+        hist = [{"step": v["step"], "elapsed_s": v["progress"] * self.budget_s, "val_loss": v["val_loss"],
+                 "shards": v.get("shards")} for v in read_jsonl(self.val_path)]  # fmt: skip
         if not hist or hist[-1]["step"] != state["step"]:
-            hist.append({"step": state["step"], "elapsed_s": self._elapsed(state), "val_loss": state["last_val_loss"]})
+            hist.append({"step": state["step"], "elapsed_s": self._elapsed(state), "val_loss": state["last_val_loss"],
+                         "shards": state.get("last_val_shards")})  # fmt: skip
         return hist
 
 
@@ -537,6 +556,17 @@ def reference_comparison(steps: int, sequences: int, budget_s: float) -> dict[st
         "steps_vs_pace": steps / pace_steps if pace_steps else None,
         "sequences_vs_pace": sequences / pace_seq if pace_seq else None,
     }  # fmt: skip
+
+
+def checkpoint_note(result: dict[str, Any]) -> str:
+    """What checkpointing cost the run: how many were written, their wall time and its share of the budget."""
+    every = result.get("checkpoint_every_s")
+    cadence = (f"every {every:g} s of training time" if every else
+               "none during the run (the reference's: its README run's --num_epochs_between_checkpoints 10000 is "
+               "never reached in 24 hours), one at the end and one on a pre-emption signal")  # fmt: skip
+    n, secs = result.get("checkpoints", 0), result.get("checkpoint_s", 0.0)
+    return (f"Checkpoints: {cadence}. {n} written, {secs:.3g} s of wall time ({100 * secs / result['budget_s']:.2g}% "
+            "of the budget; every rank waits while rank 0 writes).")  # fmt: skip
 
 
 def write_summary(result: dict[str, Any], out_dir: Path) -> None:
@@ -570,6 +600,7 @@ def write_summary(result: dict[str, Any], out_dir: Path) -> None:
         + "\n"
         + "".join("| " + " | ".join(fmt(v) for v in r) + " |\n" for r in rows)
         + f"\nsequences = steps x global batch. Reference: {ref['source']}.\n"
+        + f"\n{checkpoint_note(result)}\n"
     )
     atomic_write_text(out_dir / "summary.csv", csv)
     atomic_write_text(out_dir / "summary.md", md)

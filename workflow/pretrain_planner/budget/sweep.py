@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pretrain_planner.budget.config import file_logger, or_exit
-from pretrain_planner.budget.glue_report import average_score
+from pretrain_planner.budget.glue_report import AVERAGE_BASIS, BASIS_TEXT, average_score
 from pretrain_planner.results import atomic_savefig, atomic_write_text
 from pretrain_planner.schema import ConfigError
 
@@ -110,12 +110,16 @@ COLUMNS = ["recipe", "stop_reason", "steps", "global_batch", "sequences", "token
 
 
 def _glue_average(csv_path: Path) -> tuple[int, float | None]:
-    """Tasks scored and the mean of their headline score (x100) in a recipe's glue.csv (glue_report's average)."""
+    """The entries scored and their mean (x100) in a recipe's glue.csv: glue_report's average, on its one basis
+    (glue_report.AVERAGE_BASIS: MNLI matched and mismatched as two entries, WNLI left out)."""
     with csv_path.open(newline="") as fh:
         rows = list(csv.DictReader(fh))
     if rows and "score" not in rows[0]:
         raise ValueError(f"{csv_path}: no score column (not a glue_table output)")
-    return average_score([{"score": float(r["score"]) if r["score"] else None} for r in rows])
+    metrics = {m for _, m in AVERAGE_BASIS}
+    entries, avg = average_score([{k: (float(v) if v else None) if k in metrics else v for k, v in r.items()}
+                                  for r in rows])  # fmt: skip
+    return len(entries), avg
 
 
 def _names(rows: list[dict[str, Any]], key: str, value: float) -> str:
@@ -164,8 +168,9 @@ def sweep_table(
           f"Every recipe of budget.sweep ({', '.join(keys)}) pre-trained within the same time budget "
           f"({'/'.join(sorted(clock))} clock) and fine-tuned on the same GLUE tasks. `loss_last`: training MLM "
           "loss over the last tenth of the steps; `val_loss`: validation loss at the end; `glue_avg`: the mean "
-          "headline score (dev, x100) of each task's median over seeds of its best setting; sequences = steps x "
-          "global batch. Validation loss against time: sweep_loss.png.", "",
+          "headline score (dev, x100) of each task's median over seeds of its best setting, over `glue_tasks` "
+          f"entries of glue.md's one basis ({BASIS_TEXT}); sequences = steps x global batch. Validation loss "
+          "against time: sweep_loss.png.", "",
           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
     md += ["| " + " | ".join(_fmt(r[c]) for c in head) + " |" for r in rows]
     if finite:

@@ -2,7 +2,8 @@
 
 A cell is model x GPU type x nodes x GPUs per node x method and maps 1:1 to
 `cells/{model}/{gpu}/{nodes}x{gpus_per_node}/{method}` under the results folder. The validity rules are
-the "$100K" study's (reference/papers.md A), plus what the launcher can run. Imports no torch.
+the "$100K" study's (its experiments/training_time_empirical.py `is_valid`), plus what the launcher can run.
+Imports no torch.
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ DeepSpeed ZeRO values (docs/methods.md): ZeRO-2 and ZeRO-3 take the study's comm
 (apoorvkh/academic-pretraining src/train.py: overlap_comm, contiguous gradients, 2e8-element buckets for ZeRO-2),
 so a ZeRO cell measures the configuration the study measured; the values DeepSpeed or Hugging Face would
 leave to "auto" are written out (ZeRO-3's reduce bucket hidden², prefetch 0.9·hidden², persistence 10·hidden:
-Hugging Face's rule), so the exported config is the one that ran. The optimizer stays the recipe's torch
+Hugging Face's rule, hidden being the config's `hidden_size` or else the largest of its `hidden_sizes`, as
+ConvNeXt's), so the exported config is the one that ran. The optimizer stays the recipe's torch
 optimizer (fused AdamW on CUDA under free-lunch), as in every other method, so a ZeRO cell differs from its
 DDP twin by the sharding only; ZeRO-Offload needs DeepSpeed's CPU Adam, named in the config.
 """
@@ -24,6 +25,7 @@ from typing import Any
 
 from pretrain_planner.planning.families import FAMILIES
 from pretrain_planner.planning.methods import SHARDING_ENGINE, ZERO_STAGE, Method, parse
+from pretrain_planner.schema import ConfigError
 
 # what `resolve` returns, in this order: a cell's result.json records each of these keys in method_settings
 KEYS = (
@@ -59,6 +61,23 @@ def compiles(method: Method, model: dict[str, Any]) -> bool:
     return bool(method.free_lunch and model.get("supports_compile", True))
 
 
+def auto_hidden_size(model: dict[str, Any]) -> int:
+    """The `hidden_size` Hugging Face's Trainer fills ZeRO's "auto" buckets from (transformers
+    integrations/deepspeed.py `trainer_config_finalize`): the model config's `hidden_size`, else the largest of its
+    `hidden_sizes` (ConvNeXt's per-stage widths), else its text config's; it refuses a config with neither, and so
+    do we (the arch keys a family requires, families.py, always give one)."""
+    arch = model.get("arch", {})
+    for cfg in (arch, arch.get("text_config") or {}):
+        if cfg.get("hidden_size"):
+            return int(cfg["hidden_size"])
+        if cfg.get("hidden_sizes"):
+            return int(max(cfg["hidden_sizes"]))
+    raise ConfigError(
+        f"model {model.get('name', '?')!r}: ZeRO-3's buckets need arch.hidden_size or arch.hidden_sizes "
+        "(Hugging Face's rule for its 'auto' values), and the model has neither"
+    )
+
+
 def deepspeed_config(
     method: Method, model: dict[str, Any], micro_batch: int, accum: int, world_size: int, cuda: bool
 ) -> dict[str, Any] | None:
@@ -74,7 +93,7 @@ def deepspeed_config(
             reduce_bucket_size=ZERO2_BUCKET, contiguous_gradients=True,
         )  # fmt: skip
     elif stage == 3:
-        hidden = int(model.get("arch", {}).get("hidden_size") or 1024)
+        hidden = auto_hidden_size(model)
         zero.update(
             overlap_comm=True, contiguous_gradients=True, sub_group_size=1_000_000_000,
             reduce_bucket_size=hidden * hidden, stage3_prefetch_bucket_size=int(0.9 * hidden * hidden),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import polars as pl
@@ -46,30 +47,63 @@ def _read(tables: dict[str, str], name: str) -> pl.DataFrame:
     return read_study_table(tables[f"{name}_csv"])
 
 
-def _heatmap(title: str, rows: list[str], cols: list[str], values: list[list[float]], texts: list[list[str]],
-             xlabel: str, ylabel: str, cmap: str, vmin: float, vmax: float) -> Figure:  # fmt: skip
-    """A grid of coloured cells with their text, sized to fill the figure; no colour bar (the text says it)."""
+@dataclass(frozen=True)
+class Panel:
+    """One grid of coloured cells with their text (a heat-map) and its labels."""
+
+    rows: list[str]
+    cols: list[str]
+    values: list[list[float]]
+    texts: list[list[str]]
+    xlabel: str
+    ylabel: str
+    cmap: str
+    vmin: float
+    vmax: float
+    title: str = ""
+
+    @property
+    def cell(self) -> tuple[float, float]:
+        """(width, height) of one cell, inches."""
+        return min(1.2, max(0.45, 8.0 / len(self.cols))), min(0.6, max(0.22, 4.0 / len(self.rows)))
+
+    @property
+    def bottom(self) -> float:
+        """Inches under the grid for the rotated column labels and the x label."""
+        return 0.5 + CHAR_IN * max(len(c) for c in self.cols)
+
+
+def _heatmap(title: str, panels: list[Panel]) -> Figure:
+    """Heat-maps stacked top to bottom, each as high as its rows need and as wide as the widest needs (or the
+    title), no colour bar (the text says it)."""
     import numpy as np
 
-    left = 0.6 + CHAR_IN * max(len(r) for r in rows)
-    bottom = 0.5 + CHAR_IN * max(len(c) for c in cols)
-    cell_w, cell_h = min(1.2, max(0.45, 8.0 / len(cols))), min(0.6, max(0.22, 4.0 / len(rows)))
-    width = max(left + cell_w * len(cols) + 0.3, 0.4 + TITLE_CHAR_IN * 1.1 * len(title))
-    fig = _canvas(width, min(40, cell_h * len(rows)) + bottom + 0.4)
-    ax = fig.subplots()
-    _margins(fig, left, 0.3, bottom, 0.4)
-    ax.imshow(np.ma.masked_invalid(np.array(values, dtype=float)), cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto",
-              interpolation="nearest")  # fmt: skip
-    fontsize = 7 if cell_w >= 0.6 else 5
-    if len(rows) * len(cols) <= 800:
-        for i, line in enumerate(texts):
-            for j, text in enumerate(line):
-                ax.text(j, i, text, ha="center", va="center", fontsize=fontsize)
-    ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=7)
-    ax.set_yticks(range(len(rows)), rows, fontsize=7)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    fig.suptitle(title, y=1 - 0.12 / fig.get_size_inches()[1], va="top", fontsize=10)
+    left = 0.6 + CHAR_IN * max(len(r) for p in panels for r in p.rows)
+    head, sub = 0.4, (0.3 if len(panels) > 1 else 0.0)
+    heights = [min(40, p.cell[1] * len(p.rows)) for p in panels]
+    grid_w = max(p.cell[0] * len(p.cols) for p in panels)
+    width = max(left + grid_w + 0.3, 0.4 + TITLE_CHAR_IN * 1.1 * len(title))
+    total = head + sum(sub + h + p.bottom for p, h in zip(panels, heights, strict=True))
+    fig = _canvas(width, total)
+    top = total - head
+    for p, h in zip(panels, heights, strict=True):
+        top -= sub
+        ax = fig.add_axes((left / width, (top - h) / total, (width - left - 0.3) / width, h / total))
+        ax.imshow(np.ma.masked_invalid(np.array(p.values, dtype=float)), cmap=p.cmap, vmin=p.vmin, vmax=p.vmax,
+                  aspect="auto", interpolation="nearest")  # fmt: skip
+        fontsize = 7 if p.cell[0] >= 0.6 else 5
+        if len(p.rows) * len(p.cols) <= 800:
+            for i, line in enumerate(p.texts):
+                for j, text in enumerate(line):
+                    ax.text(j, i, text, ha="center", va="center", fontsize=fontsize)
+        ax.set_xticks(range(len(p.cols)), p.cols, rotation=90, fontsize=7)
+        ax.set_yticks(range(len(p.rows)), p.rows, fontsize=7)
+        ax.set_xlabel(p.xlabel)
+        ax.set_ylabel(p.ylabel)
+        if p.title:
+            ax.set_title(p.title, fontsize=8, loc="left")
+        top -= h + p.bottom
+    fig.suptitle(title, y=1 - 0.12 / total, va="top", fontsize=10)
     return fig
 
 
@@ -83,8 +117,8 @@ def figure_study_days(days: pl.DataFrame) -> Figure:
     finite = [v for r in vals for v in r if not math.isnan(v)]
     texts = [[_round_days(v) for v in r[1:]] for r in days.rows()]
     lo, hi = (min(finite), max(finite)) if finite else (0.0, 1.0)
-    return _heatmap(title, days["model"].to_list(), cols, vals, texts, "GPU type, nodes x GPUs", "model", "YlOrRd",
-                    lo - 0.5, hi + 0.5)  # fmt: skip
+    return _heatmap(title, [Panel(days["model"].to_list(), cols, vals, texts, "GPU type, nodes x GPUs", "model",
+                                  "YlOrRd", lo - 0.5, hi + 0.5)])  # fmt: skip
 
 
 def _hbars(title: str, labels: list[str], series: dict[str, list[float | None]], xlabel: str) -> Figure:
@@ -121,33 +155,39 @@ def _hbars(title: str, labels: list[str], series: dict[str, list[float | None]],
 
 def figure_gpu_days(gd: pl.DataFrame) -> Figure:
     title = STUDY_PLOTS["gpu_days"][1]
+    setting = gd["ours_setting"].drop_nulls().first() if gd.height else None
     gd = gd.filter(pl.col("ours_gpu_days").is_not_null() | pl.col("original_gpu_days").is_not_null())
     if gd.is_empty():
-        return _empty_figure(title, "no model with a measured time to train yet", "GPU-days", "model")
-    labels = [
-        f"{r['model']} ({r['ours_setting']})" if r["ours_setting"] else r["model"] for r in gd.iter_rows(named=True)
-    ]
-    return _hbars(title, labels, {"originally reported": gd["original_gpu_days"].to_list(),
-                                  "ours (fewest GPU-days measured)": gd["ours_gpu_days"].to_list()},
-                  "GPU-days (GPUs x days to train)")  # fmt: skip
+        why = f"no model with an original record or an optimal setting on {setting or 'the GPU-days setting'}"
+        return _empty_figure(title, f"{why}\n(study.gpu_days_* in the config names the setting)", "GPU-days", "model")
+    series = {"originally reported": gd["original_gpu_days"].to_list(),
+              f"ours: GPUs x optimal days on {setting}": gd["ours_gpu_days"].to_list()}  # fmt: skip
+    return _hbars(title, gd["model"].to_list(), series, "GPU-days (GPUs x days to train)")
+
+
+def _in_mean(df: pl.DataFrame) -> pl.DataFrame:
+    """The rows the study's average takes (the table's `in_mean`)."""
+    return df.filter(pl.col("in_mean").fill_null(False)) if "in_mean" in df.columns else df
 
 
 def figure_speedups(spd: pl.DataFrame, stats: pl.DataFrame) -> Figure:
     """Left: mean speed-up over naive of the analytic estimate and the optimal method. Right: mean speed-up over the
-    worst memory-saving method of its median, optimal and free-lunch alone."""
+    worst memory-saving method of its median, optimal and free-lunch alone. Each over the rows with `in_mean` (the
+    study's: its Pythia models; more than one GPU on the right)."""
     fig = _canvas(10, 4.2)
     axes = fig.subplots(1, 2)
     _margins(fig, 0.8, 0.2, 0.5, 0.6)
     fig.subplots_adjust(wspace=0.3)
     panels = [
-        (axes[0], spd, {"analytic": "speedup_analytic", "naive": "speedup_naive", "optimal": "speedup_optimal"},
-         "over naive", "no setting with a naive time"),
-        (axes[1], stats, {"worst": None, "median": "speedup_median", "optimal": "speedup_optimal",
-                          "free-lunch": "speedup_free_lunch"}, "over the worst memory-saving method",
-         "no memory-saving method ran\n(add e.g. fl+ac to sweep.methods)"),
+        (axes[0], _in_mean(spd), {"analytic": "speedup_analytic", "naive": "speedup_naive",
+                                  "optimal": "speedup_optimal"},
+         "over naive", "no setting of the averaged models\nwith naive, optimal and analytic times"),
+        (axes[1], _in_mean(stats), {"worst": None, "median": "speedup_median", "optimal": "speedup_optimal",
+                                    "free-lunch": "speedup_free_lunch"}, "over the worst memory-saving",
+         "no memory-saving method ran on more than one GPU\nfor the averaged models (add e.g. fl+ac)"),
     ]  # fmt: skip
     for ax, df, cols, what, empty in panels:
-        ax.set_title(f"mean speed-up {what}", fontsize=9)
+        ax.set_title(f"mean speed-up {what} (n={df.height})", fontsize=9)
         if df.is_empty():
             ax.set_xticks([])
             ax.set_yticks([])
@@ -160,26 +200,44 @@ def figure_speedups(spd: pl.DataFrame, stats: pl.DataFrame) -> Figure:
         for i, v in enumerate(means):
             ax.text(i, v, f"{v:.2f}x", ha="center", va="bottom", fontsize=7)
         ax.margins(y=0.15)
-    fig.suptitle(f"{STUDY_PLOTS['speedups'][1]}: means over the settings of the sweep", fontsize=10,
+    fig.suptitle(f"{STUDY_PLOTS['speedups'][1]}: means over the rows marked in_mean", fontsize=10,
                  y=1 - 0.1 / 4.2, va="top")  # fmt: skip
     return fig
 
 
-def figure_memory_saving(ms: pl.DataFrame) -> Figure:
-    """GPU type x count, the mean gain over the models (text: percent; red: memory saving costs time)."""
-    title = f"{STUDY_PLOTS['memory_saving'][1]}: mean over models of (fl - best memory-saving) / fl"
-    ms = ms.filter(pl.col("gain").is_not_null())
+def _gain_panel(ms: pl.DataFrame, by: str, title: str) -> Panel | None:
+    """GPU type x (GPU count | model): the mean gain of the rows, in the table's order; None without rows."""
     if ms.is_empty():
-        why = "no setting where free-lunch and a memory-saving method both ran\n(add e.g. fl+ac to sweep.methods)"
-        return _empty_figure(STUDY_PLOTS["memory_saving"][1], why, "nodes x GPUs", "GPU type")
-    mean = ms.group_by("gpu", "nodes", "gpus_per_node", "world_size").agg(pl.col("gain").mean())
-    rows = sorted(set(mean["gpu"].to_list()))
-    cols = mean.select("nodes", "gpus_per_node", "world_size").unique().sort("world_size", "nodes").rows()
-    got = {(r["gpu"], r["nodes"], r["gpus_per_node"]): r["gain"] for r in mean.iter_rows(named=True)}
-    vals = [[got.get((g, n, k), math.nan) for n, k, _ in cols] for g in rows]
+        return None
+    if by == "count":
+        ms = ms.with_columns(pl.format("{}x{}", "nodes", "gpus_per_node").alias("col"))
+        cols = ms.sort("world_size", "nodes")["col"].unique(maintain_order=True).to_list()
+        xlabel = "nodes x GPUs"
+    else:
+        ms = ms.with_columns(pl.col("model").alias("col"))
+        cols, xlabel = ms["col"].unique(maintain_order=True).to_list(), "model"
+    mean = ms.group_by("gpu", "col").agg(pl.col("gain").mean())
+    rows = ms["gpu"].unique(maintain_order=True).to_list()
+    got = {(g, c): v for g, c, v in mean.rows()}
+    vals = [[got.get((g, c), math.nan) for c in cols] for g in rows]
     texts = [["" if math.isnan(v) else f"{v:.0%}" for v in line] for line in vals]
-    return _heatmap(title, rows, [f"{n}x{k}" for n, k, _ in cols], vals, texts, "nodes x GPUs", "GPU type", "RdYlGn",
-                    -1.0, 1.0)  # fmt: skip
+    return Panel(rows, cols, vals, texts, xlabel, "GPU type", "RdYlGn", -1.0, 1.0, title)
+
+
+def figure_memory_saving(ms: pl.DataFrame) -> Figure:
+    """The study's two heat-maps of the mean gain (text: percent; red: memory saving costs time): GPU type x count
+    over the averaged models (`in_count_mean`), GPU type x model on more than one GPU (`in_mean`)."""
+    title = f"{STUDY_PLOTS['memory_saving'][1]}: mean of (fl only - best memory-saving) / fl only"
+    flag = {c: pl.col(c).fill_null(False) for c in ("in_mean", "in_count_mean") if c in ms.columns}
+    panels = [
+        _gain_panel(ms.filter(flag["in_count_mean"]), "count", "by GPU count (the averaged models, every count)"),
+        _gain_panel(ms.filter(flag["in_mean"]), "model", "by model (more than one GPU)"),
+    ] if len(flag) == 2 else []  # fmt: skip
+    shown = [p for p in panels if p is not None]
+    if not shown:
+        why = "no setting of the averaged models with both free-lunch alone\nand a memory-saving method (try fl+ac)"
+        return _empty_figure(STUDY_PLOTS["memory_saving"][1], why, "nodes x GPUs", "GPU type")
+    return _heatmap(title, shown)
 
 
 def figure_whatif(w: pl.DataFrame) -> Figure:

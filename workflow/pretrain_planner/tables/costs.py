@@ -1,7 +1,7 @@
 """What a setting costs: hardware purchase, amortised experiment cost, cloud rent; and the Pareto front.
 
-The "$100K" study's arithmetic (reference/papers.md A, "Costs"): hardware = base machine by GPU count
-+ GPUs x GPU price; experiment cost = hardware x days / (years x 365), five-year straight-line
+The "$100K" study's arithmetic (its scripts/plotting/training_costs.py; docs/methods.md, Facts): hardware =
+base machine by GPU count + GPUs x GPU price; experiment cost = hardware x days / (years x 365), five-year straight-line
 amortisation. Cloud cost = $/GPU-hour x GPUs x hours. A setting spread over several nodes buys one base
 machine per node (nodes x base machine for the GPUs per node). Prices come from config/gpus.yaml; a
 missing one gives a blank cost and a note saying which key to fill in. Imports no torch.

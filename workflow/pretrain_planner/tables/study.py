@@ -1,12 +1,28 @@
 """The study's views ("$100K or 100 Days", code apoorvkh/academic-pretraining scripts/plotting/) from our results.
 
-Each table is the counterpart of one of the study's figures or tables, computed from `cells` and `time_to_train`
-(aggregate.py) and the catalog: days to train pivoted model x (GPU type, count) for naive and for the optimal
-setting, and the optimal settings (training_time_tables.py); GPU-days of the original run vs ours (gpu_days.py);
-mean speed-ups analytic / naive / optimal (training_time_avg.py); the memory-saving gain
-(optimal_memory_saving_speedups.py); worst / median / optimal / free-lunch step per setting
-(mem_saving_methods.py); training FLOPs per model (model_flops.py); and the study's headline numbers through our
-`suspect` check. Only cells that ran (`ok`, not suspect) count, as in time_to_train. Imports no torch.
+Each table is the counterpart of one of the study's figures or tables, computed from `cells` (aggregate.py) and the
+catalog by the study's own definitions (its scripts/plotting/__init__.py `process_training_time_results` and each
+figure's script):
+
+- **naive**: the method `naive` alone (the study's all_naive sweep).
+- **optimal**: the fastest of the *free-lunch* methods, with or without the memory-saving parts (its all_optimized
+  sweep has `free_lunch: true` only; `select_min`). Our own "fastest of every method" stays in time_to_train.
+- **free-lunch only**: free-lunch without checkpointing, sharding or offload (`free_lunch_only`); **memory-saving**:
+  free-lunch with at least one of them (`mem_saving_only`). A method with the `naive` base and a memory-saving part
+  (e.g. `naive+ac`) is in none of the study's sets.
+- **averages** over the study's Pythia models only (`study.average_families`, default GPT-NeoX): the speed-ups of
+  training_time_avg.py over every GPU count, the memory-saving figures (optimal_memory_saving_speedups.py,
+  mem_saving_methods.py) over more than one GPU. Every averaged table has an `in_mean` column.
+- **GPU-days**: GPUs x days of the optimal setting on one node of 8 A100s (`study.gpu_days_*`; gpu_days.py).
+- **order**: models in the study's order (family as the study lists them, then size), GPU types in the catalog's
+  (config/gpus.yaml lists RTX 3090, A6000, A100, H100 first, the study's order).
+
+The tables are: days to train pivoted model x (GPU type, count) for naive and for the optimal setting, and the optimal
+settings (training_time_tables.py); GPU-days of the original run vs ours (gpu_days.py); speed-ups analytic / naive /
+optimal (training_time_avg.py); the memory-saving gain (optimal_memory_saving_speedups.py); worst / median / optimal /
+free-lunch step per setting (mem_saving_methods.py); training FLOPs per model (model_flops.py); and the study's
+headline numbers through our `suspect` check. Only cells that ran (`ok`, not suspect) count, as in time_to_train.
+Imports no torch.
 """
 
 from __future__ import annotations
@@ -19,15 +35,21 @@ import polars as pl
 
 from pretrain_planner.planning import methods
 from pretrain_planner.planning.catalog import Catalog
-from pretrain_planner.planning.flops import mfu, suspect, train_flops_per_sample
+from pretrain_planner.planning.families import FAMILIES
+from pretrain_planner.planning.flops import mfu, param_count, suspect, train_flops_per_sample
 from pretrain_planner.results import atomic_write_text
-from pretrain_planner.tables.aggregate import GROUP, read_table, to_markdown
+from pretrain_planner.schema import ConfigError, section
+from pretrain_planner.tables.aggregate import GROUP, to_markdown
 
 STUDY_TABLES = ("days_naive", "days_optimal", "optimal_settings", "gpu_days", "speedups", "memory_saving",
                 "step_time_stats", "model_flops", "study_claims")  # fmt: skip
 DASH = "—"
 
-# The study's headline numbers (papers.md A: the paper's abstract; the repository's README for 4 x A100).
+# The study's models in the order its tables list them (training_time_tables.py: Pythia by size, RoBERTa, Mamba,
+# ConvNeXt, ViT); the families it does not have sit beside their nearest (BERT-like encoders after RoBERTa).
+FAMILY_ORDER = ("gptneox", "roberta", "roberta-prelayernorm", "bert", "mamba", "convnext", "vit")
+
+# The study's headline numbers (the paper's abstract; its code's README for 4 x A100: docs/methods.md, Facts).
 STUDY_CLAIMS = [
     {"model": "pythia-1b", "gpu": "a100", "world_size": 4, "study_days": 17.57,
      "source": "A code README (print_optimal_config: fl + ZeRO-1, micro-batch 16, 16 accumulation steps)"},
@@ -35,9 +57,9 @@ STUDY_CLAIMS = [
     {"model": "pythia-1b", "gpu": "rtx3090", "world_size": 2, "study_days": 108.0,
      "source": "A paper (2 x RTX 3090: 108 days)"},
 ]  # fmt: skip
-# The study's analytic peaks where they differ from the datasheet (papers.md A, experiments/training_time_analytic.py)
+# The study's analytic peaks where they differ from the datasheet (its experiments/training_time_analytic.py)
 STUDY_PEAK_TFLOPS = {("h100", "half"): 756.0, ("h100", "tf32"): 378.0}
-# torch's FlopCounterMode ignores `groups` in the convolution backward (papers.md A, cross-checks)
+# torch's FlopCounterMode ignores `groups` in the convolution backward (docs/methods.md, Facts: FLOP counter)
 COUNTER_QUIRK = {
     "convnext": "torch's FlopCounterMode (the study's count, and ours before issue 17) counts ConvNeXt-XL at "
     "~1.09e12 per sample, 2.98x this: every depthwise weight gradient once per channel",
@@ -48,29 +70,39 @@ COUNTER_QUIRK = {
 INTROS = {
     "days_naive": "Days to train with `naive` alone, model x (GPU type, nodes x GPUs), as the study's naive table "
     "(whole days; `<1` under a day; a dash where naive did not run or fit).",
-    "days_optimal": "Days to train with the fastest method that ran, model x (GPU type, nodes x GPUs), as the "
-    "study's optimal table (whole days; `<1` under a day; a dash where nothing fits).",
-    "optimal_settings": "The optimal setting of each model x GPU type x count: method (free-lunch, checkpointing, "
-    "sharding, offload), micro-batch (MBS) and accumulation steps (GAS), as the study's table of optimal settings.",
-    "gpu_days": "GPU-days of the original training run (as its authors reported it; config/models.yaml) beside ours: "
-    "the measured setting with the fewest GPU-days (GPUs x days to train).",
+    "days_optimal": "Days to train with the study's optimal setting, model x (GPU type, nodes x GPUs), as its optimal "
+    "table: the fastest **free-lunch** method that ran, with or without checkpointing, sharding or offload (naive "
+    "and e.g. naive+ac are not candidates; time_to_train has the fastest of every method). Whole days; `<1` under "
+    "a day; a dash where nothing fits.",
+    "optimal_settings": "The study's optimal setting (the fastest free-lunch method) of each model x GPU type x count: "
+    "method (checkpointing, sharding, offload), micro-batch (MBS) and accumulation steps (GAS), as the study's table "
+    "of optimal settings.",
+    "gpu_days": "GPU-days of the original training run (as its authors reported it; config/models.yaml) beside ours "
+    "as the study computes it: {gpus} x the days of the optimal setting on {setting} (`study.gpu_days_*`), blank "
+    "where that setting was not measured or nothing fits on it.",
     "speedups": "Per setting, the speed-up over `naive` of the analytic estimate (100% of the dense peak) and of the "
-    "optimal method, as the study's training_time_avg; the last row is the mean.",
-    "memory_saving": "Per setting, (free-lunch - best memory-saving method) / free-lunch days: what checkpointing, "
-    "sharding or offload gain over free-lunch alone; negative where they cost time.",
-    "step_time_stats": "Per setting, the worst, median and best step of the memory-saving methods that ran, and the "
-    "best free-lunch-only step, as the study's comparison of memory-saving methods (speed-ups over the worst).",
+    "optimal (free-lunch) method, as the study's training_time_avg. The mean (last row) is over the rows with "
+    "`in_mean`: {families} models with all three times, every GPU count (the study averages its Pythia models).",
+    "memory_saving": "Per setting, (free-lunch only - best memory-saving method) / free-lunch-only days, memory-saving "
+    "meaning free-lunch with checkpointing, sharding or offload: what they gain over free-lunch alone; negative "
+    "where they cost time. The mean (last row) is over the rows with `in_mean`: {families} models on more than one "
+    "GPU, as the study's figure by model; `in_count_mean` marks the rows of its figure by GPU count (every count).",
+    "step_time_stats": "Per setting, the worst, median and best step of the memory-saving methods (free-lunch with "
+    "checkpointing, sharding or offload) that ran, and the best free-lunch-only step, as the study's comparison of "
+    "memory-saving methods (speed-ups over the worst). The mean (last row) is over the rows with `in_mean`: "
+    "{families} models on more than one GPU, as the study's figure.",
     "model_flops": "Training FLOPs per model of the catalog: the closed form per sample x global batch x steps "
     "(model FLOPs only: no recomputation), with what the study's counter said where it differs.",
     "study_claims": "The study's headline numbers through the `suspect` check our cells get: the MFU each implies "
-    "against the datasheet's dense peak (and the study's own analytic peak), beside our measurement if any.",
+    "against the datasheet's dense peak (and the study's own analytic peak), beside our optimal (free-lunch) "
+    "measurement of the same setting if any.",
 }
 
 
 _STRING = {"model", "gpu", "best_method", "sharding", "ours_setting", "ours_method", "original_source",
            "free_lunch_method", "memory_saving_method", "optimal_method", "family", "study_counter_note",
            "suspect_reason", "source", "status", "method", "why", "basis", "note"}  # fmt: skip
-_BOOL = {"free_lunch", "checkpointing", "offload", "in_sweep", "suspect"}
+_BOOL = {"free_lunch", "checkpointing", "offload", "in_sweep", "suspect", "in_mean", "in_count_mean"}
 _INT = {"nodes", "gpus_per_node", "world_size", "micro_batch_size", "grad_accum_steps", "original_gpus",
         "memory_saving_methods", "global_batch", "recipe_steps"}  # fmt: skip
 
@@ -89,25 +121,52 @@ def table_files(folder: str) -> dict[str, str]:
     return {f"{n}_{ext}": f"{folder}/{n}.{ext}" for n in STUDY_TABLES for ext in ("csv", "md")}
 
 
+def study_settings(given: dict[str, Any] | None, catalog: Catalog | None = None) -> dict[str, Any]:
+    """The config's `study` section over the schema's defaults (the study's), checked: the GPU type of the GPU-days
+    view must be in the catalog, the averaged families must be known."""
+    out = section("config", "study", given)
+    unknown = [f for f in out["average_families"] if f not in FAMILIES]
+    if unknown:
+        raise ConfigError(f"config study.average_families: unknown {unknown}; known families: {', '.join(FAMILIES)}")
+    if catalog is not None and out["gpu_days_gpu"] not in catalog.gpus:
+        raise ConfigError(f"config study.gpu_days_gpu: {out['gpu_days_gpu']!r} is not a GPU type of "
+                          f"{catalog.gpus_path} ({', '.join(catalog.gpus)})")  # fmt: skip
+    return out
+
+
 # ------------------------------------------------------------------------------------------------- helpers
 
 
 def _kind(slug: str) -> str:
-    """naive | free-lunch (fl and its throughput parts only) | memory-saving (checkpointing, sharding or offload)."""
+    """The study's sets: naive | free-lunch (fl and its throughput parts only) | memory-saving (free-lunch with
+    checkpointing, sharding or offload) | other (a naive base with a memory-saving part: in none of the study's)."""
     try:
         m = methods.parse(slug)
     except ValueError:
         return "other"
-    if m.checkpointing or m.sharding or m.offload:
-        return "memory-saving"
-    return "free-lunch" if m.free_lunch else "naive"
+    saving = m.checkpointing or bool(m.sharding) or m.offload
+    if m.free_lunch:
+        return "memory-saving" if saving else "free-lunch"
+    return "other" if saving else "naive"
 
 
 def ran(cells: pl.DataFrame) -> pl.DataFrame:
-    """Cells that ran and count (ok, not suspect), with their method's kind."""
+    """Cells that ran and count (ok, not suspect), with their method's kind (the study's sets)."""
     ok = cells.filter((pl.col("status") == "ok") & ~pl.col("suspect").fill_null(False))
     kinds = {s: _kind(s) for s in ok["method"].unique().to_list()}
     return ok.with_columns(pl.col("method").replace_strict(kinds, default="other").alias("kind"))
+
+
+def optimal(cells: pl.DataFrame) -> pl.DataFrame:
+    """Per setting, the study's optimal cell: the fastest free-lunch method (with or without memory saving) that ran;
+    ties broken by the slug, as time_to_train breaks them."""
+    return (
+        ran(cells)
+        .filter(pl.col("kind").is_in(["free-lunch", "memory-saving"]))
+        .sort("step_time_s", "method")
+        .group_by(GROUP, maintain_order=True)
+        .first()
+    )
 
 
 def _setting_label(gpu: str, nodes: int, gpn: int) -> str:
@@ -121,12 +180,58 @@ def _round_days(v: float | None) -> str:
     return "<1" if v < 0.5 else f"{v:.0f}"
 
 
-def days_pivot(settings: pl.DataFrame, values: pl.DataFrame, column: str) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """(csv, md): rows model, one column per setting (GPU type, nodes x GPUs) of `settings`; csv unrounded days
-    (null: nothing), md the study's rounding."""
-    cols = settings.select("gpu", "nodes", "gpus_per_node", "world_size").unique().sort("gpu", "world_size", "nodes")
+def model_rank(catalog: Catalog | None, models: list[str]) -> dict[str, int]:
+    """Each model's place in the study's order: its family as the study lists them (FAMILY_ORDER), then its size
+    (parameters), then its name; models the catalog does not know come last, by name."""
+
+    def key(name: str) -> tuple:
+        spec = catalog.models.get(name) if catalog else None
+        if spec is None:
+            return (len(FAMILY_ORDER) + 1, 0.0, name)
+        fam = FAMILY_ORDER.index(spec.family) if spec.family in FAMILY_ORDER else len(FAMILY_ORDER)
+        return (fam, param_count(spec.to_dict()) or 0.0, name)
+
+    return {m: i for i, m in enumerate(sorted(set(models), key=key))}
+
+
+def gpu_rank(catalog: Catalog | None, gpus: list[str]) -> dict[str, int]:
+    """Each GPU type's place: the catalog's order (config/gpus.yaml: the study's RTX 3090, A6000, A100, H100 first),
+    then unknown types by name."""
+    known = list(catalog.gpus) if catalog else []
+    ordered = [g for g in known if g in set(gpus)] + sorted(set(gpus) - set(known))
+    return {g: i for i, g in enumerate(ordered)}
+
+
+def study_sort(df: pl.DataFrame, catalog: Catalog | None) -> pl.DataFrame:
+    """Rows in the study's order: model, GPU type, then GPU count (world size) and nodes."""
+    if df.is_empty():
+        return df
+    keys = []
+    if "model" in df.columns:
+        ranks = model_rank(catalog, df["model"].drop_nulls().to_list())
+        keys.append(pl.col("model").replace_strict(ranks, default=len(ranks), return_dtype=pl.Int64))
+    if "gpu" in df.columns:
+        ranks = gpu_rank(catalog, df["gpu"].drop_nulls().to_list())
+        keys.append(pl.col("gpu").replace_strict(ranks, default=len(ranks), return_dtype=pl.Int64))
+    keys += [pl.col(c) for c in ("world_size", "nodes") if c in df.columns]
+    return df.sort(keys)
+
+
+def _averaged(df: pl.DataFrame, catalog: Catalog | None, families: list[str]) -> pl.Expr:
+    """Whether a row's model is of the families the study averages (its Pythia models: GPT-NeoX)."""
+    fams = {m: (catalog.models[m].family if catalog and m in catalog.models else "") for m in df["model"].unique()}
+    return pl.col("model").replace_strict(fams, default="", return_dtype=pl.String).is_in(families)
+
+
+def days_pivot(
+    settings: pl.DataFrame, values: pl.DataFrame, column: str, catalog: Catalog | None = None
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(csv, md): rows model, one column per setting (GPU type, nodes x GPUs) of `settings`, both in the study's
+    order; csv unrounded days (null: nothing), md the study's rounding."""
+    cols = study_sort(settings.select("gpu", "nodes", "gpus_per_node", "world_size").unique(), catalog)
     labels = [_setting_label(g, n, k) for g, n, k, _ in cols.rows()]
-    models = sorted(set(settings["model"].to_list()))
+    ranks = model_rank(catalog, settings["model"].to_list())
+    models = sorted(ranks, key=ranks.__getitem__)
     got = {(r["model"], r["gpu"], r["nodes"], r["gpus_per_node"]): r[column] for r in values.iter_rows(named=True)}
     rows = [{"model": m, **{lab: got.get((m, g, n, k)) for lab, (g, n, k, _) in zip(labels, cols.rows(), strict=True)}}
             for m in models]  # fmt: skip
@@ -140,41 +245,41 @@ def days_pivot(settings: pl.DataFrame, values: pl.DataFrame, column: str) -> tup
 # -------------------------------------------------------------------------------------------------- tables
 
 
-def optimal_settings(ttt: pl.DataFrame) -> pl.DataFrame:
-    """The study's table of optimal settings: the best method's parts, micro-batch and accumulation."""
-    best = ttt.filter(pl.col("best_method").is_not_null())
-    parts = {s: methods.parse(s) for s in best["best_method"].unique().to_list()}
-    return best.select(
-        *GROUP, "world_size", "best_method",
-        pl.col("best_method").replace_strict({s: m.free_lunch for s, m in parts.items()}, return_dtype=pl.Boolean)
-        .alias("free_lunch"),
-        pl.col("best_method").replace_strict({s: m.checkpointing for s, m in parts.items()}, return_dtype=pl.Boolean)
-        .alias("checkpointing"),
-        pl.col("best_method").replace_strict({s: m.sharding or "" for s, m in parts.items()}, return_dtype=pl.String)
-        .alias("sharding"),
-        pl.col("best_method").replace_strict({s: m.offload for s, m in parts.items()}, return_dtype=pl.Boolean)
-        .alias("offload"),
-        "micro_batch_size", "grad_accum_steps", "training_days",
-    ).sort(GROUP)  # fmt: skip
+def optimal_settings(best: pl.DataFrame, catalog: Catalog | None = None) -> pl.DataFrame:
+    """The study's table of optimal settings (from `optimal`): the method's parts, micro-batch and accumulation."""
+    parts = {s: methods.parse(s) for s in best["method"].unique().to_list()}
+
+    def part(attr: str, dtype: type[pl.DataType], fill: Any = None) -> pl.Expr:
+        vals = {s: getattr(m, attr) if fill is None else getattr(m, attr) or fill for s, m in parts.items()}
+        return pl.col("best_method").replace_strict(vals, return_dtype=dtype).alias(attr)
+
+    out = best.rename({"method": "best_method"}).select(
+        *GROUP, "world_size", "best_method", part("free_lunch", pl.Boolean),
+        part("checkpointing", pl.Boolean), part("sharding", pl.String, ""),
+        part("offload", pl.Boolean), "micro_batch_size", "grad_accum_steps", "training_days",
+    )  # fmt: skip
+    return study_sort(out, catalog)
 
 
-def gpu_days(ttt: pl.DataFrame, catalog: Catalog | None) -> pl.DataFrame:
-    """Per model of the sweep: the original run's GPUs x days beside the measured setting with the fewest."""
-    timed = ttt.filter(pl.col("training_days").is_not_null()).with_columns(
-        (pl.col("training_days") * pl.col("world_size")).alias("ours_gpu_days")
-    )
+def gpu_days(best: pl.DataFrame, models: list[str], catalog: Catalog | None, study: dict[str, Any]) -> pl.DataFrame:
+    """Per model of the sweep: the original run's GPUs x days beside the study's: GPUs x days of the optimal setting
+    on `study.gpu_days_*` (8 x A100 on one node), blank where that setting has no optimal."""
+    gpu, nodes, gpn = study["gpu_days_gpu"], study["gpu_days_nodes"], study["gpu_days_gpus_per_node"]
+    label = _setting_label(gpu, nodes, gpn)
+    at = {r["model"]: r for r in best.filter((pl.col("gpu") == gpu) & (pl.col("nodes") == nodes)
+                                             & (pl.col("gpus_per_node") == gpn)).iter_rows(named=True)}  # fmt: skip
+    ranks = model_rank(catalog, models)
     rows = []
-    for model in sorted(set(ttt["model"].to_list())):
+    for model in sorted(ranks, key=ranks.__getitem__):
         spec = catalog.models.get(model) if catalog else None
         orig = (spec.original_training if spec else None) or {}
-        mine = timed.filter(pl.col("model") == model).sort("ours_gpu_days")
-        best = mine.row(0, named=True) if mine.height else {}
         og = orig.get("gpus", 0) * orig.get("days", 0) if orig else None
-        ours = best.get("ours_gpu_days")
+        mine = at.get(model, {})
+        days = mine.get("training_days")
+        ours = days * nodes * gpn if days is not None else None
         rows.append({
             "model": model, "original_gpus": orig.get("gpus"), "original_days": orig.get("days"),
-            "original_gpu_days": og, "ours_setting": _setting_label(best["gpu"], best["nodes"], best["gpus_per_node"])
-            if best else None, "ours_method": best.get("best_method"), "ours_days": best.get("training_days"),
+            "original_gpu_days": og, "ours_setting": label, "ours_method": mine.get("method"), "ours_days": days,
             "ours_gpu_days": ours, "ours_over_original": ours / og if ours is not None and og else None,
             "original_source": orig.get("source"),
         })  # fmt: skip
@@ -185,25 +290,33 @@ def gpu_days(ttt: pl.DataFrame, catalog: Catalog | None) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=schema)
 
 
-def speedups(ttt: pl.DataFrame) -> pl.DataFrame:
-    """Per setting with a naive time: speed-ups over naive of the analytic estimate and of the optimal method."""
-    return (
-        ttt.filter(pl.col("days_naive").is_not_null())
-        .select(
-            *GROUP, "world_size", "days_naive", "analytic_days", pl.col("training_days").alias("days_optimal"),
-            (pl.col("days_naive") / pl.col("analytic_days")).alias("speedup_analytic"),
-            pl.lit(1.0).alias("speedup_naive"),
-            (pl.col("days_naive") / pl.col("training_days")).alias("speedup_optimal"),
-        )
-        .sort(GROUP)
+def speedups(cells: pl.DataFrame, best: pl.DataFrame, catalog: Catalog | None, families: list[str]) -> pl.DataFrame:
+    """Per setting with a naive time: the speed-ups over naive of the analytic estimate (the optimal cell's: TF32 for
+    fp32 recipes, as the study's) and of the study's optimal method; `in_mean`: a model of `families` with all three
+    times (the study's inner join of its Pythia sweeps)."""
+    naive = ran(cells).filter(pl.col("method") == "naive")
+    naive = naive.select(*GROUP, "world_size", pl.col("training_days").alias("days_naive"))
+    opt = best.select(*GROUP, "analytic_days", pl.col("training_days").alias("days_optimal"))
+    out = naive.join(opt, on=GROUP, how="left").select(
+        *GROUP, "world_size", "days_naive", "analytic_days", "days_optimal",
+        (pl.col("days_naive") / pl.col("analytic_days")).alias("speedup_analytic"),
+        pl.lit(1.0).alias("speedup_naive"),
+        (pl.col("days_naive") / pl.col("days_optimal")).alias("speedup_optimal"),
     )  # fmt: skip
+    if out.is_empty():
+        return out.with_columns(pl.lit(None, dtype=pl.Boolean).alias("in_mean"))
+    complete = pl.col("speedup_analytic").is_not_null() & pl.col("speedup_optimal").is_not_null()
+    return study_sort(out.with_columns((_averaged(out, catalog, families) & complete).alias("in_mean")), catalog)
 
 
-def _with_mean(df: pl.DataFrame, label_col: str, cols: list[str]) -> pl.DataFrame:
-    """The table with a last row `mean` of `cols` (for the Markdown only: the CSV keeps one row per setting)."""
+def _with_mean(df: pl.DataFrame, label_col: str, cols: list[str], what: str) -> pl.DataFrame:
+    """The table with a last row, the mean of `cols` over the rows with `in_mean` (for the Markdown only: the CSV
+    keeps one row per setting), labelled with how many rows and which (`what`)."""
     if df.is_empty():
         return df
-    mean = {c: None for c in df.columns} | {label_col: "mean"} | {c: df[c].drop_nulls().mean() for c in cols}
+    used = df.filter(pl.col("in_mean").fill_null(False))
+    mean = {c: None for c in df.columns} | {label_col: f"mean of {used.height} ({what})"}
+    mean |= {c: used[c].drop_nulls().mean() for c in cols}
     return pl.concat([df.cast({label_col: pl.String}), pl.DataFrame([mean], schema=df.schema)], how="vertical")
 
 
@@ -213,7 +326,7 @@ def _per_setting(ok: pl.DataFrame, kind: str, value: str = "step_time_s") -> pl.
         .group_by(GROUP)
         .agg(
             pl.col(value).min().alias("best"),
-            pl.col("method").sort_by(value).first().alias("best_method"),
+            pl.col("method").sort_by(value, "method").first().alias("best_method"),
             pl.col(value).median().alias("median"),
             pl.col(value).max().alias("worst"),
             pl.len().cast(pl.Int64).alias("methods"),
@@ -221,9 +334,11 @@ def _per_setting(ok: pl.DataFrame, kind: str, value: str = "step_time_s") -> pl.
     )
 
 
-def memory_saving(cells: pl.DataFrame) -> pl.DataFrame:
-    """Per setting where free-lunch or a memory-saving method ran: (free-lunch - best memory-saving) / free-lunch
-    days (the study's optimal_memory_saving_speedups); null where either did not run."""
+def memory_saving(cells: pl.DataFrame, catalog: Catalog | None, families: list[str]) -> pl.DataFrame:
+    """Per setting where free-lunch only or a memory-saving method ran: (free-lunch only - best memory-saving) /
+    free-lunch-only days (the study's optimal_memory_saving_speedups); null where either did not run. `in_mean`: a
+    model of `families` on more than one GPU with both (the study's figure by model), `in_count_mean`: the same on
+    any count (its figure by GPU count)."""
     ok = ran(cells)
     fl = _per_setting(ok, "free-lunch", "training_days").select(
         *GROUP, pl.col("best").alias("days_free_lunch"), pl.col("best_method").alias("free_lunch_method")
@@ -232,25 +347,32 @@ def memory_saving(cells: pl.DataFrame) -> pl.DataFrame:
         *GROUP, pl.col("best").alias("days_memory_saving"), pl.col("best_method").alias("memory_saving_method")
     )
     ws = ok.select(*GROUP, "world_size").unique(GROUP)
-    return (
+    out = (
         fl.join(ms, on=GROUP, how="full", coalesce=True)
         .join(ws, on=GROUP, how="left")
         .with_columns(((pl.col("days_free_lunch") - pl.col("days_memory_saving")) / pl.col("days_free_lunch"))
                       .alias("gain"))
         .select(*GROUP, "world_size", "free_lunch_method", "days_free_lunch", "memory_saving_method",
                 "days_memory_saving", "gain")
-        .sort(GROUP)
     )  # fmt: skip
+    if out.is_empty():
+        return out.with_columns(pl.lit(None, dtype=pl.Boolean).alias(c) for c in ("in_mean", "in_count_mean"))
+    counted = _averaged(out, catalog, families) & pl.col("gain").is_not_null()
+    return study_sort(
+        out.with_columns((counted & (pl.col("world_size") > 1)).alias("in_mean"), counted.alias("in_count_mean")),
+        catalog,
+    )
 
 
-def step_time_stats(cells: pl.DataFrame) -> pl.DataFrame:
+def step_time_stats(cells: pl.DataFrame, catalog: Catalog | None, families: list[str]) -> pl.DataFrame:
     """Per setting: worst / median / optimal step of its memory-saving methods and the best free-lunch-only step,
-    with each one's speed-up over the worst (the study's mem_saving_methods figure)."""
+    with each one's speed-up over the worst (the study's mem_saving_methods figure); `in_mean`: a model of `families`
+    on more than one GPU (the figure's filter)."""
     ok = ran(cells)
     ms = _per_setting(ok, "memory-saving")
     fl = _per_setting(ok, "free-lunch").select(*GROUP, pl.col("best").alias("free_lunch_s"))
     ws = ok.select(*GROUP, "world_size").unique(GROUP)
-    return (
+    out = (
         ms.join(fl, on=GROUP, how="left")
         .join(ws, on=GROUP, how="left")
         .select(
@@ -261,14 +383,19 @@ def step_time_stats(cells: pl.DataFrame) -> pl.DataFrame:
             (pl.col("worst") / pl.col("best")).alias("speedup_optimal"),
             (pl.col("worst") / pl.col("free_lunch_s")).alias("speedup_free_lunch"),
         )
-        .sort(GROUP)
     )  # fmt: skip
+    if out.is_empty():
+        return out.with_columns(pl.lit(None, dtype=pl.Boolean).alias("in_mean"))
+    in_mean = _averaged(out, catalog, families) & (pl.col("world_size") > 1)
+    return study_sort(out.with_columns(in_mean.alias("in_mean")), catalog)
 
 
 def model_flops(catalog: Catalog | None, swept: set[str]) -> pl.DataFrame:
     """Per catalog model: FLOPs per sample (closed form), global batch, steps, total training FLOPs."""
     rows = []
-    for name, spec in catalog.models.items() if catalog else []:
+    ranks = model_rank(catalog, list(catalog.models) if catalog else [])
+    for name in sorted(ranks, key=ranks.__getitem__):
+        spec = catalog.models[name]  # type: ignore[union-attr]
         per = train_flops_per_sample(spec.to_dict())
         steps = spec.recipe.steps
         rows.append({
@@ -283,8 +410,9 @@ def model_flops(catalog: Catalog | None, swept: set[str]) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=schema)
 
 
-def study_claims(catalog: Catalog | None, ttt: pl.DataFrame, limit: float) -> pl.DataFrame:
-    """The study's headline numbers through `flops.suspect` (the check every cell gets, at benchmark.suspect_mfu)."""
+def study_claims(catalog: Catalog | None, best: pl.DataFrame, limit: float) -> pl.DataFrame:
+    """The study's headline numbers through `flops.suspect` (the check every cell gets, at benchmark.suspect_mfu),
+    beside our optimal (free-lunch) days of the same setting (`best`: `optimal`)."""
     rows = []
     for claim in STUDY_CLAIMS:
         spec = catalog.models.get(claim["model"]) if catalog else None
@@ -298,7 +426,7 @@ def study_claims(catalog: Catalog | None, ttt: pl.DataFrame, limit: float) -> pl
         study_peak = STUDY_PEAK_TFLOPS.get((claim["gpu"], "half" if half else "tf32"), peak)
         util = mfu(per_step, step, claim["world_size"], peak)
         flag, why = suspect(util, limit)
-        ours = ttt.filter((pl.col("model") == claim["model"]) & (pl.col("gpu") == claim["gpu"])
+        ours = best.filter((pl.col("model") == claim["model"]) & (pl.col("gpu") == claim["gpu"])
                           & (pl.col("world_size") == claim["world_size"]))["training_days"].drop_nulls()  # fmt: skip
         rows.append({
             **{k: claim[k] for k in ("model", "gpu", "world_size", "study_days")}, "peak_tflops": peak,
@@ -314,43 +442,63 @@ def study_claims(catalog: Catalog | None, ttt: pl.DataFrame, limit: float) -> pl
     return pl.DataFrame(rows, schema=schema)
 
 
-def build_all(cells: pl.DataFrame, ttt: pl.DataFrame, catalog: Catalog | None, limit: float) -> dict[str, Any]:
+def build_all(
+    cells: pl.DataFrame, catalog: Catalog | None, limit: float, study: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Every study table in memory: name -> DataFrame, or (csv, md) where the Markdown differs."""
+    study = study_settings(study)
+    families = study["average_families"]
+    what = f"{', '.join(families)} models"
     settings = cells.filter(pl.col("valid")).select("model", "gpu", "nodes", "gpus_per_node", "world_size")
     naive = ran(cells).filter(pl.col("method") == "naive")
-    spd = speedups(ttt)
-    stats = step_time_stats(cells)
+    best = optimal(cells)
+    spd = speedups(cells, best, catalog, families)
+    ms = memory_saving(cells, catalog, families)
+    stats = step_time_stats(cells, catalog, families)
     return {
-        "days_naive": days_pivot(settings, naive, "training_days"),
-        "days_optimal": days_pivot(settings, ttt, "training_days"),
-        "optimal_settings": optimal_settings(ttt),
-        "gpu_days": gpu_days(ttt, catalog),
-        "speedups": (spd, _with_mean(spd, "model", ["speedup_analytic", "speedup_naive", "speedup_optimal"])),
-        "memory_saving": (ms := memory_saving(cells), _with_mean(ms, "model", ["gain"])),
+        "days_naive": days_pivot(settings, naive, "training_days", catalog),
+        "days_optimal": days_pivot(settings, best, "training_days", catalog),
+        "optimal_settings": optimal_settings(best, catalog),
+        "gpu_days": gpu_days(best, settings["model"].unique().to_list(), catalog, study),
+        "speedups": (spd, _with_mean(spd, "model", ["speedup_analytic", "speedup_naive", "speedup_optimal"],
+                                     f"{what} with all three times, every GPU count")),
+        "memory_saving": (ms, _with_mean(ms, "model", ["gain"], f"{what} on more than one GPU")),
         "step_time_stats": (stats, _with_mean(stats, "model", ["speedup_median", "speedup_optimal",
-                                                                "speedup_free_lunch"])),
+                                                                "speedup_free_lunch"],
+                                              f"{what} on more than one GPU")),
         "model_flops": model_flops(catalog, set(cells["model"].to_list())),
-        "study_claims": study_claims(catalog, ttt, limit),
+        "study_claims": study_claims(catalog, best, limit),
     }  # fmt: skip
+
+
+def intro(name: str, study: dict[str, Any] | None = None) -> str:
+    """A table's paragraph, with the settings of the `study` section it depends on filled in."""
+    study = study_settings(study)
+    gpus = study["gpu_days_nodes"] * study["gpu_days_gpus_per_node"]
+    return INTROS[name].format(
+        gpus=gpus, families=", ".join(study["average_families"]),
+        setting=f"{study['gpu_days_nodes']} node x {study['gpu_days_gpus_per_node']} {study['gpu_days_gpu']}",
+    )  # fmt: skip
 
 
 def build_study_tables(
     cells_parquet: str,
-    time_to_train_csv: str,
     out: dict[str, str],
     log_path: str,
     catalog: Catalog | None,
     suspect_mfu: float,
+    study: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The `study_tables` rule: every study table to CSV + Markdown (the intro, then the table)."""
     t0 = time.perf_counter()
-    tables = build_all(pl.read_parquet(cells_parquet), read_table(time_to_train_csv), catalog, suspect_mfu)
+    study = study_settings(study, catalog)
+    tables = build_all(pl.read_parquet(cells_parquet), catalog, suspect_mfu, study)
     for name, value in tables.items():
         csv, md = value if isinstance(value, tuple) else (value, value)
         Path(out[f"{name}_csv"]).parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out[f"{name}_csv"], csv.write_csv())
         title = name.replace("_", " ").capitalize()
-        atomic_write_text(out[f"{name}_md"], f"# {title}\n\n{INTROS[name]}\n\n{to_markdown(md, max_rows=2000)}")
+        atomic_write_text(out[f"{name}_md"], f"# {title}\n\n{intro(name, study)}\n\n{to_markdown(md, max_rows=2000)}")
     sizes = {n: (v[0] if isinstance(v, tuple) else v).height for n, v in tables.items()}
     atomic_write_text(log_path, f"study tables {sizes} ({time.perf_counter() - t0:.2f} s)\n")
     return tables

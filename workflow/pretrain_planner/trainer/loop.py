@@ -479,5 +479,10 @@ class Loop:
         os.replace(tmp, self.ckpt_path)
         job_progress.mark(self.state["step"], "checkpointed step")  # a time-out requeue must get further than this
         self.built.prune_deepspeed(self.ds_dir, keep=tag)
-        self.logger.info("checkpoint at step %d (%.2f s to write)", self.state["step"], time.perf_counter() - t0)
+        dt = time.perf_counter() - t0
+        # what checkpointing cost so far (rank 0's writes; every other rank waits at the barrier meanwhile); the
+        # write that a restart resumes from is counted in the checkpoint before it only
+        self.state["checkpoints"] = self.state.get("checkpoints", 0) + 1
+        self.state["checkpoint_s"] = self.state.get("checkpoint_s", 0.0) + dt
+        self.logger.info("checkpoint at step %d (%.2f s to write)", self.state["step"], dt)
         self.ranks.barrier()

@@ -5,11 +5,13 @@ plain transformers class needs more (ConvNeXt's checkpointing, sparse prediction
 
 Two additions on top of the plain transformers classes, both selected by config values:
 
-* `sparse_prediction: true` in a masked-LM model's `arch` (the 24-hour BERT recipe, papers.md B): the LM
+* `sparse_prediction: true` in a masked-LM model's `arch` (the 24-hour BERT recipe, docs/budget.md): the LM
   head and the loss run only on the masked positions (labels != -100), not on every token. The module
   keeps the interface the trainer uses, `module(**batch).loss`, and every PreTrainedModel method.
-* ConvNeXt gets activation checkpointing (one checkpoint per ConvNeXt block), which transformers does not
-  implement for it; the "$100K" study added it the same way (its src/models/convnext.py).
+* ConvNeXt gets activation checkpointing, which transformers does not implement for it, as the "$100K" study
+  added it (its src/models/convnext.py `ConvNextEncoderWithCheckpointing`): one checkpoint per *stage* (its
+  downsampling and all its blocks), and FSDP units per stage too (the study's `fsdp_layers_to_wrap`:
+  `ConvNextStage`), not per block.
 """
 
 from __future__ import annotations
@@ -58,26 +60,33 @@ def sparse_prediction_class(model_cls: type) -> type:
     return type(f"{model_cls.__name__}WithSparsePrediction", (SparsePredictionMixin, model_cls), {})
 
 
+# The study's FSDP unit of ConvNeXt (src/models/convnext.py fsdp_layers_to_wrap): a stage, not a block
+CONVNEXT_UNITS = ["ConvNextStage"]
+
+
 @functools.cache
 def _checkpointable_convnext() -> tuple[type, type]:
-    """(the original ConvNeXt block class, a subclass whose forward transformers can checkpoint)."""
+    """(the original ConvNeXt stage class, a subclass whose forward transformers can checkpoint)."""
     from transformers.modeling_layers import GradientCheckpointingLayer
-    from transformers.models.convnext.modeling_convnext import ConvNextLayer
+    from transformers.models.convnext.modeling_convnext import ConvNextStage
 
-    class CheckpointableConvNextLayer(GradientCheckpointingLayer, ConvNextLayer):
-        """A ConvNeXt block that `activation_checkpointing_enable()` recomputes in backward."""
+    class CheckpointableConvNextStage(GradientCheckpointingLayer, ConvNextStage):
+        """A ConvNeXt stage that `activation_checkpointing_enable()` recomputes in backward, whole: its
+        downsampling and every block, as the study's `checkpoint(stage.__call__, ...)`."""
 
-    return ConvNextLayer, CheckpointableConvNextLayer
+    return ConvNextStage, CheckpointableConvNextStage
 
 
-def _enable_convnext_checkpointing(net: torch.nn.Module) -> None:
-    """Let transformers' activation_checkpointing_enable() work on a ConvNeXt (it has no support of its own):
-    every block becomes a GradientCheckpointingLayer (same parameters, same forward, off until enabled)."""
+def _convnext_per_stage(net: torch.nn.Module) -> None:
+    """Let transformers' activation_checkpointing_enable() work on a ConvNeXt (it has no support of its own), once
+    per stage as in the study: every stage becomes a GradientCheckpointingLayer (same parameters, same forward, off
+    until enabled); and the repeated blocks `blocks()` gives FSDP are the stages alone (the study's units)."""
     plain, checkpointable = _checkpointable_convnext()
     for module in net.modules():
         if type(module) is plain:
             module.__class__ = checkpointable
     net.supports_gradient_checkpointing = True
+    net._no_split_modules = list(CONVNEXT_UNITS)
 
 
 def model_class(model: dict[str, Any], fused_ce: bool = False) -> type:
@@ -116,7 +125,7 @@ def build_model(
     kwargs = {"attn_implementation": attn_implementation} if has_attention and attn_implementation else {}
     net = model_class(model, fused_ce)._from_config(config, **kwargs)
     if model["family"] == "convnext":
-        _enable_convnext_checkpointing(net)
+        _convnext_per_stage(net)
     used = getattr(net.config, "_attn_implementation", None) if has_attention else None
     return net, used
 
