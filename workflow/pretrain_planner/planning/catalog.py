@@ -104,6 +104,8 @@ class GpuSpec:
     price_usd: float | None
     cloud_usd_per_gpu_hour: float | None
     interconnect_gb_s: float | None = None  # datasheet GPU-to-GPU bandwidth (the what-if predictor's ratio)
+    memory_gb_s: float | None = None  # datasheet memory bandwidth (the step model's memory-bound work)
+    matmul_tflops: dict[str, float] = field(default_factory=dict)  # measured achievable dense matmul, by precision
 
     def supports(self, precision: str) -> bool:
         return precision == "fp32" or bool(getattr(self, precision))
@@ -118,7 +120,7 @@ class GpuSpec:
         return self.peak_tflops.get(key)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**vars(self), "peak_tflops": dict(self.peak_tflops)}
+        return {**vars(self), "peak_tflops": dict(self.peak_tflops), "matmul_tflops": dict(self.matmul_tflops)}
 
 
 @dataclass(frozen=True)
@@ -196,6 +198,8 @@ def load_gpus(path: str | Path) -> tuple[dict[str, GpuSpec], dict[int, float]]:
             price_usd=g.get("price_usd"),
             cloud_usd_per_gpu_hour=g.get("cloud_usd_per_gpu_hour"),
             interconnect_gb_s=g.get("interconnect_gb_s"),
+            memory_gb_s=g.get("memory_gb_s"),
+            matmul_tflops=dict(g.get("matmul_tflops", {})),
         )
         for name, g in data["gpus"].items()
     }
