@@ -47,8 +47,9 @@ def test_held_out_gpu_type_lies_in_the_band():
 
 
 def test_disagreeing_gpu_types_widen_the_band():
-    agree = Predictor(cells({"a100": 0.45, "a6000": 0.44}), CATALOG).predict(MODEL, "h100", 1, 4)
-    disagree = Predictor(cells({"a100": 0.45, "a6000": 0.25}), CATALOG).predict(MODEL, "h100", 1, 4)
+    """Without public evidence to fit the weighting of near GPU types, both measured types count alike."""
+    agree = Predictor(cells({"a100": 0.45, "a6000": 0.44}), CATALOG, public=None).predict(MODEL, "h100", 1, 4)
+    disagree = Predictor(cells({"a100": 0.45, "a6000": 0.25}), CATALOG, public=None).predict(MODEL, "h100", 1, 4)
     width = lambda p: p.days_pessimistic / p.days_optimistic  # noqa: E731
     assert width(disagree) > 1.3 * width(agree)
     assert agree.days_optimistic < agree.days_pessimistic  # one GPU type's worth of evidence is still a band
@@ -62,8 +63,9 @@ def test_what_cannot_fit_says_so():
 
 
 def test_nothing_measured_with_a_peak_gives_the_physics_bound_only():
+    """Nothing measured anywhere (no cell on a GPU type with a peak and no public evidence): the bound only."""
     cpu = cells({"a100": 0.45}).with_columns(pl.lit("cpu").alias("gpu"), pl.lit(None, pl.Float64).alias("mfu"))
-    p = Predictor(cpu, CATALOG).predict(MODEL, "h100", 1, 4)
+    p = Predictor(cpu, CATALOG, public=None).predict(MODEL, "h100", 1, 4)
     assert p.status == "bound only" and p.days_pessimistic is None and p.days_optimistic > 0
 
 

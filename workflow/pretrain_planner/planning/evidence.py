@@ -26,6 +26,7 @@ from pretrain_planner.schema import load_yaml
 DATA = Path(__file__).resolve().parents[1] / "data" / "evidence"
 PUBLIC_CSV = DATA / "public_throughput.csv"
 MODELS_YAML = DATA / "models.yaml"
+SOURCES_MD = DATA / "sources.md"
 UNITS = {"tokens/s/GPU": "token", "images/s/GPU": "sample", "samples/s/GPU": "sample", "sequences/s/GPU": "sample"}
 
 
@@ -51,6 +52,7 @@ class Run:
     public: bool = True
     tf32: bool = True
     note: str = ""
+    formula: str = "transformer"  # the family's formula (families.py): what kind of model it stands in for
 
     @property
     def label(self) -> str:
@@ -69,6 +71,7 @@ class Work:
     precision: str
     tf32: bool = True
     tokens: int | None = None  # units per sample (tokens of a text sample, 1 for images)
+    formula: str = "transformer"
 
 
 @dataclass
@@ -95,7 +98,7 @@ def work_of(model: dict[str, Any], eager: bool = False, extra_keys: int = 0, tf3
             mem += width * tokens * a["num_hidden_layers"] * scores
     unit = tokens if fam.is_text else 1
     return Work(model.get("name", ""), fam.task, params, flops / unit, mem / unit, model["recipe"]["precision"], tf32,
-                unit)  # fmt: skip
+                unit, fam.formula or "")  # fmt: skip
 
 
 def catalog_work(spec: Any, eager: bool = False, tf32: bool = True) -> Work | None:
@@ -181,6 +184,6 @@ def public_evidence(catalog: Any, suspect_mfu: float = 0.85, path: Path = PUBLIC
         out.runs.append(Run(
             rid, row["source_id"], row["location"], entry.get("catalog") or row["model"], work.kind, work.params,
             row["gpu_type"], int(row["gpu_count"]), row["group_id"], row["method"], precision, 1.0 / per_unit,
-            work.flops, work.memory_bytes, True, True, row.get("notes", ""),
+            work.flops, work.memory_bytes, True, True, row.get("notes", ""), work.formula,
         ))  # fmt: skip
     return out
