@@ -240,7 +240,7 @@ class Holdout:
 
     run: Run
     estimate: Estimate
-    by_gpu: dict[str, float]  # the prediction from each basis GPU type alone
+    by_gpu: dict[str, Estimate]  # the prediction from each basis GPU type alone
     params: Params
 
     @property
@@ -270,6 +270,6 @@ def leave_one_gpu_out(runs: Sequence[Run], gpus: Mapping[str, Any]) -> list[Hold
             per: dict[str, list[Run]] = defaultdict(list)
             for b in basis:
                 per[b.gpu].append(b)
-            by_gpu = {g: e.central for g, rs in per.items() if (e := model.estimate(rs, work, held))}
+            by_gpu = {g: e for g, rs in per.items() if (e := model.estimate(rs, work, held))}
             out.append(Holdout(run, est, by_gpu, model.params))
     return out
