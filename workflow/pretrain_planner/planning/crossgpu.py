@@ -249,7 +249,7 @@ class Holdout:
 
     @property
     def inside(self) -> bool:
-        return self.estimate.low <= self.run.seconds <= self.estimate.high
+        return self.estimate.low * (1 - 1e-9) <= self.run.seconds <= self.estimate.high * (1 + 1e-9)
 
 
 def leave_one_gpu_out(runs: Sequence[Run], gpus: Mapping[str, Any]) -> list[Holdout]:
