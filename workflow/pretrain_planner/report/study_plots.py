@@ -225,8 +225,8 @@ def figure_whatif(w: pl.DataFrame) -> Figure:
     ax.minorticks_off()
     ax.set_xlabel("days to train (bar: central; whisker: optimistic - pessimistic)")
     ax.set_title(title, fontsize=10)
-    handles = [Line2D([], [], color="#9ecae1", lw=6), Line2D([], [], color="#fdae6b", lw=6),
-               Line2D([], [], color="#d9d9d9", lw=6), Line2D([], [], marker="o", ls="", color="black", ms=3)]  # fmt: skip
+    handles = [Line2D([], [], color=c, lw=6) for c in ("#9ecae1", "#fdae6b", "#d9d9d9")]
+    handles.append(Line2D([], [], marker="o", ls="", color="black", ms=3))
     ax.legend(handles, kinds, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
     return fig
 

@@ -3,7 +3,8 @@
 What a prediction rests on, in order of precedence: the cells measured here (your own) of the model, else the public
 evidence of the model shipped with the package (planning/evidence.py: published throughput with a source per row),
 else the cells of the nearest-sized measured model of its family, else the public runs of the nearest-sized model of
-its kind. The target GPU type's own cells are never used (its row shows them beside the prediction as a check).
+its kind (a stand-in at most STAND_IN_RATIO times larger or smaller). The target GPU type's own cells are never used
+(its row shows them beside the prediction as a check); public runs on the target GPU type are, and weigh most.
 
 A step is the step model's (planning/stepmodel.py, shared with the adaptive search's time model):
 - compute: a measured run's seconds per token (per sample for images), moved to the target by the cross-GPU model
@@ -50,6 +51,7 @@ from pretrain_planner.tables.aggregate import to_markdown
 from pretrain_planner.tables.study import ran
 
 BUS_EFFICIENCY = 0.25  # no multi-GPU cell measured: the pessimistic all-reduce runs at this share of the datasheet
+STAND_IN_RATIO = 8.0  # a stand-in model at most this many times larger or smaller (matrix sizes change efficiency)
 OWN, PUBLIC = "your cells", "public evidence"
 # what public evidence is transferred to: data-parallel methods, least communication first (no offload: its CPU
 # optimizer and PCIe speeds are not in the evidence)
@@ -202,7 +204,8 @@ class Predictor:
 
     def _nearest(self, spec: ModelSpec, candidates: list[str], same) -> str | None:
         size = math.log(max(param_count(spec.to_dict()) or 1.0, 1.0))
-        pool = [m for m in candidates if same(m)]
+        pool = [m for m in candidates if same(m)
+                and abs(math.log(max(self._params(m), 1.0)) - size) <= math.log(STAND_IN_RATIO)]  # fmt: skip
         if not pool:
             return None
         return min(pool, key=lambda m: (abs(math.log(max(self._params(m), 1.0)) - size), m))
@@ -214,18 +217,26 @@ class Predictor:
         return runs[0].params if runs else 1.0
 
     def basis(self, spec: ModelSpec, gpu: str) -> tuple[str, str, str] | None:
-        """(evidence kind, model whose runs transfer, why that one): own cells, else public runs, of the model
-        itself, else of the nearest-sized one of its family (own) / kind (public)."""
+        """(evidence kind, model whose runs transfer, why that one): your cells of the model (on other GPU types),
+        else public runs of it (on any GPU type: those on the target itself weigh most), else your cells of the
+        nearest-sized model of its family, else public runs of the nearest-sized catalog model of its family (the
+        same architecture and software), else of the nearest-sized public workload of its kind."""
         own = {m for m, rs in self.own.items() if any(r.gpu != gpu and self._rated(r) for r, _c, _m in rs)}
-        pub = {m for m, rs in self.public_by_model.items() if any(r.gpu != gpu for r in rs)}
+        pub = set(self.public_by_model)
         if spec.name in own:
             return OWN, spec.name, f"{spec.name}'s own cells"
         if spec.name in pub:
             return PUBLIC, spec.name, f"public measurements of {spec.name}"
-        near = self._nearest(spec, sorted(own), lambda m: m in self.catalog.models and m != spec.name
-                             and self.catalog.models[m].family == spec.family)  # fmt: skip
+
+        def family(m: str) -> bool:
+            return m in self.catalog.models and m != spec.name and self.catalog.models[m].family == spec.family
+
+        near = self._nearest(spec, sorted(own), family)
         if near:
             return OWN, near, f"the nearest measured model of family {spec.family}: {near}'s cells"
+        near = self._nearest(spec, sorted(pub), family)
+        if near:
+            return PUBLIC, near, f"public measurements of the nearest-sized model of family {spec.family}: {near}"
         run0 = {m: self.public_by_model[m][0] for m in pub}
         near = self._nearest(spec, sorted(pub), lambda m: run0[m].kind == spec.task
                              and run0[m].formula == spec.kind.formula)  # fmt: skip
@@ -364,7 +375,7 @@ class Predictor:
                 if step:
                     options.append(step)
         else:
-            runs = [run for run in self.public_by_model[source_model] if run.gpu != gpu]
+            runs = self.public_by_model[source_model]  # the target's own public runs weigh most (distance 0)
             for slug in PUBLIC_METHODS:
                 cell = grid.Cell(model, gpu, nodes, gpus_per_node, slug)
                 if grid.invalid_reason(cell, spec, g, "slurm", self.catalog):
