@@ -61,10 +61,8 @@ HEAD = ("| {} | runs | mean abs error | max abs error | mean error (bias) | trut
         "half-width |\n|---|---|---|---|---|---|---|")  # fmt: skip
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=str(REPO / "benchmarks/results/predict_crossgpu.md"))
-    args = ap.parse_args()
+def report() -> str:
+    """The benchmark's markdown."""
     catalog = load_catalog(REPO / "config/models.yaml", REPO / "config/gpus.yaml")
     ev = evidence.public_evidence(catalog)
     holdouts = crossgpu.leave_one_gpu_out(ev.runs, catalog.gpus)
@@ -131,9 +129,15 @@ def main() -> int:
         "what-if table quote as the model's error.",
         "",
     ]
-    text = "\n".join(lines)
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=str(REPO / "benchmarks/results/predict_crossgpu.md"))
+    out = Path(ap.parse_args().out)
+    out.write_text(text := report())
     print(text)
-    Path(args.out).write_text(text)
     return 0
 
 
