@@ -196,14 +196,13 @@ def _fold_errors(
     return out
 
 
-def _best(runs: Sequence[Run], model: CrossGpu) -> tuple[Params, np.ndarray, list[int]] | None:
-    """The grid's parameters with the least mean |log error| over the runs' pairs, their errors and targets."""
+def _best(runs: Sequence[Run], model: CrossGpu) -> Params | None:
+    """The grid's parameters with the least mean |log error| over the runs' pairs."""
     pairs = _pairs(runs)
     if not pairs:
         return None
     errors = _fold_errors(model, runs, pairs)
-    best = min(errors, key=lambda p: (float(np.mean(np.abs(errors[p]))), p.tau == math.inf, p.kappa_mem))
-    return best, errors[best], sorted({i for i, _j in pairs})
+    return min(errors, key=lambda p: (float(np.mean(np.abs(errors[p]))), p.tau == math.inf, p.kappa_mem))
 
 
 def fit(runs: Sequence[Run], gpus: Mapping[str, Any]) -> CrossGpu:
@@ -212,17 +211,15 @@ def fit(runs: Sequence[Run], gpus: Mapping[str, Any]) -> CrossGpu:
     the fit are smaller than those on a GPU type it has not seen)."""
     model = CrossGpu(gpus)
     usable = [r for r in runs if model.parts(r.flops, r.memory_bytes, r.gpu, r.precision, r.tf32)]
-    got = _best(usable, model)
-    if got is None:
+    best = _best(usable, model)
+    if best is None:
         return model
-    best, _errors, _targets = got
     held_out = []
     for gpu in sorted({r.gpu for r in usable}):
         inner = [r for r in usable if r.gpu != gpu]
-        inner_fit = _best(inner, model)
-        if inner_fit is None:
+        params = _best(inner, model)
+        if params is None:
             continue
-        params = inner_fit[0]
         errs = _fold_errors(CrossGpu(gpus, params), usable, [p for p in _pairs(usable) if usable[p[0]].gpu == gpu],
                             grid=[params])[params]  # fmt: skip
         held_out.append(errs)

@@ -132,10 +132,6 @@ class Step:
         return tuple(c + m for c, m in zip(self.compute, self.comm, strict=True))  # type: ignore[return-value]
 
 
-def _ring(w: int) -> float:
-    return (w - 1) / w if w > 1 else 0.0
-
-
 def _units(spec: ModelSpec) -> int:
     """Units of the cross-GPU model per sample: tokens for text, one for an image."""
     return (tokens_per_sample(spec.to_dict()) or 1) if spec.is_text else 1
