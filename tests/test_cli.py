@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -169,3 +170,35 @@ def test_cost_refuses_non_positive_numbers(tmp_path, args, says):
     proc = run("cost", "--gpu", "a100", *args, cwd=tmp_path)
     assert proc.returncode == 2 and says in proc.stderr, proc.stderr
     assert "$" not in proc.stdout  # no price printed
+
+
+def test_predict_on_a_fresh_install(tmp_path):
+    """Nothing measured and no results folder: a band from the shipped public evidence, its rows and sources named,
+    with the model's measured error (issue 23; it said "no results")."""
+    proc = run("predict", "--model", "pythia-1b", "--gpu", "h100", "--count", "4", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert out.startswith("PREDICTION (not a measurement)") and "from public evidence" in out
+    assert "(optimistic)" in out and "(central)" in out and "(pessimistic)" in out
+    assert re.search(r"rests on: r\d{4} \(here-h200", out) and "sources: here-h200" in out
+    assert "measured error of the cross-GPU model: leave-one-GPU-type-out" in out
+
+
+def test_fit_answers_the_inverse_question(results):
+    """What fits in N days on 4 x A100: the measured setting where there is one (pythia-1b's 17.57 days), else the
+    prediction; the tokens each reaches in that time; whether the recipe's run fits."""
+    _base, full, _bare = results
+    proc = run("fit", "--gpu", "a100", "--count", "4", "--days", "14", "--json", "--results", str(full), cwd=full)
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["model"]: r for r in json.loads(proc.stdout)["rows"]}
+    one_b = rows["pythia-1b"]
+    assert one_b["basis"] == "measured" and one_b["fits"] == "no" and one_b["days"] == pytest.approx(17.57)
+    tokens = CATALOG.model("pythia-1b").recipe.steps * 1024 * 2048
+    assert one_b["tokens_in_time"] == pytest.approx(tokens * 14 / 17.57, rel=1e-3)
+    assert rows["pythia-160m"]["basis"] == "public evidence" and rows["pythia-160m"]["fits"] in ("yes", "likely")
+    assert rows["mamba-2.8b"]["basis"] == "bound only"
+    assert not any(m.startswith("tiny-") for m in rows)
+    proc = run("fit", "--gpu", "a100", "--count", "4", "--days", "20", "--results", str(full), cwd=full)
+    assert proc.returncode == 0, proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if x.strip().startswith("pythia-1b "))
+    assert " yes " in line and "measured" in line

@@ -8,8 +8,9 @@ truth, whatever the machine.
 from __future__ import annotations
 
 import pytest
-from pretrain_planner.planning.memory import GRAD_B
-from pretrain_planner.search.timemodel import RECOMPUTE_SHARE, Hypotheses, features
+from pretrain_planner.planning.stepmodel import GRAD_COMM_B as GRAD_B
+from pretrain_planner.planning.stepmodel import RECOMPUTE_SHARE, features
+from pretrain_planner.search.timemodel import Hypotheses
 
 PARAMS, WORLD, BATCH, SAT = 6.9e9, 4, 256, 4
 

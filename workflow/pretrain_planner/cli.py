@@ -3,6 +3,8 @@ see where a sweep stands. Reads config files and results only; imports no torch.
 
   pretrain-planner cost --gpu a100 --count 4 --days 17.57
   pretrain-planner best --model pythia-1b --gpu a100 --count 4 [--results results]
+  pretrain-planner predict --model pythia-1b --gpu h100 --count 4
+  pretrain-planner fit --gpu a100 --count 4 --days 14
   pretrain-planner status [--results results] [--watch [--every 2]]
   pretrain-planner train --plan results/optimal/tiny-gptneox/cpu/1x1 [--launcher local|slurm|debug] [--steps N]
 """
@@ -234,40 +236,64 @@ def cmd_best(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_predict(args: argparse.Namespace) -> int:
-    """Days and cost on a GPU type you may not own, predicted from the cells measured on others (tables/whatif.py)."""
+def _cells_or_none(results: Path, catalog):
+    """The cells measured here (tables/cells.parquet, else the cell results), or an empty table and why: a fresh
+    install predicts from the public evidence alone."""
     import polars as pl
 
+    from pretrain_planner.tables import whatif
+
+    parquet = layout.table(results, "cells.parquet")
+    if parquet.is_file():
+        return pl.read_parquet(parquet), str(parquet)
+    if layout.all_results(results):
+        return _cells_here(results, catalog, "tables/cells.parquet")
+    return whatif.empty_cells(), f"no cells measured in {results}: public evidence only"
+
+
+def _predictor(config: dict[str, Any], catalog, results: Path):
     from pretrain_planner.schema import section
+    from pretrain_planner.tables import whatif
+
+    cells, source = _cells_or_none(results, catalog)
+    limit = section("config", "benchmark", config.get("benchmark"))["suspect_mfu"]
+    return whatif.Predictor(cells, catalog, limit, config.get("costs")), source
+
+
+def _band(opt: float | None, central: float | None, pess: float | None) -> str:
+    band = f"{_days(opt)} (optimistic)" if opt is not None else "?"
+    if central is not None:
+        band += f" / {_days(central)} (central)"
+    return band + (f" / {_days(pess)} (pessimistic)" if pess is not None else " / no pessimistic end")
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    """Days and cost on a GPU type you may not own, predicted from measurements on others (tables/whatif.py): your
+    cells where there are some, else the public evidence shipped with the planner."""
+    from pretrain_planner.planning.evidence import SOURCES_MD
     from pretrain_planner.tables import costs, whatif
 
     config = load_config(args)
     results = _results_dir(config)
     catalog = _catalog(config)
     catalog.model(args.model), catalog.gpu(args.gpu)  # unknown names: a clear error
-    parquet = layout.table(results, "cells.parquet")
-    if parquet.is_file():
-        cells, source = pl.read_parquet(parquet), str(parquet)
-    else:
-        cells, source = _cells_here(results, catalog, "tables/cells.parquet")
-    limit = section("config", "benchmark", config.get("benchmark"))["suspect_mfu"]
-    p = whatif.Predictor(cells, catalog, limit, config.get("costs")).predict(
-        args.model, args.gpu, args.nodes, _split(args.count, args.nodes)
-    )
+    predictor, source = _predictor(config, catalog, results)
+    p = predictor.predict(args.model, args.gpu, args.nodes, _split(args.count, args.nodes))
     if args.json:
         print(json.dumps({**p.to_dict(), "source": source}, indent=1))
         return 0
-    print(f"PREDICTION (not a measurement): {args.model} on {args.nodes}x{p.gpus_per_node} {args.gpu}: {p.status}")
+    kind = f" from {p.evidence}" if p.evidence else ""
+    print(f"PREDICTION (not a measurement): {args.model} on {args.nodes}x{p.gpus_per_node} {args.gpu}: "
+          f"{p.status}{kind}")  # fmt: skip
     if p.days_optimistic is not None:
-        band = f"{_days(p.days_optimistic)} (optimistic)"
-        if p.days_central is not None:
-            band += f" / {_days(p.days_central)} (central)"
-        pess = p.days_pessimistic
-        band += f" / {_days(pess)} (pessimistic)" if pess is not None else " / no pessimistic end"
-        print(f"  days to train: {band}")
+        print(f"  days to train: {_band(p.days_optimistic, p.days_central, p.days_pessimistic)}")
     if p.method:
         print(f"  assumes {p.method}: {p.why}")
-        print(f"  compute MFU {p.mfu_low:.1%} .. {p.mfu_high:.1%} (central {p.mfu_central:.1%}); from {p.basis}")
+        print(f"  compute MFU {p.mfu_low:.1%} .. {p.mfu_high:.1%} (central {p.mfu_central:.1%})")
+        print(f"  rests on: {p.rests_on}")
+        if p.evidence == whatif.PUBLIC:
+            print(f"  sources: {p.sources} (each described in {SOURCES_MD})")
+        print(f"  measured error of the cross-GPU model: {p.model_error}")
     elif p.why:
         print(f"  {p.why}")
     if p.amortised_usd_optimistic is not None or p.hardware_usd is not None:
@@ -277,7 +303,48 @@ def cmd_predict(args: argparse.Namespace) -> int:
         print(f"  measured here: {_days(p.measured_days)} days (not used for the prediction)")
     if p.note:
         print(f"  note: {p.note}")
-    print(f"  (from {source})")
+    print(f"  (cells: {source})")
+    return 0
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+    """The inverse question: what fits in --days on --count x --gpu, per catalog model (tables/whatif.fit_table)."""
+    from pretrain_planner.tables import whatif
+
+    config = load_config(args)
+    results = _results_dir(config)
+    catalog = _catalog(config)
+    catalog.gpu(args.gpu)
+    models = args.model or None
+    for m in models or []:
+        catalog.model(m)
+    predictor, source = _predictor(config, catalog, results)
+    try:
+        measured, measured_source = _time_to_train(results, config)
+    except CliError:
+        measured, measured_source = None, f"nothing measured in {results}"
+    table = whatif.fit_table(predictor, args.gpu, args.nodes, _split(args.count, args.nodes), args.days, models,
+                             measured)  # fmt: skip
+    if args.json:
+        print(json.dumps({"rows": table.to_dicts(), "cells": source, "measured": measured_source}, indent=1))
+        return 0
+    print(f"What fits in {args.days:g} days on {args.nodes}x{args.count // args.nodes} {args.gpu} (the recipe's run; "
+          f"predictions are not measurements):")  # fmt: skip
+    for r in table.iter_rows(named=True):
+        if r["days"] is None:
+            print(f"  {r['model']:<20} {r['fits']:<10} {r['why']}")
+            continue
+        days = _days(r["days"]) + (
+            "" if r["basis"] == "measured" else f" [{_days(r['days_optimistic'])}-{_days(r['days_pessimistic'])}]"
+        )
+        reach = f"{r['tokens_in_time'] / 1e9:,.4g}B {r['unit']}, {r['share_of_run']:.0%} of the run"
+        print(f"  {r['model']:<20} {r['fits']:<10} {r['method'] or '-':<13} {days} days ({r['basis']}); in "
+              f"{args.days:g} days {reach}")  # fmt: skip
+    print(f"  measured: {measured_source}; cells: {source}")
+    print(
+        "  fits: yes = even the pessimistic end is within the days (or measured so); likely = the central value is; "
+        "maybe = only the optimistic end is; no = not even that"
+    )
     return 0
 
 
@@ -389,13 +456,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_best)
 
     p = sub.add_parser("predict", parents=[common],
-                       help="PREDICT days and cost on a GPU type from the cells measured on others")  # fmt: skip
+                       help="PREDICT days and cost on a GPU type from measurements on others (yours, else "
+                            "public ones)")  # fmt: skip
     p.add_argument("--model", required=True)
     p.add_argument("--gpu", required=True, help="the target GPU type (a name in config/gpus.yaml)")
     p.add_argument("--count", type=_positive(int), required=True, help="number of GPUs in all")
     p.add_argument("--nodes", type=_positive(int), default=1, help="machines the GPUs are spread over (default 1)")
     p.add_argument("--results", help="results folder (default: the config's `results`)")
     p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser("fit", parents=[common],
+                       help="what fits in --days on --count x --gpu: per model the fastest setting measured or "
+                            "predicted, the tokens it reaches, whether the recipe's run fits")  # fmt: skip
+    p.add_argument("--gpu", required=True, help="the GPU type (a name in config/gpus.yaml)")
+    p.add_argument("--count", type=_positive(int), required=True, help="number of GPUs in all")
+    p.add_argument("--nodes", type=_positive(int), default=1, help="machines the GPUs are spread over (default 1)")
+    p.add_argument("--days", type=_positive(float), required=True, help="the time you have, days")
+    p.add_argument("--model", action="append", help="only this model (repeatable; default: every catalog model "
+                                                    "with a step count)")  # fmt: skip
+    p.add_argument("--results", help="results folder (default: the config's `results`)")
+    p.set_defaults(func=cmd_fit)
 
     p = sub.add_parser("status", parents=[common], help="where the sweep stands, per GPU type")
     p.add_argument("--results", help="results folder (default: the config's `results`)")

@@ -4,6 +4,7 @@
 import pretrain_planner.report.document as pp_document
 import pretrain_planner.tables.export as pp_export
 import pretrain_planner.tables.study as pp_study
+import pretrain_planner.planning.evidence as pp_evidence
 import pretrain_planner.tables.whatif as pp_whatif
 
 OPTIMAL = f"{RESULTS}/{pp_layout.OPTIMAL}"
@@ -77,6 +78,8 @@ rule whatif:
         cells=TABLES["cells_parquet"],
         models=PP.catalog.models_path,
         gpus=PP.catalog.gpus_path,
+        evidence=str(pp_evidence.PUBLIC_CSV),
+        evidence_models=str(pp_evidence.MODELS_YAML),
     output:
         **pp_document.for_report(WHATIF, "Study views"),
     log:

@@ -106,6 +106,8 @@ class GpuSpec:
     cloud_usd_per_gpu_hour: float | None
     interconnect_gb_s: float | None = None  # datasheet GPU-to-GPU bandwidth (the what-if predictor's ratio)
     bf16_host: str | None = None  # `bf16: host` (the `cpu` stand-in): how this host's support was decided
+    memory_gb_s: float | None = None  # datasheet memory bandwidth (the step model's memory-bound work)
+    matmul_tflops: dict[str, float] = field(default_factory=dict)  # measured achievable dense matmul, by precision
 
     def supports(self, precision: str) -> bool:
         return precision == "fp32" or bool(getattr(self, precision))
@@ -120,7 +122,7 @@ class GpuSpec:
         return self.peak_tflops.get(key)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**vars(self), "peak_tflops": dict(self.peak_tflops)}
+        return {**vars(self), "peak_tflops": dict(self.peak_tflops), "matmul_tflops": dict(self.matmul_tflops)}
 
 
 @dataclass(frozen=True)
@@ -201,6 +203,8 @@ def _gpu(name: str, g: dict[str, Any]) -> GpuSpec:
         cloud_usd_per_gpu_hour=g.get("cloud_usd_per_gpu_hour"),
         interconnect_gb_s=g.get("interconnect_gb_s"),
         bf16_host=bf16_host,
+        memory_gb_s=g.get("memory_gb_s"),
+        matmul_tflops=dict(g.get("matmul_tflops", {})),
     )
 
 

@@ -254,9 +254,12 @@ def figure_whatif(w: pl.DataFrame) -> Figure:
     if shown.is_empty():
         return _empty_figure(title, "no prediction: see tables/whatif.md for why", "days to train", "")
     rows = list(shown.iter_rows(named=True))
-    labels = [f"{r['model']}  {_setting(r)}  {r['method'] or r['status']}" for r in rows]
+    kinds = ["predicted from your cells", "predicted from public evidence", "bound only", "measured"]
+    tag = {"your cells": "", "public evidence": "  (public)"}
+    labels = [f"{r['model']}  {_setting(r)}  {r['method'] or r['status']}{tag.get(r.get('evidence') or '', '')}"
+              for r in rows]  # fmt: skip
     left = 0.4 + CHAR_IN * max(len(x) for x in labels)
-    right = _legend_width("", ["predicted", "bound only", "measured"])
+    right = _legend_width("", kinds)
     fig = _canvas(max(left + 6 + right, 0.4 + TITLE_CHAR_IN * 0.9 * len(title.split("\n")[0])),
                   min(60, 1.4 + 0.2 * max(4, len(rows))))  # fmt: skip
     ax = fig.subplots()
@@ -267,7 +270,9 @@ def figure_whatif(w: pl.DataFrame) -> Figure:
         max(0.0, r["days_pessimistic"] - c) if r["days_pessimistic"] else 0.0
         for c, r in zip(central, rows, strict=True)
     ]
-    colours = ["#9ecae1" if r["status"] == "predicted" else "#d9d9d9" for r in rows]
+    colour = {"your cells": "#9ecae1", "public evidence": "#fdae6b"}
+    colours = [colour.get(r.get("evidence") or "your cells", "#9ecae1") if r["status"] == "predicted" else "#d9d9d9"
+               for r in rows]  # fmt: skip
     ax.barh(range(len(rows)), central, xerr=[lo, hi], color=colours, capsize=2, error_kw={"lw": 0.8})
     for i, r in enumerate(rows):
         if r["measured_days"]:
@@ -278,10 +283,9 @@ def figure_whatif(w: pl.DataFrame) -> Figure:
     ax.minorticks_off()
     ax.set_xlabel("days to train (bar: central; whisker: optimistic - pessimistic)")
     ax.set_title(title, fontsize=10)
-    handles = [Line2D([], [], color="#9ecae1", lw=6), Line2D([], [], color="#d9d9d9", lw=6),
-               Line2D([], [], marker="o", ls="", color="black", ms=3)]  # fmt: skip
-    ax.legend(handles, ["predicted", "bound only", "measured"], fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1),
-              borderaxespad=0)  # fmt: skip
+    handles = [Line2D([], [], color=c, lw=6) for c in ("#9ecae1", "#fdae6b", "#d9d9d9")]
+    handles.append(Line2D([], [], marker="o", ls="", color="black", ms=3))
+    ax.legend(handles, kinds, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
     return fig
 
 

@@ -57,6 +57,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pretrain_planner.planning.methods import SHARDING_ENGINE, SHARDING_LEVEL
+from pretrain_planner.planning.stepmodel import RECOMPUTE_SHARE, Features, features
 from pretrain_planner.search.calibration import anchor_note, bound, measured_activation, optimistic_mb, predicted_mbs
 from pretrain_planner.search.lattice import (
     MEMORY_SAVING_LEVERS,
@@ -69,7 +70,7 @@ from pretrain_planner.search.lattice import (
     shape,
     variant,
 )
-from pretrain_planner.search.timemodel import RECOMPUTE_SHARE, Features, Hypotheses, features
+from pretrain_planner.search.timemodel import Hypotheses
 
 
 @dataclass

@@ -1,9 +1,9 @@
 """The adaptive search's time model: a step's seconds under every hardware its measured cells leave possible.
 
-A step = compute + communication + offload (per rank):
+A step is the step model's (planning/stepmodel.py, shared with the cross-GPU what-if, tables/whatif.py):
 - compute = per-rank batch x seconds per sample (`tau`, one per method family) x 4/3 with activation
   checkpointing (the forward runs again) x (saturated / micro-batch) ** e below saturation;
-- communication = syncs x volume x one all-reduce of the gradients (2 x 4 bytes x parameters x (w - 1) / w over
+- communication = syncs x one all-reduce of the gradients (2 x 4 bytes x parameters x (w - 1) / w over
   the bus bandwidth): one sync per step unsharded, one per micro-batch sharded, ZeRO-3 / full FSDP 1.5x;
 - offload = the CPU optimizer over this rank's shard (16 bytes per parameter over the CPU-Adam bandwidth) +
   fetching the parameters over PCIe (4 bytes per parameter) every micro-batch at full sharding.
@@ -30,38 +30,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pretrain_planner.planning.memory import GRAD_B
+from pretrain_planner.planning.stepmodel import Features, compute_units, offload_bytes, sync_bytes
 
 BUS_B_S = np.geomspace(5e9, 1.6e12, 26)  # all-reduce bus bandwidth: Ethernet / PCIe 3 class .. NVLink 5
 CPU_ADAM_B_S = np.geomspace(0.5e9, 64e9, 15)  # model-state bytes a CPU optimizer step gets through per second
 PCIE_B_S = np.geomspace(4e9, 128e9, 11)  # host-to-device bandwidth for offloaded parameters
 EXPONENTS = np.array([0.25, 0.375, 0.5, 0.625, 0.75])  # below saturation: step time ~ (saturated / mb) ** e
-RECOMPUTE_SHARE = 1 / 3  # checkpointing runs the forward again: its 2 of a step's 6 FLOPs per parameter and token
 CENTRAL_MFU_SHARE = 0.5  # a family not measured yet runs at half the MFU ceiling (for the order only)
-FULL_SHARD_VOLUME = 1.5  # ZeRO-3 / full FSDP gather the parameters again for the backward
-
-
-@dataclass(frozen=True)
-class Features:
-    """What a step of a method at a micro-batch is made of, in the model's units."""
-
-    family: str
-    ac: bool
-    syncs: float  # all-reduce volumes per step
-    cpu: float  # CPU optimizer steps over the full model states (1 / ranks when sharded)
-    fetches: float  # parameter fetches over PCIe per step
-    mb: int
-    slug: str = ""
-
-
-def features(
-    family: str, ac: bool, level: int, sharded: bool, offload: bool, mb: int, batch: int, world: int, slug: str = ""
-) -> Features:
-    """A method's step (sharding `level`: 0 none .. 3 full) at micro-batch `mb` of a per-rank `batch`."""
-    accum = max(1, batch // mb)
-    syncs = 0.0 if world == 1 else (accum if sharded else 1) * (FULL_SHARD_VOLUME if level >= 3 else 1.0)
-    cpu = (1 / world if sharded else 1.0) if offload else 0.0
-    return Features(family, ac, syncs, cpu, float(accum) if offload and level >= 3 else 0.0, mb, slug)
 
 
 def _same_kind(a: Features, b: Features) -> bool:
@@ -95,17 +70,18 @@ class Hypotheses:
         bus = BUS_B_S if world > 1 else BUS_B_S[-1:]
         cpu, pcie = (CPU_ADAM_B_S, PCIE_B_S) if offload else (CPU_ADAM_B_S[-1:], PCIE_B_S[-1:])
         b, c, p, e = (a.ravel() for a in np.meshgrid(bus, cpu, pcie, EXPONENTS, indexing="ij"))
-        allreduce = 2 * GRAD_B * params * (world - 1) / world if world > 1 else 0.0
+        one = Features("", False, 1.0, 1.0, 1.0, 1)  # one sync, one CPU optimizer step, one fetch
+        cpu_b, fetch_b = offload_bytes(one, params)
         n = len(b)
         return cls(
-            batch, saturated, tau_floor, error, allreduce / b, 16 * params / c, 4 * params / p, e,
+            batch, saturated, tau_floor, error, sync_bytes(one, params, world) / b, cpu_b / c, fetch_b / p, e,
             np.stack([b, c, p], axis=1), {}, np.ones(n, bool), np.zeros(n),
         )  # fmt: skip
 
     def _compute_units(self, f: Features) -> np.ndarray:
         """Samples' worth of compute per hypothesis (the exponent varies)."""
         slow = (self.saturated / f.mb) ** self.e if f.mb < self.saturated else np.ones_like(self.e)
-        return self.batch * (1 + RECOMPUTE_SHARE if f.ac else 1.0) * slow
+        return compute_units(f, self.batch) * slow
 
     def _rest(self, f: Features) -> np.ndarray:
         return f.syncs * self.sync_s + f.cpu * self.cpu_s + f.fetches * self.fetch_s

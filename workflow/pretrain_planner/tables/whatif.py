@@ -1,30 +1,35 @@
-"""What-if: days and cost of a model on GPUs you do not own, PREDICTED from the cells measured on those you do.
+"""What-if: days and cost of a model on GPUs you do not own, PREDICTED from measurements on other GPU types.
 
-A measured cell's step splits into compute and communication. Its communication is what the multi-GPU cell takes
-beyond 1/w of the same method's one-GPU step (the search's time model, search/timemodel.py, splits a step the same
-way); its compute MFU is what is left against the GPU's dense peak. Both transfer to a target (model, GPU type,
-count):
+What a prediction rests on, in order of precedence: the cells measured here (your own) of the model, else the public
+evidence of the model shipped with the package (planning/evidence.py: published throughput with a source per row),
+else the cells of the nearest-sized measured model of its family, else the public runs of the nearest-sized model of
+its kind (a stand-in at most STAND_IN_RATIO times larger or smaller). The target GPU type's own cells are never used
+(its row shows them beside the prediction as a check); public runs on the target GPU type are, and weigh most.
 
-- compute = the step's model FLOPs / (GPUs x the target's dense peak x the compute MFU measured for that method on
-  each measured GPU type (the same model, else the nearest-sized measured model of its family, else of any));
-- communication = the measured seconds scaled by the ring all-reduce volume per GPU ((w - 1) / w) and by the ratio
-  of the datasheet interconnects (config/gpus.yaml `interconnect_gb_s`); with no multi-GPU cell measured, the
-  gradient all-reduce (2 x 4 bytes x parameters) at the datasheet bandwidth per direction (optimistic) or at
-  BUS_EFFICIENCY of it (pessimistic).
+A step is the step model's (planning/stepmodel.py, shared with the adaptive search's time model):
+- compute: a measured run's seconds per token (per sample for images), moved to the target by the cross-GPU model
+  (planning/crossgpu.py: the matmul FLOPs at the GPU's measured matmul rate + kappa x the memory-bound bytes at its
+  memory bandwidth, kappa and the weighting of near GPU types fitted on the public evidence), times the rank's tokens
+  per step (x 4/3 with activation checkpointing); a cell measured here has its communication split off first (what
+  the multi-GPU cell takes beyond 1/w of the same method's one-GPU step);
+- communication: a measured split scaled by the step's all-reduce volume (`stepmodel.sync_bytes`: the parameter
+  count, the ring's (w - 1) / w, one sync per step unsharded or per micro-batch sharded, 1.5x at full sharding) and
+  by the ratio of the datasheet interconnects (`interconnect_gb_s`); with none measured, that volume at the
+  datasheet bandwidth per direction (optimistic) .. BUS_EFFICIENCY of it (pessimistic).
 
-The band: optimistic = the highest compute MFU among the measured GPU types (x (1 + MIN_SPREAD), capped at the
-`suspect` limit) with the least communication; pessimistic = the lowest (x (1 - MIN_SPREAD)) with the most. GPU types
-that disagree widen it; one GPU type still gives a band, never a point. The method assumed is the fastest measured
-one that the memory model (planning/memory.py: model-state lower bound plus one sample's activations) lets fit the
-target; a method measured out of memory on a GPU with at least the target's memory at that count does not fit. The
-target GPU type's own cells are never used (its row shows them beside the prediction as a check). With nothing
-measured on a GPU type with a dense peak (the `cpu` stand-in), only the physics bound is given: the days at the
-`suspect` limit of the target's peak. Imports no torch.
+The band: the cross-GPU model's 5%-95% out-of-sample errors around the central compute (crossgpu.Calibration, the
+measured error, named in each row's `model_error`), with the least communication at the optimistic end and the most at
+the pessimistic one. The method assumed is the fastest that the memory model (planning/memory.py: model-state lower
+bound plus the micro-batch's activations) lets fit the target: of the methods measured (your cells), or, from public
+evidence, the least-communicating data-parallel method (fl, ZeRO / FSDP sharding, checkpointing; no offload) at the
+largest micro-batch that fits. A method measured out of memory on a GPU with at least the target's memory at that
+count does not fit. With no evidence at all, or a GPU type without the step model's rates (the `cpu` stand-in), only
+the physics bound is given: the days at the `suspect` limit of the target's peak. Imports no torch.
 """
 
 from __future__ import annotations
 
-import statistics
+import math
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
@@ -33,36 +38,49 @@ from typing import Any
 
 import polars as pl
 
-from pretrain_planner.planning import methods
-from pretrain_planner.planning.catalog import Catalog
-from pretrain_planner.planning.flops import param_count, train_flops_per_sample
-from pretrain_planner.planning.memory import GIB, GRAD_B, activation_bytes_per_sample, state_bytes_lb
+from pretrain_planner.planning import evidence as pp_evidence
+from pretrain_planner.planning import grid, methods, stepmodel
+from pretrain_planner.planning.catalog import Catalog, ModelSpec
+from pretrain_planner.planning.crossgpu import CrossGpu, Estimate, fit
+from pretrain_planner.planning.evidence import Evidence, Run, Work
+from pretrain_planner.planning.flops import param_count, tokens_per_sample, train_flops_per_sample
+from pretrain_planner.planning.memory import GIB, activation_bytes_per_sample, state_bytes_lb
 from pretrain_planner.results import atomic_write_text
-from pretrain_planner.search.timemodel import BUS_B_S, FULL_SHARD_VOLUME
 from pretrain_planner.tables import costs as pp_costs
 from pretrain_planner.tables.aggregate import to_markdown
 from pretrain_planner.tables.study import ran
 
-MIN_SPREAD = 0.15  # the compute MFU's band around the measured GPU types' range (kernels, clocks, memory bandwidth)
 BUS_EFFICIENCY = 0.25  # no multi-GPU cell measured: the pessimistic all-reduce runs at this share of the datasheet
+STAND_IN_RATIO = 8.0  # a stand-in model at most this many times larger or smaller (matrix sizes change efficiency)
+OWN, PUBLIC = "your cells", "public evidence"
+# what public evidence is transferred to: data-parallel methods, least communication first (no offload: its CPU
+# optimizer and PCIe speeds are not in the evidence)
+PUBLIC_METHODS = (
+    "fl", "fl+zero1", "fl+zero2", "fl+fsdp-grad", "fl+zero3", "fl+fsdp-full",
+    "fl+ac", "fl+ac+zero1", "fl+ac+zero2", "fl+ac+fsdp-grad", "fl+ac+zero3", "fl+ac+fsdp-full",
+)  # fmt: skip
 
 COLUMNS = {
     "model": pl.String, "gpu": pl.String, "nodes": pl.Int64, "gpus_per_node": pl.Int64, "world_size": pl.Int64,
-    "status": pl.String, "method": pl.String, "why": pl.String, "basis": pl.String, "mfu_low": pl.Float64,
-    "mfu_central": pl.Float64, "mfu_high": pl.Float64, "comm_share": pl.Float64, "days_optimistic": pl.Float64,
-    "days_central": pl.Float64, "days_pessimistic": pl.Float64, "measured_days": pl.Float64,
-    "hardware_usd": pl.Float64, "amortised_usd_optimistic": pl.Float64, "amortised_usd_pessimistic": pl.Float64,
-    "note": pl.String,
+    "status": pl.String, "evidence": pl.String, "method": pl.String, "micro_batch": pl.Int64, "why": pl.String,
+    "basis": pl.String, "rests_on": pl.String, "sources": pl.String, "model_error": pl.String,
+    "mfu_low": pl.Float64, "mfu_central": pl.Float64, "mfu_high": pl.Float64, "comm_share": pl.Float64,
+    "days_optimistic": pl.Float64, "days_central": pl.Float64, "days_pessimistic": pl.Float64,
+    "measured_days": pl.Float64, "hardware_usd": pl.Float64, "amortised_usd_optimistic": pl.Float64,
+    "amortised_usd_pessimistic": pl.Float64, "note": pl.String,
 }  # fmt: skip
 MD_COLUMNS = [
-    "model", "gpu", "nodes", "gpus_per_node", "status", "method", "days_optimistic", "days_central",
-    "days_pessimistic", "measured_days", "amortised_usd_optimistic", "amortised_usd_pessimistic", "why",
+    "model", "gpu", "nodes", "gpus_per_node", "status", "evidence", "method", "days_optimistic", "days_central",
+    "days_pessimistic", "measured_days", "amortised_usd_optimistic", "amortised_usd_pessimistic", "sources", "why",
 ]  # fmt: skip
 INTRO = (
-    "PREDICTIONS, not measurements: days and cost of each model of the sweep on every catalog GPU type and count, "
-    "transferred from the cells measured on other GPU types (compute MFU per method, communication scaled by the "
-    "datasheet interconnect); a band from optimistic to pessimistic, the method assumed and why. `measured_days` "
-    "shows the setting's own measurement where there is one (never used for its prediction)."
+    "PREDICTIONS, not measurements: days and cost of each model on every catalog GPU type and count, transferred "
+    "from measurements on other GPU types: your own cells where there are some (`evidence` = your cells), else the "
+    "public throughput evidence shipped with the planner (`evidence` = public evidence; `sources` names the "
+    "publications, `rests_on` the rows of workflow/pretrain_planner/data/evidence/public_throughput.csv). The "
+    "cross-GPU model moves a step by the GPU's measured matmul rate and memory bandwidth; `model_error` is its "
+    "measured error on GPU types left out of its fit. `measured_days` shows the setting's own measurement where there "
+    "is one (never used for its prediction)."
 )
 
 
@@ -74,9 +92,14 @@ class Prediction:
     gpus_per_node: int
     world_size: int
     status: str  # predicted | bound only | does not fit | invalid | no peak
+    evidence: str = ""  # your cells | public evidence
     method: str | None = None
+    micro_batch: int | None = None
     why: str = ""
     basis: str = ""
+    rests_on: str = ""  # the runs it rests on (public row ids with their source, or your cells)
+    sources: str = ""
+    model_error: str = ""
     mfu_low: float | None = None
     mfu_central: float | None = None
     mfu_high: float | None = None
@@ -95,41 +118,59 @@ class Prediction:
 
 
 @dataclass
-class Evidence:
-    """One measured cell, split: its compute MFU and its communication seconds (None: no one-GPU cell to split by)."""
+class Step:
+    """One method's predicted step on the target, seconds: (optimistic, central, pessimistic)."""
 
-    model: str
-    gpu: str
-    method: str
-    world: int
-    mfu_compute: float
-    comm_s: float | None
-    step_s: float
+    slug: str
+    mb: int
+    compute: tuple[float, float, float]
+    comm: tuple[float, float, float]
+    estimate: Estimate
+
+    @property
+    def seconds(self) -> tuple[float, float, float]:
+        return tuple(c + m for c, m in zip(self.compute, self.comm, strict=True))  # type: ignore[return-value]
 
 
-def _ring(w: int) -> float:
-    return (w - 1) / w if w > 1 else 0.0
+def _units(spec: ModelSpec) -> int:
+    """Units of the cross-GPU model per sample: tokens for text, one for an image."""
+    return (tokens_per_sample(spec.to_dict()) or 1) if spec.is_text else 1
+
+
+def _work(spec: ModelSpec, slug: str) -> Work | None:
+    m = methods.parse(slug)
+    return pp_evidence.catalog_work(spec, eager=m.base == "naive", tf32=m.base != "naive")
 
 
 class Predictor:
-    """Predictions from a `cells` table (aggregate.cells_table) and the catalog."""
+    """Predictions from a `cells` table (aggregate.cells_table), the catalog and the public evidence (`public`: the
+    shipped evidence by default; an Evidence to use another, None for none)."""
 
-    def __init__(self, cells: pl.DataFrame, catalog: Catalog, suspect_mfu: float = 0.85,
-                 costs_config: dict[str, Any] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cells: pl.DataFrame,
+        catalog: Catalog,
+        suspect_mfu: float = 0.85,
+        costs_config: dict[str, Any] | None = None,
+        public: Evidence | None | bool = True,
+    ) -> None:
         self.catalog, self.limit = catalog, suspect_mfu
         self.costs = pp_costs.settings(costs_config)
+        if public is True:
+            public = pp_evidence.public_evidence(catalog, suspect_mfu)
+        self.public: Evidence = public or Evidence()
+        self.model: CrossGpu = fit(self.public.runs, catalog.gpus)
+        self.public_by_model: dict[str, list[Run]] = defaultdict(list)
+        for r in self.public.runs:
+            self.public_by_model[r.model].append(r)
         ok = ran(cells).filter(pl.col("mfu").is_not_null() & (pl.col("mfu") > 0))
         one = {(r["model"], r["gpu"], r["method"]): r["step_time_s"]
                for r in ok.filter(pl.col("world_size") == 1).iter_rows(named=True)}  # fmt: skip
-        self.evidence: dict[str, list[Evidence]] = defaultdict(list)  # model -> its cells
-        self.by_method: dict[tuple[str, str], list[Evidence]] = defaultdict(list)  # (model, method) -> its cells
+        self.own: dict[str, list[tuple[Run, float | None, int | None]]] = defaultdict(list)  # model -> (run, comm, mb)
         for r in ok.iter_rows(named=True):
-            t, w = r["step_time_s"], r["world_size"]
-            t1 = one.get((r["model"], r["gpu"], r["method"]))
-            comm = 0.0 if w == 1 else (max(0.0, min(0.9 * t, t - t1 / w)) if t1 else None)
-            e = Evidence(r["model"], r["gpu"], r["method"], w, r["mfu"] * t / (t - (comm or 0.0)), comm, t)
-            self.evidence[r["model"]].append(e)
-            self.by_method[(e.model, e.method)].append(e)
+            got = self._own_run(r, one.get((r["model"], r["gpu"], r["method"])))
+            if got:
+                self.own[r["model"]].append(got)
         self.oom: dict[tuple[str, str, int], list[str]] = defaultdict(list)  # (model, method, world) -> GPU types
         for m, g, s, w in cells.filter(pl.col("status") == "oom").select("model", "gpu", "method", "world_size").rows():
             self.oom[(m, s, w)].append(g)
@@ -137,28 +178,72 @@ class Predictor:
                          for r in ok.group_by("model", "gpu", "nodes", "gpus_per_node")
                          .agg(pl.col("training_days").min()).iter_rows(named=True)}  # fmt: skip
 
+    # ---------------------------------------------------------------------------------------- evidence
+
+    def _own_run(self, r: dict[str, Any], t1: float | None) -> tuple[Run, float | None, int | None] | None:
+        """A measured cell as a Run: its compute per unit (its communication split off where a one-GPU cell of the
+        same method tells it), with its communication seconds and micro-batch."""
+        spec = self.catalog.models.get(r["model"])
+        work = _work(spec, r["method"]) if spec else None
+        if work is None or r["gpu"] not in self.catalog.gpus:
+            return None
+        t, w = r["step_time_s"], r["world_size"]
+        comm = 0.0 if w == 1 else (max(0.0, min(0.9 * t, t - t1 / w)) if t1 else None)
+        m = methods.parse(r["method"])
+        units = spec.recipe.global_batch // w * _units(spec) * (1 + stepmodel.RECOMPUTE_SHARE if m.checkpointing else 1)
+        folder = f"{r['model']}/{r['gpu']}/{r['nodes']}x{r['gpus_per_node']}/{r['method']}"
+        run = Run(folder, "measured here", f"cells/{folder}", r["model"], work.kind, work.params, r["gpu"], w,
+                  r["model"], r["method"], work.precision, (t - (comm or 0.0)) / units, work.flops, work.memory_bytes,
+                  public=False, tf32=work.tf32, formula=work.formula)  # fmt: skip
+        mb = r.get("micro_batch_size")
+        return run, comm, int(mb) if mb else None
+
+    def _nearest(self, spec: ModelSpec, candidates: list[str], same) -> str | None:
+        size = math.log(max(param_count(spec.to_dict()) or 1.0, 1.0))
+        pool = [m for m in candidates if same(m)
+                and abs(math.log(max(self._params(m), 1.0)) - size) <= math.log(STAND_IN_RATIO)]  # fmt: skip
+        if not pool:
+            return None
+        return min(pool, key=lambda m: (abs(math.log(max(self._params(m), 1.0)) - size), m))
+
+    def _params(self, model: str) -> float:
+        if model in self.catalog.models:
+            return param_count(self.catalog.models[model].to_dict()) or 1.0
+        runs = self.public_by_model.get(model)
+        return runs[0].params if runs else 1.0
+
+    def basis(self, spec: ModelSpec, gpu: str) -> tuple[str, str, str] | None:
+        """(evidence kind, model whose runs transfer, why that one): your cells of the model (on other GPU types),
+        else public runs of it (on any GPU type: those on the target itself weigh most), else your cells of the
+        nearest-sized model of its family, else public runs of the nearest-sized catalog model of its family (the
+        same architecture and software), else of the nearest-sized public workload of its kind."""
+        own = {m for m, rs in self.own.items() if any(r.gpu != gpu and self._rated(r) for r, _c, _m in rs)}
+        pub = set(self.public_by_model)
+        if spec.name in own:
+            return OWN, spec.name, f"{spec.name}'s own cells"
+        if spec.name in pub:
+            return PUBLIC, spec.name, f"public measurements of {spec.name}"
+
+        def family(m: str) -> bool:
+            return m in self.catalog.models and m != spec.name and self.catalog.models[m].family == spec.family
+
+        near = self._nearest(spec, sorted(own), family)
+        if near:
+            return OWN, near, f"the nearest measured model of family {spec.family}: {near}'s cells"
+        near = self._nearest(spec, sorted(pub), family)
+        if near:
+            return PUBLIC, near, f"public measurements of the nearest-sized model of family {spec.family}: {near}"
+        run0 = {m: self.public_by_model[m][0] for m in pub}
+        near = self._nearest(spec, sorted(pub), lambda m: run0[m].kind == spec.task
+                             and run0[m].formula == spec.kind.formula)  # fmt: skip
+        if near:
+            return PUBLIC, near, f"public measurements of the nearest-sized {spec.task} {spec.kind.formula}: {near}"
+        return None
+
+    def _rated(self, run: Run) -> bool:
+        return self.model.rates(run.gpu, run.precision, run.tf32) is not None
+
     # ---------------------------------------------------------------------------------------- pieces
-
-    def _basis(self, model: str, exclude_gpu: str) -> tuple[str | None, str]:
-        """The model whose cells transfer: itself, else the nearest-sized measured one of its family, else of any."""
-
-        def usable(m: str) -> bool:
-            return any(e.gpu != exclude_gpu for e in self.evidence.get(m, []))
-
-        if usable(model):
-            return model, f"{model}'s own cells"
-        spec = self.catalog.model(model)
-        size = param_count(spec.to_dict()) or 1.0
-        for same_family in (True, False):
-            near = [m for m in self.evidence if usable(m) and m in self.catalog.models
-                    and (self.catalog.models[m].family == spec.family) == same_family]  # fmt: skip
-            if near:
-                best = min(
-                    near, key=lambda m: abs(_log(param_count(self.catalog.models[m].to_dict()) or 1.0) - _log(size))
-                )
-                what = f"family {spec.family}" if same_family else "another family"
-                return best, f"the nearest measured model of {what}: {best}'s cells"
-        return None, ""
 
     def _fits(self, model: str, slug: str, gpu: str, world: int) -> tuple[bool, str]:
         spec, g = self.catalog.model(model), self.catalog.gpu(gpu)
@@ -170,38 +255,71 @@ class Predictor:
                 mem = self.catalog.gpus[gg].memory_gib if gg in self.catalog.gpus else None
                 if mem and g.memory_gib and mem >= g.memory_gib:
                     return False, f"out of memory measured on {world} x {gg} ({mem:g} GiB)"
-        if not g.memory_gib:
-            return True, ""
+        need = self._need(spec, m, world, 1)
+        if g.memory_gib and need > g.memory_gib * GIB:
+            return False, f"memory model: at least {need / GIB:.3g} GiB per GPU > {g.memory_gib:g} GiB"
+        return True, ""
+
+    def _need(self, spec: ModelSpec, m: methods.Method, world: int, mb: int) -> float:
+        """The memory model's bytes per GPU at micro-batch `mb`."""
         params = param_count(spec.to_dict())
         act = activation_bytes_per_sample(spec) or 0.0
         if m.checkpointing and spec.arch.get("num_hidden_layers"):
             act /= spec.arch["num_hidden_layers"]
-        need = (state_bytes_lb(m.sharding, m.offload, params, world) if params else 0.0) + act
-        if need > g.memory_gib * GIB:
-            return False, f"memory model: at least {need / GIB:.3g} GiB per GPU > {g.memory_gib:g} GiB"
-        return True, ""
+        return (state_bytes_lb(m.sharding, m.offload, params, world) if params else 0.0) + mb * act
 
-    def _comm(self, slug: str, model: str, gpu: str, world: int) -> tuple[float, float, float]:
-        """(optimistic, central, pessimistic) communication seconds per step on the target."""
+    def _largest_mb(self, spec: ModelSpec, slug: str, gpu: str, world: int) -> int:
+        """The largest power-of-two micro-batch (up to the per-GPU batch) the memory model lets fit; 0 = none."""
+        per_rank = spec.recipe.global_batch // world
+        cap = self.catalog.gpu(gpu).memory_gib
+        if not cap:
+            return per_rank
+        m, mb = methods.parse(slug), per_rank
+        while mb >= 1 and self._need(spec, m, world, mb) > cap * GIB:
+            mb //= 2
+        return mb
+
+    def _comm(self, spec: ModelSpec, slug: str, mb: int, gpu: str, world: int,
+              measured: list[tuple[Run, float | None, int | None]]) -> tuple[float, float, float]:  # fmt: skip
+        """(optimistic, central, pessimistic) communication seconds per step on the target: measured splits scaled by
+        the step model's volume (parameters, sharding, syncs) and the interconnects, else the volume at the datasheet
+        bandwidth .. BUS_EFFICIENCY of it."""
         if world == 1:
             return 0.0, 0.0, 0.0
+        per_rank = spec.recipe.global_batch // world
+        params = param_count(spec.to_dict()) or 0.0
+        volume = stepmodel.sync_bytes(stepmodel.of_method(slug, mb, per_rank, world), params, world)
         bw_t = self.catalog.gpu(gpu).interconnect_gb_s
         got = []
-        for e in self.by_method.get((model, slug), []):
-            if e.world == 1 or e.comm_s is None or e.gpu == gpu:
+        for run, comm, mb_src in measured:
+            if run.world == 1 or comm is None or run.gpu == gpu or run.method != slug:
                 continue
-            bw_s = self.catalog.gpus[e.gpu].interconnect_gb_s if e.gpu in self.catalog.gpus else None
-            ratio = bw_s / bw_t if bw_s and bw_t else 1.0
-            got.append(e.comm_s * ratio * _ring(world) / _ring(e.world))
+            src = self.catalog.models[run.model]
+            src_rank = src.recipe.global_batch // run.world
+            src_volume = stepmodel.sync_bytes(stepmodel.of_method(slug, mb_src or src_rank, src_rank, run.world),
+                                              param_count(src.to_dict()) or 0.0, run.world)  # fmt: skip
+            bw_s = self.catalog.gpus[run.gpu].interconnect_gb_s
+            if src_volume > 0:
+                got.append(comm * volume / src_volume * (bw_s / bw_t if bw_s and bw_t else 1.0))
         if got:
-            return min(got), statistics.median(got), max(got)
-        params = param_count(self.catalog.model(model).to_dict()) or 0.0
-        volume = (
-            2 * GRAD_B * params * _ring(world) * (FULL_SHARD_VOLUME if methods.parse(slug).sharding_level >= 3 else 1)
-        )
+            return min(got), sorted(got)[len(got) // 2], max(got)
+        from pretrain_planner.search.timemodel import BUS_B_S
+
         fast = (bw_t / 2 * 1e9) if bw_t else float(BUS_B_S[-1])  # per direction
         slow = fast * BUS_EFFICIENCY if bw_t else float(BUS_B_S[0])
-        return volume / fast, (volume / fast * volume / slow) ** 0.5, volume / slow
+        return volume / fast, volume / math.sqrt(fast * slow), volume / slow
+
+    def _step(self, spec: ModelSpec, slug: str, gpu: str, world: int, mb: int, basis: list[Run],
+              measured: list[tuple[Run, float | None, int | None]]) -> Step | None:  # fmt: skip
+        work = _work(spec, slug)
+        est = self.model.estimate(basis, work, gpu) if work else None
+        if est is None:
+            return None
+        m = methods.parse(slug)
+        units = spec.recipe.global_batch // world * _units(spec) * (1 + stepmodel.RECOMPUTE_SHARE if m.checkpointing
+                                                                      else 1)  # fmt: skip
+        compute = (est.low * units, est.central * units, est.high * units)
+        return Step(slug, mb, compute, self._comm(spec, slug, mb, gpu, world, measured), est)
 
     # ---------------------------------------------------------------------------------------- predict
 
@@ -223,42 +341,66 @@ class Predictor:
             p.status, p.why = "no peak", f"{gpu} declares no dense peak for {r.precision}" if not peak else "no FLOPs"
             return p
         flops = per_sample * r.global_batch
-        basis, p.basis = self._basis(model, gpu)
+        basis = self.basis(spec, gpu) if self.model.rates(gpu, r.precision) else None
         if basis is None:
             p.status = "bound only"
-            p.why = ("nothing measured on a GPU type with a dense peak: the physics bound only (the days at "
-                     f"{self.limit:.0%} of {gpu}'s dense peak, the `suspect` limit); no pessimistic end")  # fmt: skip
+            lacks = "" if self.model.rates(gpu, r.precision) else f" ({gpu} has no memory bandwidth in the catalog)"
+            p.why = ("no measurement of this model, its family or its kind on another GPU type with the step model's "
+                     f"rates{lacks}: the physics bound only (the days at {self.limit:.0%} of {gpu}'s dense peak, the "
+                     "`suspect` limit); no pessimistic end")  # fmt: skip
             p.days_optimistic = r.steps * flops / (world * peak * 1e12 * self.limit) / 86400
             self._price(p)
             return p
-        ev = [e for e in self.evidence[basis] if e.gpu != gpu]
-        by_method: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-        for e in ev:
-            by_method[e.method][e.gpu].append(e.mfu_compute)
+        kind, source_model, p.basis = basis
+        p.evidence = kind
         options, refused = [], []
-        for slug, per_gpu in sorted(by_method.items()):
-            fits, why = self._fits(model, slug, gpu, world)
-            if not fits:
-                refused.append(f"{slug}: {why}")
-                continue
-            mfus = [statistics.median(v) for v in per_gpu.values()]
-            lo, mid = min(mfus) * (1 - MIN_SPREAD), statistics.median(mfus)
-            hi = min(max(mfus) * (1 + MIN_SPREAD), self.limit)  # never above the `suspect` limit
-            mid = min(mid, hi)
-            lo = min(lo, mid)
-            c_opt, c_mid, c_pess = self._comm(slug, basis, gpu, world)
-            step = [flops / (world * peak * 1e12 * u) + c for u, c in ((hi, c_opt), (mid, c_mid), (lo, c_pess))]
-            options.append((step[1], slug, lo, mid, hi, step, c_mid, sorted(per_gpu)))
+        if kind == OWN:
+            measured = self.own[source_model]
+            by_method: dict[str, list[Run]] = defaultdict(list)
+            for run, _c, _m in measured:
+                if run.gpu != gpu and self._rated(run):
+                    by_method[run.method].append(run)
+            for slug, runs in sorted(by_method.items()):
+                fits, why = self._fits(model, slug, gpu, world)
+                if not fits:
+                    refused.append(f"{slug}: {why}")
+                    continue
+                mbs = [mb for run, _c, mb in measured if run.method == slug and mb]
+                mb = min(max(mbs) if mbs else r.global_batch // world, r.global_batch // world)
+                step = self._step(spec, slug, gpu, world, mb, runs, measured)
+                if step:
+                    options.append(step)
+        else:
+            runs = self.public_by_model[source_model]  # the target's own public runs weigh most (distance 0)
+            for slug in PUBLIC_METHODS:
+                cell = grid.Cell(model, gpu, nodes, gpus_per_node, slug)
+                if grid.invalid_reason(cell, spec, g, "slurm", self.catalog):
+                    continue
+                fits, why = self._fits(model, slug, gpu, world)
+                mb = self._largest_mb(spec, slug, gpu, world) if fits else 0
+                if not fits or mb < 1:
+                    refused.append(f"{slug}: {why or 'the memory model fits no micro-batch'}")
+                    continue
+                step = self._step(spec, slug, gpu, world, mb, runs, [])
+                if step:
+                    options.append(step)
         if not options:
             p.status, p.why = "does not fit", "; ".join(refused) or "no measured method"
             return p
-        central, slug, lo, mid, hi, step, comm, sources = min(options)
-        p.method, p.mfu_low, p.mfu_central, p.mfu_high = slug, lo, mid, hi
-        p.comm_share = comm / central if central else None
-        p.days_optimistic, p.days_central, p.days_pessimistic = (r.steps * s / 86400 for s in step)
-        p.why = (f"fastest of {len(options)} measured method(s) that fit {world} x {gpu}"
-                 f"{' (' + str(g.memory_gib) + ' GiB)' if g.memory_gib else ''}; compute MFU from "
-                 f"{', '.join(sources)}")  # fmt: skip
+        best = min(options, key=lambda s: (s.seconds[1], PUBLIC_METHODS.index(s.slug) if s.slug in PUBLIC_METHODS
+                                           else 0, s.slug))  # fmt: skip
+        opt, central, pess = best.seconds
+        p.method, p.micro_batch = best.slug, best.mb
+        p.mfu_high, p.mfu_central, p.mfu_low = (flops / (world * peak * 1e12 * s) for s in (opt, central, pess))
+        p.comm_share = best.comm[1] / central if central else None
+        p.days_optimistic, p.days_central, p.days_pessimistic = (r.steps * s / 86400 for s in (opt, central, pess))
+        p.rests_on = best.estimate.rows()
+        p.sources = ", ".join(best.estimate.sources)
+        p.model_error = self.model.calibration.describe()
+        what = "measured method(s)" if kind == OWN else "data-parallel method(s) (public evidence)"
+        p.why = (f"fastest of {len(options)} {what} that fit {world} x {gpu}"
+                 f"{' (' + str(g.memory_gib) + ' GiB)' if g.memory_gib else ''} at micro-batch {best.mb}; compute "
+                 f"from {p.basis} on {', '.join(sorted({b.gpu for b, _t, _w in best.estimate.basis}))}")  # fmt: skip
         if refused:
             p.note = "does not fit: " + "; ".join(refused)
         self._price(p)
@@ -281,16 +423,93 @@ class Predictor:
                 p.note = "; ".join([x for x in (p.note, "cost: " + "; ".join(notes)) if x])
 
 
-def _log(x: float) -> float:
-    import math
+CELL_COLUMNS = {
+    "model": pl.String, "gpu": pl.String, "nodes": pl.Int64, "gpus_per_node": pl.Int64, "world_size": pl.Int64,
+    "method": pl.String, "status": pl.String, "suspect": pl.Boolean, "valid": pl.Boolean, "step_time_s": pl.Float64,
+    "mfu": pl.Float64, "training_days": pl.Float64, "micro_batch_size": pl.Int64,
+}  # fmt: skip
 
-    return math.log(max(x, 1.0))
+
+def empty_cells() -> pl.DataFrame:
+    """A cells table with nothing measured (a fresh install: predictions from public evidence only)."""
+    return pl.DataFrame(schema=CELL_COLUMNS)
+
+
+FIT_COLUMNS = {
+    "model": pl.String, "fits": pl.String, "basis": pl.String, "method": pl.String, "days": pl.Float64,
+    "days_optimistic": pl.Float64, "days_pessimistic": pl.Float64, "tokens_in_time": pl.Float64, "unit": pl.String,
+    "share_of_run": pl.Float64, "why": pl.String, "rests_on": pl.String,
+}  # fmt: skip
+
+
+def _verdict(days: float, opt: float | None, central: float | None, pess: float | None) -> str:
+    if pess is not None and pess <= days:
+        return "yes"
+    if central is not None and central <= days:
+        return "likely"
+    if opt is not None and opt <= days:
+        return "maybe"
+    return "no"
+
+
+def fit_table(predictor: Predictor, gpu: str, nodes: int, gpus_per_node: int, days: float,
+              models: list[str] | None = None, measured: pl.DataFrame | None = None) -> pl.DataFrame:  # fmt: skip
+    """The inverse question (what none of the anchors answer from measurements): per catalog model, the fastest
+    setting on `nodes` x `gpus_per_node` x `gpu` measured here (`measured`: tables/time_to_train) or else
+    predicted (Predictor.predict), the tokens (samples for images) it reaches in `days`, and whether the recipe's
+    run fits: yes (measured so, or even the pessimistic end within the days), likely (the central value), maybe (the
+    optimistic end only), no."""
+    cat = predictor.catalog
+    names = models or [n for n, s in cat.models.items() if s.recipe.steps and not n.startswith("tiny-")]
+    got = {}
+    if measured is not None and not measured.is_empty():
+        here = (pl.col("gpu") == gpu) & (pl.col("nodes") == nodes) & (pl.col("gpus_per_node") == gpus_per_node)
+        sel = measured.filter(here & pl.col("step_time_s").is_not_null())
+        got = {r["model"]: r for r in sel.iter_rows(named=True)}
+    rows = []
+    for name in names:
+        spec = cat.model(name)
+        units = spec.recipe.global_batch * _units(spec)
+        unit = "tokens" if spec.is_text else "samples"
+        row: dict[str, Any] = {"model": name, "unit": unit}
+        m = got.get(name)
+        if m is not None and m.get("training_days"):
+            step = m["step_time_s"]
+            row.update(fits="yes" if m["training_days"] <= days else "no", basis="measured",
+                       method=m.get("best_method"), days=m["training_days"], why="measured here")  # fmt: skip
+        elif (p := predictor.predict(name, gpu, nodes, gpus_per_node)).status == "bound only":
+            step = None
+            why = f"at least {p.days_optimistic:.3g} days (the physics bound only: no evidence of its kind)"
+            row.update(fits="no" if p.days_optimistic > days else "bound only", basis=p.status,
+                       days_optimistic=p.days_optimistic, why=why)  # fmt: skip
+        else:
+            central = p.days_central
+            step = central * 86400 / spec.recipe.steps if central and spec.recipe.steps else None
+            row.update(fits=_verdict(days, p.days_optimistic, p.days_central, p.days_pessimistic) if central else
+                       p.status, basis=p.evidence or p.status, method=p.method, days=central,
+                       days_optimistic=p.days_optimistic, days_pessimistic=p.days_pessimistic, why=p.why,
+                       rests_on=p.rests_on)  # fmt: skip
+        if step:
+            row["tokens_in_time"] = days * 86400 / step * units
+            row["share_of_run"] = days / row["days"] if row.get("days") else None
+        rows.append(row)
+    order = {"yes": 0, "likely": 1, "maybe": 2, "no": 3}
+    rows.sort(key=lambda r: (order.get(r["fits"], 4), r.get("days") or math.inf))
+    return pl.DataFrame(rows, schema=FIT_COLUMNS)
+
+
+def evidence_models(predictor: Predictor) -> list[str]:
+    """The catalog models the public evidence reaches (its own runs, or a model of its kind): the real models the
+    default sweep's what-if shows beside the sweep's."""
+    gpus = [name for name, g in predictor.catalog.gpus.items() if g.peak_tflops]
+    real = [(n, s) for n, s in predictor.catalog.models.items() if not n.startswith("tiny-") and s.recipe.steps]
+    return [name for name, spec in real if any(predictor.basis(spec, g) for g in gpus)]
 
 
 def whatif_table(predictor: Predictor, models: list[str], counts: list[tuple[int, int]]) -> pl.DataFrame:
     """Every (model, catalog GPU type with a dense peak, count) as a Prediction row."""
     rows = [predictor.predict(m, g, n, k).to_dict()
-            for m in models if m in predictor.catalog.models
+            for m in dict.fromkeys(models) if m in predictor.catalog.models
             for g, spec in predictor.catalog.gpus.items() if spec.peak_tflops
             for n, k in counts]  # fmt: skip
     return pl.DataFrame(rows, schema=COLUMNS)
@@ -309,14 +528,22 @@ def build_whatif(
     counts: list[tuple[int, int]],
     suspect_mfu: float,
     costs_config: dict[str, Any] | None = None,
+    with_evidence_models: bool = True,
 ) -> pl.DataFrame:
-    """The `whatif` rule: tables/whatif.{csv,md}."""
+    """The `whatif` rule: tables/whatif.{csv,md} (the sweep's models and, `with_evidence_models`, every catalog
+    model the public evidence reaches)."""
     t0 = time.perf_counter()
-    table = whatif_table(Predictor(pl.read_parquet(cells_parquet), catalog, suspect_mfu, costs_config), models, counts)
+    predictor = Predictor(pl.read_parquet(cells_parquet), catalog, suspect_mfu, costs_config)
+    if with_evidence_models:
+        models = [*models, *evidence_models(predictor)]
+    table = whatif_table(predictor, models, counts)
     Path(out["whatif_csv"]).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out["whatif_csv"], table.write_csv())
-    atomic_write_text(out["whatif_md"], f"# What-if (predictions)\n\n{INTRO}\n\n"
+    error = predictor.model.calibration.describe()
+    atomic_write_text(out["whatif_md"], f"# What-if (predictions)\n\n{INTRO}\n\nThe cross-GPU model: {error}.\n\n"
                       f"{to_markdown(table.select(MD_COLUMNS), max_rows=2000)}")  # fmt: skip
     by = dict(table.group_by("status").len().sort("status").rows())
-    atomic_write_text(log_path, f"whatif: {table.height} rows {by} ({time.perf_counter() - t0:.2f} s)\n")
+    atomic_write_text(log_path, f"whatif: {table.height} rows {by}; {len(predictor.public.runs)} public runs "
+                                f"({len(predictor.public.skipped)} rows not usable); {error} "
+                                f"({time.perf_counter() - t0:.2f} s)\n")  # fmt: skip
     return table

@@ -1,0 +1,189 @@
+"""Measured training throughput as evidence for the cross-GPU model (planning/crossgpu.py): the public dataset shipped
+with the package (data/evidence/public_throughput.csv, a source and an exact location per row; sources.md says what
+was taken from where) and the cells measured here, each reduced to a `Run`: a workload's seconds per unit (a token for
+text, a sample for images) on one GPU of a GPU type, beside the unit's matmul FLOPs and memory-bound bytes by the
+family's formulas (planning/flops.py, planning/stepmodel.py).
+
+data/evidence/models.yaml maps each public workload onto a catalog family and the shape its rows leave out; a row is
+left out, with the reason, when its workload has no entry or is excluded there, its GPU type is not in the catalog
+(no rates), its precision has no rate (fp8), or it implies more than the `suspect` share of the dense peak.
+Imports no torch.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from pretrain_planner.planning import stepmodel
+from pretrain_planner.planning.families import FAMILIES
+from pretrain_planner.planning.flops import param_count, tokens_per_sample, train_flops_per_sample
+from pretrain_planner.schema import load_yaml
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "evidence"
+PUBLIC_CSV = DATA / "public_throughput.csv"
+MODELS_YAML = DATA / "models.yaml"
+SOURCES_MD = DATA / "sources.md"
+UNITS = {"tokens/s/GPU": "token", "images/s/GPU": "sample", "samples/s/GPU": "sample", "sequences/s/GPU": "sample"}
+
+
+@dataclass(frozen=True)
+class Run:
+    """One measured throughput: `seconds` per unit per GPU on `gpu` at `world` GPUs (compute only for a cell
+    measured here, its communication split off; a public row as published: its framework overlaps communication)."""
+
+    id: str  # the public row id (r0123) or the cell's folder and method
+    source: str  # the public source id (sources.md) or "measured here"
+    where: str  # the exact location of the number
+    model: str  # the workload: a catalog model name, else the public `model` text
+    kind: str  # causal_lm | masked_lm | image_classification (what it stands in for)
+    params: float
+    gpu: str
+    world: int
+    group: str  # runs of one group are one workload and setting on different GPU types
+    method: str
+    precision: str  # bf16 | fp16 | fp32
+    seconds: float  # per unit per GPU
+    flops: float  # per unit (forward + backward, model FLOPs)
+    memory_bytes: float  # per unit, memory-bound
+    public: bool = True
+    tf32: bool = True
+    note: str = ""
+    formula: str = "transformer"  # the family's formula (families.py): what kind of model it stands in for
+
+    @property
+    def label(self) -> str:
+        return f"{self.id} ({self.source}: {self.model} on {self.world} x {self.gpu})"
+
+
+@dataclass(frozen=True)
+class Work:
+    """What a unit of a workload costs, for a prediction's target."""
+
+    model: str
+    kind: str
+    params: float
+    flops: float
+    memory_bytes: float
+    precision: str
+    tf32: bool = True
+    tokens: int | None = None  # units per sample (tokens of a text sample, 1 for images)
+    formula: str = "transformer"
+
+
+@dataclass
+class Evidence:
+    runs: list[Run] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (row id, why)
+
+
+def work_of(model: dict[str, Any], eager: bool = False, extra_keys: int = 0, tf32: bool = True) -> Work | None:
+    """A model's (ModelSpec.to_dict()) work per unit: per token for text, per sample for images; None without a
+    formula. `extra_keys`: keys attended beyond the sample's tokens (Transformer-XL's memory)."""
+    flops, mem = train_flops_per_sample(model), stepmodel.memory_bytes_per_sample(model, eager)
+    params = param_count(model)
+    if not flops or mem is None or params is None:
+        return None
+    fam = FAMILIES[model["family"]]
+    tokens = tokens_per_sample(model) or 1
+    if extra_keys:
+        a = model["arch"]
+        flops += 12 * a["num_hidden_layers"] * a["hidden_size"] * extra_keys * tokens
+        if eager:
+            width = 2.0 if model["recipe"].get("precision") == "fp32" else 1.0
+            scores = stepmodel.EAGER_SCORE_B * a["num_attention_heads"] * extra_keys
+            mem += width * tokens * a["num_hidden_layers"] * scores
+    unit = tokens if fam.is_text else 1
+    return Work(model.get("name", ""), fam.task, params, flops / unit, mem / unit, model["recipe"]["precision"], tf32,
+                unit, fam.formula or "")  # fmt: skip
+
+
+def catalog_work(spec: Any, eager: bool = False, tf32: bool = True) -> Work | None:
+    """`work_of` a catalog model (a ModelSpec)."""
+    return work_of(spec.to_dict(), eager, tf32=tf32)
+
+
+def _precision(text: str) -> str | None:
+    t = text.lower()
+    if "fp8" in t:
+        return None
+    return "bf16" if "bf16" in t else "fp16" if "fp16" in t else "fp32" if "fp32" in t or "tf32" in t else None
+
+
+def _int(x: str) -> int | None:
+    try:
+        return int(float(x))
+    except (TypeError, ValueError):
+        return None
+
+
+def _public_model(row: dict[str, str], entry: dict[str, Any], catalog: Any) -> dict[str, Any] | None:
+    """The row's workload as a ModelSpec.to_dict()-like record the formulas read."""
+    if entry.get("catalog"):
+        spec = catalog.models.get(entry["catalog"])
+        return spec.to_dict() if spec else None
+    arch = {"num_hidden_layers": _int(row["n_layers"]), "hidden_size": _int(row["hidden"]),
+            "num_attention_heads": _int(row["heads"]), "vocab_size": _int(row["vocab"]) or 0}  # fmt: skip
+    arch = {k: v for k, v in arch.items() if v is not None}
+    arch.update(entry.get("arch", {}))
+    if "hidden_size" in arch:
+        arch.setdefault("intermediate_size", 4 * arch["hidden_size"])
+    recipe = {"sequence_length": entry.get("sequence") or _int(row["seq_len"]),
+              "precision": _precision(row["precision"]) or "bf16", "image_size": arch.get("image_size")}  # fmt: skip
+    return {"name": row["model"], "family": entry["family"], "arch": arch, "recipe": recipe}
+
+
+@cache
+def _models_yaml() -> dict[str, Any]:
+    return (load_yaml(MODELS_YAML) or {}).get("models", {})
+
+
+def public_evidence(catalog: Any, suspect_mfu: float = 0.85, path: Path = PUBLIC_CSV) -> Evidence:
+    """The shipped public rows as Runs (those that cannot be used in `skipped`, with the reason)."""
+    out = Evidence()
+    entries = _models_yaml()
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    for row in rows:
+        rid = row["row_id"]
+        entry = entries.get(row["model"])
+        if entry is None:
+            out.skipped.append((rid, f"{row['model']}: no entry in {MODELS_YAML.name} (no formula)"))
+            continue
+        if entry.get("exclude"):
+            out.skipped.append((rid, f"{row['model']}: {entry['exclude']}"))
+            continue
+        gpu = catalog.gpus.get(row["gpu_type"])
+        if gpu is None:
+            out.skipped.append((rid, f"GPU type {row['gpu_type']!r} is not in {catalog.gpus_path} (no rates)"))
+            continue
+        precision = _precision(row["precision"])
+        if precision is None:
+            out.skipped.append((rid, f"precision {row['precision']!r}: no matmul rate for it in the catalog"))
+            continue
+        unit = UNITS.get(row["per_gpu_rate_unit"])
+        rate = float(row["per_gpu_rate"] or 0)
+        model = _public_model(row, entry, catalog)
+        if unit is None or rate <= 0 or model is None:
+            out.skipped.append((rid, f"no per-GPU rate in tokens or samples ({row['per_gpu_rate_unit']!r})"))
+            continue
+        model["recipe"]["precision"] = precision
+        work = work_of(model, entry.get("attention") == "eager", int(entry.get("extra_keys", 0)))
+        if work is None:
+            out.skipped.append((rid, f"{row['model']}: its family has no FLOPs or bytes formula"))
+            continue
+        peak = gpu.peak_for(precision, tf32=True)
+        per_unit = rate * (work.tokens or 1) if unit == "sample" else rate  # a text sample is `tokens` units
+        if peak and per_unit * work.flops > suspect_mfu * peak * 1e12:
+            out.skipped.append((rid, f"implies {per_unit * work.flops / (peak * 1e12):.0%} of {gpu.name}'s dense "
+                                     f"peak, above the `suspect` limit {suspect_mfu:.0%}"))  # fmt: skip
+            continue
+        out.runs.append(Run(
+            rid, row["source_id"], row["location"], entry.get("catalog") or row["model"], work.kind, work.params,
+            row["gpu_type"], int(row["gpu_count"]), row["group_id"], row["method"], precision, 1.0 / per_unit,
+            work.flops, work.memory_bytes, True, True, row.get("notes", ""), work.formula,
+        ))  # fmt: skip
+    return out

@@ -1,0 +1,184 @@
+"""The step model: what one optimizer step of a method is made of, for the adaptive search's time model
+(search/timemodel.py) and the cross-GPU what-if (tables/whatif.py) alike, so that pruning and prediction cannot
+disagree about what a method costs.
+
+A step (per GPU) = compute + communication + offload:
+
+- compute = the rank's samples x seconds per sample, x (1 + RECOMPUTE_SHARE) with activation checkpointing (the
+  forward runs again: 2 of a step's 6 FLOPs per parameter and token). Within one GPU type the search fits seconds
+  per sample per method family to the measured cells; across GPU types the what-if transfers them in proportion to
+  `ideal_seconds`: the sample's matmul FLOPs at the GPU's achievable matmul rate plus KAPPA x its memory-bound bytes
+  (norms, activations, softmax, residuals, the loss over the vocabulary: `memory_bytes_per_sample`) at the GPU's
+  memory bandwidth. The datasheet peak alone does not transfer: from A100 to H100 it grows 3.2x, the memory
+  bandwidth 1.6x and the achievable matmul rate about 2.4x.
+- communication = syncs x one all-reduce of the gradients, 2 x GRAD_COMM_B x parameters x (w - 1) / w bytes per GPU
+  (a ring's reduce-scatter and all-gather) over the bus: one sync per step unsharded, one per micro-batch sharded
+  (the gradients are reduced as they are made), FULL_SHARD_VOLUME x at full sharding (the parameters are gathered
+  again for the backward). A volume measured or transferred for one model and method is rescaled by `sync_bytes`.
+- offload = the CPU optimizer over the rank's shard (CPU_ADAM_B per parameter over the CPU-Adam bandwidth) + the
+  parameters fetched over PCIe (FETCH_B per parameter) every micro-batch at full sharding.
+
+Imports no torch (and no numpy: the search's hypothesis grids pass arrays through the same arithmetic).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from statistics import median
+from typing import Any
+
+from pretrain_planner.planning.families import FAMILIES
+
+RECOMPUTE_SHARE = 1 / 3  # checkpointing runs the forward again: its 2 of a step's 6 FLOPs per parameter and token
+FULL_SHARD_VOLUME = 1.5  # ZeRO-3 / full FSDP gather the parameters again for the backward
+GRAD_COMM_B = 4  # bytes per gradient element reduced (fp32 gradients of fp32 master parameters under autocast)
+CPU_ADAM_B = 16  # model-state bytes per parameter a CPU optimizer step goes through (fp32 parameter, grad, 2 moments)
+FETCH_B = 4  # bytes per parameter fetched from the CPU at full sharding with offload
+
+# Memory-bound bytes of a transformer, per token (forward + backward; 16-bit activations, x2 for fp32 recipes):
+# per layer about 27 hidden-size reads and writes forward (2 norms 4h, rotary / head reshapes 7h, GELU 8h, residual
+# adds 4h, bias and dropout 4h) and twice that backward: 81 h elements = 162 h bytes;
+LAYER_B_PER_HIDDEN = 162
+# eager attention (`naive`) also writes, scales, masks, soft-maxes (in fp32) and differentiates a score per head and
+# key: about 30 bytes per score (a fused SDPA / flash kernel keeps them on chip);
+EAGER_SCORE_B = 30
+# the loss over the vocabulary: 16-bit logits, their fp32 copy, the log-softmax, its gradient and the cast back:
+# about 38 bytes per vocabulary entry and token.
+LOGIT_B = 38
+# Mamba: the block's elementwise work and the selective scan over expand x hidden channels (about the same count
+# per channel as a transformer layer per hidden unit); ConvNeXt: per block and pixel the depthwise convolution,
+# LayerNorm, GELU over 4C, layer scale and residual: about 30 channel-size reads and writes forward, twice that
+# backward (90 C elements).
+CONVNEXT_B_PER_CHANNEL = 90
+KAPPA = 1.0  # the weight of the memory-bound seconds against the matmul seconds (the what-if fits it to evidence)
+
+
+@dataclass(frozen=True)
+class Features:
+    """What a step of a method at a micro-batch is made of, in the model's units."""
+
+    family: str
+    ac: bool
+    syncs: float  # all-reduce volumes per step
+    cpu: float  # CPU optimizer steps over the full model states (1 / ranks when sharded)
+    fetches: float  # parameter fetches over PCIe per step
+    mb: int
+    slug: str = ""
+
+
+def features(
+    family: str, ac: bool, level: int, sharded: bool, offload: bool, mb: int, batch: int, world: int, slug: str = ""
+) -> Features:
+    """A method's step (sharding `level`: 0 none .. 3 full) at micro-batch `mb` of a per-rank `batch`."""
+    accum = max(1, batch // mb)
+    syncs = 0.0 if world == 1 else (accum if sharded else 1) * (FULL_SHARD_VOLUME if level >= 3 else 1.0)
+    cpu = (1 / world if sharded else 1.0) if offload else 0.0
+    return Features(family, ac, syncs, cpu, float(accum) if offload and level >= 3 else 0.0, mb, slug)
+
+
+def of_method(slug: str, mb: int, batch: int, world: int) -> Features:
+    """`features` of a method slug (methods.py grammar)."""
+    from pretrain_planner.planning.methods import parse
+
+    m = parse(slug)
+    return features(m.base, m.checkpointing, m.sharding_level, bool(m.sharding), m.offload, mb, batch, world, slug)
+
+
+def allreduce_bytes(params: float, world: int) -> float:
+    """Bytes one GPU sends for one ring all-reduce of the gradients (0 on one GPU)."""
+    return 2 * GRAD_COMM_B * params * (world - 1) / world if world > 1 else 0.0
+
+
+def sync_bytes(f: Features, params: float, world: int) -> float:
+    """A step's communication volume per GPU."""
+    return f.syncs * allreduce_bytes(params, world)
+
+
+def compute_units(f: Features, batch: int) -> float:
+    """Samples' worth of compute in a step (checkpointing runs the forward again); the search adds its small-batch
+    slowdown on top."""
+    return batch * (1 + RECOMPUTE_SHARE if f.ac else 1.0)
+
+
+def offload_bytes(f: Features, params: float) -> tuple[float, float]:
+    """(CPU-optimizer bytes, PCIe fetch bytes) of a step."""
+    return f.cpu * CPU_ADAM_B * params, f.fetches * FETCH_B * params
+
+
+# ------------------------------------------------------------------------------------------------ across GPU types
+
+
+@dataclass(frozen=True)
+class Rates:
+    """What a GPU type does per second for a recipe's precision."""
+
+    matmul_tflops: float  # achievable dense matrix-multiply rate (measured, else an assumed share of the peak)
+    memory_gb_s: float  # memory (HBM / GDDR) bandwidth, datasheet
+    matmul_measured: bool  # False: `matmul_tflops` is the datasheet peak x the catalog's median measured share
+
+
+def precision_key(gpu: Any, precision: str, tf32: bool = True) -> str:
+    """The key of a GPU's rate tables for a recipe's precision (as GpuSpec.peak_for)."""
+    if precision == "fp32":
+        return "tf32" if tf32 and gpu.tf32 else "fp32"
+    return precision
+
+
+def matmul_share(gpus: Any) -> float | None:
+    """The median measured share of the datasheet peak (16-bit) over the GPU types that give both: what a GPU type
+    with no measured matmul rate is assumed to reach."""
+    shares = [
+        g.matmul_tflops[k] / g.peak_tflops[k]
+        for g in gpus
+        for k in ("bf16", "fp16")
+        if g.matmul_tflops.get(k) and g.peak_tflops.get(k)
+    ]
+    return median(shares) if shares else None
+
+
+def rates(gpu: Any, precision: str, share: float | None, tf32: bool = True) -> Rates | None:
+    """The GPU's rates for `precision` (share: `matmul_share` of the catalog); None without a peak or a memory
+    bandwidth (the `cpu` stand-in)."""
+    key = precision_key(gpu, precision, tf32)
+    twin = {"bf16": "fp16", "fp16": "bf16"}.get(key)  # the other 16-bit format runs at the same rate
+    measured = gpu.matmul_tflops.get(key) or (gpu.matmul_tflops.get(twin) if twin and gpu.supports(key) else None)
+    peak = gpu.peak_tflops.get(key)
+    if not gpu.memory_gb_s or not (measured or (peak and share)):
+        return None
+    return Rates(measured or peak * share, gpu.memory_gb_s, bool(measured))
+
+
+def memory_bytes_per_sample(model: dict[str, Any], eager_attention: bool = False) -> float | None:
+    """Memory-bound bytes one sample moves through forward and backward (a ModelSpec.to_dict()), by its family's
+    formula (the constants above); None for a family without one."""
+    from pretrain_planner.planning.flops import tokens_per_sample
+
+    formula, a, r = FAMILIES[model["family"]].formula, model["arch"], model["recipe"]
+    width = 2.0 if r.get("precision") == "fp32" else 1.0
+    if formula in ("transformer", "vit"):
+        tokens = tokens_per_sample(model)
+        layers, h = a["num_hidden_layers"], a["hidden_size"]
+        scores = EAGER_SCORE_B * a["num_attention_heads"] * tokens if eager_attention else 0
+        per_layer = LAYER_B_PER_HIDDEN * h + scores
+        vocab = a.get("vocab_size", 0) if formula == "transformer" else 0
+        if a.get("sparse_prediction"):
+            vocab *= r.get("mlm_probability", 0.15)
+        return width * tokens * (layers * per_layer + LOGIT_B * vocab)
+    if formula == "mamba":
+        per_layer = LAYER_B_PER_HIDDEN * a["hidden_size"] * a.get("expand", 2)
+        return width * r["sequence_length"] * (a["num_hidden_layers"] * per_layer + LOGIT_B * a["vocab_size"])
+    if formula == "convnext":
+        side = r["image_size"] // a.get("patch_size", 4)
+        total = 0.0
+        for i, (c, d) in enumerate(zip(a.get("hidden_sizes", [96, 192, 384, 768]), a.get("depths", [3, 3, 9, 3]),
+                                       strict=True)):  # fmt: skip
+            total += d * CONVNEXT_B_PER_CHANNEL * c * (side >> i) ** 2
+        return width * total
+    return None
+
+
+def ideal_seconds(flops: float, memory_bytes: float, r: Rates, kappa: float = KAPPA) -> float:
+    """A sample's seconds at the GPU's rates: matmul FLOPs at the achievable matmul rate + kappa x memory-bound bytes
+    at the memory bandwidth. A measured step's compute per sample divided by this is its efficiency, which is what
+    transfers to another GPU type."""
+    return flops / (r.matmul_tflops * 1e12) + kappa * memory_bytes / (r.memory_gb_s * 1e9)
