@@ -158,7 +158,9 @@ def test_launch_script(exported):
     assert one.stat().st_mode & 0o111
     text = one.read_text()
     assert subprocess.run(["bash", "-n", str(one)]).returncode == 0
-    assert "torchrun --standalone --nnodes=1" in text and "NPROC_PER_NODE=4" in text
+    assert '"$PYTHON" -m torch.distributed.run --standalone --nnodes=1' in text and "NPROC_PER_NODE=4" in text
+    assert f'PYTHON="${{PYTHON:-{sys.executable}}}"' in text  # the exporting interpreter: no PATH needed
+    assert f"PLAN_DIR={one.parent.resolve()}" in text  # under sbatch, when the spool copy's folder has no plan
     assert "#SBATCH --nodes=1" in text and "#SBATCH --gpus-per-node=4" in text
     assert "srun" in text and '"$PLAN_DIR/training_arguments.json"' in text
     assert "17.57 days" in text and "#SBATCH --time=19-08:00:00" in text  # 17.57 days + 10%, whole hours
