@@ -72,7 +72,7 @@ class StateBytes:
     accumulating: float  # + from a step's second micro-batch on (gradients accumulated across micro-batches)
     forward: float  # + at the end of a micro-batch's forward (weights gathered and kept for backward)
     step: float  # + at the optimizer step (gradients, their fp32 partitions)
-    host: float  # on the host, with offload (master weights, optimizer states, their gradients)
+    host: float  # on the host throughout a step, with offload (master weights, optimizer states)
 
     def at_forward(self, accumulating: bool = False) -> float:
         """On the GPU at a micro-batch's activation peak (the end of its forward), the step's first micro-batch
@@ -112,7 +112,7 @@ def model_states(
         shards, grads = (MASTER_B * p + adam) / w, GRAD_B * p / w
         gathered = b * p if level == 2 else 0.0  # fsdp-grad keeps every unit's gathered weights until backward
         if offload:
-            return StateBytes(0.0, 0.0, gathered, 0.0, shards + grads)
+            return StateBytes(0.0, 0.0, gathered, 0.0, shards)  # its gradients reach the host at the step
         return StateBytes(shards, grads, gathered, grads, 0.0)
     master = 0.0 if b == MASTER_B and level == 3 and not offload else MASTER_B * p / w
     if level == 3:
