@@ -186,8 +186,9 @@ def predicted_mbs(
 
     Activations per sample: the analytic estimate (AC_ESTIMATE_SHARE of it with checkpointing), else the
     measured one, never below the activations' lower bound of the family's methods; model states: the most the
-    lower bound says an engine holds at once (memory.StateBytes.peak). Once a cell's CUDA peak is measured, what it held beyond its model states and activations is
-    the overhead (taken from the cell whose model states are closest), and only the activations are inflated
+    lower bound says an engine holds at once (memory.StateBytes.peak). Once a cell's CUDA peak is measured, what
+    it held beyond its model states and activations is the overhead (taken from the cell whose model states are
+    closest), and only the activations are inflated
     (k, from 1) until no measured cell is predicted to fit more than it did; each family, with and without
     checkpointing, on its own."""
     mem = setting.memory
