@@ -177,7 +177,8 @@ def measured_rows(model: str, world: int, results: dict[str, Any], precision: st
         for instant in INSTANTS:
             held = res[instant]["total"] + (bucket if instant in ("forward_first", "after") else 0)
             rows.append({"model": model, "world": world, "method": slug, "instant": instant, "held": held,
-                         "bound": bounds[instant] + st.host, "params": res["params_numel"]})  # fmt: skip
+                         "bound": bounds[instant] + st.host, "params": res["params_numel"],
+                         "dtypes": res["dtypes"]})  # fmt: skip
     return rows
 
 
@@ -264,15 +265,17 @@ def _measured_section(rows) -> list[str]:
         "storage once) at the end of a step's first / second micro-batch's forward, inside the optimizer step and "
         "after it; bound / held. tiny-gptneox: bf16 recipe, tiny-bert: fp32.",
         "",
-        "| model | ranks | method | " + " | ".join(INSTANTS) + " | worst bound / held |",
+        "| model | ranks | method | " + " | ".join(INSTANTS) + " | bound / held, least - most |",
         "|---" * (4 + len(INSTANTS)) + "|",
     ]
-    key = sorted({(r["model"], r["world"], r["method"]) for r in rows}, key=lambda k: (k[0], -k[1]))
+    key = list(dict.fromkeys((r["model"], r["world"], r["method"]) for r in rows))  # measured order
     for model, world, method in key:
         rs = {r["instant"]: r for r in rows if (r["model"], r["world"], r["method"]) == (model, world, method)}
         cells = [f"{rs[i]['bound'] / rs[i]['params']:.1f} / {rs[i]['held'] / rs[i]['params']:.1f}" for i in INSTANTS]
-        worst = max(rs[i]["bound"] / rs[i]["held"] for i in INSTANTS)
-        lines.append(f"| {model} | {world} | {method} | " + " | ".join(cells) + f" | {worst:.2f} |")
+        ratios = [rs[i]["bound"] / rs[i]["held"] for i in INSTANTS]
+        lines.append(
+            f"| {model} | {world} | {method} | " + " | ".join(cells) + f" | {min(ratios):.2f} - {max(ratios):.2f} |"
+        )
     over = [r for r in rows if r["bound"] > r["held"]]
     lines += ["", f"Bounds above the bytes held: {len(over)} of {len(rows)}."]
     return lines
