@@ -32,7 +32,7 @@ holds (tests/test_memory.py; the margins in docs/adaptive-search.md).
 
 Activations (per sample, at the end of its forward, where they peak): the tensors a transformer layer certainly
 saves for backward, at the recipe's activation width (2 bytes; 4 for fp32): its input, each norm's output, the
-attention's q, k, v and output and the MLP's two intermediates (8h + 2i elements per token; 7h with GPT-NeoX's
+attention's q, k, v and output and the MLP's two intermediates (8h + 2i elements per token; 7h + 2i with GPT-NeoX's
 parallel residual, where both norms read one input), plus the attention probabilities with eager attention
 (`naive`: heads x sequence per token); a compiled model saves only the matrix products' and attention's outputs
 and the residual stream (5h + i: the partitioner recomputes norms and activation functions); with activation
