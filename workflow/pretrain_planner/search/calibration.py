@@ -1,12 +1,13 @@
 """The memory side of the search: how large a micro-batch a method can fit (an upper bound for the sound
-rules), and how large it is expected to reach (the memory model, calibrated on the measured cells so that it
-never predicts a measured cell to fit more than it did). Imports no torch."""
+rules: planning/memory.py's lower bounds of model states and activations), and how large it is expected to reach
+(the memory model, calibrated on the measured cells so that it never predicts a measured cell to fit more than it
+did). Imports no torch."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pretrain_planner.planning.memory import GIB, state_bytes_lb
+from pretrain_planner.planning.memory import GIB, largest_micro_batch
 from pretrain_planner.search.lattice import Observation, Setting, Shape, covers, shape
 
 ACTIVATION_LB_SHARE = 0.5  # of the measured activation bytes per sample, for the upper bound of a micro-batch
@@ -25,10 +26,19 @@ def measured_activation(setting: Setting, observed: Mapping[str, Observation], a
             continue
         if not (ob.peak_mem_kind or "").startswith("cuda"):
             continue
-        states = state_bytes_lb(s.sharding, s.offload, mem.params, setting.world)
+        states = mem.states(s.sharding, s.offload, setting.world).at_forward(ob.micro_batch < setting.per_rank_batch)
         per_sample = max(0.0, ob.peak_mem_gib * GIB - states) / ob.micro_batch
         best = per_sample if best is None else min(best, per_sample)
     return best
+
+
+def _engine(s: Shape) -> str:
+    return f"{s.sharding or 'no sharding'}{' + offload' if s.offload else ''}"
+
+
+def _states(setting: Setting, s: Shape) -> float:
+    """The model states the guesses reason with: the most the lower bound says are held at once."""
+    return setting.memory.states(s.sharding, s.offload, setting.world).peak
 
 
 def largest_fitting(cap: int, states: float, per_sample: float, capacity: float) -> int:
@@ -47,26 +57,31 @@ def anchor_note(setting: Setting, mb: int) -> str:
 
 
 def bound(setting: Setting, s: Shape, observed: Mapping[str, Observation], measured_act: float | None):
-    """(largest micro-batch the method can fit, why; or 0 with the reason it fits none)."""
+    """(largest micro-batch the method can fit, why; or 0 with the reason it fits none). Per sample: the larger
+    of the activations' lower bound (memory.activation_bytes_per_sample) and half the activations a probe's CUDA
+    peak showed."""
     mem = setting.memory
     cap, why = setting.top, "the largest tried"
     if mem.capacity and mem.params:
-        states = state_bytes_lb(s.sharding, s.offload, mem.params, setting.world)
-        if states > mem.capacity:
+        st = mem.states(s.sharding, s.offload, setting.world)
+        if st.floor > mem.capacity:
             return 0, (
-                f"model states alone need at least {states / GIB:.1f} GiB per GPU "
-                f"({mem.params / 1e9:.2f}B parameters x 16 bytes, {s.sharding or 'no sharding'}"
-                f"{' + offload' if s.offload else ''}, {setting.world} GPUs) > {mem.capacity / GIB:g} GiB"
+                f"model states alone need at least {st.floor / GIB:.1f} GiB per GPU "
+                f"({mem.params / 1e9:.2f}B parameters, {_engine(s)}, {setting.world} GPUs) > {mem.capacity / GIB:g} GiB"
             )
-        if measured_act and not s.ac:
-            fit = largest_fitting(cap, states, ACTIVATION_LB_SHARE * measured_act, mem.capacity)
+        analytic = mem.activation_lb(s.slug) or 0.0
+        half = ACTIVATION_LB_SHARE * measured_act if measured_act and not s.ac else 0.0
+        per_sample = max(analytic, half)
+        if per_sample:
+            what = "half the measured activations" if half >= analytic else "the activations' lower bound"
+            fit = largest_micro_batch(st, per_sample, mem.capacity, cap, setting.per_rank_batch)
             if fit < cap:
                 if fit == 0:
                     return 0, (
-                        f"model states ({states / GIB:.1f} GiB) + half the measured activations of micro-batch 1 "
-                        f"exceed {mem.capacity / GIB:g} GiB"
+                        f"model states ({st.at_forward() / GIB:.1f} GiB) + {what} of micro-batch 1 "
+                        f"({per_sample / GIB:.2g} GiB) exceed {mem.capacity / GIB:g} GiB"
                     )
-                cap, why = fit, "the memory model (model states + half the measured activations per sample)"
+                cap, why = fit, f"the memory model (model states + {what} per sample)"
     for slug, ob in observed.items():
         other = shape(slug)
         if ob.status not in ("ok", "oom") or not covers(other, s):
@@ -90,7 +105,7 @@ def optimistic_mb(setting: Setting, s: Shape, cap: int, guess: int, observed: Ma
         return guess
 
     def states(x: Shape) -> float:
-        return state_bytes_lb(x.sharding, x.offload, mem.params, setting.world)
+        return _states(setting, x)
 
     anchors = [
         (states(shape(m)), ob.peak_mem_gib * GIB, ob.micro_batch) for m, ob in observed.items()
@@ -107,7 +122,7 @@ def optimistic_mb(setting: Setting, s: Shape, cap: int, guess: int, observed: Ma
         if fitted:
             need = mine + fitted[0] + mb * fitted[1]
         else:
-            need = peak + mine - sa + (mb - ma) * (peak - sa) / ma
+            need = peak + mine - sa + (mb - ma) * ACTIVATION_LB_SHARE * (peak - sa) / ma
         if need <= mem.capacity:
             break
         mb //= 2
@@ -133,7 +148,7 @@ def _predict_mb(
     overhead measured on the cell whose model states are closest to these + k x micro-batch x `act` (`act`:
     activation bytes per sample of `s`, with checkpointing for ac; `overheads`: (model states, overhead) pairs)."""
     mem = setting.memory
-    states = state_bytes_lb(s.sharding, s.offload, mem.params or 0.0, setting.world)
+    states = _states(setting, s)
     if not overheads:
         return largest_fitting(cap, k * states, k * act, mem.capacity or 0.0)
     overhead = min(overheads, key=lambda so: (abs(so[0] - states), so[1]))[1]
@@ -170,21 +185,27 @@ def predicted_mbs(
     """The calibrated memory model's micro-batch for every method (a measured one: what it reached, 0 = OOM).
 
     Activations per sample: the analytic estimate (AC_ESTIMATE_SHARE of it with checkpointing), else the
-    measured one. Once a cell's CUDA peak is measured, what it held beyond its model states and activations is
-    the overhead (taken from the cell whose model states are closest), and only the activations are inflated
+    measured one, never below the activations' lower bound of the family's methods; model states: the most the
+    lower bound says an engine holds at once (memory.StateBytes.peak). Once a cell's CUDA peak is measured, what
+    it held beyond its model states and activations is the overhead (taken from the cell whose model states are
+    closest), and only the activations are inflated
     (k, from 1) until no measured cell is predicted to fit more than it did; each family, with and without
     checkpointing, on its own."""
     mem = setting.memory
     plain = mem.activation_est or measured_act
     if not (mem.capacity and mem.params and plain):
         return {m: open_.get(m, setting.top) for m in setting.methods}
-    acts = {False: plain, True: plain * AC_ESTIMATE_SHARE}
+    shares = {False: plain, True: plain * AC_ESTIMATE_SHARE}
+    acts = {}  # per (family, ac): the estimate, never below the activations' lower bound of the family's methods
+    for m in setting.methods:
+        s = shape(m)
+        acts[s.family, s.ac] = max(acts.get((s.family, s.ac), shares[s.ac]), mem.activation_lb(m) or 0.0)
     overheads = []
     for m, ob in observed.items():
         if ob.status == "ok" and ob.micro_batch and ob.peak_mem_gib and (ob.peak_mem_kind or "").startswith("cuda"):
             s = shape(m)
-            states = state_bytes_lb(s.sharding, s.offload, mem.params, setting.world)
-            overheads.append((states, ob.peak_mem_gib * GIB - states - ob.micro_batch * acts[s.ac]))
+            states = _states(setting, s)
+            overheads.append((states, ob.peak_mem_gib * GIB - states - ob.micro_batch * acts[s.family, s.ac]))
     ks: dict[tuple[str, bool], float] = {}
     out = {}
     for slug in setting.methods:
@@ -195,7 +216,7 @@ def predicted_mbs(
         s, cap = shape(slug), open_.get(slug, setting.top)
         if (s.family, s.ac) not in ks:  # each family its own: eager attention holds more than SDPA
             ks[s.family, s.ac] = _calibrate(
-                setting, observed, acts[s.ac], s.ac, 1.0 if overheads else 1.2, overheads, s.family
+                setting, observed, acts[s.family, s.ac], s.ac, 1.0 if overheads else 1.2, overheads, s.family
             )
-        out[slug] = _predict_mb(setting, s, cap, acts[s.ac], ks[s.family, s.ac], overheads)
+        out[slug] = _predict_mb(setting, s, cap, acts[s.family, s.ac], ks[s.family, s.ac], overheads)
     return out

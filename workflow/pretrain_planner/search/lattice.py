@@ -185,7 +185,7 @@ def settings(
         out.append(
             Setting(
                 model, gpu, nodes, gpn, tuple(methods), per_rank, largest_micro_batch(per_rank, max_micro_batch),
-                MemoryFacts.of(spec, catalog.gpus[gpu].memory_gib),
+                MemoryFacts.of(spec, catalog.gpus[gpu].memory_gib, tuple(methods)),
                 saturating_samples(spec, saturated_tokens),
                 compute_floor_s(spec, catalog.gpus[gpu], per_rank, mfu_ceiling), tolerance, model_error,
             )

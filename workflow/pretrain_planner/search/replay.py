@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pretrain_planner.planning.memory import state_bytes_lb
 from pretrain_planner.search.calibration import AC_ESTIMATE_SHARE, largest_fitting
 from pretrain_planner.search.lattice import Observation, Setting, shape
 from pretrain_planner.search.rules import decide
@@ -47,7 +46,7 @@ def predicted_table(setting: Setting, hours: Mapping[str, float]) -> dict[str, O
         s = shape(slug)
         mb = setting.top
         if mem.capacity and mem.params and mem.activation_est:
-            states = state_bytes_lb(s.sharding, s.offload, mem.params, setting.world) * 1.2
+            states = mem.states(s.sharding, s.offload, setting.world).peak * 1.2
             share = AC_ESTIMATE_SHARE if s.ac else 1.0
             mb = largest_fitting(mb, states, mem.activation_est * share, mem.capacity)
         ok = mb >= 1

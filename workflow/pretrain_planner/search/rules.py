@@ -14,10 +14,12 @@ Sound: what cannot win under a worst-case model (a proof, given the model):
 - Micro-batches. A larger micro-batch never makes a step slower, a k times larger one makes it at most k
   times faster, and once a micro-batch holds `search.saturated_tokens` tokens the GPU is busy: an
   unsharded step gains nothing more (a sharded one communicates every micro-batch, so it keeps gaining).
-- Memory. Model states (memory.py, DeepSpeed's estimator) are a lower bound of a step's peak: a method
-  whose model states alone exceed the GPU's memory cannot fit; with half the activation bytes per sample
-  measured by a probe (CUDA peaks only) they bound the largest micro-batch; a method that saves no more
-  memory than one that did not fit micro-batch b does not fit b either.
+- Memory. Model states as the method's engine holds them (planning/memory.py: per engine and precision,
+  checked against DeepSpeed's estimators and the bytes the engines hold) are a lower bound of a step's peak: a
+  method whose model states alone exceed the GPU's memory cannot fit; with the activations' lower bound per
+  sample (memory.activation_bytes_per_sample), or half the activation bytes per sample measured by a probe
+  (CUDA peaks only) where that is more, they bound the largest micro-batch; a method that saves no more memory
+  than one that did not fit micro-batch b does not fit b either.
 - Hence a method is pruned when it cannot fit, or when a measured method below it in the work order,
   scaled by the most its larger micro-batch could gain, is already no faster than the best step measured.
 

@@ -249,6 +249,17 @@ def _settings(
     }
 
 
+def _to_16bit(net: torch.nn.Module, precision: str) -> None:
+    """The weights in the recipe's 16-bit dtype before ZeRO-3 partitions them: `zero.Init(module=...)` partitions a
+    built model's weights as they are, and the engine then leaves a ZeRO-3 model's weights uncast, so an fp32 model
+    would train in fp32 with a bf16/fp16 config. Parameters only: buffers (rotary frequencies) stay fp32, as the
+    engine's own cast leaves them."""
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    if dtype is not None:
+        for p in net.parameters():
+            p.data = p.data.to(dtype)
+
+
 def build_step(
     cfg: RunConfig, env: RankEnv, net: torch.nn.Module, attn_used: str | None, micro_batch: int, accum: int
 ) -> DeepSpeedStep:
@@ -263,6 +274,7 @@ def build_step(
         # ds_id on every parameter, the engine does not move the whole module to the GPU. DeepSpeed's comm must
         # wrap the process group first (deepspeed.initialize would), or the config is checked against 1 rank.
         deepspeed.init_distributed()
+        _to_16bit(net, cfg.recipe["precision"])
         deepspeed.zero.Init(module=net, config_dict_or_path=config, mem_efficient_linear=False)
         build_note = "built on the CPU; partitioned by deepspeed.zero.Init(module=...) one parameter at a time"
     optimizer = opt_settings = None
