@@ -90,7 +90,8 @@ class Run:
         self.work.mkdir(parents=True, exist_ok=True)
         self.log = Log(self.work / "gpu_all.log")
         self.catalog = load_catalog(REPO / "config/models.yaml", REPO / "config/gpus.yaml")
-        cores = len(os.sched_getaffinity(0))
+        # smoke: one torch thread a process (two on a busy 2-core machine are several times slower)
+        cores = 1 if args.smoke else len(os.sched_getaffinity(0))
         self.settings = Settings(
             smoke=args.smoke,
             gpu="cpu" if args.smoke else args.gpu_type,
@@ -371,8 +372,8 @@ def _line(rec: dict[str, Any]) -> str:
             f": mb {r.get('micro_batch_size')} x {r.get('grad_accum_steps')}, step {r.get('step_time_s'):.4g} s, "
             f"{(r.get('tokens_per_s') or 0):,.0f} tok/s, MFU {mfu}, peak {(r.get('peak_mem_gib') or 0):.1f} GiB"
         )
-    if "error" in rec and isinstance(rec["error"], float):
-        text += f": predicted / sustained - 1 = {rec['error']:+.2%}"
+    if rec.get("prediction_error") is not None:
+        text += f": predicted / sustained - 1 = {rec['prediction_error']:+.2%}"
     if rec.get("ratio") is not None:
         text += f": train / prediction = {rec['ratio']:.3f} over {rec.get('trained_steps')} steps"
     bad = [c for c, ok in rec.get("checks") or [] if not ok]

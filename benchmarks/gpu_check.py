@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         warmup_steps=args.warmup_steps,
         timed_steps=args.timed_steps,
         accum_factor=args.accum_factor,
-        threads=max(1, len(os.sched_getaffinity(0)) // lanes),
+        threads=1 if args.smoke else max(1, len(os.sched_getaffinity(0)) // lanes),  # smoke: see gpu_all.py
         cells_dir=args.cells_dir,
         max_micro_batch=args.max_micro_batch,
     )
@@ -131,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     deadline = t0 + args.budget_s
     runner.run(P.status_groups(sweep), deadline, lanes)
-    runner.settings = replace(s, threads=max(1, len(os.sched_getaffinity(0))))
+    if not args.smoke:  # alone on the machine: every core
+        runner.settings = replace(s, threads=max(1, len(os.sched_getaffinity(0))))
     runner.run([[p] for p in probes], deadline, 1)
     print(cell_table([r for r in records if (r.get("plan") or {}).get("kind", "cell") == "cell"], SHORT_COLUMNS))
     bad = [r["label"] for r in records if failed(r)]

@@ -168,11 +168,17 @@ def test_launch_script(exported):
     assert "--gpus-per-node" not in cpu
 
 
-def test_export_imports_neither_torch_nor_transformers(tmp_path):
-    """Planning modules stay light: a login node has no torch (a blocker package makes any import fail)."""
-    for name in ("torch", "transformers"):
+def _blocking(tmp_path, *names: str) -> dict[str, str]:
+    """An environment in which importing any of `names` fails (a blocker package of that name first on the path)."""
+    for name in names:
         (tmp_path / "blocker" / name).mkdir(parents=True)
         (tmp_path / "blocker" / name / "__init__.py").write_text(f"raise ImportError('{name} is blocked')\n")
+    return {"PYTHONPATH": str(tmp_path / "blocker"), "HF_HUB_OFFLINE": "1"}
+
+
+def test_export_imports_neither_torch_nor_transformers(tmp_path):
+    """Planning modules stay light: a login node has no torch (a blocker package makes any import fail)."""
+    env = _blocking(tmp_path, "torch", "transformers")
     code = (
         "import sys\n"
         "import pretrain_planner.tables.aggregate, pretrain_planner.report.plots, pretrain_planner.tables.costs\n"
@@ -186,7 +192,6 @@ def test_export_imports_neither_torch_nor_transformers(tmp_path):
         "assert ds['zero_optimization']['stage'] == 3\n"
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n"
     )
-    env = {"PYTHONPATH": str(tmp_path / "blocker"), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
 
@@ -195,9 +200,7 @@ def test_one_plan_is_written_without_polars_snakemake_or_torch(tmp_path):
     """Issue 28: a GPU machine has neither polars nor Snakemake: `export.write_plan` writes a setting's plan from
     a time_to_train row and the cell's recorded settings with only the planner's light imports (blockers make
     any import of polars, snakemake, torch or transformers fail)."""
-    for name in ("polars", "snakemake", "torch", "transformers"):
-        (tmp_path / "blocker" / name).mkdir(parents=True)
-        (tmp_path / "blocker" / name / "__init__.py").write_text(f"raise ImportError('{name} is blocked')\n")
+    env = _blocking(tmp_path, "polars", "snakemake", "torch", "transformers")
     code = (
         "import json, sys\n"
         "from pathlib import Path\n"
@@ -214,6 +217,5 @@ def test_one_plan_is_written_without_polars_snakemake_or_torch(tmp_path):
         "assert entry['files'] == 'training_arguments.json launch.sh plan.json', entry\n"
         "assert not {'polars', 'snakemake', 'torch'} & set(sys.modules)\n"
     )
-    env = {"PYTHONPATH": str(tmp_path / "blocker"), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr

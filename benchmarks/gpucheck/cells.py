@@ -12,6 +12,7 @@ import os
 import shutil
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,26 @@ def cleanup() -> int | None:
         torch.cuda.reset_peak_memory_stats()
         return torch.cuda.memory_allocated()
     return None
+
+
+@contextlib.contextmanager
+def recorded(rec: dict[str, Any]) -> Iterator[None]:
+    """Around one cell's work: its wall time and what the GPU still holds after the cleanup go into `rec`; an
+    exception becomes status `error` with the traceback (`skipped` for Skip), so the cells after it still run."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    except Skip as exc:
+        rec.update(status="skipped", reason=str(exc))
+    except Exception as exc:  # noqa: BLE001 - one failing cell must not stop the others
+        rec.update(status="error", error=f"{type(exc).__name__}: {exc}"[:2000],
+                   traceback=traceback.format_exc()[-6000:])  # fmt: skip
+    finally:
+        rec["cell_wall_s"] = round(time.perf_counter() - t0, 1)
+        try:
+            rec["gpu_bytes_left_after_cleanup"] = cleanup()
+        except Exception as exc:  # noqa: BLE001 - a poisoned CUDA context shows here
+            rec["cleanup_error"] = f"{type(exc).__name__}: {exc}"[:500]
 
 
 def make_spec(plan: Plan, catalog: Catalog, s: Settings, folder: Path) -> tuple[dict, dict]:
@@ -206,9 +227,8 @@ def run_cell(plan: Plan, catalog: Catalog, s: Settings) -> dict[str, Any]:
         return rec
     if reason:
         rec["grid_reason"] = f"run anyway (the grid rules it out of sweeps: {reason})"
-    t0 = time.perf_counter()
     fake = {FAKE_OOM_ENV: str(plan.fake_oom_above)} if plan.fake_oom_above is not None else {}
-    try:
+    with recorded(rec):
         if plan.ranks > 1:
             spec = {**spec, "threads_per_rank": max(1, s.threads // plan.ranks)}
             _run_multi(plan, spec, s.on_gpu, Path(s.cells_dir))
@@ -221,16 +241,4 @@ def run_cell(plan: Plan, catalog: Catalog, s: Settings) -> dict[str, Any]:
         result = json.loads(result_path.read_text())
         lines = steps_path.read_text().splitlines() if steps_path.is_file() else []
         rec.update(status=result["status"], result=result, steps=[json.loads(ln) for ln in lines if ln.strip()])
-    except Skip as exc:
-        rec.update(status="skipped", reason=str(exc))
-    except Exception as exc:  # noqa: BLE001 - one failing cell must not stop the others
-        rec.update(
-            status="error", error=f"{type(exc).__name__}: {exc}"[:2000], traceback=traceback.format_exc()[-6000:]
-        )
-    finally:
-        rec["cell_wall_s"] = round(time.perf_counter() - t0, 1)
-        try:
-            rec["gpu_bytes_left_after_cleanup"] = cleanup()
-        except Exception as exc:  # noqa: BLE001 - a poisoned CUDA context shows here
-            rec["cleanup_error"] = f"{type(exc).__name__}: {exc}"[:500]
     return rec

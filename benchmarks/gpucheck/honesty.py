@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import statistics
 import time
-import traceback
 from typing import Any
 
 from pretrain_planner.planning.catalog import Catalog
 
-from .cells import Settings, cleanup, folder_of, make_spec
+from .cells import Settings, folder_of, make_spec, recorded
 from .plans import Plan
 
 ACCUM, REPS = 8, 3
@@ -82,7 +81,6 @@ def run_honesty(plan: Plan, catalog: Catalog, s: Settings) -> dict[str, Any]:
 
     mb = s.honesty_micro_batch or plan.cap
     rec: dict[str, Any] = {"label": plan.label, "plan": plan.to_json(), "status": None}
-    t0 = time.perf_counter()
     cell = Plan(plan.label, plan.model, "fl", mb, global_batch=mb * ACCUM)
     spec, override = make_spec(cell, catalog, s, folder_of(s, plan.label))
     spec["model"]["supports_compile"] = False  # the reference harness's "eager"
@@ -99,25 +97,13 @@ def run_honesty(plan: Plan, catalog: Catalog, s: Settings) -> dict[str, Any]:
         "precision": f"bf16 (recipe: {catalog.model(plan.model).recipe.precision})",
         "compile": False,
     }
-    try:
+    rec["honesty"] = h
+    with recorded(rec):
         cfg = RunConfig.from_spec(spec)
         env = init_rank(cfg)
         try:
             h.update(_measure(cfg, env, mb))
         finally:
             close_rank(env)
-        rec.update(status="ok", honesty=h)
-    except Exception as exc:  # noqa: BLE001 - the cells after it still run
-        rec.update(
-            status="error",
-            honesty=h,
-            error=f"{type(exc).__name__}: {exc}"[:2000],
-            traceback=traceback.format_exc()[-6000:],
-        )
-    finally:
-        rec["cell_wall_s"] = round(time.perf_counter() - t0, 1)
-        try:
-            rec["gpu_bytes_left_after_cleanup"] = cleanup()
-        except Exception as exc:  # noqa: BLE001
-            rec["cleanup_error"] = f"{type(exc).__name__}: {exc}"[:500]
+        rec["status"] = "ok"
     return rec

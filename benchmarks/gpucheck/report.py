@@ -197,7 +197,7 @@ def sustained_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
     rows = []
     for rec in records:
         p, s = rec.get("predicted") or {}, rec.get("sustained") or {}
-        err = rec.get("error") if isinstance(rec.get("error"), float) else None
+        err = rec.get("prediction_error")
         rows.append(
             [
                 rec["label"],
@@ -253,7 +253,7 @@ def details(records: list[dict[str, Any]]) -> list[str]:
                 f"GPU memory still allocated after the cell and cleanup: "
                 f"{rec['gpu_bytes_left_after_cleanup'] / 2**20:.1f} MiB\n"
             )
-        if rec.get("error") and isinstance(rec["error"], str):
+        if rec.get("error"):
             out.append(f"error: `{rec['error'][:500]}`\n\n```\n{rec.get('traceback', '')}\n```\n")
         if rec.get("worker_log_tail"):
             out.append(f"end of the worker's log:\n\n```\n{rec['worker_log_tail'][-2500:]}\n```\n")

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import json
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
-from .cells import Settings, cleanup, folder_of, read_record
+from .cells import Settings, folder_of, read_record, recorded
 from .plans import Plan
 
 TARGET = 0.03  # +-3% on GPU (issues 7 and 28)
@@ -58,7 +57,7 @@ def sustained(spec: dict[str, Any], micro_batch: int, steps: int, warmup: int) -
 def compare(predicted: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
     """The prediction's error against a sustained run, and whether it is within the target."""
     error = predicted["step_time_s"] / run["mean_step_s"] - 1
-    return {"error": error, "within_target": abs(error) <= TARGET}
+    return {"prediction_error": error, "within_target": abs(error) <= TARGET}
 
 
 def run_sustained(plan: Plan, s: Settings) -> dict[str, Any]:
@@ -88,18 +87,7 @@ def run_sustained(plan: Plan, s: Settings) -> dict[str, Any]:
             "mfu",
         )
     }
-    t0 = time.perf_counter()
-    try:
+    with recorded(rec):
         run = sustained(spec, int(result["micro_batch_size"]), int(plan.steps or 100), int(result["warmup_steps"]))
         rec.update(status="ok", sustained=run, **compare(result, run))
-    except Exception as exc:  # noqa: BLE001
-        rec.update(
-            status="error", error=f"{type(exc).__name__}: {exc}"[:2000], traceback=traceback.format_exc()[-6000:]
-        )
-    finally:
-        rec["cell_wall_s"] = round(time.perf_counter() - t0, 1)
-        try:
-            rec["gpu_bytes_left_after_cleanup"] = cleanup()
-        except Exception as exc:  # noqa: BLE001
-            rec["cleanup_error"] = f"{type(exc).__name__}: {exc}"[:500]
     return rec

@@ -16,22 +16,9 @@ from typing import Any
 
 from pretrain_planner import layout
 from pretrain_planner.planning.catalog import Catalog, ModelSpec
-from pretrain_planner.tables.export import write_plan
+from pretrain_planner.tables.export import MEASURED, write_plan
 
 from .sustain import TARGET
-
-MEASURED = (
-    "micro_batch_size",
-    "grad_accum_steps",
-    "step_time_s",
-    "step_time_p10_s",
-    "step_time_p90_s",
-    "tokens_per_s",
-    "samples_per_s",
-    "mfu",
-    "peak_mem_gib",
-    "training_days",
-)
 
 
 def model_as_measured(catalog: Catalog, spec_model: dict[str, Any]) -> ModelSpec:

@@ -37,6 +37,9 @@ if TYPE_CHECKING:  # polars only where the tables are read (export_plans): one p
     import polars as pl
 
 WORKFLOW_DIR = str(Path(__file__).resolve().parents[2])  # where the package lives: launch.sh runs its train stage
+# the measurement a plan rests on (plan.json `measured`): time_to_train's columns, a cell's result.json fields
+MEASURED = ("micro_batch_size", "grad_accum_steps", "step_time_s", "step_time_p10_s", "step_time_p90_s",
+            "tokens_per_s", "samples_per_s", "mfu", "peak_mem_gib", "training_days", "analytic_days")  # fmt: skip
 INDEX_COLUMNS = ["model", "gpu", "nodes", "gpus_per_node", "world_size", "best_method", "training_days", "folder",
                  "files", "note"]  # fmt: skip
 
@@ -288,22 +291,7 @@ def _plan_record(
         "model_init_kwargs": {"attn_implementation": s["attn_implementation"]} if s["attn_implementation"] else {},
         "method_settings": s,
         "not_expressible": not_expressible(model, s),
-        "measured": {
-            k: row.get(k)
-            for k in (
-                "micro_batch_size",
-                "grad_accum_steps",
-                "step_time_s",
-                "step_time_p10_s",
-                "step_time_p90_s",
-                "tokens_per_s",
-                "samples_per_s",
-                "mfu",
-                "peak_mem_gib",
-                "training_days",
-                "analytic_days",
-            )
-        },  # fmt: skip
+        "measured": {k: row.get(k) for k in MEASURED},
         "notes": notes,
     }
 
