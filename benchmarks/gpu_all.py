@@ -128,7 +128,7 @@ class Run:
             f"{'smoke (CPU, tiny models)' if self.args.smoke else 'GPU'} run; TOTAL_S {total:.0f} s; work "
             f"{self.work}; reports -> {self.out} ({', '.join(OUT_FILES)})"
         )
-        for note in known_before(self.settings):
+        for note in known_before(self.settings, self.args.block):
             self.log(f"known before running: {note}")
         self.log("time plan (budget: the part's share of TOTAL_S; predicted: benchmarks/gpucheck/timeplan.py):")
         self.log(f"  {'part':<10} {'value':<5} {'budget s':>8} {'predicted s':>11} {'ends by s':>9}  what")
@@ -340,7 +340,7 @@ class Run:
             "elapsed_s": round(time.time() - self.t0, 1),
             "finished": final,
             "left_out_of_reports": left_out,
-            "known_before": known_before(self.settings),
+            "known_before": known_before(self.settings, self.args.block),
             "work": str(self.work),
         }
         summary = {"meta": meta, "environment": self.env, "parts": self.state}
@@ -390,16 +390,22 @@ def _machine(env: dict[str, Any]) -> str:
     )
 
 
-def block_imports(names: tuple[str, ...], folder: Path) -> None:
-    """Make `import NAME` fail here and in every subprocess (a package that raises ImportError, first on the path),
-    as on the GPU machine, where they are not installed."""
-    for name in names:
+def child_path(blocked: tuple[str, ...], folder: Path) -> None:
+    """PYTHONPATH for every process this run starts: benchmarks/ and workflow/ first (nothing of this repository
+    is installed on the GPU machine), then a package for each of `blocked` that raises ImportError (here and in
+    every subprocess, as on the GPU machine, where they are not installed). `pretrain_planner` among them makes
+    an installed copy unusable: a process that loses workflow/ from its path fails as it would there."""
+    for name in blocked:
         (folder / name).mkdir(parents=True, exist_ok=True)
         (folder / name / "__init__.py").write_text(
-            f"raise ImportError('{name} is not on the GPU machine (gpu_all_blocked)')\n"
+            f"raise ImportError('{name} is not installed on the GPU machine (gpu_all_blocked)')\n"
         )
-    sys.path.insert(0, str(folder))
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH", "")) if p)
+    if blocked:
+        sys.path.insert(0, str(folder))
+        for repo_path in (REPO / "workflow", REPO / "benchmarks"):
+            sys.path.insert(0, str(repo_path))
+    first = [str(REPO / "benchmarks"), str(REPO / "workflow"), *([str(folder)] if blocked else [])]
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (*first, os.environ.get("PYTHONPATH", "")) if p)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -434,8 +440,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", f"{args.work}-inductor")  # shared by the parts, not packed
-    if args.block:
-        block_imports(args.block, Path(f"{args.work}-blocked") / "gpu_all_blocked")
+    child_path(args.block, Path(f"{args.work}-blocked") / "gpu_all_blocked")
     if args.plan_only:
         Run(args).plan()
         return 0

@@ -12,7 +12,7 @@
 #     No cached wheel: a warning, and every ZeRO cell reports `unsupported` there.
 # Not carried: flash-attn (no wheel for the image's Python 3.12 / torch 2.11+cu130: `fa2` reports unsupported);
 # what the image already has (torch, triton, numpy, packaging, psutil, msgpack, ninja, py-cpuinfo, einops, tqdm,
-# nvidia-ml-py, cloudpickle, typing-extensions, attrs, pyyaml: /work/.library/device/KINDS.md).
+# nvidia-ml-py, cloudpickle, typing-extensions, attrs, pyyaml: the device image's package list).
 #
 #   bash benchmarks/prepare_gpu_deps.sh           download (any python3 with pip: no venv needed), unpack, check
 #   bash benchmarks/prepare_gpu_deps.sh --check   download nothing: what would be carried, what is there, its size,

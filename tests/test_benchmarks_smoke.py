@@ -23,6 +23,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from gpucheck import plans as P  # noqa: E402
 
+pytestmark = pytest.mark.slow  # minutes of training subprocesses: not in the everyday subset
+
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):

@@ -56,6 +56,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
+@pytest.mark.slow  # worker processes that train
 def test_a_cell_past_its_cap_is_stopped_and_the_rest_run_in_a_fresh_process(tmp_path):
     runner, records = _runner(tmp_path, caps={LONG.label: 3.0})
     t0 = time.time()
@@ -72,6 +73,7 @@ def test_a_cell_past_its_cap_is_stopped_and_the_rest_run_in_a_fresh_process(tmp_
     )  # fmt: skip  (what a fallback reads)
 
 
+@pytest.mark.slow  # worker processes that train
 def test_a_crashed_worker_leaves_a_record_and_the_rest_run(tmp_path):
     """A worker killed by a signal while a cell runs (as the out-of-memory killer or a CUDA abort would end it)."""
     runner, records = _runner(tmp_path)
@@ -87,6 +89,7 @@ def test_a_crashed_worker_leaves_a_record_and_the_rest_run(tmp_path):
     assert second["status"] == "unsupported" and (tmp_path / "worker02.job.json").is_file()
 
 
+@pytest.mark.slow  # worker processes that train
 def test_the_part_deadline_stops_and_skips(tmp_path):
     runner, records = _runner(tmp_path)
     runner.run([[LONG], [INSTANT]], deadline=time.time() + 12, min_start_s=5)
