@@ -138,3 +138,15 @@ def test_prepare_check_reports_the_pair_and_the_size(tmp_path, core, extra_mib, 
     assert ("a matching pair" in proc.stdout) is (core == "2.50.5")
     assert ("TOO BIG" in proc.stdout) is bool(extra_mib)
     assert "liger-kernel                 0.8.5" in proc.stdout
+
+
+def test_gpu_check_runs_a_selection(tmp_path):
+    """gpu_check.py, the status sweep on its own, on the same pieces: a selected cell, its report and records."""
+    out = tmp_path / "gpu_check.md"
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks/gpu_check.py"), "--smoke", "--cells", "fl+fa2",
+                           "--out", str(out), "--cells-dir", str(tmp_path / "cells")], capture_output=True, text=True,
+                          timeout=300, cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (rec,) = json.loads(out.with_suffix(".json").read_text())["cells"]
+    assert rec["label"] == "tiny-gptneox/fl+fa2" and rec["status"] == "unsupported"
+    assert "| tiny-gptneox/fl+fa2 | unsupported: fa2: flash-attn runs on CUDA GPUs only" in out.read_text()
