@@ -53,12 +53,12 @@ def build_parts(smoke: bool) -> list[Part]:
     m_big, m_small = big[0].model, small[0].model
     scale = SMOKE_SCALE if smoke else 1
     parts = [
-        Part("env", "5", "the machine: date, GPU, driver, versions, optional back-ends", 15, "env", min_s=5),
+        Part("env", "5", "the machine: date, GPU, driver, versions, optional back-ends", 10, "env", min_s=5),
         Part(
             "p2_1b",
             "P2",
             f"the levers combined on {m_big}: {big[0].method} (fallback {big[1].method})",
-            150,
+            140,
             "cells",
             [[p] for p in big],
         ),
@@ -66,7 +66,7 @@ def build_parts(smoke: bool) -> list[Part]:
             "p2_410m",
             "P2",
             f"the levers combined on {m_small}: {small[0].method} (fallback {small[1].method})",
-            120,
+            135,
             "cells",
             [[p] for p in small],
         ),
