@@ -30,6 +30,7 @@ import io
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import tarfile
@@ -169,7 +170,32 @@ class Run:
 
     # -- the parts ---------------------------------------------------------------------------------------------
     def run(self) -> int:
+        """The parts in order; a SIGTERM (the hard stop of gpu_all.sh) stops the workers and packs what there is."""
+
+        def stop(signum: int, frame: Any) -> None:
+            raise KeyboardInterrupt(f"signal {signum}")
+
+        signal.signal(signal.SIGTERM, stop)
         self.plan()
+        try:
+            self._parts()
+        except KeyboardInterrupt as exc:  # the workers are stopped by the runner on the way out
+            running = [n for n, st in self.state.items() if st["status"] == "running"]
+            for name in running:
+                self.state[name].update(status="stopped", reason=f"the command was stopped ({exc})")
+            self.log(f"stopped ({exc}) during {running}; packing what there is")
+            self.pack()
+            return 124
+        bad = [n for n, s in self.state.items() if s["status"] in ("problems", "error")]
+        self.log(
+            f"done in {time.time() - self.t0:.0f} s; "
+            + (f"problems in {bad}" if bad else "no problems")
+            + f"; {self.out}: {', '.join(OUT_FILES)}"
+        )
+        self.pack(final=True)
+        return 1 if bad else 0
+
+    def _parts(self) -> None:
         for part in self.parts:
             st = self.state[part.name]
             now = time.time() - self.t0
@@ -194,14 +220,6 @@ class Run:
             st["actual_s"] = round(time.time() - t, 1)
             self.log(f"=== {part.name} {st['status']} in {st['actual_s']:.0f} s (predicted {st['predicted_s']:.0f})")
             self.pack()
-        bad = [n for n, s in self.state.items() if s["status"] in ("problems", "error")]
-        self.log(
-            f"done in {time.time() - self.t0:.0f} s; "
-            + (f"problems in {bad}" if bad else "no problems")
-            + f"; {self.out}: {', '.join(OUT_FILES)}"
-        )
-        self.pack(final=True)
-        return 1 if bad else 0
 
     def _env(self, part: Part, deadline: float) -> None:
         folder = self.work / part.name
@@ -310,9 +328,14 @@ class Run:
             ("budget / predicted s", f"{part.budget_s:.0f} / {st['predicted_s']:.0f}"),
         ]
         records = [r for r in st["records"] if (r.get("plan") or {}).get("kind") != "train"]
-        text = render_part(f"GPU run, {part.name}", header, records)
-        (folder / "report.md").write_text(text)
         (folder / "report.json").write_text(json.dumps({"part": st, "environment": self.env}, indent=1, default=str))
+        try:
+            text = render_part(f"GPU run, {part.name}", header, records)
+        except Exception as exc:  # noqa: BLE001 - a report that cannot be drawn must not stop the run: the JSON holds it
+            why = f"{type(exc).__name__}: {exc}"
+            text = f"# GPU run, {part.name}\n\nthe report could not be rendered ({why}); see report.json\n"
+            self.log(f"  {part.name}: report not rendered: {why}")
+        (folder / "report.md").write_text(text)
 
     def pack(self, final: bool = False) -> None:
         """summary.md / summary.json / reports.tgz / gpu_all.log into $OUT, each replaced whole (a cut leaves the
@@ -344,9 +367,13 @@ class Run:
             "work": str(self.work),
         }
         summary = {"meta": meta, "environment": self.env, "parts": self.state}
+        try:
+            md = render_summary(summary)
+        except Exception as exc:  # noqa: BLE001 - never lose the run to its summary: summary.json holds it all
+            md = f"# GPU run\n\nsummary.md could not be rendered ({type(exc).__name__}: {exc}); see summary.json\n"
         for name, data in (
             ("summary.json", json.dumps(summary, indent=1, default=str).encode()),
-            ("summary.md", render_summary(summary).encode()),
+            ("summary.md", md.encode()),
             ("reports.tgz", buf.getvalue()),
             ("gpu_all.log", self.log.path.read_bytes()),
         ):

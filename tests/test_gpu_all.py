@@ -150,3 +150,27 @@ def test_gpu_check_runs_a_selection(tmp_path):
     (rec,) = json.loads(out.with_suffix(".json").read_text())["cells"]
     assert rec["label"] == "tiny-gptneox/fl+fa2" and rec["status"] == "unsupported"
     assert "| tiny-gptneox/fl+fa2 | unsupported: fa2: flash-attn runs on CUDA GPUs only" in out.read_text()
+
+
+@pytest.mark.slow  # worker processes that train
+def test_a_stopped_command_stops_its_workers_and_packs(tmp_path):
+    """SIGTERM (gpu_all.sh's hard stop) in the middle of a part: the cell in flight is recorded `stopped`, no worker
+    survives (they run in sessions of their own), and $OUT holds what there was."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    cmd = [sys.executable, str(REPO / "benchmarks/gpu_all.py"), "--smoke", "--parts", "p4_status", "--out", str(out),
+           "--work", str(work)]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        worker = _started(work / "p4_status" / "worker01.rows.jsonl", "tiny-gptneox/naive", timeout_s=300)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 124
+    finally:
+        proc.kill()
+    summary = json.loads((out / "summary.json").read_text())
+    st = summary["parts"]["p4_status"]
+    assert st["status"] == "stopped" and summary["parts"]["env"]["status"] == "done"
+    stopped = [r for r in st["records"] if r["status"] == "stopped"]
+    assert stopped and all("stopped while it ran" in r["reason"] for r in stopped)
+    time.sleep(1)
+    assert not _alive(worker)

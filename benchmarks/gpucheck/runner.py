@@ -157,6 +157,17 @@ class Runner:
         (time.time()); every plan ends with a record."""
         pending = [list(g) for g in groups if g]
         running: list[_Worker] = []
+        try:
+            self._loop(pending, running, deadline, lanes, min_start_s)
+        finally:  # whatever happens here (a SIGTERM of the whole command), no worker outlives the part
+            for w in running:
+                if w.proc.poll() is None:
+                    self._stop(w)
+                    if w.current:
+                        self._ended(w, "stopped", "the command was stopped while it ran")
+
+    def _loop(self, pending: list[list[Plan]], running: list[_Worker], deadline: float, lanes: int,
+              min_start_s: float) -> None:  # fmt: skip
         while pending or running:
             now = time.time()
             while pending and len(running) < lanes and deadline - now >= min_start_s:
