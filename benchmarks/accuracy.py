@@ -34,12 +34,12 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO / "workflow") not in sys.path:
     sys.path.insert(0, str(REPO / "workflow"))
 
-from gpu_check import _cleanup  # noqa: E402  (the same cleanup between cells; benchmarks/ is on sys.path)
+from gpucheck.cells import cleanup  # noqa: E402  (the GPU check's pieces; benchmarks/ is on sys.path)
+from gpucheck.sustain import TARGET, sustained  # noqa: E402
 from pretrain_planner.planning.catalog import Catalog, load_catalog  # noqa: E402
 from pretrain_planner.planning.grid import Cell  # noqa: E402
 from pretrain_planner.planning.spec import cell_spec  # noqa: E402
 
-TARGET = 0.03  # +-3% on GPU (issue #7)
 T0 = time.perf_counter()
 
 
@@ -65,42 +65,6 @@ def make_spec(model: str, args: argparse.Namespace, catalog: Catalog, folder: Pa
     if args.smoke:  # bf16 autocast on a CPU is ~5x slower than fp32
         spec["model"]["recipe"]["precision"] = "fp32"
     return spec
-
-
-def sustained(spec: dict[str, Any], micro_batch: int, steps: int, warmup: int) -> dict[str, Any]:
-    """`steps` whole optimizer steps on a fresh instance (after `warmup` dropped ones), one timed block."""
-    from pretrain_planner.trainer.config import RunConfig
-    from pretrain_planner.trainer.measure import BATCH_POOL, batches_for
-    from pretrain_planner.trainer.rank import close_rank, init_rank
-    from pretrain_planner.trainer.run import check_supported, make_builder
-
-    cfg = RunConfig.from_spec(spec)
-    env = init_rank(cfg)
-    step = None
-    try:
-        check_supported(cfg, env)
-        accum = cfg.recipe["global_batch"] // cfg.cell.world_size // micro_batch
-        step = make_builder(cfg, env, [])(micro_batch, accum)
-        batches = batches_for(cfg, env, micro_batch, min(accum, BATCH_POOL))
-        for _ in range(warmup):
-            step(batches, accum)
-        env.sync()
-        t0 = time.perf_counter()
-        losses = [step(batches, accum) for _ in range(steps)]
-        env.sync()
-        total = time.perf_counter() - t0
-        return {
-            "steps": steps,
-            "warmup_steps": warmup,
-            "total_s": total,
-            "mean_step_s": total / steps,
-            "final_loss": float(losses[-1]),
-            "accum": accum,
-        }
-    finally:
-        if step is not None:
-            step.close()
-        close_rank(env)
 
 
 def run_model(model: str, args: argparse.Namespace, catalog: Catalog) -> dict[str, Any]:
@@ -135,7 +99,7 @@ def run_model(model: str, args: argparse.Namespace, catalog: Catalog) -> dict[st
     except Exception as exc:  # noqa: BLE001 - one model's failure must not stop the others
         rec.update(status="error", error_text=f"{type(exc).__name__}: {exc}"[:1000], traceback=traceback.format_exc())
     finally:
-        _cleanup()
+        cleanup()
     return rec
 
 

@@ -2,7 +2,7 @@
 
 Each rank gets the environment submitit's LocalExecutor gives a task (SUBMITIT_EXECUTOR=local, its global and
 local ids, MASTER_ADDR / MASTER_PORT), so `trainer.parallel.init_rank` and the budget stage's `Ranks` start
-their process groups exactly as in a real job. The tests (two gloo ranks on CPU) and benchmarks/gpu_check.py
+their process groups exactly as in a real job. The tests (two gloo ranks on CPU) and benchmarks/gpucheck/cells.py
 (two NCCL ranks, one GPU each or both visible) use it; `extra_env(rank)` sets per-rank variables such as
 CUDA_VISIBLE_DEVICES. A run that outlives `timeout_s` is killed, the whole process group of every rank,
 and says so: a hang can neither block a test nor leave processes behind.

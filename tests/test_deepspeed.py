@@ -193,3 +193,52 @@ def test_missing_deepspeed_is_unsupported(monkeypatch):
         zero.import_deepspeed(_env())
     with pytest.raises(Unsupported, match="DeepSpeed is not installed"):
         check_supported(_run_config("tiny-bert", "naive+zero3"), _env())
+
+
+BROKEN_IMPORT_CELL = """
+import json, sys
+from pretrain_planner.planning.catalog import load_catalog
+from pretrain_planner.planning.grid import Cell
+from pretrain_planner.planning.spec import cell_spec
+from pretrain_planner.trainer.run import run_rank
+
+try:
+    import deepspeed  # noqa: F401
+    raised = None
+except BaseException as exc:  # what a GPU image with a mismatched pair shows
+    raised = type(exc).__name__
+repo, out = sys.argv[1], sys.argv[2]
+catalog = load_catalog(f"{repo}/config/models.yaml", f"{repo}/config/gpus.yaml")
+config = {"benchmark": {"warmup_steps": 1, "timed_steps": 1}, "launcher": {"kind": "debug", "timeout_min": 5}}
+spec = cell_spec(Cell("tiny-bert", "cpu", 1, 1, "naive+zero1"), catalog, config, f"{out}/result.json",
+                 f"{out}/steps.jsonl")
+run_rank(spec)
+print(json.dumps({"raised": raised, "result": json.load(open(f"{out}/result.json"))}))
+"""
+
+
+def test_broken_deepspeed_import_is_unsupported(tmp_path):
+    """Issue 28: a DeepSpeed whose import raises something other than ImportError (here: a pydantic-core of
+    another version than pydantic requires, shadowing the real one on PYTHONPATH, so `import pydantic` inside
+    `import deepspeed` raises SystemError, as a GPU image with a mismatched pair does) makes a ZeRO cell
+    `unsupported` with the reason, not an error."""
+    import json
+    import os
+    import subprocess
+
+    if not HAVE_DS:
+        pytest.skip("DeepSpeed is not installed (bash envs/setup.sh test)")
+    fake = tmp_path / "site" / "pydantic_core"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('__version__ = "0.0.1"  # not the version pydantic requires\n')
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), str(REPO / "workflow")]),
+           "HF_HUB_OFFLINE": "1"}  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", BROKEN_IMPORT_CELL, str(REPO), str(tmp_path)], capture_output=True,
+                          text=True, env=env, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["raised"] == "SystemError"  # the import really fails, and not with ImportError
+    result = out["result"]
+    assert result["status"] == "unsupported", result
+    assert "does not import" in result["reason"] and "SystemError" in result["reason"]
+    assert "pydantic-core" in result["reason"]

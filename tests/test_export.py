@@ -170,11 +170,17 @@ def test_launch_script(exported):
     assert "--gpus-per-node" not in cpu
 
 
-def test_export_imports_neither_torch_nor_transformers(tmp_path):
-    """Planning modules stay light: a login node has no torch (a blocker package makes any import fail)."""
-    for name in ("torch", "transformers"):
+def _blocking(tmp_path, *names: str) -> dict[str, str]:
+    """An environment in which importing any of `names` fails (a blocker package of that name first on the path)."""
+    for name in names:
         (tmp_path / "blocker" / name).mkdir(parents=True)
         (tmp_path / "blocker" / name / "__init__.py").write_text(f"raise ImportError('{name} is blocked')\n")
+    return {"PYTHONPATH": str(tmp_path / "blocker"), "HF_HUB_OFFLINE": "1"}
+
+
+def test_export_imports_neither_torch_nor_transformers(tmp_path):
+    """Planning modules stay light: a login node has no torch (a blocker package makes any import fail)."""
+    env = _blocking(tmp_path, "torch", "transformers")
     code = (
         "import sys\n"
         "import pretrain_planner.tables.aggregate, pretrain_planner.report.plots, pretrain_planner.tables.costs\n"
@@ -188,6 +194,30 @@ def test_export_imports_neither_torch_nor_transformers(tmp_path):
         "assert ds['zero_optimization']['stage'] == 3\n"
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n"
     )
-    env = {"PYTHONPATH": str(tmp_path / "blocker"), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_one_plan_is_written_without_polars_snakemake_or_torch(tmp_path):
+    """Issue 28: a GPU machine has neither polars nor Snakemake: `export.write_plan` writes a setting's plan from
+    a time_to_train row and the cell's recorded settings with only the planner's light imports (blockers make
+    any import of polars, snakemake, torch or transformers fail)."""
+    env = _blocking(tmp_path, "polars", "snakemake", "torch", "transformers")
+    code = (
+        "import json, sys\n"
+        "from pathlib import Path\n"
+        "from pretrain_planner.tables import export\n"
+        "from pretrain_planner.planning.catalog import load_catalog\n"
+        f"cat = load_catalog('{REPO}/config/models.yaml', '{REPO}/config/gpus.yaml')\n"
+        "row = {'model': 'pythia-410m', 'gpu': 'h200', 'nodes': 1, 'gpus_per_node': 1, 'best_method': 'fl+flce',\n"
+        "       'micro_batch_size': 16, 'grad_accum_steps': 64, 'step_time_s': 30.0, 'training_days': 50.0}\n"
+        f"target = Path('{tmp_path}') / 'plan'\n"
+        "target.mkdir()\n"
+        "entry = export.write_plan(target, cat.model('pythia-410m'), cat.gpu('h200'), row, None)\n"
+        "plan = json.loads((target / 'plan.json').read_text())\n"
+        "assert plan['method'] == 'fl+flce' and plan['measured']['micro_batch_size'] == 16, plan\n"
+        "assert entry['files'] == 'training_arguments.json launch.sh plan.json', entry\n"
+        "assert not {'polars', 'snakemake', 'torch'} & set(sys.modules)\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr

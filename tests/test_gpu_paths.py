@@ -2,7 +2,7 @@
 exists on CPUs: two real gloo ranks (benchmarks/multirank.py starts them with the local launcher's
 environment; tests/rank_workers.py is what each rank runs), the meta device, a loss scaler forced to overflow,
 the fake out-of-memory hook, the profiler's count of collectives. What needs a GPU to confirm is a case of
-benchmarks/gpu_check.py (`--multi`)."""
+benchmarks/gpu_check.py (gpucheck/plans.py: multi_plans)."""
 
 from __future__ import annotations
 

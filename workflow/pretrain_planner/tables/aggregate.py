@@ -9,7 +9,6 @@ Imports no torch.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -31,6 +30,7 @@ from pretrain_planner.results import (
     parse_result,
 )
 from pretrain_planner.tables import costs as pp_costs
+from pretrain_planner.tables import markdown
 
 _PL_TYPES = {"str": pl.String, "int": pl.Int64, "float": pl.Float64, "bool": pl.Boolean, "json": pl.String}
 RESULT_SCHEMA = {name: _PL_TYPES[kind] for name, kind in RESULT_FIELDS.items()}
@@ -421,30 +421,10 @@ def benchmark_cost(cells: pl.DataFrame, ttt: pl.DataFrame, strategy: str) -> pl.
 # ------------------------------------------------------------------------------------------- writing
 
 
-def _fmt(v: Any) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, float):
-        if math.isnan(v):
-            return ""
-        if v == 0:
-            return "0"
-        if abs(v) >= 1000:
-            return f"{v:,.0f}"
-        return f"{v:.4g}"
-    return str(v).replace("|", "\\|").replace("\n", " ")
-
-
 def to_markdown(df: pl.DataFrame, max_rows: int | None = None) -> str:
     """A GitHub-flavoured Markdown table: 4 significant digits, thousands separators, blanks for nulls."""
     shown = df if max_rows is None else df.head(max_rows)
-    lines = ["| " + " | ".join(df.columns) + " |", "|" + "|".join("---" for _ in df.columns) + "|"]
-    lines += ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in shown.iter_rows()]
-    if max_rows is not None and df.height > max_rows:
-        lines.append(f"\n({max_rows} of {df.height} rows shown; all of them in the CSV beside this file)")
-    return "\n".join(lines) + "\n"
+    return markdown.table(df.columns, shown.iter_rows(), max_rows, df.height)
 
 
 TABLE_INTROS = {

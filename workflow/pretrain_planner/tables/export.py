@@ -12,6 +12,9 @@ tables/time_to_train.csv:
 - `plan.json`: what the plan rests on (the measurement, the model's architecture, the recipe) and the
   approximations a Hugging Face Trainer run makes of the recipe.
 A setting where nothing fits gets a README.md saying so, and `index.csv` lists every setting.
+
+`write_plan` writes one setting's folder from a time_to_train row and the measured cell's recorded settings; it
+needs neither polars nor Snakemake (benchmarks/gpu_all.py exports a plan from a GPU cell with it).
 """
 
 from __future__ import annotations
@@ -24,18 +27,21 @@ import shlex
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
-
-import polars as pl
+from typing import TYPE_CHECKING, Any
 
 from pretrain_planner import layout
 from pretrain_planner.planning import methods
 from pretrain_planner.planning.catalog import Catalog, GpuSpec, ModelSpec
 from pretrain_planner.planning.settings import differences, grad_sync_of, resolve
 from pretrain_planner.results import atomic_write_text
-from pretrain_planner.tables.aggregate import GROUP, read_table
+
+if TYPE_CHECKING:  # polars only where the tables are read (export_plans): one plan is written without it
+    import polars as pl
 
 WORKFLOW_DIR = str(Path(__file__).resolve().parents[2])  # where the package lives: launch.sh runs its train stage
+# the measurement a plan rests on (plan.json `measured`): time_to_train's columns, a cell's result.json fields
+MEASURED = ("micro_batch_size", "grad_accum_steps", "step_time_s", "step_time_p10_s", "step_time_p90_s",
+            "tokens_per_s", "samples_per_s", "mfu", "peak_mem_gib", "training_days", "analytic_days")  # fmt: skip
 INDEX_COLUMNS = ["model", "gpu", "nodes", "gpus_per_node", "world_size", "best_method", "training_days", "folder",
                  "files", "note"]  # fmt: skip
 
@@ -304,22 +310,7 @@ def _plan_record(
         "model_init_kwargs": {"attn_implementation": s["attn_implementation"]} if s["attn_implementation"] else {},
         "method_settings": s,
         "not_expressible": not_expressible(model, s),
-        "measured": {
-            k: row.get(k)
-            for k in (
-                "micro_batch_size",
-                "grad_accum_steps",
-                "step_time_s",
-                "step_time_p10_s",
-                "step_time_p90_s",
-                "tokens_per_s",
-                "samples_per_s",
-                "mfu",
-                "peak_mem_gib",
-                "training_days",
-                "analytic_days",
-            )
-        },  # fmt: skip
+        "measured": {k: row.get(k) for k in MEASURED},
         "notes": notes,
     }
 
@@ -352,6 +343,8 @@ def _export_setting(
     target: Path, f: dict[str, Any], row: dict[str, Any] | None, catalog: Catalog, results: Path, seed: int
 ) -> dict[str, Any]:
     """One setting's folder: its plan, or a README saying why there is none. Returns the index fields."""
+    from pretrain_planner.tables.aggregate import GROUP
+
     folder = plan_folder(*(f[k] for k in GROUP))
     model, gpu = catalog.models.get(f["model"]), catalog.gpus.get(f["gpu"])
     if row is None:
@@ -360,16 +353,25 @@ def _export_setting(
     if model is None or gpu is None:
         return _no_plan(target, f["model"], folder, f"{f['model']} or {f['gpu']} is no longer in the catalog")
     row = {k: _clean(v) for k, v in row.items()}
-    recorded = _recorded_settings(results, folder, row["best_method"])
+    return write_plan(target, model, gpu, row, _recorded_settings(results, folder, row["best_method"]), seed)
+
+
+def write_plan(
+    target: Path, model: ModelSpec, gpu: GpuSpec, row: dict[str, Any], recorded: dict[str, Any] | None, seed: int = 0
+) -> dict[str, Any]:
+    """One setting's plan in `target` from its time_to_train `row` (model, gpu, nodes, gpus_per_node, best_method,
+    the measurement's fields) and the measured cell's `recorded` method_settings (None: not found); a README
+    instead where the cell ran other settings than the plan would. Returns the index fields."""
+    group = (row["model"], row["gpu"], row["nodes"], row["gpus_per_node"])
     settings = settings_for(model, gpu, row, recorded)
     differ = differences(settings, recorded or {})
     if differ:
-        cell = layout.cell_path(*(f[k] for k in GROUP), row["best_method"])
+        cell = layout.cell_path(*group, row["best_method"])
         why = (
             f"the measured cell ran other settings than this plan would ({'; '.join(differ)}): re-measure it with "
             f"this version (delete {cell}) before exporting"
         )
-        return _no_plan(target, f["model"], folder, why)
+        return _no_plan(target, model.name, plan_folder(*group), why)
     args, ds, notes = training_arguments(model, gpu, row, seed, settings=settings)
     if recorded is None:
         notes.append("the measured cell's result.json was not found: settings as planned, not as recorded")
@@ -397,6 +399,8 @@ def export_plans(
     """The `export` rule: one folder per model x GPU x count, and index.csv. A setting whose measured cell
     recorded settings other than the plan's gets no plan but a README saying which (results_dir: where the
     cells are; default the folder above `out_dir`)."""
+    from pretrain_planner.tables.aggregate import GROUP, read_table
+
     out = Path(out_dir)
     results = Path(results_dir) if results_dir else out.parent
     if out.exists():
@@ -429,4 +433,6 @@ def export_plans(
 
 
 def read_index(out_dir: str | Path) -> pl.DataFrame:
+    from pretrain_planner.tables.aggregate import read_table
+
     return read_table(Path(out_dir) / "index.csv")

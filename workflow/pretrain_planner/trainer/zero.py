@@ -60,6 +60,11 @@ def import_deepspeed(env: RankEnv):
         raise Unsupported(
             f"DeepSpeed is not installed ({exc}); `bash envs/setup.sh test` installs it with its CPU ops prebuilt"
         ) from None
+    except Exception as exc:  # noqa: BLE001 - a broken install raises anything at import (a mismatched
+        # pydantic / pydantic-core pair: SystemError; a CUDA extension built for another torch: OSError, ...)
+        raise Unsupported(
+            f"DeepSpeed is installed but does not import here ({type(exc).__name__}: {exc})"[:500]
+        ) from None
     for name in ("DeepSpeed", "deepspeed"):
         logging.getLogger(name).setLevel(logging.WARNING)
     return deepspeed
