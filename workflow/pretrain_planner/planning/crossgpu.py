@@ -38,8 +38,9 @@ benchmarks/predict_crossgpu.py judges the whole procedure, band included, on dat
 
 (A third term, elementwise arithmetic at the vector fp32 rate, and a matmul rate falling with the GPU's size were
 tried: both fitted the evidence better and predicted GPU types left out of their fit worse, so neither is in the
-model. The micro-batch, which the public sources pick per GPU type, moves the seconds per token by -1% per doubling
-across the evidence; it is not modelled.) Imports numpy, no torch.
+model. The micro-batch, which the public sources pick per GPU type, moves a prediction's error by under 1% per
+doubling where the GPU type's effect is known (benchmarks/results/predict_crossgpu.md); it is not modelled.) Imports
+numpy, no torch.
 """
 
 from __future__ import annotations
@@ -556,10 +557,9 @@ def _bands(errors: Mapping[Kind, list[_Error]], gpus: list[str]) -> Calibration:
             got = band(sibling) or band(every)
             if got:
                 lo, hi, n = got
-                if es:  # never narrower than the kind's own errors (widened for the few types they fall on)
-                    c = _small_sample(len({e.gpu for e in es}))
-                    lo = min(lo, c * min(min(e.u + e.spread for e in es), 0.0))
-                    hi = max(hi, c * max(max(e.u - e.spread for e in es), 0.0))
+                if es:  # never narrower than the kind's own (too few) errors
+                    lo = min(lo, min(e.u + e.spread for e in es))
+                    hi = max(hi, max(e.u - e.spread for e in es))
                 err.bands["all"] = (lo, hi, n)
                 err.pooled_from = (
                     "pooled with its workload kind's other GPU case" if band(sibling) else "pooled over every kind"
