@@ -28,18 +28,21 @@ mean |log error| over a grid kept).
 
 The band is measured, never assumed, and depends on the KIND of transfer, because the evidence shows their errors
 differ several-fold (`Kind`): the same workload to a GPU type the evidence has measured (with other workloads, by
-other sources: its effect is known) or to one it has not (its effect is guessed from its neighbours), or a stand-in
-workload of the same kind (a nearest-sized model, from the same software or from another). For each kind the fit
-predicts the evidence out of sample in the way the kind implies (GPU types left out; a workload x GPU type x software
-left out; a workload left out), with the fitted kappa_mem, tau and lambda and the effects refitted without what is
-left out; the band is the 5% and 95% quantiles of those errors, separately for near transfers (the nearest basis GPU
-type within NEAR) and far ones, widened by the weighted spread of the runs' predictions where they disagree.
+other software: its effect is known) or to one it has not (no effect applies), or a stand-in workload of the same
+kind (a nearest-sized model, of the same software or of another). For each kind the fit predicts the evidence out of
+sample in the way the kind implies (a GPU type left out, kappa_mem and tau refitted without it; a workload x GPU type
+x software left out; a workload left out), the effects refitted without what is left out; the band is the 5% and 95%
+quantiles of those errors, near transfers (the nearest basis GPU type within NEAR) and far ones apart, each GPU type
+weighing as one case (its errors share its offset) and the band widened for how few types it was drawn from, and at
+prediction time widened by the weighted spread of the runs' predictions where they disagree.
 benchmarks/predict_crossgpu.py judges the whole procedure, band included, on data left out of all of it.
 
-(A third term, elementwise arithmetic at the vector fp32 rate, and a matmul rate falling with the GPU's size were
-tried: both fitted the evidence better and predicted GPU types left out of their fit worse, so neither is in the
-model. The micro-batch, which the public sources pick per GPU type, moves a prediction's error by under 1% per
-doubling where the GPU type's effect is known (benchmarks/results/predict_crossgpu.md); it is not modelled.) Imports
+(A third term, elementwise arithmetic at the vector fp32 rate, fitted the evidence better and predicted GPU types
+left out of its fit worse (14% against 12% mean error in a check made while building this model), so it is not in
+the model; nor is a matmul rate
+falling with the GPU's size, whose exponent the H100 alone sets: it changes sign when the H100 is left out. The
+micro-batch, which the public sources pick per GPU type, moves a prediction's error by under 1% per doubling where the
+GPU type's effect is known (benchmarks/results/predict_crossgpu.md); it is not modelled.) Imports
 numpy, no torch.
 """
 
