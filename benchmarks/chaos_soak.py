@@ -190,8 +190,8 @@ class Round:
     """One run of the workflow in its own folder: the driver (restarted after each driver fault or failure, as a
     user would), the faults injected into it, what the checks found."""
 
-    def __init__(self, work: Path, preset: Preset, label: str) -> None:
-        self.work, self.preset, self.label = work, preset, label
+    def __init__(self, work: Path, preset: Preset, label: str, tokenizer: Path) -> None:
+        self.work, self.preset, self.label, self.tokenizer = work, preset, label, tokenizer
         self.work.mkdir(parents=True, exist_ok=True)
         self.cfg = self._write_configs()
         self.driver: subprocess.Popen | None = None
@@ -212,6 +212,9 @@ class Round:
         budget = yaml.safe_load((REPO / "config/budget.yaml").read_text())
         budget["corpus"]["files"] = [str(REPO / "tests/data/corpus/*.txt")]
         budget["glue"]["data_dir"] = str(REPO / "tests/data/glue")
+        # one tokenizer file for every round: WordPiece training is not deterministic from one process to the next
+        # (huggingface/tokenizers#1794), and the budget runs must see the same data to be compared
+        budget["tokenizer"]["path"] = str(self.tokenizer)
         budget["train"].update(
             budget_hours=p.budget_steps / 3600, fake_step_s=1.0, clock="train", gpu="a100", gpus_per_node=2,
             micro_batch=8, device="cpu", checkpoint_every_s=10, finetune_checkpoints=[], early_stop=[],
@@ -783,7 +786,13 @@ def main(argv: list[str] | None = None) -> int:
     work = args.work or Path(tempfile.mkdtemp(prefix="pp-chaos-"))
     t0 = time.time()
     rng = random.Random(args.seed)
-    reference = Round(work / "fault-free", preset, "fault-free")
+    tokenizer = work / "tokenizer.json"
+    if not tokenizer.is_file():
+        from pretrain_planner.budget.data import train_tokenizer
+
+        vocab = yaml.safe_load((REPO / "config/budget.yaml").read_text())["tokenizer"]["vocab_size"]
+        train_tokenizer(sorted(str(p) for p in (REPO / "tests/data/corpus").glob("*.txt")), vocab, True, tokenizer)
+    reference = Round(work / "fault-free", preset, "fault-free", tokenizer)
     rounds: list[Round] = []
     try:
         log(f"fault-free run of {len(reference.cells())} cells + budget + train in {reference.work}")
@@ -795,7 +804,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"fault-free run: {reference.wall_s:.0f} s, {reference.figures['mismatches']} mismatches")
         while not rounds or (sum(len(r.faults) for r in rounds) < preset.faults
                              or sum(r.wall_s for r in rounds) < preset.minutes * 60):  # fmt: skip
-            r = Round(work / f"round{len(rounds) + 1}", preset, f"round {len(rounds) + 1}")
+            r = Round(work / f"round{len(rounds) + 1}", preset, f"round {len(rounds) + 1}", tokenizer)
             rounds.append(r)
             left_faults = max(1, preset.faults - sum(len(x.faults) for x in rounds[:-1]))
             left_s = max(0.0, preset.minutes * 60 - sum(x.wall_s for x in rounds[:-1]))
