@@ -84,7 +84,7 @@ class Preset:
 
 
 PRESETS = {
-    "short": Preset(["tiny-gptneox"], ["a100", "h100", "cpu"], [1, 2], ["naive"], 120, 60, 6, 0, (4, 12), 1),
+    "short": Preset(["tiny-gptneox"], ["a100", "h100", "cpu"], [1, 2], ["naive"], 120, 60, 9, 0, (4, 12), 1),
     "long": Preset(["tiny-gptneox", "tiny-bert", "tiny-vit", "tiny-mamba", "tiny-convnext"], ["a100", "h100", "cpu"],
                    [1, 2], ["naive", "fl"], 300, 150, 40, 30, (8, 30)),
 }  # fmt: skip
@@ -769,7 +769,7 @@ def _kv(d: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--short", action="store_const", dest="preset", const="short", default="long",
-                    help="the CI version: 6 cells, a few faults, one round (~5 min)")  # fmt: skip
+                    help="the CI version: 6 cells, one round with each kind of fault once (~5-10 min)")  # fmt: skip
     ap.add_argument("--minutes", type=float, help="at least this long under faults (long: 30)")
     ap.add_argument("--faults", type=int, help="at least this many faults (long: 40)")
     ap.add_argument("--seed", type=int, default=26)

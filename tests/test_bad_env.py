@@ -24,6 +24,7 @@ import pytest
 from pretrain_planner.results import parse_result
 
 from .conftest import BIN, REPO, write_config
+from .test_slurm import _wait
 
 pytestmark = pytest.mark.slow
 CELLS = ["tiny-gptneox/cpu/1x1/naive", "tiny-gptneox/cpu/1x1/fl"]
@@ -207,16 +208,6 @@ def _long_cell(work: Path) -> Path:
 def _start(cmd: list[str], work: Path, name: str, env: dict[str, str]) -> subprocess.Popen:
     log = open(work.parent / f"{name}.log", "a")  # noqa: SIM115 - the driver outlives this function
     return subprocess.Popen(cmd, cwd=work, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-
-
-def _wait(predicate, timeout: float, what: str):
-    end = time.time() + timeout
-    while time.time() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def _rank(work: Path) -> dict | None:
