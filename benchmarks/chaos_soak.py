@@ -183,7 +183,6 @@ class Fault:
     name: str = ""  # the job's name
     jobs: list[str] = field(default_factory=list)  # job ids a node_down hit
     note: str = ""
-    t: float = field(default_factory=time.time)  # when it was injected (epoch seconds)
 
 
 class Round:
@@ -496,11 +495,20 @@ class Round:
         cells = {"pp-" + c.replace("/", "-"): c for c in self.cells()}
         return self.work / "results/cells" / cells[name] / "submitit"
 
-    def finished_before(self, name: str, job_id: str, t: float) -> bool:
-        """Whether every task of the job had written its result before `t` (a fault that came as it exited)."""
-        pickles = list(self.folder_of(name).glob(f"{job_id}_*_result.pkl"))
-        tasks = len(list(self.folder_of(name).glob(f"{job_id}_*_log.out")))
-        return bool(pickles) and len(pickles) >= tasks and all(p.stat().st_mtime < t for p in pickles)
+    def delivered(self, name: str, job_id: str) -> bool:
+        """Whether every task of the job returned (its submitit result pickle says success): a job a fault ended
+        after that (scancel: submitit lets its tasks finish while SLURM waits KillWait seconds) still delivered."""
+        from submitit.core.utils import pickle_load
+
+        folder = self.folder_of(name)
+        tasks = list(folder.glob(f"{job_id}_*_log.out"))
+        pickles = list(folder.glob(f"{job_id}_*_result.pkl"))
+        if not pickles or len(pickles) < len(tasks):
+            return False
+        try:
+            return all(pickle_load(p)[0] == "success" for p in pickles)
+        except Exception:  # noqa: BLE001 - a damaged pickle did not deliver
+            return False
 
     def reruns_after_driver_faults(self, name: str) -> int:
         """Budget / train jobs run again because their job had finished while the driver was away and Snakemake had
@@ -543,9 +551,9 @@ class Round:
                 hit = [f for f in fault_of.get(j["id"], []) if ENDS.get(f.kind) == j["state"]]
                 if j["state"] == "COMPLETED":
                     good.append(j["id"])
-                elif hit and self.finished_before(name, j["id"], hit[0].t):
-                    good.append(j["id"])  # its tasks had returned; the fault caught it exiting: it delivered
-                    accounted[f"{hit[0].kind} after the job's work was done"] += 1
+                elif hit and self.delivered(name, j["id"]):
+                    good.append(j["id"])  # its tasks returned before the fault could end them: it delivered
+                    accounted[f"{hit[0].kind}, but the job delivered"] += 1
                 elif hit:
                     accounted[hit[0].kind] += 1
                 else:
