@@ -754,14 +754,16 @@ def report(args: argparse.Namespace, reference: Round, rounds: list[Round], tota
         f"- result mismatches: {mism}",
         "",
         "| round | wall (min) | faults by kind | skipped (no target) | jobs per name (jobs: names) | "
-        "failed attempts, each from a fault | driver restarts | failed driver runs | mismatches |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "failed attempts, each from a fault | budget / train drilled by | driver restarts | failed driver runs | "
+        "mismatches |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in [reference, *rounds]:
         f = r.figures
         lines.append(
             f"| {r.label} | {r.wall_s / 60:.1f} | {_kv(f['faults'])} | {_kv(f['skipped'])} | {_kv(f['jobs_per_name'])} "
-            f"| {_kv(f['failed_attempts_accounted'])} | {f['driver_restarts']} | {f['failed_driver_runs']} "
+            f"| {_kv(f['failed_attempts_accounted'])} | {_kv(f['stage_drills'])} | {f['driver_restarts']} "
+            f"| {f['failed_driver_runs']} "
             f"| {f['mismatches']} |"
         )
     for r in [reference, *rounds]:
