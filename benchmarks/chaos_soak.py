@@ -64,7 +64,7 @@ KINDS = ("driver_kill", "driver_term", "node_down", "ctld_restart", "dbd_restart
          "truncate")  # fmt: skip
 # what a fault leaves in accounting for the job it hit, when it took effect
 ENDS = {"scancel": "CANCELLED", "rank_kill": "FAILED", "node_down": "NODE_FAIL"}
-TRAIN_SETTING = ("tiny-gptneox", "a100", 1, 2)
+TRAIN_SETTING = ("tiny-gptneox", "cpu", 1, 2)  # a `cpu` setting: every method exports a plan there
 BUDGET_JOB = "pp-budget-pretrain-tiny-bert-24h-a100-1x2"  # the budget stage's pre-training (budget.jobs names it)
 TRAIN_JOB = "pp-train-{}-{}-{}x{}".format(*TRAIN_SETTING)  # the train stage's run (train.jobs)
 
