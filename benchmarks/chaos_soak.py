@@ -825,6 +825,8 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 r.cleanup()
             log(f"{r.label}: {r.wall_s:.0f} s, {len(r.faults)} faults, {r.figures['mismatches']} mismatches")
+            # the figures so far, in case a later round is cut short
+            args.out.with_suffix(".partial.md").write_text(report(args, reference, rounds, time.time() - t0))
             if len(rounds) >= preset.max_rounds:
                 break
     except BaseException:
