@@ -63,13 +63,13 @@ def test_bounds_never_exceed_deepspeeds_estimators(catalog):
 
 # ------------------------------------------------------------------------------- (b) the bytes the engines hold
 
-# a 16-bit recipe on every engine; an fp32 one (DeepSpeed keeps 4-byte weights) on those where the width matters;
-# one rank where a method runs on one GPU
+# a 16-bit run on every engine (the tiny recipes are fp32, so bf16 is set on the run); an fp32 one (DeepSpeed keeps
+# 4-byte weights) on those where the width matters; one rank where a method runs on one GPU
 MEASURED = (
-    ("tiny-gptneox", 2, memory_bounds.ENGINES),
-    ("tiny-bert", 2, ("naive", "naive+zero1", "naive+zero2", "naive+zero3", "naive+zero3+off", "naive+fsdp-grad",
-                      "naive+fsdp-full")),
-    ("tiny-gptneox", 1, ("naive", "naive+zero1+off", "naive+zero3+off", "naive+fsdp-grad+off")),
+    ("tiny-gptneox", 2, "bf16", memory_bounds.ENGINES),
+    ("tiny-bert", 2, "fp32", ("naive", "naive+zero1", "naive+zero2", "naive+zero3", "naive+zero3+off",
+                              "naive+fsdp-grad", "naive+fsdp-full")),
+    ("tiny-gptneox", 1, "bf16", ("naive", "naive+zero1+off", "naive+zero3+off", "naive+fsdp-grad+off")),
 )  # fmt: skip
 
 
@@ -78,14 +78,14 @@ def held(catalog):
     if not HAVE_DS:
         pytest.skip("DeepSpeed is not installed (bash envs/setup.sh test)")
     rows = []
-    for model, world, methods in MEASURED:
-        results = memory_bounds.measure(model, world, methods, timeout_s=600)
-        rows += memory_bounds.measured_rows(model, world, results, catalog.models[model].recipe.precision)
+    for model, world, precision, methods in MEASURED:
+        results = memory_bounds.measure(model, world, methods, timeout_s=600, precision=precision)
+        rows += memory_bounds.measured_rows(model, world, results, precision)
     return rows
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("model", "world", "method"), [(m, w, x) for m, w, xs in MEASURED for x in xs])
+@pytest.mark.parametrize(("model", "world", "method"), [(m, w, x) for m, w, _, xs in MEASURED for x in xs])
 def test_engines_hold_at_least_the_bound(held, model, world, method):
     rows = [r for r in held if (r["model"], r["world"], r["method"]) == (model, world, method)]
     assert {r["instant"] for r in rows} == set(memory_bounds.INSTANTS)
