@@ -8,8 +8,9 @@ import shutil
 import numpy as np
 import pytest
 from pretrain_planner.budget import config as bconfig
-from pretrain_planner.budget import data
 from pretrain_planner.schema import ConfigError
+from pretrain_planner.trainer.data import mlm as data
+from pretrain_planner.trainer.data import shards
 
 from .conftest import REPO
 
@@ -116,12 +117,12 @@ def test_prepare_writes_shards_and_index(prepared):
     assert index["samples"]["train"] > 0 and index["samples"]["validation"] > 0
     frac = index["documents"]["validation"] / sum(index["documents"].values())
     assert 0.03 < frac < 0.2
-    shard = data.load_shard(tmp / "full", index["splits"]["train"][0]["name"])
+    shard = shards.load_shard(tmp / "full", index["splits"]["train"][0]["name"])
     assert isinstance(shard["input_ids"], np.memmap)
     d, s, seq = shard["input_ids"].shape
     assert (d, seq) == (2, 32) and shard["positions"].shape == (2, s, 20)
     assert (shard["input_ids"][:, :, 0] == index["special_ids"]["cls"]).all()
-    val = data.load_shard(tmp / "full", index["splits"]["validation"][0]["name"])
+    val = shards.load_shard(tmp / "full", index["splits"]["validation"][0]["name"])
     assert val["input_ids"].shape[0] == 1
     log = (tmp / "full.log").read_text()
     assert "tokenizer: trained" in log and "train shards" in log and "done" in log
@@ -129,7 +130,7 @@ def test_prepare_writes_shards_and_index(prepared):
 
 def test_duplicates_are_masked_differently(prepared):
     _, tmp, index = prepared
-    shard = data.load_shard(tmp / "full", index["splits"]["train"][0]["name"])
+    shard = shards.load_shard(tmp / "full", index["splits"]["train"][0]["name"])
     ids, pos, lab = (np.array(shard[a]) for a in ("input_ids", "positions", "labels"))
     originals = []
     for d in range(2):
@@ -160,8 +161,8 @@ def test_prepare_is_deterministic_and_resumes(prepared, monkeypatch):
     assert again == index
     for split in ("train", "validation"):
         for sh in index["splits"][split]:
-            a, b = data.load_shard(tmp / "full", sh["name"]), data.load_shard(tmp / "resumed", sh["name"])
-            for k in data.ARRAYS:
+            a, b = shards.load_shard(tmp / "full", sh["name"]), shards.load_shard(tmp / "resumed", sh["name"])
+            for k in shards.ARRAYS:
                 assert np.array_equal(a[k], b[k]), (sh["name"], k)
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from pretrain_planner.budget import data, jobs
+from pretrain_planner.budget import jobs
+from pretrain_planner.trainer.data import mlm as data
 
 from .test_budget_data import budget_cfg
 

@@ -8,8 +8,9 @@ import json
 import pytest
 import yaml
 from pretrain_planner.budget import config as bconfig
-from pretrain_planner.budget import data, pretrain
+from pretrain_planner.budget import pretrain
 from pretrain_planner.schema import ConfigError, load_yaml, validate
+from pretrain_planner.trainer.data import mlm as data
 
 from .conftest import REPO
 

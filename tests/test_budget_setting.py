@@ -8,10 +8,12 @@ import json
 import pytest
 import torch
 from pretrain_planner.budget import config as bconfig
-from pretrain_planner.budget import data, jobs, pretrain
+from pretrain_planner.budget import jobs, pretrain
 from pretrain_planner.planning.catalog import load_catalog
 from pretrain_planner.schema import ConfigError
 from pretrain_planner.tables.export import _plan_record
+from pretrain_planner.trainer.data import mlm as data
+from pretrain_planner.trainer.data import shards
 from pretrain_planner.trainer.models import build_model
 
 from .conftest import REPO, snakemake, write_config
@@ -126,8 +128,8 @@ def test_sparse_prediction_is_in_effect(prepared):
     dense, _ = build_model({**mdict, "arch": {**mdict["arch"], "sparse_prediction": False}}, "eager")
     dense.load_state_dict(sparse.state_dict())
     sparse.eval(), dense.eval()
-    sampler = pretrain.ShardSampler(tmp / "data", index["splits"]["train"], index["duplication_factor"], 0)
-    batch = pretrain.to_batch(sampler.take(4), index["special_ids"]["pad"], torch.device("cpu"))
+    sampler = shards.ShardSampler(tmp / "data", index["splits"]["train"], index["duplication_factor"], 0)
+    batch = shards.to_batch(sampler.take(4), index["special_ids"]["pad"], torch.device("cpu"))
     masked = int((batch["labels"] != -100).sum())
     with torch.no_grad():
         out_s, out_d = sparse(**batch), dense(**batch)

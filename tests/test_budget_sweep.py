@@ -11,8 +11,9 @@ import math
 import pytest
 import yaml
 from pretrain_planner.budget import config as bconfig
-from pretrain_planner.budget import jobs, schedule, sweep
+from pretrain_planner.budget import jobs, sweep
 from pretrain_planner.schema import ConfigError
+from pretrain_planner.trainer import schedule
 
 from .conftest import REPO, budget_workflow
 
@@ -128,7 +129,8 @@ def test_the_sweep_pretrains_finetunes_and_compares_every_recipe(swept_run):
 def test_a_run_on_the_exp_curve_follows_it(tmp_path):
     """train.curve exp drives the pre-training's learning rate: each step's lr (logged) is the curve's at the
     step's start on the fake clock (1 s a step), not the linear one's."""
-    from pretrain_planner.budget import data, pretrain
+    from pretrain_planner.budget import pretrain
+    from pretrain_planner.trainer.data import mlm as data
 
     from .test_budget_data import budget_cfg
 

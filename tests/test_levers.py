@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 from pretrain_planner.trainer import heads
-from pretrain_planner.trainer.models import build_model, make_batch
+from pretrain_planner.trainer.models import build_model
+from pretrain_planner.trainer.tasks import synthetic_batch
 
 GPTNEOX = {
     "name": "t-gptneox",
@@ -65,7 +66,7 @@ def test_flce_same_loss_and_gradients_as_dense_head(name):
     model = MODELS[name]
     dense, fused = _pair(model)
     assert type(fused).__name__.endswith("WithFusedCE")
-    batch = make_batch(model, 3, torch.Generator().manual_seed(1))
+    batch = synthetic_batch(model, 3, torch.Generator().manual_seed(1))
     loss_d, grads_d = _loss_and_grads(dense, batch)
     loss_f, grads_f = _loss_and_grads(fused, batch)
     assert torch.allclose(loss_d, loss_f, rtol=1e-5, atol=1e-6), (loss_d, loss_f)
@@ -78,7 +79,7 @@ def test_flce_same_loss_and_gradients_as_dense_head(name):
 
 def test_flce_under_bf16_autocast():
     dense, fused = _pair(GPTNEOX)
-    batch = make_batch(GPTNEOX, 2, torch.Generator().manual_seed(2))
+    batch = synthetic_batch(GPTNEOX, 2, torch.Generator().manual_seed(2))
     loss_d, grads_d = _loss_and_grads(dense, batch, torch.bfloat16)
     loss_f, grads_f = _loss_and_grads(fused, batch, torch.bfloat16)
     assert abs(loss_d.item() - loss_f.item()) < 2e-2 * loss_d.item()

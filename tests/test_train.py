@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 from pretrain_planner import cli, layout
-from pretrain_planner.budget.schedule import recipe_lr
 from pretrain_planner.planning.catalog import load_catalog
 from pretrain_planner.train import record
+from pretrain_planner.trainer.schedule import recipe_lr
 
 from .conftest import BIN, REPO, snakemake, write_config
 
@@ -145,7 +145,7 @@ def test_accumulation_matches_one_big_micro_batch(tmp_path):
 
 @pytest.mark.parametrize("model", ["tiny-bert", "tiny-mamba", "tiny-vit"])
 def test_every_family_trains_from_its_plan(tmp_path, model):
-    """MLM through budget/data.py, Mamba on packed text, ViT on a local image folder (.npy): not synthetic."""
+    """MLM through trainer/data/mlm.py, Mamba on packed text, ViT on a local image folder (.npy): not synthetic."""
     import numpy as np
 
     args = ["--steps", "3"]
@@ -167,7 +167,7 @@ def test_every_family_trains_from_its_plan(tmp_path, model):
     else:
         assert res["data"]["synthetic"] and "generated corpus" in res["data"]["label"]
     if task == "masked_lm":
-        assert res["data"]["prepared_by"].startswith("budget/data.py") and res["data"]["tokenizer_vocab"] <= 512
+        assert res["data"]["prepared_by"].startswith("trainer/data/mlm.py") and res["data"]["tokenizer_vocab"] <= 512
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ rule prepare_data:
     params:
         settings=lambda wc: {k: BUDGET_DATA[wc.data][k] for k in ("seed", "corpus", "tokenizer", "data")},
     run:
-        from pretrain_planner.budget.data import prepare_data
+        from pretrain_planner.trainer.data.mlm import prepare_data
 
         prepare_data(BUDGET_DATA[wildcards.data], output.index, log[0])
 

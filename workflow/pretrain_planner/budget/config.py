@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import datetime
 import glob
-import hashlib
 import json
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,31 +15,6 @@ from pretrain_planner.planning.pipeline import resolve
 from pretrain_planner.planning.settings import grad_sync_of
 from pretrain_planner.planning.site import load_site
 from pretrain_planner.schema import ConfigError, load_yaml, validate
-
-# Jobs of one Snakemake process (--force-use-threads) share torch's global RNG and thread settings: the
-# budget stage's torch jobs take turns, so that each is deterministic given its seed.
-TORCH_LOCK = threading.RLock()
-
-
-@contextlib.contextmanager
-def torch_job() -> Iterator[None]:
-    """A torch job of this process: one at a time (TORCH_LOCK); a process group it leaves behind (a failed run's,
-    or a one-rank sharded run's in-process group) is destroyed at its end."""
-    with TORCH_LOCK:
-        try:
-            yield
-        finally:
-            import torch.distributed as torch_dist  # a torch job's, at run time: this module imports no torch
-
-            if torch_dist.is_available() and torch_dist.is_initialized():
-                torch_dist.destroy_process_group()
-
-
-# GLUE task -> the folder name of the standard download
-TASK_DIRS = {
-    "cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "qqp": "QQP", "stsb": "STS-B",
-    "mnli": "MNLI", "qnli": "QNLI", "rte": "RTE", "wnli": "WNLI",
-}  # fmt: skip
 
 
 def load(path: str | Path, basedir: str | Path = ".", results: str | Path | None = None) -> dict[str, Any]:
@@ -250,30 +221,3 @@ def apply_recipe(cfg: dict[str, Any], raw: dict[str, Any], recipe: dict[str, Any
             cfg[section][key] = value
             origin[f"{section}.{key}"] = "catalog"
     return origin
-
-
-def fingerprint(*parts: Any) -> str:
-    """A short stable hash of JSON-able values (what a stage's outputs depend on)."""
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-class FileLog:
-    """Timestamped lines appended to a rule's log file (plain appends: no logging-module global state, which
-    libraries loaded later may rewire)."""
-
-    def __init__(self, path: str | Path | None):
-        self.path = Path(path) if path else None
-        if self.path:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-
-    def info(self, msg: str, *args: Any) -> None:
-        if self.path is None:
-            return
-        stamp = datetime.datetime.now().isoformat(sep=" ", timespec="milliseconds")
-        with self.path.open("a") as fh:
-            fh.write(f"{stamp} {msg % args if args else msg}\n")
-
-
-def file_logger(name: str, log_path: str | Path | None) -> FileLog:
-    """The log of one stage (`name` is for the reader of this code only)."""
-    return FileLog(log_path)

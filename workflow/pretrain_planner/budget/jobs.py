@@ -12,11 +12,12 @@ import math
 from pathlib import Path
 from typing import Any
 
-from pretrain_planner.budget.config import TORCH_LOCK, setting_of
+from pretrain_planner.budget.config import setting_of
 from pretrain_planner.budget.job import BudgetJob
 from pretrain_planner.launch.executor import run_job
 from pretrain_planner.launch.rankjob import SLURM_RECORD as JOB_RECORD
 from pretrain_planner.launch.request import JobRequest, RuleLog, holds_gpus, threads_per_rank
+from pretrain_planner.launch.stage import TORCH_LOCK
 
 
 def _run(

@@ -38,101 +38,23 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from pretrain_planner.budget import method as bmethod
-from pretrain_planner.budget import schedule
-from pretrain_planner.budget.config import (
-    file_logger,
-    fingerprint,
-    set_torch_threads,
-    setting_of,
-    torch_job,
-    wants_gpu,
-)
-from pretrain_planner.budget.data import load_shard
+from pretrain_planner.budget.config import set_torch_threads, setting_of, wants_gpu
+from pretrain_planner.launch.stage import torch_job
 from pretrain_planner.results import atomic_savefig, atomic_write_text
+from pretrain_planner.runlog import FileLog, fingerprint
+from pretrain_planner.trainer import schedule
+from pretrain_planner.trainer.data.shards import validation_loss, validation_shards
 from pretrain_planner.trainer.loop import Hooks, Loop, Ranks, append_jsonl, loss_ends, read_jsonl
 from pretrain_planner.trainer.models import build_model
+from pretrain_planner.trainer.tasks import masked_lm_shards
 
 # The reference's 24-hour run, for the result's comparison: ~23k optimizer steps at batch 4096, about 95M sequences.
 # From the issue brief (issue 18); not in shared/reference/papers.md - unverified.
 REFERENCE_RUN = {"hours": 24.0, "steps": 23_000, "global_batch": 4096, "sequences": 95_000_000,
                  "source": "issue 18 (~23k steps at batch 4096, about 95M sequences, in 24 h); unverified"}  # fmt: skip
-
-
-class ShardSampler:
-    """Samples in a seeded order: per epoch, shards shuffled and samples shuffled within each shard; epoch e
-    reads masked copy e mod D. The position (epoch, shard, offset) is three integers: the checkpoint's."""
-
-    def __init__(self, data_dir: str | Path, shards: list[dict[str, Any]], copies: int, seed: int):
-        self.data_dir, self.shards, self.copies, self.seed = Path(data_dir), shards, copies, seed
-        self.epoch = self.shard_pos = self.offset = 0
-        self._order_cache: tuple[int, np.ndarray] | None = None
-        self._perm_cache: tuple[tuple[int, int], np.ndarray] | None = None
-        self._shard_cache: tuple[str, dict[str, np.ndarray]] | None = None
-
-    def _order(self) -> np.ndarray:
-        if self._order_cache is None or self._order_cache[0] != self.epoch:
-            perm = np.random.default_rng([self.seed, self.epoch, 1]).permutation(len(self.shards))
-            self._order_cache = (self.epoch, perm)
-        return self._order_cache[1]
-
-    def _shard(self, k: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        name = self.shards[k]["name"]
-        if self._shard_cache is None or self._shard_cache[0] != name:
-            self._shard_cache = (name, load_shard(self.data_dir, name))
-        if self._perm_cache is None or self._perm_cache[0] != (self.epoch, k):
-            perm = np.random.default_rng([self.seed, self.epoch, 2, k]).permutation(self.shards[k]["samples"])
-            self._perm_cache = ((self.epoch, k), perm)
-        return self._shard_cache[1], self._perm_cache[1]
-
-    def take(self, n: int) -> dict[str, np.ndarray]:
-        parts: dict[str, list[np.ndarray]] = {"input_ids": [], "positions": [], "labels": []}
-        while n > 0:
-            k = int(self._order()[self.shard_pos])
-            arrays, perm = self._shard(k)
-            idx = np.sort(perm[self.offset : self.offset + n])
-            copy = self.epoch % self.copies
-            for a in parts:
-                parts[a].append(np.asarray(arrays[a][copy][idx]))
-            self.offset += len(idx)
-            n -= len(idx)
-            if self.offset >= self.shards[k]["samples"]:
-                self.offset, self.shard_pos = 0, self.shard_pos + 1
-                if self.shard_pos >= len(self.shards):
-                    self.shard_pos, self.epoch = 0, self.epoch + 1
-        return {a: np.concatenate(v) for a, v in parts.items()}
-
-    def state(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "shard_pos": self.shard_pos, "offset": self.offset}
-
-    def load_state(self, s: dict[str, int]) -> None:
-        self.epoch, self.shard_pos, self.offset = s["epoch"], s["shard_pos"], s["offset"]
-
-
-def to_batch(arrays: dict[str, np.ndarray], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
-    """Model inputs: masked ids, attention mask, dense labels (-100 except at the masked positions)."""
-    ids = torch.from_numpy(arrays["input_ids"].astype(np.int64))
-    pos = torch.from_numpy(arrays["positions"].astype(np.int64))
-    lab = torch.from_numpy(arrays["labels"].astype(np.int64))
-    labels = torch.full_like(ids, -100)
-    valid = pos >= 0
-    rows = torch.arange(ids.shape[0]).unsqueeze(1).expand_as(pos)
-    labels[rows[valid], pos[valid]] = lab[valid]
-    return {
-        "input_ids": ids.to(device),
-        "attention_mask": (ids != pad_id).long().to(device),
-        "labels": labels.to(device),
-    }
-
-
-def rank_batch(sampler: ShardSampler, micro: int, world: int, rank: int, pad_id: int, device: torch.device):
-    """This rank's slice of the next micro x world samples of the global stream, as model inputs (the sampler's
-    state stays the same on every rank, so rank 0's checkpoint resumes them all)."""
-    part = sampler.take(micro * world)
-    return to_batch({a: v[rank * micro : (rank + 1) * micro] for a, v in part.items()}, pad_id, device)
 
 
 def model_dict(cfg: dict[str, Any], index: dict[str, Any]) -> dict[str, Any]:
@@ -174,36 +96,6 @@ def save_model(
     (tmp / "budget.json").write_text(json.dumps(info, indent=1))
     shutil.rmtree(out_dir, ignore_errors=True)
     os.replace(tmp, out_dir)
-
-
-def validation_shards(shards: list[dict[str, Any]], index: int, rotate: bool) -> list[dict[str, Any]]:
-    """The held-out shards the `index`-th validation of a run (0-based) evaluates: with `rotate` (the reference's
-    run_pretraining.py `pretrain_validation`: shard `index mod n` of its held-out shards, the next one each time),
-    one shard; else all of them, in order (of which validation_loss takes the first max_samples)."""
-    return [shards[index % len(shards)]] if rotate and shards else list(shards)
-
-
-@torch.no_grad()
-def validation_loss(model, sampler_shards, data_dir, pad_id, micro, max_samples, device, autocast) -> float:
-    """Mean masked-LM loss over the first `max_samples` samples of `sampler_shards` (every masked token weighs the
-    same)."""
-    model.eval()
-    total, count, seen = 0.0, 0, 0
-    for shard in sampler_shards:
-        arrays = load_shard(data_dir, shard["name"])
-        for start in range(0, shard["samples"], micro):
-            take = min(micro, shard["samples"] - start, max_samples - seen)
-            if take <= 0:
-                break
-            batch = to_batch({a: np.asarray(v[0][start : start + take]) for a, v in arrays.items()}, pad_id, device)
-            n = int((batch["labels"] != -100).sum())
-            with autocast():
-                loss = model(**batch).loss
-            total += float(loss) * n
-            count += n
-            seen += take
-    model.train()
-    return total / max(count, 1)
 
 
 def pretrain(*args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -273,9 +165,9 @@ class _Run(Hooks):
                                "launcher")  # fmt: skip
         self.ranks = Ranks(setting["world_size"], lambda local: _device(tr, local), group_for_one=sharded)
         self.rank0 = self.ranks.rank == 0
-        self.logger = file_logger("pretrain", log if self.rank0 else None)
+        self.logger = FileLog(log if self.rank0 else None)
         self.device = self.ranks.device
-        self.data_dir = index_path.parent
+        self.data_dir, self.index_path = index_path.parent, index_path
         self.index = json.loads(index_path.read_text())
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -300,8 +192,7 @@ class _Run(Hooks):
         self.amp_dtype = self.built.autocast_dtype
         self.plain: list[torch.nn.Module] = []  # an unsharded model to save a sharded one's weights from
         tr = self.tr
-        self.sampler = ShardSampler(self.data_dir, self.index["splits"]["train"], self.index["duplication_factor"],
-                                    self.cfg["seed"])  # fmt: skip
+        self.data = masked_lm_shards(self.index_path, self.cfg["seed"], self.mdict, {})
         self.val_points = schedule.validation_points(tr["validation"])
         self.ft_points = sorted(tr["finetune_checkpoints"])
         self.loop = Loop(
@@ -346,7 +237,7 @@ class _Run(Hooks):
     def micro_batch(self, index: int) -> dict[str, torch.Tensor]:
         # each rank trains on its own micro-batch of the global stream (the sampler state stays the same on every
         # rank, so rank 0's checkpoint resumes them all)
-        return rank_batch(self.sampler, self.micro, self.world, self.ranks.rank, self.pad_id, self.device)
+        return self.data.micro_batch(self.micro, self.world, self.ranks.rank, self.device)
 
     def lr(self, state: dict[str, Any]) -> float:
         self._step_t0 = time.perf_counter()  # the step starts (the fake clock's real-time bookkeeping)
@@ -399,10 +290,10 @@ class _Run(Hooks):
         return True
 
     def data_state(self) -> dict[str, Any]:
-        return {"sampler": self.sampler.state()}
+        return {"sampler": self.data.state()}
 
     def load_data_state(self, s: dict[str, Any]) -> None:
-        self.sampler.load_state(s["sampler"])
+        self.data.load_state(s["sampler"])
 
     def on_start(self, loop: Loop) -> None:
         """The log's first line of a fresh run: model, ranks, budget, batch and method."""

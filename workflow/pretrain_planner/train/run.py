@@ -1,7 +1,7 @@
 """Run an exported plan for real, on every rank: the plan's method through the trainer's pieces (as a benchmark
 cell builds it: trainer/methodbuild.py over parallel.apply_method / build_optimizer, zero.build_step,
-step.TrainStep and run.build_with_extras, on the plan's model, GPU and recipe values), the family's data
-(train/data.py), the recipe's optimizer and schedule (budget.schedule.recipe_lr), step-budgeted (--steps, or the
+step.TrainStep and run.build_with_extras, on the plan's model, GPU and recipe values), the task's data
+(trainer/tasks.py), the recipe's optimizer and schedule (trainer.schedule.recipe_lr), step-budgeted (--steps, or the
 recipe's steps) or time-budgeted (--time-budget-h, or the recipe's time budget), on the shared loop
 (trainer/loop.py: accumulation, checkpoint/resume exactly after a kill, signals, the step log).
 
@@ -22,18 +22,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from pretrain_planner import layout
-from pretrain_planner.budget import schedule
-from pretrain_planner.budget.config import FileLog, fingerprint, torch_job
+from pretrain_planner.launch.stage import torch_job
 from pretrain_planner.planning.methods import parse
 from pretrain_planner.planning.settings import grad_sync_of
 from pretrain_planner.results import atomic_write_text
-from pretrain_planner.train import data as tdata
+from pretrain_planner.runlog import FileLog, fingerprint
 from pretrain_planner.train import record
-from pretrain_planner.trainer import methodbuild
+from pretrain_planner.trainer import methodbuild, schedule, tasks
 from pretrain_planner.trainer.loop import Hooks, Loop, Ranks, loss_ends, read_jsonl
 from pretrain_planner.trainer.parallel import MethodConfig
 from pretrain_planner.trainer.run import versions
@@ -112,57 +110,19 @@ class _Train(Hooks):
             raise ValueError("the recipe has neither steps nor a time budget: pass --steps or --time-budget-h")
 
     def _data(self) -> None:
-        """Rank 0 prepares (tokenizer, packing, shards), the others then read what it wrote."""
-        o, model, seed, out = self.o, self.plan["model"], self.o["seed"], self.out
-        self.model = dict(model)
+        """The task's data (trainer/tasks.py): rank 0 prepares (tokenizer, packing, shards), the others then read
+        what it wrote."""
+        o, out = self.o, self.out
         need = max(256, self.global_batch * 4)
         for turn in ("rank0", "others"):
             if (turn == "rank0") == self.rank0:
-                self._prepare(o, model, seed, out / "data", need)
+                req = tasks.DataRequest(o["data"], o["tokenizer"], o["seed"], need, out / "data",
+                                        out / layout.TRAIN_LOG, self.rank0)  # fmt: skip
+                self.data = tasks.prepare(self.plan["model"], req)
             if turn == "rank0":
                 self.ranks.barrier()
-
-    def _prepare(self, o: dict[str, Any], model: dict[str, Any], seed: int, ddir: Path, need: int) -> None:
-        r = self.recipe
-        if self.task == "image_classification":
-            self.images = tdata.ImageSource(o["data"], int(r["image_size"]), int(model["arch"].get("num_labels", 2)),
-                                            seed, need)  # fmt: skip
-            self.sampler = tdata.IndexSampler(self.images.n, seed)
-            self.data_info = dict(self.images.info)
-            return
-        seq = int(r["sequence_length"])
-        files, info = tdata.text_files(o["data"], ddir, seed, min_words=need * seq)
-        if self.task == "causal_lm":
-            self.blocks, meta = tdata.causal_lm_tokens(files, o["tokenizer"], int(model["arch"]["vocab_size"]), seq,
-                                                       ddir)  # fmt: skip
-            self.sampler = tdata.IndexSampler(len(self.blocks), seed)
-            self.data_info = {**info, **{k: v for k, v in meta.items() if k != "fingerprint"}, "fingerprint":
-                              meta["fingerprint"]}  # fmt: skip
-            return
-        # masked LM: the budget stage's data preparation (WordPiece, samples, static masking, shards)
-        from pretrain_planner.budget.data import prepare_data
-        from pretrain_planner.budget.pretrain import ShardSampler
-
-        cfg = tdata.mlm_config(files, o["tokenizer"], model, seed)
-        index_path = ddir / "mlm" / "index.json"
-        if self.rank0:
-            prepare_data(cfg, index_path, self.out / layout.TRAIN_LOG)
-        self.index = json.loads(index_path.read_text())
-        if self.index["vocab_size"] > int(model["arch"]["vocab_size"]):
-            raise ValueError(f"the tokenizer has {self.index['vocab_size']} tokens, the model's vocabulary "
-                             f"{model['arch']['vocab_size']}")  # fmt: skip
-        self.sampler = ShardSampler(index_path.parent, self.index["splits"]["train"],
-                                    self.index["duplication_factor"], seed)  # fmt: skip
-        self.pad_id = self.index["special_ids"]["pad"]
-        self.model = {**model, "arch": {**model["arch"], "pad_token_id": self.pad_id}}
-        self.data_info = {**info, "prepared_by": "budget/data.py (WordPiece, static masking)",
-                          "tokenizer": o["tokenizer"] or "WordPiece trained on the corpus",
-                          "tokenizer_vocab": self.index["vocab_size"], "seq_len": self.index["seq_len"],
-                          "samples": self.index["samples"], "fingerprint": self.index["fingerprint"],
-                          "model_overrides": {"pad_token_id": self.pad_id}}  # fmt: skip
-        if self.index["seq_len"] != seq:
-            self.notes.append(f"sequence length {self.index['seq_len']} (the model's positions), not the recipe's "
-                              f"{seq}")  # fmt: skip
+        self.model, self.data_info = self.data.model, self.data.info
+        self.notes.extend(self.data.notes)
 
     def build(self) -> None:
         """The plan's method on the plan's model, GPU and recipe values, as a benchmark cell builds it."""
@@ -174,7 +134,7 @@ class _Train(Hooks):
             cfg, self.ranks.env(), self.model, self.micro, self.accum, o["seed"], fl_attn=None, grad_sync=grad_sync,
             where="plan.json method", compile_note=None,
             lr_schedule=f"the recipe's {json.dumps(sched)} over the run's {self.budget['mode']} budget, set every step "
-                        "(budget.schedule.recipe_lr)",
+                        "(trainer.schedule.recipe_lr)",
         )  # fmt: skip
         from pretrain_planner.trainer.models import kernel_info
 
@@ -193,18 +153,7 @@ class _Train(Hooks):
     # -- the loop's hooks ----------------------------------------------------------------------------------
     def micro_batch(self, index: int) -> dict[str, torch.Tensor]:
         """This rank's slice of the next micro * world samples of the global stream."""
-        micro, rank = self.micro, self.ranks.rank
-        if self.task == "masked_lm":
-            from pretrain_planner.budget.pretrain import rank_batch
-
-            return rank_batch(self.sampler, micro, self.world, rank, self.pad_id, self.device)
-        idx = self.sampler.take(micro * self.world)[rank * micro : (rank + 1) * micro]
-        if self.task == "image_classification":
-            batch = self.images.batch(idx)
-        else:
-            ids = torch.from_numpy(np.asarray(self.blocks[np.sort(idx)], dtype=np.int64))
-            batch = {"input_ids": ids, "labels": ids.clone()}
-        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+        return self.data.micro_batch(self.micro, self.world, self.ranks.rank, self.device)
 
     def progress(self, state: dict[str, Any]) -> float:
         if self.budget["mode"] == "steps":
@@ -228,10 +177,10 @@ class _Train(Hooks):
         return {"progress": round(self.progress(state), 6)}
 
     def data_state(self) -> dict[str, Any]:
-        return {"sampler": self.sampler.state()}
+        return {"sampler": self.data.state()}
 
     def load_data_state(self, s: dict[str, Any]) -> None:
-        self.sampler.load_state(s["sampler"])
+        self.data.load_state(s["sampler"])
 
     def on_start(self, loop: Loop) -> None:
         p = self.plan
@@ -248,9 +197,7 @@ class _Train(Hooks):
         p, state, loop = self.plan, self.loop.state, self.loop
         steps = read_jsonl(loop.steps_path)
         loss_first, loss_last = loss_ends([s["loss"] for s in steps])
-        tokens = int(self.recipe["sequence_length"]) if self.task != "image_classification" else None
-        if self.task == "masked_lm":
-            tokens = int(self.index["seq_len"])
+        tokens = self.data.tokens_per_sample
         settings = {**self.built.settings, "observed": loop.observed}
         planned = p.get("method_settings")
         try:

@@ -178,7 +178,7 @@ def build(
     grad_sync: str | None = None,
     *,
     where: str = "train.method",
-    lr_schedule: str = "set every step from elapsed training time (budget.schedule.lr_at)",
+    lr_schedule: str = "set every step from elapsed training time (trainer.schedule.lr_at)",
     compile_note: str | None = "the budget stage compiles on CUDA only",
 ) -> Built:
     """The model (fresh weights from `seed`, the same on every rank) with the method applied, as a step.
