@@ -10,8 +10,8 @@ import re
 
 import pytest
 from pretrain_planner.budget import pretrain
-from pretrain_planner.budget.method import MethodError
 from pretrain_planner.trainer.data import mlm as data
+from pretrain_planner.trainer.methodbuild import MethodError
 
 from .test_budget_data import budget_cfg
 from .test_budget_distributed import _run, _steps, assert_kill_resume_matches

@@ -149,11 +149,11 @@ def test_no_process_left(sweep):
     ],
 )
 def test_generated_config_validates(model, ranks, method, monkeypatch):
-    from pretrain_planner.trainer import zero
+    from pretrain_planner.planning.settings import resolve
 
     bf16 = model == "tiny-gptneox"  # in bf16 here (the stand-in's recipe is fp32): both precisions are validated
     cfg = _run_config(model, method, ranks, precision="bf16" if bf16 else None)
-    config = zero.ds_config(cfg, _env(ranks), micro_batch=2, accum=16 // ranks // 2)
+    config = resolve(cfg.run_spec(_env(ranks)), 2, 16 // ranks // 2).deepspeed_config
     _validate(config, ranks, monkeypatch)
     assert config["bf16"]["enabled"] is bf16  # the recipe's precision
     assert config["gradient_clipping"] == (1.0 if model == "tiny-gptneox" else 0.0)
@@ -163,9 +163,9 @@ def test_generated_config_validates(model, ranks, method, monkeypatch):
 
 @needs_ds
 def test_bad_config_is_rejected(monkeypatch):
-    from pretrain_planner.trainer import zero
+    from pretrain_planner.planning.settings import resolve
 
-    config = zero.ds_config(_run_config("tiny-bert", "naive+zero2"), _env(), micro_batch=4, accum=2)
+    config = resolve(_run_config("tiny-bert", "naive+zero2").run_spec(_env()), 4, 2).deepspeed_config
     with pytest.raises(AssertionError, match="train_batch_size"):
         _validate({**config, "train_batch_size": 99}, 2, monkeypatch)
 

@@ -122,7 +122,7 @@ def _saved_bytes(model_dict, method, micro_batch: int) -> int:
     import contextlib
 
     import torch
-    from pretrain_planner.trainer.run import build_with_extras
+    from pretrain_planner.trainer.methodbuild import build_with_extras
     from pretrain_planner.trainer.tasks import synthetic_batch
 
     net, _, _ = build_with_extras(model_dict, method, "eager" if method.base == "naive" else "sdpa", None, 0)

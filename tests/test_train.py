@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from pretrain_planner import cli, layout
 from pretrain_planner.planning.catalog import load_catalog
+from pretrain_planner.planning.runspec import RunSpec
+from pretrain_planner.planning.settings import resolve
 from pretrain_planner.train import record
 from pretrain_planner.trainer.schedule import recipe_lr
 
@@ -32,13 +34,10 @@ def write_plan(folder: Path, model: str, mb: int = 4, gpus_per_node: int = 1, me
         "measured": {"micro_batch_size": mb, "grad_accum_steps": gb // (mb * gpus_per_node), "step_time_s": 0.5,
                      "samples_per_s": gb / 0.5, "tokens_per_s": gb * (spec.recipe.sequence_length or 0) / 0.5 or None},
     }  # fmt: skip
-    try:  # the method's concrete settings, as the export records them
-        from pretrain_planner.planning.settings import resolve
-
-        accum = gb // mb // gpus_per_node
-        plan["method_settings"] = resolve(method, plan["model"], plan["gpu"], gpus_per_node, mb, accum)
-    except ImportError:
-        pass
+    # the method's concrete settings, as the export records them
+    accum = gb // mb // gpus_per_node
+    spec = RunSpec.of(plan["model"], plan["gpu"], method, gpus_per_node)
+    plan["method_settings"] = resolve(spec, mb, accum).as_dict()
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "plan.json").write_text(json.dumps(plan, indent=1))
     return folder / "plan.json"

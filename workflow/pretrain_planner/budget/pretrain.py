@@ -16,7 +16,7 @@ submitit's USR2, writes a checkpoint after the current step and exits non-zero (
 The steps, accumulation, checkpoint/resume, signal handling and step log are the shared loop's
 (trainer/loop.py, also the train stage's); this module is its hooks. Data-parallel over the setting's ranks
 (trainer.loop.Ranks: gloo on CPU, NCCL on GPUs) with the benchmark's method applied by the trainer's code
-(trainer/methodbuild.py with budget/method.py's policy: DDP, FSDP2, DeepSpeed ZeRO, offload, fl and its extras):
+(trainer/methodbuild.py on the budget's run, `run_spec`: DDP, FSDP2, DeepSpeed ZeRO, offload, fl and its extras):
 every rank walks the
 same sample stream and trains on its own slice of each micro-batch, so rank 0's checkpoint (weights, optimizer,
 sampler position, elapsed time; FSDP2 as full state dicts, ZeRO naming the engine's sharded checkpoint) resumes
@@ -40,12 +40,14 @@ from typing import Any
 
 import torch
 
-from pretrain_planner.budget import method as bmethod
 from pretrain_planner.budget.config import set_torch_threads, setting_of, wants_gpu
 from pretrain_planner.launch.stage import torch_job
+from pretrain_planner.planning.catalog import ModelSpec, Optimizer, Recipe
+from pretrain_planner.planning.methods import parse
+from pretrain_planner.planning.runspec import RunSpec, device_gpu
 from pretrain_planner.results import atomic_savefig, atomic_write_text
 from pretrain_planner.runlog import FileLog, fingerprint
-from pretrain_planner.trainer import schedule
+from pretrain_planner.trainer import methodbuild, schedule
 from pretrain_planner.trainer.data.shards import validation_loss, validation_shards
 from pretrain_planner.trainer.loop import Hooks, Loop, Ranks, append_jsonl, loss_ends, read_jsonl
 from pretrain_planner.trainer.models import build_model
@@ -71,6 +73,22 @@ def model_dict(cfg: dict[str, Any], index: dict[str, Any]) -> dict[str, Any]:
     arch["max_position_embeddings"] = max(arch.get("max_position_embeddings", 0), need)
     arch.setdefault("type_vocab_size", 1)
     return {"name": m["name"], "family": m["family"], "task": "masked_lm", "arch": arch}
+
+
+def run_spec(tr: dict[str, Any], setting: dict[str, Any], mdict: dict[str, Any], index: dict[str, Any], gb: int,
+             device: torch.device) -> RunSpec:  # fmt: skip
+    """The budget's run of the setting's method: the recipe of the budget file (AdamW without weight decay on
+    biases and norms; train.precision, train.lr ...) on the prepared data's sequence length; TF32 and
+    torch.compile (automatic dynamic shapes: sparse prediction's masked rows vary) on CUDA only (on CPU the compile
+    time would eat the budget of the small runs this stage is tested with)."""
+    on_cuda = device.type == "cuda"
+    opt = Optimizer("adamw", tr["lr"], tuple(tr["betas"]), tr["eps"], tr["weight_decay"], no_decay_1d=True)
+    recipe = Recipe(global_batch=gb, steps=None, time_budget_hours=tr["budget_hours"], sequence_length=index["seq_len"],
+                    image_size=None, precision=tr["precision"], optimizer=opt, schedule={},
+                    grad_clip=tr["grad_clip"] or None, mlm_probability=index["mlm_probability"])  # fmt: skip
+    model = ModelSpec(mdict["name"], mdict["family"], dict(mdict["arch"]), recipe, supports_compile=on_cuda)
+    method = parse(setting["method"], "train.method")
+    return RunSpec(model, device_gpu(tr["gpu"], on_cuda), method, setting["world_size"], on_cuda, None)
 
 
 def _device(tr: dict[str, Any], local_rank: int = 0) -> torch.device:
@@ -149,8 +167,6 @@ class _Run(Hooks):
         self, cfg: dict[str, Any], index_path: Path, run_dir: Path, log, threads: int | None, t_start: float
     ) -> None:
         """Ranks (process group), log, index and the run's sizes and fingerprint."""
-        from pretrain_planner.planning.methods import parse
-
         self.t_start = t_start
         self.wall_base = 0.0  # wall time of the run before this process (a resumed run's, from the checkpoint)
         self.train_base = 0.0  # training time likewise
@@ -181,12 +197,16 @@ class _Run(Hooks):
         self.val_path = run_dir / "validation.jsonl"
 
     def build_method(self) -> None:
-        """The benchmark's method through the trainer's machinery (trainer/methodbuild.py, with the budget's
-        policy: budget/method.py); the same weights on every rank. Then the shared loop with this run as hooks."""
-        self.mcfg = bmethod.config_of(self.tr, self.setting["method"], self.mdict, self.device)
-        self.built = bmethod.build(self.mcfg, self.ranks.env(), self.mdict, self.micro, self.accum, self.cfg["seed"],
-                                   fl_attn=self.tr["attn_implementation"],
-                                   grad_sync=self.setting.get("grad_sync"))  # fmt: skip
+        """The benchmark's method through the trainer's one build path (trainer/methodbuild.py) on the budget's
+        run (`run_spec`); the same weights on every rank. Then the shared loop with this run as hooks."""
+        self.spec = run_spec(self.tr, self.setting, self.mdict, self.index, self.global_batch, self.device)
+        env = self.ranks.env()
+        methodbuild.check_stage(self.spec, env, "train.method")
+        self.built = methodbuild.build(
+            self.spec, env, self.micro, self.accum, self.cfg["seed"], attn=self.tr["attn_implementation"],
+            grad_sync=self.setting.get("grad_sync"), compile_note="the budget stage compiles on CUDA only",
+            lr_schedule="set every step from elapsed training time (trainer.schedule.lr_at)",
+        )  # fmt: skip
         self.model, self.method_settings = self.built.net, self.built.settings
         self.attn = self.method_settings["attn_implementation"]
         self.amp_dtype = self.built.autocast_dtype
@@ -360,7 +380,7 @@ class _Run(Hooks):
         full = self.built.full_state()
         if self.rank0:
             if full is not None and not self.plain:  # an unsharded copy to save from
-                self.plain.append(build_model(self.mdict, self.attn, fused_ce=self.mcfg.method.fused_ce)[0])
+                self.plain.append(build_model(self.mdict, self.attn, fused_ce=self.spec.method.fused_ce)[0])
             model = self.model if full is None else self.plain[0]
             save_model(model, out_dir, self.data_dir / self.index["tokenizer"], info, full)
 

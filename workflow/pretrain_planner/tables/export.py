@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from pretrain_planner import layout
 from pretrain_planner.planning import methods
 from pretrain_planner.planning.catalog import Catalog, GpuSpec, ModelSpec
+from pretrain_planner.planning.runspec import RunSpec
 from pretrain_planner.planning.settings import differences, grad_sync_of, resolve
 from pretrain_planner.results import atomic_write_text
 
@@ -103,12 +104,9 @@ def settings_for(
     """The method's concrete settings for one time_to_train row (planning.settings.resolve, as the trainer
     applied them); `recorded`: the cell's method_settings, for what only the measurement decides (FSDP2's
     gradient synchronisation)."""
-    grad_sync = grad_sync_of(recorded)
     world = int(row["nodes"]) * int(row["gpus_per_node"])
-    return resolve(
-        row["best_method"], model.to_dict(), gpu.to_dict(), world, int(row["micro_batch_size"]),
-        int(row["grad_accum_steps"]), grad_sync=grad_sync,
-    )  # fmt: skip
+    spec = RunSpec(model, gpu, methods.parse(row["best_method"]), world)
+    return resolve(spec, int(row["micro_batch_size"]), int(row["grad_accum_steps"]), grad_sync_of(recorded)).as_dict()
 
 
 def not_expressible(model: ModelSpec, settings: dict[str, Any]) -> list[dict[str, str]]:

@@ -1,6 +1,5 @@
 """Run an exported plan for real, on every rank: the plan's method through the trainer's pieces (as a benchmark
-cell builds it: trainer/methodbuild.py over parallel.apply_method / build_optimizer, zero.build_step,
-step.TrainStep and run.build_with_extras, on the plan's model, GPU and recipe values), the task's data
+cell builds it: trainer/methodbuild.py, the one build path, on the plan's model, GPU and recipe values), the task's data
 (trainer/tasks.py), the recipe's optimizer and schedule (trainer.schedule.recipe_lr), step-budgeted (--steps, or the
 recipe's steps) or time-budgeted (--time-budget-h, or the recipe's time budget), on the shared loop
 (trainer/loop.py: accumulation, checkpoint/resume exactly after a kill, signals, the step log).
@@ -27,13 +26,14 @@ import torch
 from pretrain_planner import layout
 from pretrain_planner.launch.stage import torch_job
 from pretrain_planner.planning.methods import parse
-from pretrain_planner.planning.settings import grad_sync_of
+from pretrain_planner.planning.runspec import RunSpec
+from pretrain_planner.planning.settings import differences, grad_sync_of
+from pretrain_planner.planning.tasks import TASKS
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.runlog import FileLog, fingerprint
 from pretrain_planner.train import record
 from pretrain_planner.trainer import methodbuild, schedule, tasks
 from pretrain_planner.trainer.loop import Hooks, Loop, Ranks, loss_ends, read_jsonl
-from pretrain_planner.trainer.parallel import MethodConfig
 from pretrain_planner.trainer.run import versions
 
 TRAIN_PACKAGES = ("torch", "transformers", "tokenizers", "deepspeed", "pretrain-planner")  # in result.json
@@ -127,19 +127,15 @@ class _Train(Hooks):
     def build(self) -> None:
         """The plan's method on the plan's model, GPU and recipe values, as a benchmark cell builds it."""
         o, plan = self.o, self.plan
-        cfg = MethodConfig(method=self.method, model=self.model, gpu=plan["gpu"], recipe=self.recipe)
-        grad_sync = grad_sync_of(plan.get("method_settings"))
-        sched = self.recipe.get("schedule") or {"name": "constant"}
+        spec = RunSpec.of(self.model, plan["gpu"], self.method, self.world, cuda=self.device.type == "cuda")
+        env = self.ranks.env()
+        methodbuild.check_stage(spec, env, "plan.json method")
+        sched = self.recipe.get("schedule") or TASKS[self.task].default_schedule
         self.built = methodbuild.build(
-            cfg, self.ranks.env(), self.model, self.micro, self.accum, o["seed"], fl_attn=None, grad_sync=grad_sync,
-            where="plan.json method", compile_note=None,
+            spec, env, self.micro, self.accum, o["seed"], grad_sync=grad_sync_of(plan.get("method_settings")),
             lr_schedule=f"the recipe's {json.dumps(sched)} over the run's {self.budget['mode']} budget, set every step "
                         "(trainer.schedule.recipe_lr)",
         )  # fmt: skip
-        from pretrain_planner.trainer.models import kernel_info
-
-        if kernels := kernel_info(self.model):
-            self.built.settings["kernels"] = kernels
         fp = fingerprint(self.model, plan["method"], self.micro, self.accum, self.world, o["seed"], self.budget,
                          self.data_info.get("fingerprint"), self.data_info["label"])  # fmt: skip
         self.loop = Loop(
@@ -162,7 +158,7 @@ class _Train(Hooks):
 
     def lr(self, state: dict[str, Any]) -> float:
         total = self.budget["steps"] if self.budget["mode"] == "steps" else None
-        sched = self.recipe.get("schedule") or {"name": "constant"}
+        sched = self.recipe.get("schedule") or TASKS[self.task].default_schedule
         return schedule.recipe_lr(sched, float(self.recipe["optimizer"]["lr"]), state["step"], self.progress(state),
                                   total)  # fmt: skip
 
@@ -200,12 +196,7 @@ class _Train(Hooks):
         tokens = self.data.tokens_per_sample
         settings = {**self.built.settings, "observed": loop.observed}
         planned = p.get("method_settings")
-        try:
-            from pretrain_planner.planning.settings import differences
-
-            diffs = differences(planned, settings) if planned else None
-        except ImportError:  # an older checkout without planning.settings
-            diffs = None
+        diffs = differences(planned, settings) if planned else None
         thr = record.sustained(steps, self.global_batch, tokens, p["measured"])
         if self.o["fake_step_s"] is not None:
             thr["note"] = "a fake clock (testing): every step counted fake_step_s"

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from pretrain_planner.runlog import fingerprint
 
 GENERATED_LABEL = "generated corpus (synthetic made-up-word text, not a real data set)"
