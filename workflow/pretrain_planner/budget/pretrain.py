@@ -15,7 +15,7 @@ submitit's USR2, writes a checkpoint after the current step and exits non-zero (
 
 The steps, accumulation, checkpoint/resume, signal handling and step log are the shared loop's
 (trainer/loop.py, also the train stage's); this module is its hooks. Data-parallel over the setting's ranks
-(trainer.loop.Ranks: gloo on CPU, NCCL on GPUs) with the benchmark's method applied by the trainer's code
+(trainer.ranks.Ranks: gloo on CPU, NCCL on GPUs) with the benchmark's method applied by the trainer's code
 (trainer/methodbuild.py on the budget's run, `run_spec`: DDP, FSDP2, DeepSpeed ZeRO, offload, fl and its extras):
 every rank walks the
 same sample stream and trains on its own slice of each micro-batch, so rank 0's checkpoint (weights, optimizer,
@@ -41,22 +41,20 @@ from typing import Any
 import torch
 
 from pretrain_planner.budget.config import set_torch_threads, setting_of, wants_gpu
+from pretrain_planner.budget.summary import plot_loss, reference_comparison, write_summary
 from pretrain_planner.launch.stage import torch_job
 from pretrain_planner.planning.catalog import ModelSpec, Optimizer, Recipe
 from pretrain_planner.planning.methods import parse
 from pretrain_planner.planning.runspec import RunSpec, device_gpu
-from pretrain_planner.results import atomic_savefig, atomic_write_text
-from pretrain_planner.runlog import FileLog, fingerprint
-from pretrain_planner.trainer import methodbuild, schedule
+from pretrain_planner.results import atomic_write_text
+from pretrain_planner.runlog import fingerprint
+from pretrain_planner.train.run import Training
+from pretrain_planner.trainer import schedule
 from pretrain_planner.trainer.data.shards import validation_loss, validation_shards
-from pretrain_planner.trainer.loop import Hooks, Loop, Ranks, append_jsonl, loss_ends, read_jsonl
+from pretrain_planner.trainer.loop import Loop
 from pretrain_planner.trainer.models import build_model
+from pretrain_planner.trainer.steplog import append_jsonl, loss_ends, read_jsonl
 from pretrain_planner.trainer.tasks import masked_lm_shards
-
-# The reference's 24-hour run, for the result's comparison: ~23k optimizer steps at batch 4096, about 95M sequences.
-# From the issue brief (issue 18); not in shared/reference/papers.md - unverified.
-REFERENCE_RUN = {"hours": 24.0, "steps": 23_000, "global_batch": 4096, "sequences": 95_000_000,
-                 "source": "issue 18 (~23k steps at batch 4096, about 95M sequences, in 24 h); unverified"}  # fmt: skip
 
 
 def model_dict(cfg: dict[str, Any], index: dict[str, Any]) -> dict[str, Any]:
@@ -142,7 +140,7 @@ def _pretrain(
 
     transformers.utils.logging.disable_progress_bar()
     run = _Run(cfg, Path(index_path), Path(run_dir), log, threads, t_start)
-    run.build_method()
+    run.build()
     run.resume_or_start()
     run.loop.run(kill_at_step, kill_signal)
     return run.finish(Path(out_model), out_result)
@@ -158,10 +156,11 @@ def _run_fingerprint(cfg: dict[str, Any], setting: dict[str, Any], index: dict[s
     return fingerprint(index["fingerprint"], cfg["seed"], mdict, keyed, used)
 
 
-class _Run(Hooks):
-    """One pre-training process: its ranks, data, model and method, and what the budget adds to the shared loop
-    (trainer/loop.py) as its hooks: the sample stream, the time-based learning rate, the budget and max-steps
-    stop, validation points with the early stop, fine-tuning checkpoints, the model folder and the result."""
+class _Run(Training):
+    """One pre-training process: the general run (train/run.py Training: ranks, log, the masked-LM task's data,
+    the method's build, the shared loop) with what the budget adds as its hooks: the time-based learning rate,
+    the budget and max-steps stop, validation points with the early stop, fine-tuning checkpoints, the model
+    folder and the result."""
 
     def __init__(
         self, cfg: dict[str, Any], index_path: Path, run_dir: Path, log, threads: int | None, t_start: float
@@ -175,35 +174,30 @@ class _Run(Hooks):
         self.cfg, self.tr, self.setting = cfg, cfg["train"], setting_of(cfg)
         tr, setting = self.tr, self.setting
         set_torch_threads(tr, threads)
-        sharded = bool(parse(setting["method"], "train.method").sharding)
         if setting["world_size"] > 1 and "SUBMITIT_EXECUTOR" not in os.environ:
             raise RuntimeError(f"{setting['world_size']} ranks: run the pre-training through the local or slurm "
                                "launcher")  # fmt: skip
-        self.ranks = Ranks(setting["world_size"], lambda local: _device(tr, local), group_for_one=sharded)
-        self.rank0 = self.ranks.rank == 0
-        self.logger = FileLog(log if self.rank0 else None)
-        self.device = self.ranks.device
+        method = parse(setting["method"], "train.method")
+        super().__init__(setting["world_size"], lambda local: _device(tr, local), method, log)
         self.data_dir, self.index_path = index_path.parent, index_path
         self.index = json.loads(index_path.read_text())
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
         self.budget_s = tr["budget_hours"] * 3600.0
         self.clock_kind = tr["clock"]
-        self.micro, self.accum, self.world = setting["micro_batch"], setting["grad_accum_steps"], self.ranks.world
+        self.micro, self.accum = setting["micro_batch"], setting["grad_accum_steps"]
         self.global_batch = self.micro * self.accum * self.world
         self.pad_id = self.index["special_ids"]["pad"]
         self.mdict = model_dict(cfg, self.index)
         self.fp = _run_fingerprint(cfg, setting, self.index, self.mdict)
         self.val_path = run_dir / "validation.jsonl"
 
-    def build_method(self) -> None:
+    def build(self) -> None:
         """The benchmark's method through the trainer's one build path (trainer/methodbuild.py) on the budget's
         run (`run_spec`); the same weights on every rank. Then the shared loop with this run as hooks."""
         self.spec = run_spec(self.tr, self.setting, self.mdict, self.index, self.global_batch, self.device)
-        env = self.ranks.env()
-        methodbuild.check_stage(self.spec, env, "train.method")
-        self.built = methodbuild.build(
-            self.spec, env, self.micro, self.accum, self.cfg["seed"], attn=self.tr["attn_implementation"],
+        self.build_method(
+            self.spec, "train.method", self.cfg["seed"], attn=self.tr["attn_implementation"],
             grad_sync=self.setting.get("grad_sync"), compile_note="the budget stage compiles on CUDA only",
             lr_schedule="set every step from elapsed training time (trainer.schedule.lr_at)",
         )  # fmt: skip
@@ -215,9 +209,8 @@ class _Run(Hooks):
         self.data = masked_lm_shards(self.index_path, self.cfg["seed"], self.mdict, {})
         self.val_points = schedule.validation_points(tr["validation"])
         self.ft_points = sorted(tr["finetune_checkpoints"])
-        self.loop = Loop(
-            built=self.built, ranks=self.ranks, hooks=self, run_dir=self.run_dir, fingerprint=self.fp,
-            accum=self.accum, seed=self.cfg["seed"], logger=self.logger, fake_step_s=tr["fake_step_s"],
+        self.start_loop(
+            self.run_dir, self.fp, self.cfg["seed"], fake_step_s=tr["fake_step_s"],
             checkpoint_every_s=tr["checkpoint_every_s"], log_every=tr["log_every"],
             extra_state={"val_s": 0.0, "last_val_loss": None, "wall_s": 0.0, "scale_floor_steps": 0, "val_count": 0},
         )  # fmt: skip
@@ -254,11 +247,6 @@ class _Run(Hooks):
         return state["wall_s"] if self.clock_kind == "wall" else state["elapsed_s"]
 
     # -- the loop's hooks ------------------------------------------------------------------------------------
-    def micro_batch(self, index: int) -> dict[str, torch.Tensor]:
-        # each rank trains on its own micro-batch of the global stream (the sampler state stays the same on every
-        # rank, so rank 0's checkpoint resumes them all)
-        return self.data.micro_batch(self.micro, self.world, self.ranks.rank, self.device)
-
     def lr(self, state: dict[str, Any]) -> float:
         self._step_t0 = time.perf_counter()  # the step starts (the fake clock's real-time bookkeeping)
         return schedule.lr_at(self._elapsed(state), self.budget_s, self.tr["lr"], self.tr["warmup_fraction"], self.tr)
@@ -308,12 +296,6 @@ class _Run(Hooks):
         state["stop"] = why
         self.logger.info("stopping: %s", why)
         return True
-
-    def data_state(self) -> dict[str, Any]:
-        return {"sampler": self.data.state()}
-
-    def load_data_state(self, s: dict[str, Any]) -> None:
-        self.data.load_state(s["sampler"])
 
     def on_start(self, loop: Loop) -> None:
         """The log's first line of a fresh run: model, ranks, budget, batch and method."""
@@ -454,84 +436,3 @@ class _Run(Hooks):
             hist.append({"step": state["step"], "elapsed_s": self._elapsed(state), "val_loss": state["last_val_loss"],
                          "shards": state.get("last_val_shards")})  # fmt: skip
         return hist
-
-
-def reference_comparison(steps: int, sequences: int, budget_s: float) -> dict[str, Any]:
-    """This run's steps and sequences beside the reference's 24-hour run (REFERENCE_RUN), whole and at its pace
-    over this budget (the reference's numbers x budget / 24 h)."""
-    ref = REFERENCE_RUN
-    share = budget_s / (ref["hours"] * 3600.0)
-    pace_steps, pace_seq = ref["steps"] * share, ref["sequences"] * share
-    return {
-        **ref, "pace_steps": pace_steps, "pace_sequences": pace_seq,
-        "steps_vs_pace": steps / pace_steps if pace_steps else None,
-        "sequences_vs_pace": sequences / pace_seq if pace_seq else None,
-    }  # fmt: skip
-
-
-def checkpoint_note(result: dict[str, Any]) -> str:
-    """What checkpointing cost the run: how many were written, their wall time and its share of the budget."""
-    every = result.get("checkpoint_every_s")
-    cadence = (f"every {every:g} s of training time" if every else
-               "none during the run (the reference's: its README run's --num_epochs_between_checkpoints 10000 is "
-               "never reached in 24 hours), one at the end and one on a pre-emption signal")  # fmt: skip
-    n, secs = result.get("checkpoints", 0), result.get("checkpoint_s", 0.0)
-    return (f"Checkpoints: {cadence}. {n} written, {secs:.3g} s of wall time ({100 * secs / result['budget_s']:.2g}% "
-            "of the budget; every rank waits while rank 0 writes).")  # fmt: skip
-
-
-def write_summary(result: dict[str, Any], out_dir: Path) -> None:
-    """summary.{csv,md} next to result.json: the run's steps and sequences within the budget beside the reference."""
-    ref = result["reference"]
-    hours = result["budget_s"] / 3600.0
-    rows = [
-        ("this run", hours, result["clock"], result["steps"], result["global_batch"], result["sequences"],
-         result["wall_s"] / 3600.0, result["train_s"] / 3600.0, result["stop_reason"], result["val_loss"]),
-        (f"reference at its pace over {hours:g} h", hours, "wall", ref["pace_steps"], ref["global_batch"],
-         ref["pace_sequences"], None, None, None, None),
-        ("reference, 24 h", ref["hours"], "wall", ref["steps"], ref["global_batch"], ref["sequences"], ref["hours"],
-         None, None, None),
-    ]  # fmt: skip
-    head = ["run", "budget_h", "clock", "steps", "global_batch", "sequences", "wall_h", "train_h", "stop_reason",
-            "val_loss"]  # fmt: skip
-
-    def fmt(v: Any) -> str:
-        if v is None:
-            return ""
-        if isinstance(v, float):
-            return f"{v:.4g}" if abs(v) < 1e6 else f"{v:,.0f}"
-        return f"{v:,}" if isinstance(v, int) else str(v)
-
-    csv = ",".join(head) + "\n" + "".join(",".join("" if v is None else str(v) for v in r) + "\n" for r in rows)
-    md = (
-        "| "
-        + " | ".join(head)
-        + " |\n|"
-        + "---|" * len(head)
-        + "\n"
-        + "".join("| " + " | ".join(fmt(v) for v in r) + " |\n" for r in rows)
-        + f"\nsequences = steps x global batch. Reference: {ref['source']}.\n"
-        + f"\n{checkpoint_note(result)}\n"
-    )
-    atomic_write_text(out_dir / "summary.csv", csv)
-    atomic_write_text(out_dir / "summary.md", md)
-
-
-def plot_loss(steps_path: Path, val_path: Path, out: Path, clock: str = "wall") -> Path:
-    """Training loss (each step) and validation loss against elapsed hours on the run's clock, as a PNG."""
-    from pretrain_planner.report.plots import _canvas  # a Figure of its own: no pyplot state across threads
-
-    steps, vals = read_jsonl(steps_path), read_jsonl(val_path)
-    key = "wall_s" if clock == "wall" else "elapsed_s"
-    by_step = {s["step"]: s.get(key, s["elapsed_s"]) for s in steps}
-    fig = _canvas(6.4, 4.0)
-    ax = fig.add_axes((0.12, 0.14, 0.84, 0.78))  # fixed margins (docs/architecture.md: no tight_layout)
-    ax.plot([by_step[s["step"]] / 3600 for s in steps], [s["loss"] for s in steps], lw=0.8, label="training loss")
-    pts = [(by_step[v["step"]] / 3600, v["val_loss"]) for v in vals if v["step"] in by_step]
-    if pts:
-        ax.plot(*zip(*pts, strict=True), "o-", ms=3, label="validation loss")
-    ax.set_xlabel(f"hours ({'wall time' if clock == 'wall' else 'training time'})")
-    ax.set_ylabel("MLM loss")
-    ax.legend(loc="upper right")
-    atomic_savefig(fig, out)
-    return out

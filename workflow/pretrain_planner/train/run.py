@@ -25,7 +25,7 @@ import torch
 
 from pretrain_planner import layout
 from pretrain_planner.launch.stage import torch_job
-from pretrain_planner.planning.methods import parse
+from pretrain_planner.planning.methods import Method, parse
 from pretrain_planner.planning.runspec import RunSpec
 from pretrain_planner.planning.settings import differences, grad_sync_of
 from pretrain_planner.planning.tasks import TASKS
@@ -33,8 +33,10 @@ from pretrain_planner.results import atomic_write_text
 from pretrain_planner.runlog import FileLog, fingerprint
 from pretrain_planner.train import record
 from pretrain_planner.trainer import methodbuild, schedule, tasks
-from pretrain_planner.trainer.loop import Hooks, Loop, Ranks, loss_ends, read_jsonl
+from pretrain_planner.trainer.loop import Hooks, Loop
+from pretrain_planner.trainer.ranks import Ranks
 from pretrain_planner.trainer.run import versions
+from pretrain_planner.trainer.steplog import loss_ends, read_jsonl
 
 TRAIN_PACKAGES = ("torch", "transformers", "tokenizers", "deepspeed", "pretrain-planner")  # in result.json
 
@@ -67,19 +69,61 @@ def _device_of(plan: dict[str, Any], device: str):
     return of
 
 
-class _Train(Hooks):
-    """One process of a plan's run: ranks, data, the method, and the loop's hooks (data, schedule, stop)."""
+class Training(Hooks):
+    """One process of a run that trains for real, the general case: its ranks (`world_size` None: as many as the
+    launcher started), rank 0's log, the task's data (`data`: trainer/tasks.py), the method through the trainer's
+    one build path (`build_method`: checked, then built) and the shared loop with this object as its hooks
+    (`start_loop`). The stages are recipes of it: a plan's run (`_Train` below) and the budget stage's
+    time-budgeted masked LM (budget/pretrain.py). A subclass sets `micro`, `accum` and `data` before building."""
+
+    micro: int
+    accum: int
+    data: tasks.TaskData
+
+    def __init__(self, world_size: int | None, device_of: Any, method: Method, log: str | Path | None) -> None:
+        self.method = method
+        self.ranks = Ranks(world_size, device_of, group_for_one=bool(method.sharding))
+        self.rank0, self.world, self.device = self.ranks.rank == 0, self.ranks.world, self.ranks.device
+        self.logger = FileLog(log if self.rank0 else None)
+
+    def build_method(self, spec: RunSpec, where: str, seed: int, **build: Any) -> methodbuild.Built:
+        """The run's method (`where` names its source in errors): refused before anything is built if it cannot
+        run here, else built with the same weights on every rank."""
+        env = self.ranks.env()
+        methodbuild.check_stage(spec, env, where)
+        self.built = methodbuild.build(spec, env, self.micro, self.accum, seed, **build)
+        return self.built
+
+    def start_loop(self, run_dir: Path, fingerprint: str, seed: int, **loop: Any) -> Loop:
+        self.loop = Loop(built=self.built, ranks=self.ranks, hooks=self, run_dir=run_dir, fingerprint=fingerprint,
+                         accum=self.accum, seed=seed, logger=self.logger, **loop)  # fmt: skip
+        return self.loop
+
+    # -- the loop's hooks every run shares ----------------------------------------------------------------
+    def micro_batch(self, index: int) -> dict[str, torch.Tensor]:
+        """This rank's slice of the next micro * world samples of the global stream (the sampler's state is the
+        same on every rank, so rank 0's checkpoint resumes them all)."""
+        return self.data.micro_batch(self.micro, self.world, self.ranks.rank, self.device)
+
+    def data_state(self) -> dict[str, Any]:
+        return {"sampler": self.data.state()}
+
+    def load_data_state(self, s: dict[str, Any]) -> None:
+        self.data.load_state(s["sampler"])
+
+
+class _Train(Training):
+    """One process of a plan's run: the plan's model, method and recipe, a step or time budget, the loop's hooks
+    (schedule, stop)."""
 
     def __init__(self, plan: dict[str, Any], plan_path: Path, out: Path, o: dict[str, Any]) -> None:
         self.plan, self.plan_path, self.out, self.o = plan, plan_path, out, o
         model = plan["model"]
         self.task, self.recipe = model["task"], model["recipe"]
-        self.method = parse(plan["method"], "plan.json method")
         if o["threads"]:
             torch.set_num_threads(int(o["threads"]))
-        self.ranks = Ranks(None, _device_of(plan, o["device"]), group_for_one=bool(self.method.sharding))
-        self.rank0, self.world, self.device = self.ranks.rank == 0, self.ranks.world, self.ranks.device
-        self.logger = FileLog(out / layout.TRAIN_LOG if self.rank0 else None)
+        method = parse(plan["method"], "plan.json method")
+        super().__init__(None, _device_of(plan, o["device"]), method, out / layout.TRAIN_LOG)
         self.notes: list[str] = []
         m = plan["measured"]
         self.micro = int(m["micro_batch_size"])
@@ -128,29 +172,22 @@ class _Train(Hooks):
         """The plan's method on the plan's model, GPU and recipe values, as a benchmark cell builds it."""
         o, plan = self.o, self.plan
         spec = RunSpec.of(self.model, plan["gpu"], self.method, self.world, cuda=self.device.type == "cuda")
-        env = self.ranks.env()
-        methodbuild.check_stage(spec, env, "plan.json method")
         sched = self.recipe.get("schedule") or TASKS[self.task].default_schedule
-        self.built = methodbuild.build(
-            spec, env, self.micro, self.accum, o["seed"], grad_sync=grad_sync_of(plan.get("method_settings")),
+        self.build_method(
+            spec, "plan.json method", o["seed"], grad_sync=grad_sync_of(plan.get("method_settings")),
             lr_schedule=f"the recipe's {json.dumps(sched)} over the run's {self.budget['mode']} budget, set every step "
                         "(trainer.schedule.recipe_lr)",
         )  # fmt: skip
         fp = fingerprint(self.model, plan["method"], self.micro, self.accum, self.world, o["seed"], self.budget,
                          self.data_info.get("fingerprint"), self.data_info["label"])  # fmt: skip
-        self.loop = Loop(
-            built=self.built, ranks=self.ranks, hooks=self, run_dir=self.out / layout.TRAIN_RUN, fingerprint=fp,
-            accum=self.accum, seed=o["seed"], logger=self.logger, fake_step_s=o["fake_step_s"],
+        self.start_loop(
+            self.out / layout.TRAIN_RUN, fp, o["seed"], fake_step_s=o["fake_step_s"],
             checkpoint_every_s=o["checkpoint_every_min"] * 60 if o["checkpoint_every_min"] else None,
             checkpoint_every_steps=o["checkpoint_every_steps"], log_every=o["log_every"],
             warmup_steps=o["warmup_steps"], extra_state={"starts": []},
         )  # fmt: skip
 
     # -- the loop's hooks ----------------------------------------------------------------------------------
-    def micro_batch(self, index: int) -> dict[str, torch.Tensor]:
-        """This rank's slice of the next micro * world samples of the global stream."""
-        return self.data.micro_batch(self.micro, self.world, self.ranks.rank, self.device)
-
     def progress(self, state: dict[str, Any]) -> float:
         if self.budget["mode"] == "steps":
             return state["step"] / self.budget["steps"]
@@ -171,12 +208,6 @@ class _Train(Hooks):
 
     def step_fields(self, state: dict[str, Any]) -> dict[str, Any]:
         return {"progress": round(self.progress(state), 6)}
-
-    def data_state(self) -> dict[str, Any]:
-        return {"sampler": self.data.state()}
-
-    def load_data_state(self, s: dict[str, Any]) -> None:
-        self.data.load_state(s["sampler"])
 
     def on_start(self, loop: Loop) -> None:
         p = self.plan

@@ -34,9 +34,10 @@ import torch.distributed as torch_dist
 from pretrain_planner.launch import progress
 from pretrain_planner.planning.grid import largest_micro_batch
 from pretrain_planner.trainer.config import RunConfig
-from pretrain_planner.trainer.loop import Hooks, Loop, Ranks
+from pretrain_planner.trainer.loop import Hooks, Loop
 from pretrain_planner.trainer.oom import Verdict, free_memory, guarded, is_oom
 from pretrain_planner.trainer.rank import RankEnv
+from pretrain_planner.trainer.ranks import Ranks
 from pretrain_planner.trainer.step import ACCUMULATING, TrainStep
 from pretrain_planner.trainer.tasks import synthetic_batch
 
