@@ -84,9 +84,10 @@ def run_spec(tr: dict[str, Any], setting: dict[str, Any], mdict: dict[str, Any],
     recipe = Recipe(global_batch=gb, steps=None, time_budget_hours=tr["budget_hours"], sequence_length=index["seq_len"],
                     image_size=None, precision=tr["precision"], optimizer=opt, schedule={},
                     grad_clip=tr["grad_clip"] or None, mlm_probability=index["mlm_probability"])  # fmt: skip
-    model = ModelSpec(mdict["name"], mdict["family"], dict(mdict["arch"]), recipe, supports_compile=on_cuda)
+    model = ModelSpec(mdict["name"], mdict["family"], dict(mdict["arch"]), recipe)
     method = parse(setting["method"], "train.method")
-    return RunSpec(model, device_gpu(tr["gpu"], on_cuda), method, setting["world_size"], on_cuda, None)
+    gpu = device_gpu(tr["gpu"], on_cuda)
+    return RunSpec(model, gpu, method, setting["world_size"], on_cuda, compile_dynamic=None, compile_model=on_cuda)
 
 
 def _device(tr: dict[str, Any], local_rank: int = 0) -> torch.device:

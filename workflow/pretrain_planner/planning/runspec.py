@@ -23,6 +23,7 @@ class RunSpec:
     world_size: int = 1
     cuda: bool | None = None  # the ranks run on CUDA devices (None: every GPU type but the `cpu` stand-in)
     compile_dynamic: bool | None = False  # torch.compile's `dynamic` (None: automatic, for data-dependent shapes)
+    compile_model: bool = True  # free-lunch compiles the model (a stage may leave it eager: the budget on CPU)
 
     @classmethod
     def of(cls, model: dict[str, Any], gpu: dict[str, Any], method: str | Method, world_size: int = 1,

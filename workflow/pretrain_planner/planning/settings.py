@@ -198,7 +198,7 @@ def resolve(spec: RunSpec, micro_batch: int, accum: int, grad_sync: str | None =
     model = {**spec.model.to_dict(), "compile_dynamic": spec.compile_dynamic}
     gpu_tf32 = spec.gpu.tf32
     recipe, opt = model["recipe"], model["recipe"]["optimizer"]
-    compiled = compiles(m, model)
+    compiled = compiles(m, model) and spec.compile_model
     engine = SHARDING_ENGINE.get(m.sharding or "")
     precision = recipe["precision"]
     if engine == "zero":
@@ -223,7 +223,8 @@ def resolve(spec: RunSpec, micro_batch: int, accum: int, grad_sync: str | None =
         compile=compiled,
         compile_mode=("reduce-overhead" if m.compile_mode == "cg" else "default") if compiled else None,
         compile_dynamic=model["compile_dynamic"] if compiled else None,
-        compile_optimizer=bool(compiled and m.compile_mode == "cstep"),
+        # cstep compiles the optimizer step, also where a stage leaves the model eager
+        compile_optimizer=bool(compiles(m, model) and m.compile_mode == "cstep"),
         cuda_graphs=bool(compiled and m.compile_mode == "cg"),
         tf32=bool(m.free_lunch and cuda and gpu_tf32),
         cudnn_benchmark=bool(m.free_lunch and cuda),

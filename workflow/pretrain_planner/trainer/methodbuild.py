@@ -252,7 +252,7 @@ def build(
         applied_by="trainer.parallel.apply_method / build_optimizer, trainer.zero.build_step, trainer.step.TrainStep",
         not_applied=[],
     )
-    if m.free_lunch and not spec.model.supports_compile and compile_note:
+    if m.free_lunch and not (spec.model.supports_compile and spec.compile_model) and compile_note:
         settings["compile_note"] = compile_note
     if kernel_versions := kernel_info(model):
         settings["kernels"] = kernel_versions
