@@ -91,6 +91,19 @@ def test_missing_plan_warns_at_parse_and_stops_the_pretrain_job(tmp_path):
         jobs.pretrain(cfg, {"kind": "debug", "timeout_min": 1, "slurm": None}, "i", "m", "r", "run", "log")
 
 
+def test_a_benchmark_run_never_reads_the_budget_files(tmp_path):
+    """A budget file whose corpus matches nothing stops the `budget` target's dry run, naming the file and the key,
+    but not a benchmark sweep's: the stage's files are read only when one of its rules is asked for."""
+    path = budget_cfg(tmp_path, load=False, model="tiny-bert", corpus={"files": [str(tmp_path / "missing-*.txt")]})
+    main = write_config(tmp_path / "main.yaml", budget=str(path), sweep={"models": ["tiny-gptneox"], "gpus": ["cpu"]},
+                        launcher={"kind": "local"})  # fmt: skip
+    proc = snakemake(tmp_path, "-n", "--configfile", str(main))
+    assert proc.returncode == 0 and "budget configuration error" not in proc.stderr, proc.stderr[-3000:]
+    proc = snakemake(tmp_path, "budget", "-n", "--configfile", str(main))
+    assert proc.returncode != 0
+    assert "budget configuration error" in proc.stderr and "corpus.files" in proc.stderr and str(path) in proc.stderr
+
+
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("setting")

@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from pretrain_planner import layout
 from pretrain_planner.budget.config import set_torch_threads, setting_of, wants_gpu
 from pretrain_planner.budget.summary import plot_loss, reference_comparison, write_summary
 from pretrain_planner.launch.stage import torch_job
@@ -191,7 +192,7 @@ class _Run(Training):
         self.pad_id = self.index["special_ids"]["pad"]
         self.mdict = model_dict(cfg, self.index)
         self.fp = _run_fingerprint(cfg, setting, self.index, self.mdict)
-        self.val_path = run_dir / "validation.jsonl"
+        self.val_path = run_dir / layout.VALIDATION_LOG
 
     def build(self) -> None:
         """The benchmark's method through the trainer's one build path (trainer/methodbuild.py) on the budget's
@@ -390,7 +391,9 @@ class _Run(Training):
         write_summary(result, Path(out_result).parent)
         if self.tr.get("plot", True):
             try:
-                plot_loss(self.loop.steps_path, self.val_path, Path(out_result).parent / "loss.png", self.clock_kind)
+                plot_loss(
+                    self.loop.steps_path, self.val_path, Path(out_result).parent / layout.LOSS_PLOT, self.clock_kind
+                )
             except Exception as exc:  # noqa: BLE001 - a plot must not fail the run
                 self.logger.info("loss plot not written: %s: %s", type(exc).__name__, exc)
         self.ranks.close()

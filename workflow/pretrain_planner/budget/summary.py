@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pretrain_planner import layout
 from pretrain_planner.results import atomic_savefig, atomic_write_text
 from pretrain_planner.trainer.steplog import read_jsonl
 
@@ -73,8 +74,8 @@ def write_summary(result: dict[str, Any], out_dir: Path) -> None:
         + f"\nsequences = steps x global batch. Reference: {ref['source']}.\n"
         + f"\n{checkpoint_note(result)}\n"
     )
-    atomic_write_text(out_dir / "summary.csv", csv)
-    atomic_write_text(out_dir / "summary.md", md)
+    atomic_write_text(out_dir / layout.PRETRAIN_SUMMARY.format(ext="csv"), csv)
+    atomic_write_text(out_dir / layout.PRETRAIN_SUMMARY.format(ext="md"), md)
 
 
 def plot_loss(steps_path: Path, val_path: Path, out: Path, clock: str = "wall") -> Path:

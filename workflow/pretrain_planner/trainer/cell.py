@@ -199,7 +199,7 @@ def _launch(spec: dict[str, Any], log: RuleLog, log_path: str, on_gpus: bool, pr
         fn=CellJob(spec, str(progress_file)),
         name=spec["name"],
         kind=kind,
-        folder=cell_dir / "submitit",
+        folder=cell_dir / layout.SUBMITIT,
         nodes=spec["cell"]["nodes"],
         gpus_per_node=spec["cell"]["gpus_per_node"],
         timeout_min=spec["launcher"]["timeout_min"],

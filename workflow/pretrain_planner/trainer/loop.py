@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from pretrain_planner import layout
 from pretrain_planner.launch import progress as job_progress
 from pretrain_planner.trainer.ranks import Ranks
 from pretrain_planner.trainer.signals import stop_signals
@@ -142,9 +143,9 @@ class Loop:
         self.checkpoint_every_s, self.checkpoint_every_steps = checkpoint_every_s, checkpoint_every_steps
         self.log_every = max(1, int(log_every))
         self.warmup_steps = warmup_steps  # steps after each (re)start marked "warmup" in steps.jsonl
-        self.ckpt_path = self.run_dir / "checkpoint.pt"
-        self.steps_path = self.run_dir / "steps.jsonl"
-        self.ds_dir = self.run_dir / "deepspeed"
+        self.ckpt_path = self.run_dir / layout.CHECKPOINT
+        self.steps_path = self.run_dir / layout.STEPS
+        self.ds_dir = self.run_dir / layout.DEEPSPEED_CHECKPOINTS
         self.state: dict[str, Any] = {"step": 0, "elapsed_s": 0.0, "stop": None, **(extra_state or {})}
         self.resumed_from: int | None = None
         self.since_start = 0
