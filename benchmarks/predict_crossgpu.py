@@ -1,24 +1,35 @@
-"""Leave-one-GPU-type-out check of the cross-GPU model (planning/crossgpu.py) on the public evidence it ships with.
+"""Out-of-sample check of the cross-GPU model (planning/crossgpu.py) on the public evidence it ships with.
 
     .venv/bin/python benchmarks/predict_crossgpu.py [--out benchmarks/results/predict_crossgpu.md]
 
-For every GPU type of workflow/pretrain_planner/data/evidence/public_throughput.csv: the model is fitted on the runs of
-the OTHER GPU types (kappa, tau and the band, itself from errors made out of sample within them), then each run of the
-held-out type is predicted from the runs of its group (the same workload and setting) on the other types. The error of
-a prediction is central / published - 1 of the seconds per token (the days to train a fixed number of tokens move
-with it); "inside" means the published figure lies inside the predicted band. Per pair of GPU types the held-out
-run is predicted from the basis type's runs alone (the same fitted model). Targets (issue 23): mean |error| <= 8%,
-inside >= 90%, band no wider than +-20% of the central value. No training, no torch; a few seconds.
-mosaicml/llm-foundry's benchmark tables are not in the evidence (they are the held-out acceptance set).
+Every figure is made on data left out of the whole procedure (kappa_mem, tau, lambda, the per-GPU effects and the
+bands, themselves calibrated out of sample within what is left), once per kind of transfer a prediction can be:
+- the headline, a GPU type nobody in the evidence measured: every GPU type of
+  workflow/pretrain_planner/data/evidence/public_throughput.csv left out in turn, its runs predicted from the runs of
+  their groups (the same workload and setting) on the other types; no information about the held-out type's
+  throughput is used (no effect of its own: crossgpu.leave_one_gpu_out);
+- a GPU type the evidence measured with other workloads by other software (the what-if's case for the catalog's GPU
+  types): every workload x GPU type x software left out, with the workload's other runs on that type and that
+  software's other runs on it, the type's effect coming from other software's runs (crossgpu.leave_one_cell_out);
+- a stand-in workload (a model with no evidence of its own, predicted from the nearest-sized one of its kind, the
+  same software first): every workload left out, and with its GPU type left out too (crossgpu.leave_one_model_out).
+The error of a prediction is central / published - 1 of the seconds per token (the days to train a fixed number of
+tokens move with it); "inside" means the published figure lies inside the predicted band. Targets (issue 23): mean
+|error| <= 8%, inside >= 90%, band no wider than +-20% of the central value. No training, no torch; about three
+minutes on two cores. mosaicml/llm-foundry's benchmark tables are not in the evidence (the held-out acceptance set).
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
+import math
 import statistics
 import sys
 from collections import Counter, defaultdict
 from pathlib import Path
+
+import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "workflow"))
@@ -30,7 +41,7 @@ TARGET_MEAN, TARGET_INSIDE, TARGET_HALF_WIDTH = 0.08, 0.90, 0.20
 
 
 def _mfu_transfer(runs, catalog) -> list[float]:
-    """The errors of the what-if before issue 23 on the same protocol: the compute MFU against the datasheet peak
+    """The errors of the what-if before issue 23 on the headline protocol: the compute MFU against the datasheet peak
     transferred as it is (seconds x peak ratio), the mean over the group's other GPU types."""
     by_group = defaultdict(list)
     for r in runs:
@@ -49,6 +60,10 @@ def _half_width(e: crossgpu.Estimate) -> float:
     return max(e.high / e.central - 1, 1 - e.low / e.central)
 
 
+def _items(holdouts) -> list[tuple[float, bool, float]]:
+    return [(h.error, h.inside, _half_width(h.estimate)) for h in holdouts]
+
+
 def _row(label: str, items: list[tuple[float, bool, float]]) -> str:
     """items: (error, inside, half-width)."""
     errs = [abs(e) for e, _i, _w in items]
@@ -61,42 +76,169 @@ HEAD = ("| {} | runs | mean abs error | max abs error | mean error (bias) | trut
         "half-width |\n|---|---|---|---|---|---|---|")  # fmt: skip
 
 
+def _targets_table(label: str, holdouts) -> list[str]:
+    items = _items(holdouts)
+    mean_abs = statistics.mean(abs(e) for e, _i, _w in items)
+    inside = sum(i for _e, i, _w in items) / len(items)
+    width = statistics.median(w for _e, _i, w in items)
+    met = lambda ok: "met" if ok else "NOT met"  # noqa: E731
+    return [
+        f"| {label} | {len(items)} | {mean_abs:.1%} {met(mean_abs <= TARGET_MEAN)} | "
+        f"{max(abs(e) for e, _i, _w in items):.0%} | {inside:.1%} {met(inside >= TARGET_INSIDE)} | "
+        f"+-{width:.0%} {met(width <= TARGET_HALF_WIDTH)} |"
+    ]
+
+
+def _floor(runs, model: crossgpu.CrossGpu) -> tuple[list[str], float, float, int]:
+    """The scatter of one GPU pair's ratio across the workloads and GPU counts one software measured on both: what no
+    transfer by GPU-level quantities can remove. Per pair: the log ratio's spread raw, and after the fitted model's
+    own ratio (its workload composition and effects); the floor is the mean |error| left after the best constant per
+    pair, i.e. with the pair's average offset known exactly."""
+    by = defaultdict(dict)
+    for r in runs:
+        by[(r.software, r.group)][r.gpu] = r
+    pairs = defaultdict(list)  # (software, a, b) -> [(log observed ratio, log model ratio)]
+    for (sw, _g), rs in by.items():
+        for a in rs:
+            for b in rs:
+                if a < b:
+                    ra, rb = rs[a], rs[b]
+                    moved = model.transfer(rb, crossgpu.work_of_run(ra), a)
+                    if moved:
+                        pairs[(sw, a, b)].append((math.log(ra.seconds / rb.seconds), math.log(ra.seconds / moved)))
+    lines = [
+        "| software | GPU pair | groups | observed ratio a/b (min .. max) | spread of log ratio | spread left by the "
+        "model | floor: mean abs error after the best constant per pair |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    raw_floor, model_floor, n_all = [], [], 0
+    for (sw, a, b), v in sorted(pairs.items(), key=lambda kv: -len(kv[1])):
+        if len(v) < 3:
+            continue
+        obs, res = np.array([x for x, _y in v]), np.array([y for _x, y in v])
+        f_raw = np.abs(np.exp(obs - obs.mean()) - 1)
+        f_mod = np.abs(np.exp(res - res.mean()) - 1)
+        raw_floor += list(f_raw)
+        model_floor += list(f_mod)
+        n_all += len(v)
+        if len(lines) < 32:
+            lines.append(f"| {sw} | {a} / {b} | {len(v)} | {math.exp(obs.min()):.2f} .. {math.exp(obs.max()):.2f} | "
+                         f"{obs.std():.3f} | {res.std():.3f} | {f_mod.mean():.1%} |")  # fmt: skip
+    return lines, float(np.mean(raw_floor)), float(np.mean(model_floor)), sum(len(v) >= 3 for v in pairs.values())
+
+
+def _oracle(runs, model: crossgpu.CrossGpu) -> float:
+    """In-sample two-way fit with a free effect per GPU type and a free level per group (no shrinkage, every run
+    seen): the mean |error| no model with one number per GPU type can beat on this evidence."""
+    t = crossgpu._Table(model, runs)
+    li = t.li(model.params.kappa_mem)
+    mask = np.ones(len(t.y), bool)
+    b = t.effects(li, mask, 1e-9)
+    ok = np.isfinite(b[t.pg])
+    b = np.where(np.isfinite(b), b, 0.0)
+    ng = len(t.groups)
+    level = np.bincount(t.gg, t.y - li - b[t.pg], ng) / np.maximum(np.bincount(t.gg, minlength=ng), 1)
+    res = (t.y - li - level[t.gg] - b[t.pg])[ok]
+    return float(np.mean(np.abs(np.exp(res) - 1)))
+
+
+def _batch_effect(holdouts, mb: dict[str, float]) -> tuple[float, int]:
+    """Slope of each single-basis prediction's log error against log2 of the micro-batch ratio (target / basis),
+    over the held-out predictions whose rows state micro-batches: what a batch term would have to model."""
+    xs, ys = [], []
+    for h in holdouts:
+        for est in h.by_gpu.values():
+            for run, _t, _w in est.basis:
+                if h.run.id in mb and run.id in mb and mb[h.run.id] != mb[run.id]:
+                    xs.append(math.log2(mb[h.run.id] / mb[run.id]))
+                    ys.append(math.log(est.central / h.run.seconds))
+    if len(xs) < 10:
+        return 0.0, len(xs)
+    slope = float(np.polyfit(xs, ys, 1)[0])
+    return math.exp(slope) - 1, len(xs)
+
+
 def report() -> str:
     """The benchmark's markdown."""
     catalog = load_catalog(REPO / "config/models.yaml", REPO / "config/gpus.yaml")
     ev = evidence.public_evidence(catalog)
-    holdouts = crossgpu.leave_one_gpu_out(ev.runs, catalog.gpus)
     full = crossgpu.fit(ev.runs, catalog.gpus)
-    overall = [(h.error, h.inside, _half_width(h.estimate)) for h in holdouts]
-    mean_abs = statistics.mean(abs(e) for e, _i, _w in overall)
-    inside = sum(i for _e, i, _w in overall) / len(overall)
-    width = statistics.median(w for _e, _i, w in overall)
-    met = lambda ok: "met" if ok else "NOT met"  # noqa: E731
-    old = _mfu_transfer(ev.runs, catalog)
+    rated = [r for r in ev.runs if full.parts(r.flops, r.memory_bytes, r.gpu, r.precision, r.tf32)]
+    with open(evidence.PUBLIC_CSV, newline="") as f:
+        rows = {r["row_id"]: r for r in csv.DictReader(f)}
+    mb = {i: float(r["micro_batch"]) for i, r in rows.items() if r["micro_batch"].strip()}
+    print("leave one GPU type out ...", file=sys.stderr, flush=True)
+    logo = crossgpu.leave_one_gpu_out(ev.runs, catalog.gpus)
+    print("leave one workload x GPU type x software out ...", file=sys.stderr, flush=True)
+    cells = crossgpu.leave_one_cell_out(ev.runs, catalog.gpus)
+    print("leave one workload out (stand-ins) ...", file=sys.stderr, flush=True)
+    standin = crossgpu.leave_one_model_out(ev.runs, catalog.gpus)
+    standin_unseen = crossgpu.leave_one_model_out(ev.runs, catalog.gpus, unseen=True)
+    by_kind = defaultdict(list)
+    for h in [*logo, *cells, *standin, *standin_unseen]:
+        by_kind[h.estimate.kind].append(h)
+    old = _mfu_transfer(rated, catalog)
+    floor_lines, raw_floor, model_floor, n_pairs = _floor(rated, full)
+    slope, n_slope = _batch_effect(cells, mb)
+    effect_sd = float(np.std(list(full.effects.values())))
     lines = [
-        "# Cross-GPU model: leave-one-GPU-type-out on the public evidence", "", __doc__.split("\n\n")[2], "",
+        "# Cross-GPU model: out-of-sample checks on the public evidence", "", __doc__.split("\n\n")[2], "",
         f"Evidence: {len(ev.runs)} usable runs of {len({r.source for r in ev.runs})} sources on "
-        f"{len({r.gpu for r in ev.runs})} GPU types ({len(ev.skipped)} rows not usable, reasons below); "
-        f"{len(holdouts)} runs predicted.", "",
+        f"{len({r.gpu for r in ev.runs})} GPU types ({len(ev.skipped)} rows not usable, reasons below).", "",
         "## Against the targets", "",
-        "| figure | measured | target | |", "|---|---|---|---|",
-        f"| mean abs error of the central value | {mean_abs:.1%} | <= {TARGET_MEAN:.0%} | "
-        f"{met(mean_abs <= TARGET_MEAN)} |",
-        f"| max abs error | {max(abs(e) for e, _i, _w in overall):.1%} | - | |",
-        f"| truth inside the band | {inside:.0%} | >= {TARGET_INSIDE:.0%} | {met(inside >= TARGET_INSIDE)} |",
-        f"| median band half-width | {width:.0%} | <= {TARGET_HALF_WIDTH:.0%} | {met(width <= TARGET_HALF_WIDTH)} |",
-        f"| the transfer before issue 23 (compute MFU against the datasheet peak): mean abs error | "
-        f"{statistics.mean(abs(e) for e in old):.1%} (max {max(abs(e) for e in old):.0%}, {len(old)} runs) | | |",
+        "| kind of transfer (how it is left out) | runs predicted | mean abs error (target <= 8%) | max abs error | "
+        "truth inside the band (target >= 90%) | median band half-width (target <= +-20%) |",
+        "|---|---|---|---|---|---|",
+        *_targets_table("**headline**: the same workload to a GPU type absent from the evidence (each GPU type left "
+                        "out)", logo),
+        *_targets_table("the same workload to a GPU type measured by other software (each workload x GPU type x "
+                        "software left out)", cells),
+    ]  # fmt: skip
+    for kind in crossgpu.KINDS:
+        if kind.workload != "same" and by_kind.get(kind):
+            lines += _targets_table(f"{kind.label} ({kind.protocol})", by_kind[kind])
+    lines += [
         "",
-        f"Fitted on all the evidence (what `pretrain-planner predict` uses): {full.params.describe()}; "
-        f"{full.calibration.describe()}.", "",
-        "## Per held-out GPU type (predicted from every other type)", "", HEAD.format("held out"),
+        f"For comparison on the headline protocol: the transfer before issue 23 (compute MFU against the datasheet "
+        f"peak) erred by {statistics.mean(abs(e) for e in old):.1%} on average (max {max(abs(e) for e in old):.0%}, "
+        f"{len(old)} runs); the first cross-GPU model (the two rates, no per-GPU effects, the SUSPECT rows in; this "
+        "file at commit d995e06) by 13.2% (max 82%), the truth inside its band in 89% of 248 runs at a median "
+        "half-width of +-37%.",
+        "",
+        "## What limits it: the scatter of one GPU pair's ratio across workloads, and each type's offset", "",
+        "Between two GPU types one software measured on several workloads and GPU counts, the ratio of their seconds "
+        "per token is not one number. A transfer by GPU-level quantities (rates, effects, a constant per pair) "
+        "predicts one ratio per pair up to the workload's composition; what scatters beyond that is a floor for a "
+        f"transfer from one other type. Over {n_pairs} pairs x software with three groups or more (the 30 largest "
+        f"shown): with the pair's mean offset known exactly, the mean |error| left is **{raw_floor:.1%}** with no "
+        f"model at all and **{model_floor:.1%}** after the model's own ratio (its memory-bound share per workload and "
+        "the per-GPU effects); weighting the nearest types does better than this average pair because near pairs "
+        "scatter less (the table: the A100 variants among themselves against the A100 and the H100). An in-sample "
+        "fit with a free effect per GPU type and a free level per group, every run seen (no model with one number "
+        "per GPU type does better on this "
+        f"evidence), leaves **{_oracle(rated, full):.1%}**. The headline protocol cannot know the held-out type's "
+        f"offset: the fitted effects spread by {effect_sd:.2f} in log (sd over the {len(full.effects)} types), which "
+        f"alone makes a prediction blind to it err by about {0.8 * effect_sd:.0%} on average where no near type "
+        "shares it; that, not the rates, is why the headline errs most.", "",
+        *floor_lines, "",
+        f"The micro-batch, which the public sources pick per GPU type (larger on GPUs with more memory): per doubling "
+        f"of the target's micro-batch over its basis', the prediction errs by {slope:+.1%} ({n_slope} single-basis "
+        "predictions with both micro-batches stated, of the protocol where the target type's effect is known; on "
+        "the headline protocol the micro-batch stands in for the unknown effect, larger batches running on the "
+        "bigger types). Not modelled.", "",
+        "## Fitted on all the evidence (what `pretrain-planner predict` and the what-if use)", "",
+        f"{full.params.describe()}. Per-GPU effects (log seconds beyond what the matmul rate and bandwidth say, "
+        "relative to the average GPU type; positive: slower): "
+        + ", ".join(f"{g} {math.exp(b) - 1:+.0%}" for g, b in sorted(full.effects.items(), key=lambda kv: kv[1]))
+        + ". Measured error by kind (out of sample within the evidence, which sets the bands):", "",
+        *[f"- {line}" for line in full.calibration.lines()], "",
+        "## Headline protocol per held-out GPU type", "", HEAD.format("held out"),
     ]  # fmt: skip
     by_target: dict[str, list] = defaultdict(list)
     by_pair: dict[tuple[str, str], list] = defaultdict(list)
     by_source: dict[str, list] = defaultdict(list)
     params: dict[str, crossgpu.Params] = {}
-    for h in holdouts:
+    for h in logo:
         item = (h.error, h.inside, _half_width(h.estimate))
         by_target[h.run.gpu].append(item)
         by_source[h.run.source].append(item)
@@ -105,28 +247,47 @@ def report() -> str:
             by_pair[(g, h.run.gpu)].append((e.central / h.run.seconds - 1, e.low <= h.run.seconds <= e.high,
                                             _half_width(e)))  # fmt: skip
     lines += [_row(f"{g} ({params[g].describe()})", v) for g, v in sorted(by_target.items())]
-    lines += ["", "## Per pair of GPU types (the held-out type predicted from one other type's runs)", "",
-              HEAD.format("from -> to")]  # fmt: skip
+    cell_target: dict[str, list] = defaultdict(list)
+    for h in cells:
+        cell_target[h.run.gpu].append((h.error, h.inside, _half_width(h.estimate)))
+    lines += ["", "## A GPU type measured by other software, per GPU type (each workload x GPU type x software left "
+              "out)", "", HEAD.format("predicted")]  # fmt: skip
+    lines += [_row(g, v) for g, v in sorted(cell_target.items())]
+    lines += ["", "## Headline protocol per pair of GPU types (the held-out type predicted from one other type's "
+              "runs)", "", HEAD.format("from -> to")]  # fmt: skip
     lines += [_row(f"{a} -> {b}", v) for (a, b), v in sorted(by_pair.items())]
-    lines += ["", "## Per source", "", HEAD.format("source")]
+    lines += ["", "## Headline protocol per source", "", HEAD.format("source")]
     lines += [_row(s, v) for s, v in sorted(by_source.items())]
-    worst = sorted(holdouts, key=lambda h: -abs(h.error))[:15]
-    lines += ["", "## The largest errors", "", "| run | held out | from | error | band |", "|---|---|---|---|---|"]
+    sub = defaultdict(list)
+    for h in [*standin, *standin_unseen]:
+        sub[(h.run.model, sorted({r.model for r, _t, _w in h.estimate.basis})[0])].append(
+            (h.error, h.inside, _half_width(h.estimate)))  # fmt: skip
+    lines += ["", "## Stand-ins (each workload left out, predicted from its stand-in; both GPU cases)", "",
+              HEAD.format("workload <- stand-in")]  # fmt: skip
+    lines += [_row(f"{a} <- {b}", v) for (a, b), v in sorted(sub.items())]
+    worst = sorted(logo, key=lambda h: -abs(h.error))[:15]
+    lines += ["", "## The largest errors of the headline protocol", "", "| run | held out | from | error | band |",
+              "|---|---|---|---|---|"]  # fmt: skip
     lines += [f"| {h.run.label} | {h.run.gpu} | {', '.join(sorted(h.by_gpu))} | {h.error:+.0%} | "
               f"{h.estimate.low / h.run.seconds - 1:+.0%} .. {h.estimate.high / h.run.seconds - 1:+.0%} |"
               for h in worst]  # fmt: skip
     reasons = Counter(why.split(":")[0] if "GPU type" not in why else why.split(" is not")[0] for _r, why in ev.skipped)
     lines += ["", "## Rows not used", "", "| why | rows |", "|---|---|"]
     lines += [f"| {why} | {n} |" for why, n in reasons.most_common()]
+    flagged = [i for i, why in ev.skipped if why.startswith("flagged by its source")]
     lines += [
         "",
-        "Reading: transfers between GPU types of one generation and class (A100 SXM / PCIe / 40 GB) err by a few "
-        "percent; the errors grow with the distance between the two GPU types' matmul rates and bandwidths. The "
-        "rows of one group do not always share their software (sources.md: Lambda's v1 suite ran two container "
-        "builds on different GPU types) nor their micro-batch (larger on GPUs with more memory), which the model "
-        "does not see. A100 -> H100 is still optimistic on average (the H100 is predicted faster than published). "
-        "The targets are not met on this evidence; these figures are what `pretrain-planner predict` and the "
-        "what-if table quote as the model's error.",
+        f"The {len(flagged)} rows flagged SUSPECT by their sources ({', '.join(flagged)}: multi-GPU rates per GPU "
+        "above 1.1x or below 0.5x the same suite's one-GPU rate, e.g. 8 x RTX 3090 BERT-large at 0.18x) are not "
+        "evidence; the first model's largest errors (-82%, -65%) were two of them.",
+        "",
+        "Reading: a transfer between GPU types of one class (A100 SXM / PCIe / 40 GB) errs by a few percent; the "
+        "errors grow with the distance between the two types' matmul rates and bandwidths and are shared by all "
+        "workloads of a type (the H100 runs slower than its rates say relative to an A100, the GDDR cards faster). "
+        "Where the evidence has measured the target type with other workloads by other software, that offset is "
+        "known (the per-GPU effect) and the error halves; where it has not, nothing in the two rates tells it. "
+        "These figures, per kind, are what `pretrain-planner predict` and the what-if table quote as the error of "
+        "each prediction.",
         "",
     ]
     return "\n".join(lines)

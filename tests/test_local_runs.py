@@ -173,24 +173,6 @@ def test_a_live_driver_is_recognised_and_a_dead_one_is_not(tmp_path):
     assert driver.other_driver(results) is None
 
 
-@pytest.mark.parametrize(
-    ("argv", "runs"),
-    [
-        (["/x/.venv/bin/snakemake", "--profile", "cluster/local"], True),
-        (["snakemake", "-n"], False),
-        (["snakemake", "-np", "--configfile", "a.yaml"], False),
-        (["snakemake", "--dry-run"], False),
-        (["snakemake", "--unlock"], False),
-        (["snakemake", "--lint"], False),
-        (["snakemake", "--report", "r.html"], False),
-        (["snakemake", "-c2", "-p", "--configfile", "nomatter.yaml"], True),
-        (["python", "-m", "pytest"], False),
-    ],
-)
-def test_which_invocations_run_jobs(argv, runs):
-    assert driver.executing(argv) is runs
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(("jitter", "status"), [("3x:all", "noisy"), ("3x:first", "ok")])
 def test_a_spread_out_timing_is_timed_again_then_kept_as_noisy(tmp_path, jitter, status):

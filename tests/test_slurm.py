@@ -181,3 +181,17 @@ def test_multi_node_cell_spans_both_nodes(slurm_cluster, tmp_path):
     (job,) = _wait(lambda: _sacct(since, "pp-tiny-bert-cpu-2x1-naive"), 30, "sacct")
     assert job["Partition"] == "cpu" and job["NodeList"] in ("node-[a100,h100]", "node-a100,node-h100"), job
     assert _step_tasks(job["JobID"]) == 2
+
+
+def test_rendezvous_port_is_outside_the_ephemeral_range():
+    """A SLURM job's rendezvous port comes from its id (every rank agrees) but, unlike submitit's 20000-60000, never
+    from the kernel's ephemeral range, where an outgoing connection may already hold it (EADDRINUSE in the chaos
+    soak, job 375: submitit's port for it was 53167)."""
+    from pretrain_planner.launch.rankjob import rendezvous_port
+
+    low, high = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[:2])
+    ports = [rendezvous_port(str(job)) for job in range(1, 5000)]
+    assert all(not low <= p <= high and 1024 < p < 65536 for p in ports)
+    assert len(set(ports)) == len(ports)  # consecutive jobs (which run at once) never share one
+    assert rendezvous_port("375") == rendezvous_port("375")
+    assert all(p > 5000 for p in (rendezvous_port(str(j), (1024, 5000)) for j in range(100)))

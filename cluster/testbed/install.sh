@@ -7,7 +7,7 @@ set -euo pipefail
 
 # Same list as the recipe in shared/notes/slurm-on-one-host.md. --no-install-recommends
 # matters: with recommends, slurm-wlm drags in ~40 unneeded packages (rocm-smi, hdf5, ...).
-PKGS=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server)
+PKGS=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server bindfs)  # bindfs: tests/test_bad_env.py (a second "host"'s view)
 
 T0=$(date +%s%N)
 log() { echo "[install +$(( ($(date +%s%N) - T0) / 1000000 ))ms] $*"; }

@@ -293,7 +293,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
         print(f"  rests on: {p.rests_on}")
         if p.evidence == whatif.PUBLIC:
             print(f"  sources: {p.sources} (each described in {SOURCES_MD})")
-        print(f"  measured error of the cross-GPU model: {p.model_error}")
+        print(f"  kind of transfer: {p.transfer}")
+        print(f"  measured error of that kind (out of sample): {p.model_error}")
     elif p.why:
         print(f"  {p.why}")
     if p.amortised_usd_optimistic is not None or p.hardware_usd is not None:

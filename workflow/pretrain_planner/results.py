@@ -7,9 +7,12 @@ drop late keys. Imports no torch.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -89,31 +92,87 @@ def empty_result(**coords: Any) -> dict[str, Any]:
     return result
 
 
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write to a temporary file in the same folder, fsync, rename: readers never see half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+# Checks a process runs before each write of the results (the driver's: that it still owns the results folder,
+# see launch/driver.py); empty in a rank's process.
+WRITE_CHECKS: list[Callable[[Path], None]] = []
+
+
+def before_write(path: str | Path) -> None:
+    for check in list(WRITE_CHECKS):
+        check(Path(path))
+
+
+class DiskFull(OSError):
+    """No space (or quota) left where a result is written: says which path and how much space is left."""
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def disk_full(path: str | Path, exc: OSError) -> OSError:
+    """`exc` as a DiskFull naming the path, its file system's free space and mount point, when it is a full
+    disk or quota (ENOSPC, EDQUOT); any other error unchanged."""
+    if isinstance(exc, DiskFull) or exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return exc
+    where = Path(path).absolute()
+    mount = where
+    while not mount.exists() or (not os.path.ismount(mount) and mount != mount.parent):
+        mount = mount.parent
     try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
+        usage = shutil.disk_usage(mount)
+        space = f"{_size(usage.free)} free of {_size(usage.total)} on {mount}"
+    except OSError:
+        space = f"free space on {mount} unknown"
+    kind = "disk quota exceeded" if exc.errno == errno.EDQUOT else "no space left on device"
+    return DiskFull(exc.errno, f"{kind} writing {where} ({space}). Free some space there (or set `results:` to "
+                               "another folder) and run the same command again: finished results are kept")  # fmt: skip
+
+
+def atomic_write(path: str | Path, write: Callable[[Path], Any], guarded: bool = True) -> None:
+    """`write(tmp)` writes a temporary file in the same folder, which is then renamed to `path`: readers never
+    see half a file, and a full disk leaves the old file (or none) and raises DiskFull naming the path."""
+    path = Path(path)
+    if guarded:
+        before_write(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
+    except OSError as exc:
+        raise disk_full(path, exc) from exc
+    os.close(fd)
+    try:
+        write(Path(tmp))
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise disk_full(path, exc) from exc
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
+def atomic_write_text(path: str | Path, text: str, guarded: bool = True) -> None:
+    """Write to a temporary file in the same folder, fsync, rename: readers never see half a file."""
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    atomic_write(path, write, guarded)
+
+
 def atomic_savefig(fig: Any, path: str | Path, dpi: int = 100) -> None:
     """A matplotlib figure in the format of the path's suffix (png, svg), written to a temporary name and renamed:
     a reader never sees half a file."""
-    path = Path(path)
-    ext = path.suffix.lstrip(".")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.{ext}")
-    fig.savefig(tmp, dpi=dpi, format=ext)
-    os.replace(tmp, path)
+    ext = Path(path).suffix.lstrip(".")
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format=ext))
 
 
 def write_result(path: str | Path, result: dict[str, Any]) -> None:

@@ -5,7 +5,6 @@ import pretrain_planner.integrity as pp_integrity
 import pretrain_planner.layout as pp_layout
 import pretrain_planner.launch.driver as pp_driver
 import pretrain_planner.launch.local as pp_local
-import pretrain_planner.launch.request as pp_request
 import pretrain_planner.planning.pipeline as pp_pipeline
 import pretrain_planner.report.plots as pp_plots
 import pretrain_planner.search as pp_search
@@ -20,27 +19,22 @@ PP = pp_pipeline.load_or_exit(
 )
 RESULTS = PP.results
 print(PP.summary(), file=sys.stderr)
-# One driver per results folder; damaged results are moved aside before the DAG is built (integrity.py).
-# Only when this invocation runs jobs: a dry run, --unlock, --lint ... change nothing.
-EXECUTING = pp_driver.executing()
-if EXECUTING:
-    pp_driver.check(RESULTS)
-for _line in pp_integrity.repair(RESULTS, [c.path for c in PP.cells], move=EXECUTING):
-    print(_line, file=sys.stderr)
+# One driver per results folder; damaged results are moved aside before the DAG is built (integrity.py), and local
+# jobs a killed driver left running are ended. Decided when Snakemake starts to execute, from the executor in
+# effect (launch/driver.guard): a dry run, --unlock, --lint ... change nothing, however Snakemake was invoked.
+def _prepare(executing):
+    for line in pp_integrity.repair(RESULTS, [c.path for c in PP.cells], move=executing):
+        print(line, file=sys.stderr)
+    if executing:
+        for folder in pp_local.end_all_orphans(RESULTS):
+            print(f"pretrain-planner: ended a job an earlier driver left running in {folder}", file=sys.stderr)
+
+
+pp_driver.guard(workflow, RESULTS, _prepare)
 
 
 onstart:
-    pp_driver.acquire(RESULTS)
-    for _folder in pp_local.end_all_orphans(RESULTS):
-        print(f"pretrain-planner: ended a job an earlier driver left running in {_folder}", file=sys.stderr)
-
-
-onsuccess:
-    pp_driver.release()
-
-
-onerror:
-    pp_driver.release()
+    pp_driver.started()
 
 
 CELL_DIR = pp_layout.cell_dir_pattern(RESULTS)

@@ -11,7 +11,7 @@ TRAIN_DIR = pp_layout.train_dir_pattern(RESULTS)
 
 rule train:
     input:
-        plan=lambda wc: pp_train.plan_input(RESULTS, wc),
+        plan=lambda wc: pp_train.plan_input(RESULTS, wc, PP.settings),
     output:
         result=f"{TRAIN_DIR}/{pp_layout.RESULT}",
         md=f"{TRAIN_DIR}/{pp_layout.THROUGHPUT_MD}",

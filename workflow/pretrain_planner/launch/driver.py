@@ -19,12 +19,12 @@ import datetime as dt
 import fcntl
 import json
 import os
-import re
 import signal
 import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +33,10 @@ from pretrain_planner.launch.hostpool import alive, start_time
 STOP = threading.Event()
 RECORD = ".driver.json"
 LOCKFILE = ".driver.lock"
-HEARTBEAT_S = 20
-STALE_S = 120  # a record from another host whose heartbeat is older than this belongs to a dead driver
+# seconds between heartbeats (PP_DRIVER_HEARTBEAT_S: tests); a record from another host whose heartbeat is older than
+# STALE_S belongs to a dead driver - or to one that is stopped (SIGSTOP, a suspended VM), which gives up on waking
+HEARTBEAT_S = float(os.environ.get("PP_DRIVER_HEARTBEAT_S") or 20)
+STALE_S = 6 * HEARTBEAT_S
 
 _ACTIVE: dict[str, dict[str, Any]] = {}  # what this driver waits for, by cell/job name
 _ACTIVE_LOCK = threading.Lock()
@@ -62,31 +64,50 @@ def active() -> dict[str, dict[str, Any]]:
 
 # ---------------------------------------------------------------- what kind of invocation this is
 
-_DRY = {"-n", "--dry-run", "--dryrun", "--dry_run"}
-_NOT_EXECUTING = {
-    "--unlock", "--lint", "--list", "-l", "--list-rules", "--list-target-rules", "--lt", "--summary", "-S",
-    "--detailed-summary", "-D", "--report", "--dag", "--rulegraph", "--filegraph", "--d3dag", "--archive",
-    "--cleanup-metadata", "--cm", "--list-changes", "--lc", "--list-input-changes", "--li", "--list-params-changes",
-    "--lp", "--list-code-changes", "--list-version-changes", "--lv", "--delete-all-output", "--delete-temp-output",
-    "--containerize", "--print-compilation", "--touch", "-t", "--cleanup-shadow", "--export-cwl",
-    "--generate-unit-tests",
-}  # fmt: skip
 
-
-def executing(argv: list[str] | None = None) -> bool:
-    """Whether this Snakemake invocation will run jobs (not a dry run, --unlock, --lint, --report ...).
-    Read from the command line: Snakemake tells its Snakefile only after parsing it. Anything but the
-    `snakemake` command line counts as not executing (nothing is changed on its behalf)."""
-    argv = sys.argv if argv is None else argv
-    if not argv or "snakemake" not in Path(argv[0]).name:
+def executing(workflow: Any, executor_plugin: Any) -> bool:
+    """Whether this Snakemake invocation runs jobs, as Snakemake itself knows it when it starts to execute: an
+    executor is in effect that is neither the dry-run nor the touch one, in Snakemake's main process (a job's own
+    Snakemake process is not a driver). `--unlock`, `--lint`, `--list`, `--report`, `--dag` ... never execute.
+    The command line is not read: `python -m snakemake`, Snakemake's Python API and a profile that sets
+    `dryrun:` say the same as the `snakemake` script."""
+    if executor_plugin is None:
         return False
-    for tok in argv[1:]:
-        flag = tok.split("=", 1)[0]
-        if flag in _DRY or flag in _NOT_EXECUTING:
-            return False
-        if re.fullmatch(r"-[A-Za-z]{2,}", tok) and "n" in tok[1:]:  # bundled short flags, e.g. -np
-            return False
-    return True
+    settings = executor_plugin.common_settings
+    if getattr(settings, "dryrun_exec", False) or getattr(settings, "touch_exec", False):
+        return False
+    return bool(workflow.is_main_process)
+
+
+def guard(workflow: Any, results: str | Path, prepare: Callable[[bool], None]) -> None:
+    """Make the driver's work part of Snakemake's own start of execution: `Workflow.execute` is the one call
+    every way of running Snakemake makes (the CLI, `python -m snakemake`, the API), after the Snakefile was
+    parsed and before the DAG is built, with the executor in effect. Wrapped here: when it will run jobs the
+    driver takes the results folder (refusing if another driver lives) and holds it until execution ends;
+    `prepare(executing)` runs before the DAG is built (the damaged-result repair, the orphan clean-up)."""
+    original = workflow.execute
+
+    def execute(*args: Any, **kwargs: Any) -> Any:
+        if "executor_plugin" in kwargs:
+            plugin = kwargs["executor_plugin"]
+        elif args:
+            plugin = args[0]
+        else:
+            raise RuntimeError(
+                "pretrain-planner: Snakemake's Workflow.execute was called without an executor plugin; this "
+                "Snakemake version is not supported (the driver lock cannot tell whether jobs will run)"
+            )
+        runs = executing(workflow, plugin)
+        if runs:
+            acquire(results)
+        try:
+            prepare(runs)
+            return original(*args, **kwargs)
+        finally:
+            if runs:
+                release()
+
+    workflow.execute = execute
 
 
 # ---------------------------------------------------------------- the lock
@@ -133,12 +154,46 @@ def check(results: str | Path) -> None:
 def _write(results: Path, rec: dict[str, Any]) -> None:
     from pretrain_planner.results import atomic_write_text
 
-    atomic_write_text(results / RECORD, json.dumps(rec, indent=1) + "\n")
+    atomic_write_text(results / RECORD, json.dumps(rec, indent=1) + "\n", guarded=False)
+
+
+def _lost(results: Path, rec: dict[str, Any]) -> None:
+    """Another driver took the results folder while this one was stopped (its heartbeat went stale: SIGSTOP, a
+    suspended machine). Two drivers must never write one folder: this one ends its own local jobs and leaves at
+    once, writing nothing more (its SLURM jobs run on: the other driver re-attaches to them)."""
+    from pretrain_planner.launch.hostpool import descendants, end_processes
+
+    print(
+        f"pretrain-planner: this driver (pid {os.getpid()} on {socket.gethostname()}) was stopped longer than "
+        f"{STALE_S:g} s and another driver has taken over {results} (pid {rec.get('pid')} on host {rec.get('host')},"
+        f" started {rec.get('started_at')}). Leaving now without writing anything; that driver carries on.",
+        file=sys.stderr,
+        flush=True,
+    )
+    me = os.getpid()
+    with contextlib.suppress(Exception):
+        end_processes([(p, start_time(p)) for p in descendants(me)])
+    os._exit(75)
+
+
+def owner_check(_path: Path | None = None) -> None:
+    """Before this driver writes (results.WRITE_CHECKS): it must still own the results folder. A record that
+    names another driver means it was taken over while this one was stopped: leave (`_lost`)."""
+    held = _HELD.get("record")
+    if held is None:
+        return
+    rec = _read(_HELD["results"])
+    if rec is not None and rec.get("token") != held["token"]:
+        _lost(_HELD["results"], rec)
 
 
 def acquire(results: str | Path) -> None:
-    """Become the driver of `results` (Snakemake's onstart): refuse if another is alive; hold the lock,
-    keep a heartbeat, and stop promptly on SIGTERM / SIGINT."""
+    """Become the driver of `results` (at the start of execution, `guard`): refuse if another is alive; hold the
+    lock, keep a heartbeat, check before each write that no other driver took over."""
+    import uuid
+
+    from pretrain_planner.results import WRITE_CHECKS
+
     results = Path(results)
     results.mkdir(parents=True, exist_ok=True)
     fh = open(results / LOCKFILE, "a")  # noqa: SIM115 - held for the driver's life
@@ -148,34 +203,51 @@ def acquire(results: str | Path) -> None:
         fh.close()
         rec = _read(results) or {"pid": "?", "host": socket.gethostname()}
         raise SystemExit(busy_message(results, rec)) from None
-    check(results)  # another host's driver (flock may not reach across a network file system)
+    try:
+        check(results)  # another host's driver (flock may not reach across a network file system)
+    except SystemExit:
+        fh.close()
+        raise
     pid = os.getpid()
     rec = {
         "pid": pid, "pid_start": start_time(pid), "host": socket.gethostname(), "argv": sys.argv,
         "started_at": dt.datetime.now().isoformat(timespec="seconds"), "heartbeat": time.time(),
+        "token": uuid.uuid4().hex,
     }  # fmt: skip
     _write(results, rec)
     _HELD.update(results=results, file=fh, record=rec)
     beat = threading.Event()
     _HELD["beat"] = beat
+    WRITE_CHECKS.append(owner_check)
 
     def heartbeat() -> None:
         while not beat.wait(HEARTBEAT_S):
+            owner_check()  # after a stop (SIGSTOP), another driver may have taken over meanwhile
             rec["heartbeat"] = time.time()
             with contextlib.suppress(OSError):
                 _write(results, rec)
 
     threading.Thread(target=heartbeat, name="pp-driver-heartbeat", daemon=True).start()
-    install_stop_handlers()
+
+
+def started() -> None:
+    """Snakemake's onstart (its scheduler has installed its own SIGTERM handler by now): stop promptly on SIGTERM
+    and SIGINT while this driver holds the results folder."""
+    if _HELD:
+        install_stop_handlers()
 
 
 def release() -> None:
-    """Give up the results folder (Snakemake's onsuccess / onerror)."""
+    """Give up the results folder (execution ended, however)."""
+    from pretrain_planner.results import WRITE_CHECKS
+
     if not _HELD:
         return
     _HELD["beat"].set()
+    with contextlib.suppress(ValueError):
+        WRITE_CHECKS.remove(owner_check)
     rec = _read(_HELD["results"])
-    if rec and rec.get("pid") == os.getpid() and rec.get("host") == socket.gethostname():
+    if rec and rec.get("token") == _HELD["record"]["token"]:
         (_HELD["results"] / RECORD).unlink(missing_ok=True)
     _HELD["file"].close()
     _HELD.clear()

@@ -9,6 +9,7 @@ import datetime as dt
 import fcntl
 import json
 import os
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,11 @@ def end_orphans(workdir: Path, log: Any = None) -> list[int]:
     record = read_json(workdir / LOCAL_RECORD)
     if not record:
         return []
+    if record.get("host", socket.gethostname()) != socket.gethostname():
+        # its pids are another host's (a results folder shared between hosts): never end this host's namesakes
+        if log is not None:
+            log(f"a local job of a driver on host {record['host']} is recorded in {workdir}: not ended from here")
+        return []
     procs: list[tuple[int, int | None]] = []
     ctl, ctl_start = record.get("controller_pid"), record.get("controller_start")
     if ctl and alive(int(ctl), ctl_start):
@@ -94,6 +100,8 @@ def end_all_orphans(results: str | Path) -> list[str]:
     found = []
     for rec in Path(results).glob(f"**/{LOCAL_RECORD}"):
         data = read_json(rec) or {}
+        if data.get("host", socket.gethostname()) != socket.gethostname():
+            continue  # another host's job: its pids mean nothing here
         if data.get("driver_pid") and alive(int(data["driver_pid"]), data.get("driver_start")):
             continue  # its driver lives (refused by the driver lock anyway)
         with contextlib.suppress(RuntimeError), folder_lock(rec.parent, str(rec.parent)):
@@ -122,8 +130,8 @@ def run_local(req: JobRequest, log: RuleLog, what: str, log_path: str | Path) ->
             ctl = job._process.pid if getattr(job, "_process", None) is not None else None
             me = os.getpid()
             record = {"job_id": job.job_id, "controller_pid": ctl, "controller_start": start_time(ctl) if ctl else None,
-                      "driver_pid": me, "driver_start": start_time(me), "folder": str(req.folder),
-                      "started_at": dt.datetime.now().isoformat(timespec="seconds"),
+                      "driver_pid": me, "driver_start": start_time(me), "host": socket.gethostname(),
+                      "folder": str(req.folder), "started_at": dt.datetime.now().isoformat(timespec="seconds"),
                       "placement": place.to_dict()}  # fmt: skip
             atomic_write_text(workdir / LOCAL_RECORD, json.dumps(record, indent=1) + "\n")
             log(f"submitted local job {job.job_id} ({req.world} processes); logs in {req.folder}")

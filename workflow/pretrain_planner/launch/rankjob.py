@@ -49,6 +49,23 @@ def job_id_here() -> str | None:
     return os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID")
 
 
+def rendezvous_port(job_id: str, port_range: tuple[int, int] | None = None) -> int:
+    """The port of a SLURM job's rendezvous (its TCPStore), the same on every rank: derived from the job id, as
+    submitit does, but outside the kernel's ephemeral range. submitit's 20000-60000 overlaps it (32768-60999 by
+    default), so a port picked there can already be held by any outgoing connection on the node (EADDRINUSE, seen
+    in the chaos soak); ports below the range are never handed out that way."""
+    if port_range is None:
+        try:
+            low, high = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[:2])
+        except (OSError, ValueError):
+            low, high = 32768, 60999
+    else:
+        low, high = port_range
+    first, last = (10000, low - 1) if low > 12000 else (high + 1, 65535)
+    digits = "".join(c for c in str(job_id) if c.isdigit()) or "0"
+    return first + (int(digits) * 2654435761) % (last - first)
+
+
 def observe_rank() -> dict[str, Any]:
     """Where this rank runs, as the operating system and the scheduler see it."""
     out: dict[str, Any] = {
@@ -79,6 +96,8 @@ class RankJob(submitit.helpers.Checkpointable):
             cpus = place["cpus_by_rank"][_local_rank() % len(place["cpus_by_rank"])]
             os.sched_setaffinity(0, cpus)  # before torch starts its thread pools: they inherit it
             os.environ["OMP_NUM_THREADS"] = str(place["threads_per_rank"])
+        if os.environ.get("SLURM_JOB_ID") and "MASTER_PORT" not in os.environ:
+            os.environ["MASTER_PORT"] = str(rendezvous_port(os.environ["SLURM_JOB_ID"]))  # before submitit picks one
         if ctx.get("workdir") and ctx.get("kind") == "local":
             pids = Path(ctx["workdir"]) / "local_ranks"
             pids.mkdir(parents=True, exist_ok=True)

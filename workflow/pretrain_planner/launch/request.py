@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pretrain_planner.launch.hostpool import HostPool
+from pretrain_planner.results import before_write, disk_full
 
 HISTORY_MAX = 400_000  # characters of earlier attempts kept at the top of a rule's log
 
@@ -27,14 +28,20 @@ class RuleLog:
         earlier = self.history.read_text(errors="replace")[-HISTORY_MAX:] if self.history.is_file() else ""
         stamp = dt.datetime.now().isoformat(timespec="seconds")
         head = f"===== attempt started {stamp}" + (" (earlier attempts above)" if earlier else "") + "\n"
-        self.path.write_text(earlier + head)
-        with self.history.open("w") as fh:
-            fh.write(earlier + head)
+        self._write(earlier + head, "w")
+
+    def _write(self, text: str, mode: str) -> None:
+        """Into the log and its history; the driver's write checks first, a full disk named (DiskFull)."""
+        before_write(self.path)
+        for p in (self.path, self.history):
+            try:
+                with p.open(mode) as fh:
+                    fh.write(text)
+            except OSError as exc:
+                raise disk_full(p, exc) from exc
 
     def _append(self, text: str) -> None:
-        for p in (self.path, self.history):
-            with p.open("a") as fh:
-                fh.write(text)
+        self._write(text, "a")
 
     def __call__(self, msg: str) -> None:
         stamp = dt.datetime.now().isoformat(timespec="seconds")

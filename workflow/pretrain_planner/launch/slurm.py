@@ -19,7 +19,7 @@ from pretrain_planner.launch import driver, progress
 from pretrain_planner.launch.rankjob import SLURM_RECORD
 from pretrain_planner.launch.request import JobFailed, JobRequest, Outcome, RuleLog, read_json, spec_hash
 from pretrain_planner.planning.site import sbatch_parameters
-from pretrain_planner.results import atomic_write_text
+from pretrain_planner.results import atomic_write_text, before_write
 from pretrain_planner.schema import section
 
 JOB_RECORD = SLURM_RECORD
@@ -211,6 +211,7 @@ def _submit_slurm(req: JobRequest, log: RuleLog):
     settings = req.slurm
     if settings is None:
         raise ValueError(f"job {req.name}: the slurm launcher needs the site's settings for its GPU type")
+    before_write(req.folder)  # the driver still owns the results folder (nothing is submitted by one taken over)
     if req.record is not None:
         req.record.unlink(missing_ok=True)  # no job but the one submitted now may write the outputs
     submitit.SlurmJob.watcher._delay_s = settings["poll_max_s"]  # one shared sacct poll for all jobs

@@ -1,26 +1,49 @@
 """The cross-GPU model: a step measured on one GPU type, transferred to another by the quantities that do transfer.
 
 A run's seconds per unit (a token, or a sample for images) divided into the step model's ideal seconds on its GPU
-(planning/stepmodel.py `ideal_seconds`: matmul FLOPs at the GPU's achievable matmul rate + kappa_mem x memory-bound
-bytes at its memory bandwidth) is the run's efficiency; the prediction on the target is the target's ideal seconds
-over that efficiency:
+(planning/stepmodel.py `ideal_seconds`: matmul FLOPs at the GPU's measured matmul rate + kappa_mem x memory-bound
+bytes at its datasheet memory bandwidth) is the run's efficiency; the prediction on the target is the target's ideal
+seconds over that efficiency, corrected by what the evidence shows of each GPU type beyond its two rates:
 
-    predicted = run seconds x ideal(target work, target GPU) / ideal(run work, run GPU)
+    log predicted = log run seconds + log ideal(target work, target GPU) - log ideal(run work, run GPU)
+                    + effect(target GPU) - effect(run GPU)
 
 The datasheet peak alone does not transfer (from A100 to H100 it grows 3.2x, the memory bandwidth 1.6x, the measured
-matmul rate 2.9x); a step between them moves by a mixture that depends on how much of it is memory-bound.
-Several runs (other GPU types, other runs of the model) give one prediction each; the central value is their
-geometric mean weighted by exp(-distance / tau), the distance between the two GPU types being
-|log matmul-rate ratio| + |log bandwidth ratio| (a transfer to a near GPU type is trusted more than a far one).
+matmul rate 2.9x); a step between them moves by a mixture that depends on how much of it is memory-bound. Nor do the
+two rates tell everything: the published runs of an H100 are slower than its rates say relative to an A100's, those
+of the GDDR cards (RTX 3090 / 4090, A6000, A40) faster, whatever the workload. That is the per-GPU `effect`, one
+number per GPU type, fitted with the workloads' own levels as a two-way model of the evidence's log seconds
+(log s = level of the run's group + log ideal + effect of its GPU type + noise) and shrunk towards zero by ridge
+weight lambda; lambda is the noise variance over the effects' variance, estimated from the evidence (empirical Bayes),
+not tuned. A GPU type absent from the evidence has no effect of its own: it is taken to be that of the GPU types
+it is transferred from, weighted as they are, so no correction applies to or from it (a guess from its nearest types
+by rates alone was tried and did worse: the effects follow the memory technology and the generation more than the
+rates, e.g. an RTX 3090 lies nearest a V100 by its rates and behaves like an A6000).
 
-kappa_mem and tau are FITTED, never assumed: on the evidence at hand, every run is predicted from the runs of its
-group (one workload and setting) on the other GPU types, and the pair with the least mean |log error| over a grid
-is kept. The band is the 5% and 95% quantiles of the errors (log truth / central) made out of sample: each GPU
-type's runs predicted with the parameters fitted without it; widened by the weighted spread of the runs'
-predictions where they disagree. Its coverage is measured, not promised
-(benchmarks/predict_crossgpu.py judges the whole procedure on GPU types left out of it, band included).
-(A third term, elementwise arithmetic at the vector fp32 rate, was tried: it fitted the evidence better and predicted
-GPU types left out worse, so it is not in the model.) Imports numpy, no torch.
+Several runs (other GPU types, other runs of the model) give one prediction each; the central value is their
+geometric mean weighted by exp(-distance / tau), the distance between two GPU types being |log matmul-rate ratio| +
+|log bandwidth ratio| (a transfer to a near GPU type is trusted more than a far one). kappa_mem and tau are FITTED on
+the evidence at hand (every run predicted from the runs of its group on the other GPU types, the pair with the least
+mean |log error| over a grid kept).
+
+The band is measured, never assumed, and depends on the KIND of transfer, because the evidence shows their errors
+differ several-fold (`Kind`): the same workload to a GPU type the evidence has measured (with other workloads, by
+other software: its effect is known) or to one it has not (no effect applies), or a stand-in workload of the same
+kind (a nearest-sized model, of the same software or of another). For each kind the fit predicts the evidence out of
+sample in the way the kind implies (a GPU type left out, kappa_mem and tau refitted without it; a workload x GPU type
+x software left out; a workload left out), the effects refitted without what is left out; the band is the 5% and 95%
+quantiles of those errors, near transfers (the nearest basis GPU type within NEAR) and far ones apart, each GPU type
+weighing as one case (its errors share its offset) and the band widened for how few types it was drawn from, and at
+prediction time widened by the weighted spread of the runs' predictions where they disagree.
+benchmarks/predict_crossgpu.py judges the whole procedure, band included, on data left out of all of it.
+
+(A third term, elementwise arithmetic at the vector fp32 rate, fitted the evidence better and predicted GPU types
+left out of its fit worse (14% against 12% mean error in a check made while building this model), so it is not in
+the model; nor is a matmul rate
+falling with the GPU's size, whose exponent the H100 alone sets: it changes sign when the H100 is left out. The
+micro-batch, which the public sources pick per GPU type, moves a prediction's error by under 1% per doubling where the
+GPU type's effect is known (benchmarks/results/predict_crossgpu.md); it is not modelled.) Imports
+numpy, no torch.
 """
 
 from __future__ import annotations
@@ -34,23 +57,139 @@ from typing import Any
 import numpy as np
 
 from pretrain_planner.planning import stepmodel
-from pretrain_planner.planning.evidence import Run, Work
+from pretrain_planner.planning.evidence import Run, Work, same_software
 
 KAPPA_MEM = (0.0, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 TAUS = (0.15, 0.3, 0.6, 1.2, math.inf)
 BAND_QUANTILES = (0.05, 0.95)
 DEFAULT_BAND = (-0.2, 0.2)  # log error band when there is nothing to calibrate it on (fewer than MIN_CALIBRATION)
-MIN_CALIBRATION = 10  # runs predicted in the fit below which its band is not trusted: DEFAULT_BAND (and said so)
+MIN_CALIBRATION = 10  # errors of a kind (and distance class) below which its band is not trusted: the next coarser
+MIN_TYPES = 5  # ... and GPU types they fall on (one type's errors share its offset)
+NEAR = 0.3  # nearest basis GPU type within this distance (matmul-rate and bandwidth ratios ~1.35x together): "near"
+LAMBDA_RANGE = (0.1, 20.0)  # the empirical-Bayes ridge weight is kept within this range
+STAND_IN_RATIO = 8.0  # a stand-in model at most this many times larger or smaller (matrix sizes change efficiency)
 
 
 @dataclass(frozen=True)
 class Params:
     kappa_mem: float = stepmodel.KAPPA
     tau: float = math.inf
+    lam: float = math.inf  # ridge weight of the per-GPU effects; inf: no effects
 
     def describe(self) -> str:
         tau = "equal weights" if self.tau == math.inf else f"tau {self.tau:g}"
-        return f"kappa_mem {self.kappa_mem:g}, {tau}"
+        lam = "" if self.lam == math.inf else f", per-GPU effects (lambda {self.lam:.2g})"
+        return f"kappa_mem {self.kappa_mem:g}, {tau}{lam}"
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What a prediction transfers: the same workload or a stand-in (of the same software or another), to a GPU type
+    the evidence has measured (`seen`) or not."""
+
+    workload: str  # "same" | "stand-in" | "stand-in, other software"
+    seen: bool
+
+    @property
+    def label(self) -> str:
+        what = {"same": "the same workload", "stand-in": "a stand-in workload of the same software",
+                "stand-in, other software": "a stand-in workload of other software"}[self.workload]  # fmt: skip
+        gpu = "a GPU type measured in the evidence" if self.seen else "a GPU type absent from the evidence"
+        return f"{what} to {gpu}"
+
+    @property
+    def short(self) -> str:
+        what = {"same": "same model", "stand-in": "stand-in (same software)",
+                "stand-in, other software": "stand-in (other software)"}[self.workload]  # fmt: skip
+        return f"{what}, {'measured' if self.seen else 'unmeasured'} GPU type"
+
+    @property
+    def protocol(self) -> str:
+        """How its errors are measured out of sample."""
+        if self.workload == "same":
+            return ("each workload x GPU type x software left out (the GPU type's effect from the other software's "
+                    "runs)" if self.seen else "each GPU type left out")  # fmt: skip
+        tail = "" if self.seen else " and its GPU type left out"
+        return "each workload left out, predicted from its stand-in" + tail
+
+
+KINDS = tuple(Kind(w, s) for w in ("same", "stand-in", "stand-in, other software") for s in (True, False))
+
+
+@dataclass
+class KindError:
+    """A kind's out-of-sample errors: mean and max |central / truth - 1| and the band (log truth / central)."""
+
+    kind: Kind
+    n: int = 0
+    mean_abs: float | None = None
+    max_abs: float | None = None
+    bias: float | None = None  # mean central / truth - 1 (negative: predicted too fast)
+    bands: dict[str, tuple[float, float, int]] = field(default_factory=dict)  # "near" | "far" | "all" -> (lo, hi, n)
+    pooled_from: str = ""  # where its band comes from when it has too few errors of its own
+
+    def band(self, near: bool) -> tuple[float, float]:
+        got = self.bands.get("near" if near else "far") or self.bands.get("all")
+        return (got[0], got[1]) if got else DEFAULT_BAND
+
+    def describe(self, near: bool | None = None) -> str:
+        if not self.n:
+            return f"{self.kind.label}: not measured (too few cases in the evidence); band {_pct(DEFAULT_BAND)} assumed"
+        lo_hi = self.band(bool(near)) if near is not None else self.band(True)
+        cls = "" if near is None else (" (near transfer)" if near else " (far transfer)")
+        band = _pct(lo_hi) + cls
+        if near is None and "far" in self.bands:
+            band = f"near {_pct(self.band(True))}, far {_pct(self.band(False))}"
+        return (f"{self.kind.label}: {self.kind.protocol}, {self.n} public runs: mean |error| {self.mean_abs:.1%}, "
+                f"max {self.max_abs:.0%}, bias {self.bias:+.0%}; band {band} (5%-95% of those errors"
+                f"{', ' + self.pooled_from if self.pooled_from else ''})")  # fmt: skip
+
+
+def _pct(band: tuple[float, float]) -> str:
+    lo, hi = (math.exp(b) - 1 for b in band)
+    return f"{lo:+.0%} / {hi:+.0%}"
+
+
+@dataclass
+class Calibration:
+    """How the fitted model did on the evidence it was fitted to, out of sample, per kind of transfer."""
+
+    kinds: dict[Kind, KindError] = field(default_factory=dict)
+    gpus: list[str] = field(default_factory=list)
+
+    def of(self, kind: Kind) -> KindError:
+        return self.kinds.get(kind) or KindError(kind)
+
+    @property
+    def headline(self) -> KindError:
+        """The strictest same-workload kind (a GPU type left out), the figure quoted against the targets."""
+        return self.of(Kind("same", False))
+
+    # the fields the first version had, for the unseen-GPU kind
+    @property
+    def n(self) -> int:
+        return self.headline.n
+
+    @property
+    def mean_abs(self) -> float | None:
+        return self.headline.mean_abs
+
+    @property
+    def max_abs(self) -> float | None:
+        return self.headline.max_abs
+
+    @property
+    def band(self) -> tuple[float, float]:
+        return self.headline.band(False)
+
+    def lines(self) -> list[str]:
+        """One line per kind measured."""
+        return [self.of(k).describe() for k in KINDS if self.of(k).n]
+
+    def describe(self) -> str:
+        if not any(k.n for k in self.kinds.values()):
+            return "no GPU type pair in the evidence: the band is a default +-20%, not measured"
+        return "; ".join(self.lines())
 
 
 @dataclass
@@ -61,7 +200,9 @@ class Estimate:
     low: float
     high: float
     basis: list[tuple[Run, float, float]]  # (run, its transferred seconds, weight)
-    band_note: str = ""
+    band_note: str = ""  # the measured error of its kind of transfer
+    kind: Kind = Kind("same", False)
+    nearest: float = 0.0  # distance to the nearest basis GPU type
 
     @property
     def sources(self) -> list[str]:
@@ -74,31 +215,15 @@ class Estimate:
         return text + (f" and {len(ranked) - limit} more" if len(ranked) > limit else "")
 
 
-@dataclass
-class Calibration:
-    """How the fitted model did on the evidence it was fitted to (leave-one-GPU-type-out within it)."""
-
-    n: int = 0
-    mean_abs: float | None = None  # mean |central / truth - 1|
-    max_abs: float | None = None
-    band: tuple[float, float] = DEFAULT_BAND
-    gpus: list[str] = field(default_factory=list)
-
-    def describe(self) -> str:
-        if not self.n:
-            return "no GPU type pair in the evidence: the band is a default +-20%, not measured"
-        lo, hi = (math.exp(b) - 1 for b in self.band)
-        return (f"leave-one-GPU-type-out over {self.n} public runs on {len(self.gpus)} GPU types: mean |error| "
-                f"{self.mean_abs:.1%}, max {self.max_abs:.0%}; band {lo:+.0%} / {hi:+.0%} "
-                "(5%-95% of those errors)")  # fmt: skip
-
-
 class CrossGpu:
-    """The transfer with fitted parameters over a catalog's GPU types (`gpus`: name -> GpuSpec)."""
+    """The transfer with fitted parameters over a catalog's GPU types (`gpus`: name -> GpuSpec); `effects`: the
+    per-GPU effects (log) of the GPU types the evidence measured."""
 
-    def __init__(self, gpus: Mapping[str, Any], params: Params = Params(), calibration: Calibration | None = None):
+    def __init__(self, gpus: Mapping[str, Any], params: Params = Params(), calibration: Calibration | None = None,
+                 effects: Mapping[str, float] | None = None):  # fmt: skip
         self.gpus, self.params = gpus, params
         self.calibration = calibration or Calibration()
+        self.effects: dict[str, float] = dict(effects or {})
         self.share = stepmodel.matmul_share(gpus.values())
         self._rates: dict[tuple[str, str, bool], stepmodel.Rates | None] = {}
 
@@ -133,107 +258,341 @@ class CrossGpu:
             return 1.0
         return math.exp(-(self.distance(a, b, precision) - nearest) / self.params.tau)
 
+    def correction(self, source: str, target: str) -> float:
+        """effect(target) - effect(source) (log) between two GPU types the evidence measured; 0 when either is absent
+        (an absent type's effect is taken to be its basis' own, weighted as the basis is: they cancel)."""
+        if source in self.effects and target in self.effects:
+            return self.effects[target] - self.effects[source]
+        return 0.0
+
     def transfer(self, run: Run, work: Work, gpu: str) -> float | None:
         """The run's seconds per unit moved to `work` on `gpu`."""
         src = self.ideal(run.flops, run.memory_bytes, run.gpu, run.precision, run.tf32)
         dst = self.ideal(work.flops, work.memory_bytes, gpu, work.precision, work.tf32)
         if not src or not dst:
             return None
-        return run.seconds * dst / src
+        return run.seconds * dst / src * math.exp(self.correction(run.gpu, gpu))
+
+    def kind_of(self, basis: Sequence[Run], work: Work, gpu: str) -> Kind:
+        """The kind of transfer from `basis` to `work` on `gpu`."""
+        if all(r.model == work.model for r in basis):
+            what = "same"
+        elif all(same_software(r.software, work.software) for r in basis):
+            what = "stand-in"
+        else:
+            what = "stand-in, other software"
+        return Kind(what, gpu in self.effects)
 
     def estimate(self, basis: Iterable[Run], work: Work, gpu: str) -> Estimate | None:
-        """The prediction for `work` on `gpu` from the `basis` runs (never one on `gpu` itself: the caller's)."""
+        """The prediction for `work` on `gpu` from the `basis` runs (the caller chooses them)."""
         moved = [(run, t) for run in basis if (t := self.transfer(run, work, gpu))]
         if not moved:
             return None
         nearest = min(self.distance(run.gpu, gpu, work.precision) for run, _t in moved)
         got = [(run, t, self.weight(run.gpu, gpu, nearest, work.precision)) for run, t in moved]
         total = sum(w for _r, _t, w in got)
-        if not got or total <= 0:
+        if total <= 0:
             return None
         mean = sum(w * math.log(t) for _r, t, w in got) / total
-        spread = math.sqrt(sum(w * (math.log(t) - mean) ** 2 for _r, t, w in got) / total)  # the runs disagree
-        lo, hi = self.calibration.band
+        spread = math.sqrt(max(0.0, sum(w * (math.log(t) - mean) ** 2 for _r, t, w in got) / total))
+        kind = self.kind_of([r for r, _t, _w in got], work, gpu)
+        err = self.calibration.of(kind)
+        lo, hi = err.band(nearest < NEAR)
         central = math.exp(mean)
         return Estimate(central, central * math.exp(lo - spread), central * math.exp(hi + spread), got,
-                        self.calibration.describe())  # fmt: skip
+                        err.describe(nearest < NEAR), kind, nearest)  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------------- fitting
 
 
-def _pairs(runs: Sequence[Run]) -> list[tuple[int, int]]:
-    """(target, basis) index pairs: the same group on another GPU type."""
-    by_group: dict[str, list[int]] = defaultdict(list)
-    for i, r in enumerate(runs):
-        by_group[r.group].append(i)
-    return [(i, j) for idx in by_group.values() for i in idx for j in idx if runs[i].gpu != runs[j].gpu]
+class _Table:
+    """The runs as arrays, for fitting and out-of-sample checks in a few milliseconds each."""
+
+    def __init__(self, model: CrossGpu, runs: Sequence[Run]):
+        self.runs = list(runs)
+        parts = np.array([model.parts(r.flops, r.memory_bytes, r.gpu, r.precision, r.tf32) for r in runs], float)
+        self.mm, self.mem = parts[:, 0], parts[:, 1]
+        self.y = np.log([r.seconds for r in runs])
+        self.gpus = sorted({r.gpu for r in runs})
+        self.pg = np.array([self.gpus.index(r.gpu) for r in runs])
+        self.groups = sorted({r.group for r in runs})
+        self.gg = np.array([self.groups.index(r.group) for r in runs])
+        self.model = np.array([r.model for r in runs])
+        self.gpu = np.array([r.gpu for r in runs])
+        self.software = np.array([r.software for r in runs])
+        rates = [model.rates(r.gpu, r.precision, r.tf32) for r in runs]
+        self.feat = np.array([[math.log(x.matmul_tflops), math.log(x.memory_gb_s)] for x in rates])  # type: ignore
+        by_group: dict[int, list[int]] = defaultdict(list)
+        for i, g in enumerate(self.gg):
+            by_group[int(g)].append(i)
+        self.pairs = np.array([(i, j) for idx in by_group.values() for i in idx for j in idx
+                               if runs[i].gpu != runs[j].gpu], int).reshape(-1, 2)  # fmt: skip
+        self.dist = np.abs(self.feat[self.pairs[:, 0]] - self.feat[self.pairs[:, 1]]).sum(1)
+
+    def li(self, kappa: float) -> np.ndarray:
+        return np.log(self.mm + kappa * self.mem)
+
+    def effects(self, li: np.ndarray, mask: np.ndarray, lam: float) -> np.ndarray:
+        """Per-GPU effects (log) from the masked runs: a two-way ridge fit (group levels free, effects shrunk by
+        `lam`); NaN for a GPU type without a masked run in a group shared with another type (a group measured on one
+        type alone says nothing of its effect), 0 for the others with lam = inf."""
+        b = np.full(len(self.gpus), np.nan)
+        types = np.zeros((len(self.groups), len(self.gpus)), bool)
+        types[self.gg[mask], self.pg[mask]] = True
+        shared = types.sum(1) >= 2
+        mask = mask & shared[self.gg]
+        present = np.unique(self.pg[mask])
+        if lam == math.inf or not mask.any():
+            b[present] = 0.0
+            return b
+        # the group levels eliminated: (Z'MZ + lam I) b = Z'Mr, M removing each group's mean (Z: GPU indicators)
+        gg, pi, r = self.gg[mask], np.searchsorted(present, self.pg[mask]), (self.y - li)[mask]
+        ng, npr = len(self.groups), len(present)
+        size = np.bincount(gg, minlength=ng).astype(float)
+        counts = np.zeros((ng, npr))
+        np.add.at(counts, (gg, pi), 1.0)
+        keep = size > 0
+        c, n_g = counts[keep], size[keep]
+        lhs = np.diag(counts.sum(0)) - c.T @ (c / n_g[:, None]) + lam * np.eye(npr)
+        rhs = np.bincount(pi, r, npr) - c.T @ (np.bincount(gg, r, ng)[keep] / n_g)
+        b[present] = np.linalg.solve(lhs, rhs)
+        return b
+
+    def empirical_lambda(self, li: np.ndarray, mask: np.ndarray) -> float:
+        """Noise variance / effects' variance of the two-way model on the masked runs (method of moments), within
+        LAMBDA_RANGE; inf (no effects) with fewer than 3 GPU types or no variance between them."""
+        b = self.effects(li, mask, 1e-6)
+        mask = mask & np.isfinite(b[self.pg])  # the runs in groups shared between GPU types
+        gg, pg, y, li = self.gg[mask], self.pg[mask], self.y[mask], li[mask]
+        groups, gpus = np.unique(gg), np.unique(pg)
+        ng = len(self.groups)
+        level = np.bincount(gg, y - li - b[pg], ng) / np.maximum(np.bincount(gg, minlength=ng), 1)
+        res = y - li - level[gg] - b[pg]
+        dof = len(res) - len(groups) - len(gpus) + 1
+        if dof <= 0 or len(gpus) < 3:
+            return math.inf
+        noise = float(np.sum(res**2) / dof)
+        counts = np.bincount(pg, minlength=len(self.gpus))[gpus]
+        centred = b[gpus] - np.average(b[gpus], weights=counts)
+        between = float(np.var(centred) - np.mean(noise / counts))
+        if between <= 0:
+            return math.inf
+        return float(np.clip(noise / between, *LAMBDA_RANGE))
+
+    def transfer_errors(self, li: np.ndarray, b: np.ndarray, tau: float, pairs: np.ndarray, dist: np.ndarray):
+        """log(truth / central) of each target of `pairs` (target, basis) with its nearest distance and spread; `b`:
+        the effects, NaN where a GPU type is absent (no correction to or from it: CrossGpu.correction)."""
+        ti, bj = pairs[:, 0], pairs[:, 1]
+        corr = b[self.pg[ti]] - b[self.pg[bj]]
+        pred = self.y[bj] - li[bj] + li[ti] + np.where(np.isfinite(corr), corr, 0.0)
+        targets, idx = np.unique(ti, return_inverse=True)
+        nearest = np.full(len(targets), np.inf)
+        np.minimum.at(nearest, idx, dist)
+        w = np.ones_like(dist) if tau == math.inf else np.exp(-(dist - nearest[idx]) / tau)
+        den = np.bincount(idx, w, len(targets))
+        mean = np.bincount(idx, w * pred, len(targets)) / den
+        spread = np.sqrt(np.maximum(np.bincount(idx, w * pred**2, len(targets)) / den - mean**2, 0.0))
+        return targets, self.y[targets] - mean, nearest, spread
 
 
-def _fold_errors(
-    model: CrossGpu, runs: Sequence[Run], pairs: list[tuple[int, int]], grid: Iterable[Params] | None = None
-) -> dict[Params, np.ndarray]:
-    """log(truth / central) of every target of `pairs` under every parameter pair of the grid (vectorised)."""
-    if not pairs:
-        return {p: np.array([]) for p in (grid or [model.params])}
-    parts = np.array([model.parts(r.flops, r.memory_bytes, r.gpu, r.precision, r.tf32) for r in runs])
-    log_s = np.log([r.seconds for r in runs])
-    ti, bj = np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
-    dist = np.array([model.distance(runs[i].gpu, runs[j].gpu, runs[i].precision) for i, j in pairs])
-    targets = np.unique(ti)
-    index = np.searchsorted(targets, ti)
-    nearest = np.full(len(targets), np.inf)
-    np.minimum.at(nearest, index, dist)
-    dist = dist - nearest[index]  # weights relative to each target's nearest basis (no underflow)
-    out = {}
-    for p in grid or [Params(km, tau) for km in KAPPA_MEM for tau in TAUS]:
-        ideal = np.log(parts[:, 0] + p.kappa_mem * parts[:, 1])
-        pred = log_s[bj] + ideal[ti] - ideal[bj]
-        w = np.ones_like(dist) if p.tau == math.inf else np.exp(-dist / p.tau)
-        num = np.bincount(index, w * pred, len(targets))
-        den = np.bincount(index, w, len(targets))
-        out[p] = log_s[targets] - num / den
+def _choose(t: _Table, mask: np.ndarray | None = None) -> Params | None:
+    """kappa_mem and tau with the least mean |log error| of each (masked) run predicted from its group's other GPU
+    types (the effects fitted on the same runs, lambda by empirical Bayes at each kappa)."""
+    mask = np.ones(len(t.y), bool) if mask is None else mask
+    sel = mask[t.pairs[:, 0]] & mask[t.pairs[:, 1]]
+    if not sel.any():
+        return None
+    pairs, dist = t.pairs[sel], t.dist[sel]
+    best = None
+    for km in KAPPA_MEM:
+        li = t.li(km)
+        lam = t.empirical_lambda(li, mask)
+        b = t.effects(li, mask, lam)
+        for tau in TAUS:
+            _t, u, _n, _s = t.transfer_errors(li, b, tau, pairs, dist)
+            key = (float(np.mean(np.abs(u))), tau == math.inf, km)
+            if best is None or key < best[0]:
+                best = (key, Params(km, tau, lam))
+    return best[1] if best else None
+
+
+def stand_in(name: str, params: float, kind: str, formula: str, software: str,
+             candidates: Mapping[Any, tuple[str, float, str, str, str]]) -> Any | None:  # fmt: skip
+    """The workload that stands in for model `name` (candidates: key -> (model, parameters, kind, formula, software),
+    other models only): the nearest in size, at most STAND_IN_RATIO larger or smaller, of the same kind and formula,
+    the same software first; its key."""
+    pool = [(not same_software(sw, software), abs(math.log(max(p, 1.0) / max(params, 1.0))), str(key), key)
+            for key, (m, p, k, f, sw) in candidates.items()
+            if m != name and k == kind and f == formula
+            and abs(math.log(max(p, 1.0) / max(params, 1.0))) <= math.log(STAND_IN_RATIO)]  # fmt: skip
+    return min(pool)[3] if pool else None
+
+
+def _candidates(runs: Sequence[Run]) -> dict[tuple[str, str], tuple[str, float, str, str, str]]:
+    """Each workload x software of the runs as a stand-in candidate."""
+    out: dict[tuple[str, str], tuple[str, float, str, str, str]] = {}
+    for r in runs:
+        out.setdefault((r.model, r.software), (r.model, r.params, r.kind, r.formula, r.software))
     return out
 
 
-def _best(runs: Sequence[Run], model: CrossGpu) -> Params | None:
-    """The grid's parameters with the least mean |log error| over the runs' pairs."""
-    pairs = _pairs(runs)
-    if not pairs:
-        return None
-    errors = _fold_errors(model, runs, pairs)
-    return min(errors, key=lambda p: (float(np.mean(np.abs(errors[p]))), p.tau == math.inf, p.kappa_mem))
+def _calibrate(t: _Table, p: Params) -> Calibration:
+    """Out-of-sample errors of every kind on the table, with `p` fixed and the effects refitted without what is left
+    out (see the module docstring), and the band of each kind from them."""
+    li = t.li(p.kappa_mem)
+    errors: dict[Kind, list[_Error]] = defaultdict(list)
+
+    def add(kind: Kind, got) -> None:
+        targets, u, nearest, spread = got
+        errors[kind] += [_Error(*x) for x in zip(u, spread, nearest, t.pg[targets], strict=True)]
+
+    runs = np.arange(len(t.y))
+    # the same workload, its GPU type left out: kappa_mem and tau refitted without it too (they weigh most on far
+    # transfers, and a type's own runs would tune them to it)
+    for g, _gpu in enumerate(t.gpus):
+        keep = t.pg != g
+        sel = (t.pg[t.pairs[:, 0]] == g) & keep[t.pairs[:, 1]]
+        if not sel.any():
+            continue
+        q = _choose(t, keep) or p
+        lq = t.li(q.kappa_mem)
+        b = t.effects(lq, keep, q.lam)  # NaN for g: no correction to it
+        add(Kind("same", False), t.transfer_errors(lq, b, q.tau, t.pairs[sel], t.dist[sel]))
+    # the same workload x GPU type x software left out, the GPU type's effect from other software's runs
+    for m, gpu, sw in sorted(set(zip(t.model, t.gpu, t.software, strict=True))):
+        cell = (t.model == m) & (t.gpu == gpu) & (t.software == sw)
+        keep = ~cell & ~((t.gpu == gpu) & (t.software == sw)) & ~((t.model == m) & (t.gpu == gpu))
+        if not (keep & (t.gpu == gpu)).any():
+            continue  # nothing else measured that GPU type: the unseen kind above covers it
+        sel = cell[t.pairs[:, 0]] & keep[t.pairs[:, 1]]
+        if sel.any():
+            add(Kind("same", True), t.transfer_errors(li, t.effects(li, keep, p.lam), p.tau, t.pairs[sel], t.dist[sel]))
+    # a stand-in workload (nearest-sized of the same kind, the same software first), the workload left out; its
+    # stand-in's runs on every GPU type (the target's own weigh most), or (unseen) the target's GPU type left out too
+    cands = _candidates(t.runs)
+    for m, sw in sorted(cands):
+        sub = stand_in(*cands[(m, sw)], cands)
+        if sub is None:
+            continue
+        what = "stand-in" if same_software(sub[1], sw) else "stand-in, other software"
+        targets = runs[(t.model == m) & (t.software == sw)]
+        bases = runs[(t.model == sub[0]) & (t.software == sub[1])]
+        cases = [(t.model != m, targets)]
+        cases += [((t.model != m) & (t.pg != g), targets[t.pg[targets] == g]) for g in sorted(set(t.pg[targets]))]
+        for keep, tg in cases:
+            bs = bases[keep[bases]]
+            if not len(bs):
+                continue
+            b = t.effects(li, keep, p.lam)
+            seen = np.isfinite(b[t.pg[tg]])
+            pairs = np.array([(i, j) for i in tg for j in bs], int)
+            dist = np.abs(t.feat[pairs[:, 0]] - t.feat[pairs[:, 1]]).sum(1)
+            got = t.transfer_errors(li, b, p.tau, pairs, dist)
+            for flag in (True, False):
+                rows = np.isin(got[0], tg[seen == flag])
+                if rows.any():
+                    add(Kind(what, flag), tuple(x[rows] for x in got))
+    return _bands(errors, t.gpus)
+
+
+@dataclass(frozen=True)
+class _Error:
+    u: float  # log(truth / central)
+    spread: float  # the weighted spread of the basis' predictions
+    nearest: float  # distance to the nearest basis GPU type
+    gpu: int  # the target's GPU type (errors of one type share its offset: the unit of the band's sample)
+
+
+def _quantile(x: np.ndarray, w: np.ndarray, q: float) -> float:
+    """The weighted q-quantile (the smallest x whose cumulative weight reaches q)."""
+    order = np.argsort(x)
+    cum = np.cumsum(w[order]) / w.sum()
+    return float(x[order][min(np.searchsorted(cum, q), len(x) - 1)])
+
+
+def _small_sample(k: int, q: float = BAND_QUANTILES[1]) -> float:
+    """How much wider a band drawn from k GPU types must be to cover a new type as often as promised: a normal
+    prediction interval for a new member of k, t(k - 1) x sqrt(1 + 1 / k), over the normal quantile (Cornish-Fisher
+    for the t quantile, within 1% from 4 degrees of freedom)."""
+    z = {0.9: 1.2816, 0.95: 1.6449, 0.975: 1.96}.get(q, 1.6449)
+    nu = max(k - 1, 1)
+    t = z + (z**3 + z) / (4 * nu) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * nu**2)
+    return t * math.sqrt(1 + 1 / max(k, 1)) / z
+
+
+def _bands(errors: Mapping[Kind, list[_Error]], gpus: list[str]) -> Calibration:
+    """Per kind: mean / max |error| and the 5%-95% band of log(truth / central) minus the spread a prediction adds to
+    each end (so that the band with the spread covers 90% of these cases), never excluding the central value. The
+    errors of one target GPU type share its offset, so each type weighs as one case in the quantiles, the band is
+    widened for the number of types it was drawn from (_small_sample), and a class (near / far) has a band of its own
+    only with MIN_CALIBRATION errors on MIN_TYPES GPU types; else the kind's whole, else the kind's workload with
+    either GPU case, else every error."""
+    every = [e for v in errors.values() for e in v]
+
+    def band(es: list[_Error]) -> tuple[float, float, int] | None:
+        if len(es) < MIN_CALIBRATION or len({e.gpu for e in es}) < MIN_TYPES:
+            return None
+        u, s = np.array([e.u for e in es]), np.array([e.spread for e in es])
+        per_type = defaultdict(int)
+        for e in es:
+            per_type[e.gpu] += 1
+        w = np.array([1.0 / per_type[e.gpu] for e in es])
+        lo, hi = _quantile(u + s, w, BAND_QUANTILES[0]), _quantile(u - s, w, BAND_QUANTILES[1])
+        c = _small_sample(len(per_type))
+        return min(lo, 0.0) * c, max(hi, 0.0) * c, len(es)
+
+    out = {}
+    for kind in KINDS:
+        es = errors.get(kind, [])
+        err = KindError(kind)
+        if es:
+            rel = np.exp(-np.array([e.u for e in es])) - 1  # central / truth - 1
+            err.n, err.mean_abs, err.max_abs, err.bias = len(es), float(np.abs(rel).mean()), \
+                float(np.abs(rel).max()), float(rel.mean())  # fmt: skip
+        for name, sel in (("near", lambda e: e.nearest < NEAR), ("far", lambda e: e.nearest >= NEAR),
+                          ("all", lambda e: True)):  # fmt: skip
+            got = band([e for e in es if sel(e)])
+            if got:
+                err.bands[name] = got
+        if not err.bands:
+            sibling = [e for k, v in errors.items() if k.workload == kind.workload for e in v]
+            got = band(sibling) or band(every)
+            if got:
+                lo, hi, n = got
+                if es:  # never narrower than the kind's own (too few) errors
+                    lo = min(lo, min(e.u + e.spread for e in es))
+                    hi = max(hi, max(e.u - e.spread for e in es))
+                err.bands["all"] = (lo, hi, n)
+                err.pooled_from = (
+                    "pooled with its workload kind's other GPU case" if band(sibling) else "pooled over every kind"
+                ) + (", widened to its own errors" if es else "")
+        out[kind] = err
+    return Calibration(out, gpus)
 
 
 def fit(runs: Sequence[Run], gpus: Mapping[str, Any]) -> CrossGpu:
-    """The parameters that predict the runs best from their groups' other GPU types; the band from errors made
-    out of sample: each GPU type's runs predicted with the parameters fitted without it (the in-sample errors of
-    the fit are smaller than those on a GPU type it has not seen)."""
+    """The parameters and per-GPU effects that predict the runs best from their groups' other GPU types, and the
+    bands from errors made out of sample (the in-sample errors of the fit are smaller than those of new cases)."""
     model = CrossGpu(gpus)
     usable = [r for r in runs if model.parts(r.flops, r.memory_bytes, r.gpu, r.precision, r.tf32)]
-    best = _best(usable, model)
-    if best is None:
+    if not usable:
         return model
-    held_out = []
-    for gpu in sorted({r.gpu for r in usable}):
-        inner = [r for r in usable if r.gpu != gpu]
-        params = _best(inner, model)
-        if params is None:
-            continue
-        errs = _fold_errors(CrossGpu(gpus, params), usable, [p for p in _pairs(usable) if usable[p[0]].gpu == gpu],
-                            grid=[params])[params]  # fmt: skip
-        held_out.append(errs)
-    e = np.concatenate(held_out) if held_out else np.array([])
-    rel = np.abs(np.exp(-e) - 1)  # |central / truth - 1|
-    band = tuple(float(q) for q in np.quantile(e, BAND_QUANTILES)) if len(e) >= MIN_CALIBRATION else DEFAULT_BAND
-    calib = Calibration(len(e), float(rel.mean()) if len(e) else None, float(rel.max()) if len(e) else None,
-                        band, sorted({r.gpu for r in usable}))  # type: ignore[arg-type]  # fmt: skip
-    return CrossGpu(gpus, best, calib)
+    t = _Table(model, usable)
+    params = _choose(t)
+    if params is None:
+        return model
+    b = t.effects(t.li(params.kappa_mem), np.ones(len(t.y), bool), params.lam)
+    effects = {g: float(x) for g, x in zip(t.gpus, b, strict=True) if np.isfinite(x)}
+    return CrossGpu(gpus, params, _calibrate(t, params), effects)
+
+
+# ------------------------------------------------------------------------------------------- checks out of sample
 
 
 @dataclass
 class Holdout:
-    """One run of a GPU type left out of the fit, predicted from its group on the other GPU types."""
+    """A run left out of the fit and predicted from the rest (`kind` says how)."""
 
     run: Run
     estimate: Estimate
@@ -249,24 +608,74 @@ class Holdout:
         return self.estimate.low * (1 - 1e-9) <= self.run.seconds <= self.estimate.high * (1 + 1e-9)
 
 
+def work_of_run(run: Run) -> Work:
+    """A run's own workload as a prediction target."""
+    return Work(run.model, run.kind, run.params, run.flops, run.memory_bytes, run.precision, run.tf32,
+                formula=run.formula, software=run.software)  # fmt: skip
+
+
+def _holdouts(model: CrossGpu, targets: Iterable[Run], basis_of) -> list[Holdout]:
+    out = []
+    for run in targets:
+        basis = basis_of(run)
+        est = model.estimate(basis, work_of_run(run), run.gpu)
+        if est is None:
+            continue
+        per: dict[str, list[Run]] = defaultdict(list)
+        for b in basis:
+            per[b.gpu].append(b)
+        by_gpu = {g: e for g, rs in per.items() if (e := model.estimate(rs, work_of_run(run), run.gpu))}
+        out.append(Holdout(run, est, by_gpu, model.params))
+    return out
+
+
+def _group_basis(train: Sequence[Run]):
+    by_group: dict[str, list[Run]] = defaultdict(list)
+    for r in train:
+        by_group[r.group].append(r)
+    return lambda run: [b for b in by_group.get(run.group, []) if b.gpu != run.gpu]
+
+
 def leave_one_gpu_out(runs: Sequence[Run], gpus: Mapping[str, Any]) -> list[Holdout]:
-    """For every GPU type: fit on the runs of the others, predict its runs from their groups (the benchmark)."""
+    """For every GPU type: fit on the runs of the others, predict its runs from their groups (the benchmark's
+    headline: a GPU type nobody in the evidence measured)."""
     out = []
     for held in sorted({r.gpu for r in runs}):
         train = [r for r in runs if r.gpu != held]
-        model = fit(train, gpus)
-        by_group: dict[str, list[Run]] = defaultdict(list)
-        for r in train:
-            by_group[r.group].append(r)
-        for run in (r for r in runs if r.gpu == held):
-            basis = by_group.get(run.group, [])
-            work = Work(run.model, run.kind, run.params, run.flops, run.memory_bytes, run.precision, run.tf32)
-            est = model.estimate(basis, work, held)
-            if est is None:
+        out += _holdouts(fit(train, gpus), [r for r in runs if r.gpu == held], _group_basis(train))
+    return out
+
+
+def leave_one_cell_out(runs: Sequence[Run], gpus: Mapping[str, Any]) -> list[Holdout]:
+    """For every workload x GPU type x software: fit without it, without that software's other runs on the GPU type
+    and without the workload's other runs on it; predict it from its groups, the GPU type's effect coming from other
+    software's runs of other workloads (cells whose GPU type nothing else measured are left to leave_one_gpu_out)."""
+    out = []
+    for m, gpu, sw in sorted({(r.model, r.gpu, r.software) for r in runs}):
+        train = [r for r in runs if not (r.gpu == gpu and (r.software == sw or r.model == m))]
+        if not any(r.gpu == gpu for r in train):
+            continue
+        targets = [r for r in runs if (r.model, r.gpu, r.software) == (m, gpu, sw)]
+        out += _holdouts(fit(train, gpus), targets, _group_basis(train))
+    return out
+
+
+def leave_one_model_out(runs: Sequence[Run], gpus: Mapping[str, Any], unseen: bool = False) -> list[Holdout]:
+    """For every workload x software: fit without the workload (`unseen`: and without each target GPU type in turn),
+    predict its runs from all the runs of its stand-in (stand_in: the nearest-sized workload x software of its kind,
+    the same software first), as the what-if does for a model with no evidence of its own."""
+    out = []
+    cands = _candidates(runs)
+    for m, sw in sorted(cands):
+        sub = stand_in(*cands[(m, sw)], cands)
+        if sub is None:
+            continue
+        targets = [r for r in runs if (r.model, r.software) == (m, sw)]
+        for held in sorted({r.gpu for r in targets}) if unseen else [None]:
+            train = [r for r in runs if r.model != m and (held is None or r.gpu != held)]
+            basis = [r for r in train if (r.model, r.software) == sub]
+            if not basis:
                 continue
-            per: dict[str, list[Run]] = defaultdict(list)
-            for b in basis:
-                per[b.gpu].append(b)
-            by_gpu = {g: e for g, rs in per.items() if (e := model.estimate(rs, work, held))}
-            out.append(Holdout(run, est, by_gpu, model.params))
+            model = fit(train, gpus)
+            out += _holdouts(model, [r for r in targets if held is None or r.gpu == held], lambda _r, b=basis: b)
     return out

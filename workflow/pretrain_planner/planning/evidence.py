@@ -6,13 +6,18 @@ family's formulas (planning/flops.py, planning/stepmodel.py).
 
 data/evidence/models.yaml maps each public workload onto a catalog family and the shape its rows leave out; a row is
 left out, with the reason, when its workload has no entry or is excluded there, its GPU type is not in the catalog
-(no rates), its precision has no rate (fp8), or it implies more than the `suspect` share of the dense peak.
+(no rates), its precision has no rate (fp8), its source flags it SUSPECT (a multi-GPU rate per GPU above 1.1x or below
+0.5x the same suite's one-GPU rate: a super-linear or collapsed run, sources.md), or it implies more than the
+`suspect` share of the dense peak. Each run carries the software it ran (`software`: the source, and for Lambda's
+benchmark its suite v0 / v1 / v2, whose containers differ), which the cross-GPU model uses to tell a stand-in of the
+same software from one of another and to leave a GPU type's runs of one software out when it checks itself.
 Imports no torch.
 """
 
 from __future__ import annotations
 
 import csv
+import re
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -27,6 +32,8 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "evidence"
 PUBLIC_CSV = DATA / "public_throughput.csv"
 MODELS_YAML = DATA / "models.yaml"
 SOURCES_MD = DATA / "sources.md"
+HERE = "pretrain-planner"  # the software of this project's trainer: the cells measured here and its public H200 runs
+HERE_SOURCES = ("measured here", "here-h200")
 UNITS = {"tokens/s/GPU": "token", "images/s/GPU": "sample", "samples/s/GPU": "sample", "sequences/s/GPU": "sample"}
 
 
@@ -53,6 +60,11 @@ class Run:
     tf32: bool = True
     note: str = ""
     formula: str = "transformer"  # the family's formula (families.py): what kind of model it stands in for
+    software: str = ""  # what it ran (framework, container / suite); empty: its source
+
+    def __post_init__(self) -> None:
+        if not self.software:
+            object.__setattr__(self, "software", HERE if self.source in HERE_SOURCES else self.source)
 
     @property
     def label(self) -> str:
@@ -72,6 +84,21 @@ class Work:
     tf32: bool = True
     tokens: int | None = None  # units per sample (tokens of a text sample, 1 for images)
     formula: str = "transformer"
+    software: str = HERE  # what will run it: this project's trainer unless said otherwise
+
+
+def same_software(a: str, b: str) -> bool:
+    """Whether two runs ran the same software (the cross-GPU model's stand-in kinds)."""
+    return a == b
+
+
+def software_of(row: dict[str, str]) -> str:
+    """A public row's software: its source, with the suite for Lambda's benchmark (v0 / v1 / v2 ran different
+    containers: sources.md); this project's own H200 runs ran the planner's trainer."""
+    if row["source_id"] in HERE_SOURCES:
+        return HERE
+    suite = re.match(r"lambda-(v\d+)-", row["group_id"])
+    return f"{row['source_id']} {suite.group(1)}" if suite else row["source_id"]
 
 
 @dataclass
@@ -156,6 +183,10 @@ def public_evidence(catalog: Any, suspect_mfu: float = 0.85, path: Path = PUBLIC
         if entry.get("exclude"):
             out.skipped.append((rid, f"{row['model']}: {entry['exclude']}"))
             continue
+        if "SUSPECT" in row.get("notes", ""):
+            flag = row["notes"][row["notes"].index("SUSPECT") :].split(";")[0].split(" (")[0]
+            out.skipped.append((rid, f"flagged by its source notes: {flag}"))
+            continue
         gpu = catalog.gpus.get(row["gpu_type"])
         if gpu is None:
             out.skipped.append((rid, f"GPU type {row['gpu_type']!r} is not in {catalog.gpus_path} (no rates)"))
@@ -184,6 +215,6 @@ def public_evidence(catalog: Any, suspect_mfu: float = 0.85, path: Path = PUBLIC
         out.runs.append(Run(
             rid, row["source_id"], row["location"], entry.get("catalog") or row["model"], work.kind, work.params,
             row["gpu_type"], int(row["gpu_count"]), row["group_id"], row["method"], precision, 1.0 / per_unit,
-            work.flops, work.memory_bytes, True, True, row.get("notes", ""), work.formula,
+            work.flops, work.memory_bytes, True, True, row.get("notes", ""), work.formula, software_of(row),
         ))  # fmt: skip
     return out

@@ -24,6 +24,7 @@ from pretrain_planner.results import (
     RAN,
     RESULT_FIELDS,
     STATUSES,
+    atomic_write,
     atomic_write_text,
     coords_of,
     gpu_hours,
@@ -493,8 +494,7 @@ def build_tables(
     strategy = "adaptive" if list(search) else "exhaustive"
     tables = build_all(plan_csv, paths, catalog, costs_config, pruned, strategy)
     cells = tables["cells"]
-    Path(out["cells_parquet"]).parent.mkdir(parents=True, exist_ok=True)
-    cells.write_parquet(out["cells_parquet"])
+    atomic_write(out["cells_parquet"], cells.write_parquet)
     _write(out, "cells", cells.drop(JSON_FIELDS), cells.select(CELLS_MD_COLUMNS))
     for name in TABLE_NAMES[1:]:
         _write(out, name, tables[name])

@@ -102,7 +102,7 @@ INTROS = {
 _STRING = {"model", "gpu", "best_method", "sharding", "ours_setting", "ours_method", "original_source",
            "free_lunch_method", "memory_saving_method", "optimal_method", "family", "study_counter_note",
            "suspect_reason", "source", "status", "method", "why", "basis", "note",
-           "evidence", "rests_on", "sources", "model_error"}  # fmt: skip
+           "evidence", "rests_on", "sources", "transfer", "model_error"}  # fmt: skip
 _BOOL = {"free_lunch", "checkpointing", "offload", "in_sweep", "suspect", "in_mean", "in_count_mean"}
 _INT = {"nodes", "gpus_per_node", "world_size", "micro_batch_size", "grad_accum_steps", "original_gpus",
         "memory_saving_methods", "global_batch", "recipe_steps", "micro_batch"}  # fmt: skip

@@ -9,7 +9,8 @@ its kind (a stand-in at most STAND_IN_RATIO times larger or smaller). The target
 A step is the step model's (planning/stepmodel.py, shared with the adaptive search's time model):
 - compute: a measured run's seconds per token (per sample for images), moved to the target by the cross-GPU model
   (planning/crossgpu.py: the matmul FLOPs at the GPU's measured matmul rate + kappa x the memory-bound bytes at its
-  memory bandwidth, kappa and the weighting of near GPU types fitted on the public evidence), times the rank's tokens
+  memory bandwidth, corrected by the per-GPU effects the public evidence shows between GPU types it measured; kappa,
+  the weighting of near GPU types and the effects fitted on the public evidence), times the rank's tokens
   per step (x 4/3 with activation checkpointing); a cell measured here has its communication split off first (what
   the multi-GPU cell takes beyond 1/w of the same method's one-GPU step);
 - communication: a measured split scaled by the step's all-reduce volume (`stepmodel.sync_bytes`: the parameter
@@ -17,14 +18,16 @@ A step is the step model's (planning/stepmodel.py, shared with the adaptive sear
   by the ratio of the datasheet interconnects (`interconnect_gb_s`); with none measured, that volume at the
   datasheet bandwidth per direction (optimistic) .. BUS_EFFICIENCY of it (pessimistic).
 
-The band: the cross-GPU model's 5%-95% out-of-sample errors around the central compute (crossgpu.Calibration, the
-measured error, named in each row's `model_error`), with the least communication at the optimistic end and the most at
-the pessimistic one. The method assumed is the fastest that the memory model (planning/memory.py: model-state lower
-bound plus the micro-batch's activations) lets fit the target: of the methods measured (your cells), or, from public
-evidence, the least-communicating data-parallel method (fl, ZeRO / FSDP sharding, checkpointing; no offload) at the
-largest micro-batch that fits. A method measured out of memory on a GPU with at least the target's memory at that
-count does not fit. With no evidence at all, or a GPU type without the step model's rates (the `cpu` stand-in), only
-the physics bound is given: the days at the `suspect` limit of the target's peak. Imports no torch.
+The band: the cross-GPU model's 5%-95% out-of-sample errors of the prediction's KIND of transfer around the central
+compute (crossgpu.Kind: the same model or a stand-in, of the same software or another, to a GPU type the evidence
+measured or not; near or far; `transfer` names it, `model_error` its measured error), with the least communication at
+the optimistic end and the most at the pessimistic one. The method assumed is the fastest that the memory model
+(planning/memory.py: model-state lower bound plus the micro-batch's activations) lets fit the target: of the methods
+measured (your cells), or, from public evidence, the least-communicating data-parallel method (fl, ZeRO / FSDP sharding,
+checkpointing; no offload) at the largest micro-batch that fits. A method measured out of memory on a GPU with at least
+the target's memory at that count does not fit. With no evidence at all, or a GPU type without the step model's rates
+(the `cpu` stand-in), only the physics bound is given: the days at the `suspect` limit of the target's peak. Imports no
+torch.
 """
 
 from __future__ import annotations
@@ -41,8 +44,8 @@ import polars as pl
 from pretrain_planner.planning import evidence as pp_evidence
 from pretrain_planner.planning import grid, methods, stepmodel
 from pretrain_planner.planning.catalog import Catalog, ModelSpec
-from pretrain_planner.planning.crossgpu import CrossGpu, Estimate, fit
-from pretrain_planner.planning.evidence import Evidence, Run, Work
+from pretrain_planner.planning.crossgpu import NEAR, STAND_IN_RATIO, CrossGpu, Estimate, fit, stand_in
+from pretrain_planner.planning.evidence import HERE, Evidence, Run, Work
 from pretrain_planner.planning.flops import param_count, tokens_per_sample, train_flops_per_sample
 from pretrain_planner.planning.memory import GIB, activation_bytes_per_sample, state_bytes_lb
 from pretrain_planner.results import atomic_write_text
@@ -51,7 +54,6 @@ from pretrain_planner.tables.aggregate import to_markdown
 from pretrain_planner.tables.study import ran
 
 BUS_EFFICIENCY = 0.25  # no multi-GPU cell measured: the pessimistic all-reduce runs at this share of the datasheet
-STAND_IN_RATIO = 8.0  # a stand-in model at most this many times larger or smaller (matrix sizes change efficiency)
 OWN, PUBLIC = "your cells", "public evidence"
 # what public evidence is transferred to: data-parallel methods, least communication first (no offload: its CPU
 # optimizer and PCIe speeds are not in the evidence)
@@ -63,7 +65,7 @@ PUBLIC_METHODS = (
 COLUMNS = {
     "model": pl.String, "gpu": pl.String, "nodes": pl.Int64, "gpus_per_node": pl.Int64, "world_size": pl.Int64,
     "status": pl.String, "evidence": pl.String, "method": pl.String, "micro_batch": pl.Int64, "why": pl.String,
-    "basis": pl.String, "rests_on": pl.String, "sources": pl.String, "model_error": pl.String,
+    "basis": pl.String, "rests_on": pl.String, "sources": pl.String, "transfer": pl.String, "model_error": pl.String,
     "mfu_low": pl.Float64, "mfu_central": pl.Float64, "mfu_high": pl.Float64, "comm_share": pl.Float64,
     "days_optimistic": pl.Float64, "days_central": pl.Float64, "days_pessimistic": pl.Float64,
     "measured_days": pl.Float64, "hardware_usd": pl.Float64, "amortised_usd_optimistic": pl.Float64,
@@ -71,16 +73,18 @@ COLUMNS = {
 }  # fmt: skip
 MD_COLUMNS = [
     "model", "gpu", "nodes", "gpus_per_node", "status", "evidence", "method", "days_optimistic", "days_central",
-    "days_pessimistic", "measured_days", "amortised_usd_optimistic", "amortised_usd_pessimistic", "sources", "why",
+    "days_pessimistic", "measured_days", "amortised_usd_optimistic", "amortised_usd_pessimistic", "sources",
+    "transfer", "why",
 ]  # fmt: skip
 INTRO = (
     "PREDICTIONS, not measurements: days and cost of each model on every catalog GPU type and count, transferred "
     "from measurements on other GPU types: your own cells where there are some (`evidence` = your cells), else the "
     "public throughput evidence shipped with the planner (`evidence` = public evidence; `sources` names the "
     "publications, `rests_on` the rows of workflow/pretrain_planner/data/evidence/public_throughput.csv). The "
-    "cross-GPU model moves a step by the GPU's measured matmul rate and memory bandwidth; `model_error` is its "
-    "measured error on GPU types left out of its fit. `measured_days` shows the setting's own measurement where there "
-    "is one (never used for its prediction)."
+    "cross-GPU model moves a step by the GPU's measured matmul rate and memory bandwidth and the per-GPU effects the "
+    "evidence shows; `transfer` says what kind of transfer a row is (the same model or a stand-in, to a GPU type the "
+    "evidence measured or not) and `model_error` (CSV) the measured error of that kind, out of sample. "
+    "`measured_days` shows the setting's own measurement where there is one (never used for its prediction)."
 )
 
 
@@ -99,6 +103,7 @@ class Prediction:
     basis: str = ""
     rests_on: str = ""  # the runs it rests on (public row ids with their source, or your cells)
     sources: str = ""
+    transfer: str = ""  # the kind of transfer (crossgpu.Kind), whose measured error `model_error` states
     model_error: str = ""
     mfu_low: float | None = None
     mfu_central: float | None = None
@@ -234,10 +239,11 @@ class Predictor:
         if near:
             return PUBLIC, near, f"public measurements of the nearest-sized model of family {spec.family}: {near}"
         run0 = {m: self.public_by_model[m][0] for m in pub}
-        near = self._nearest(spec, sorted(pub), lambda m: run0[m].kind == spec.task
-                             and run0[m].formula == spec.kind.formula)  # fmt: skip
+        near = stand_in(spec.name, param_count(spec.to_dict()) or 1.0, spec.task, spec.kind.formula or "", HERE,
+                        {m: (m, r.params, r.kind, r.formula, r.software) for m, r in run0.items()})  # fmt: skip
         if near:
-            return PUBLIC, near, f"public measurements of the nearest-sized {spec.task} {spec.kind.formula}: {near}"
+            return PUBLIC, near, (f"public measurements of the nearest-sized {spec.task} {spec.kind.formula} (this "
+                                  f"trainer's first): {near}")  # fmt: skip
         return None
 
     def _rated(self, run: Run) -> bool:
@@ -396,7 +402,8 @@ class Predictor:
         p.days_optimistic, p.days_central, p.days_pessimistic = (r.steps * s / 86400 for s in (opt, central, pess))
         p.rests_on = best.estimate.rows()
         p.sources = ", ".join(best.estimate.sources)
-        p.model_error = self.model.calibration.describe()
+        p.transfer = best.estimate.kind.short + (" (near)" if best.estimate.nearest < NEAR else " (far)")
+        p.model_error = best.estimate.band_note
         what = "measured method(s)" if kind == OWN else "data-parallel method(s) (public evidence)"
         p.why = (f"fastest of {len(options)} {what} that fit {world} x {gpu}"
                  f"{' (' + str(g.memory_gib) + ' GiB)' if g.memory_gib else ''} at micro-batch {best.mb}; compute "
@@ -540,7 +547,9 @@ def build_whatif(
     Path(out["whatif_csv"]).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out["whatif_csv"], table.write_csv())
     error = predictor.model.calibration.describe()
-    atomic_write_text(out["whatif_md"], f"# What-if (predictions)\n\n{INTRO}\n\nThe cross-GPU model: {error}.\n\n"
+    kinds = "\n".join(f"- {line}" for line in predictor.model.calibration.lines())
+    atomic_write_text(out["whatif_md"], f"# What-if (predictions)\n\n{INTRO}\n\nThe cross-GPU model "
+                      f"({predictor.model.params.describe()}), its measured error by kind of transfer:\n\n{kinds}\n\n"
                       f"{to_markdown(table.select(MD_COLUMNS), max_rows=2000)}")  # fmt: skip
     by = dict(table.group_by("status").len().sort("status").rows())
     atomic_write_text(log_path, f"whatif: {table.height} rows {by}; {len(predictor.public.runs)} public runs "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from pretrain_planner.launch.executor import run_job
 from pretrain_planner.launch.request import JobRequest, RuleLog, holds_gpus, threads_per_rank
 from pretrain_planner.planning.pipeline import resolve
 from pretrain_planner.planning.site import load_site
+from pretrain_planner.results import atomic_write_text
 from pretrain_planner.schema import ConfigError
 from pretrain_planner.train.job import TrainJob
 
@@ -100,6 +102,14 @@ def run_plan(
     for _attempt in range(2):
         outcome = run_job(req, log, "train", log_path)
         log(f"job {outcome.job_id} done")
+        if not result.exists() and isinstance(outcome.first, dict) and "throughput" in outcome.first:
+            # it finished while the driver was away and Snakemake removed its outputs as incomplete: rank 0's
+            # returned result is the run's (a new job would only resume at the last step and train nothing)
+            from pretrain_planner.train.record import write_tables
+
+            atomic_write_text(result, json.dumps(outcome.first, indent=1, default=str))
+            write_tables(out, outcome.first)
+            log(f"job {outcome.job_id}: result.json and the throughput tables written from its returned result")
         if result.exists():
             return json.loads(result.read_text())
         req.record.unlink(missing_ok=True)  # do not re-attach to that job again
@@ -129,11 +139,16 @@ def train_rule(
                     checkpoint_every_min=t["checkpoint_every_min"])  # fmt: skip
 
 
-def plan_input(results: str, wildcards: Any) -> str:
-    """The train rule's input: the setting's plan.json when it is there, else the export's optimal/ folder (the
-    sweep writes it first)."""
+def plan_input(results: str, wildcards: Any, swept: Collection[str] = ()) -> str:
+    """The train rule's input: the export's optimal/ folder for a setting of the sweep (`swept`: setting folders;
+    the export writes its plan), else the setting's plan.json when it is there (a plan given by hand), else the
+    folder. The same input on every run: a plan.json that appeared since the last run must not count as a changed
+    input (Snakemake would train again on a finished workflow)."""
+    setting = layout.setting_folder(wildcards.model, wildcards.gpu, wildcards.nodes, wildcards.gpus_per_node)
     plan = layout.optimal_plan_pattern(results).format(**dict(wildcards.items()))
-    return plan if Path(plan).is_file() else f"{results}/{layout.OPTIMAL}"
+    if setting in swept or not Path(plan).is_file():
+        return f"{results}/{layout.OPTIMAL}"
+    return plan
 
 
 def rule_threads(kind: str, wildcards: Any, cores: int | None) -> int:

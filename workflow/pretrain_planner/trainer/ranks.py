@@ -20,12 +20,20 @@ def env_world() -> tuple[int, int, int] | None:
     return None
 
 
+def _submitit_tasks() -> int:
+    """The tasks of the submitit job this process is one of (a run whose world size is the job's: the train stage)."""
+    import submitit
+
+    return int(submitit.JobEnvironment().num_tasks)
+
+
 class Ranks:
     """This process's place in the data-parallel run: rank, world size, device, and the few collectives the loop
     needs (agreeing on elapsed time, on a stop signal, and the mean loss). One rank: no process group, unless a
     sharded method needs one (`group_for_one`).
 
-    `world_size`: the ranks the run needs (None: as many as the environment says, torchrun's or one).
+    `world_size`: the ranks the run needs (None: as many as the environment says: the submitit job's tasks,
+    torchrun's, or one).
     `device_of(local_rank)`: this rank's device."""
 
     def __init__(self, world_size: int | None, device_of, group_for_one: bool = False) -> None:
@@ -37,7 +45,7 @@ class Ranks:
         self.backend: str | None = None
         self.launched_by = "single process"
         self._env_set: list[str] = []  # variables this process's one-rank group set (an in-process run)
-        if "SUBMITIT_EXECUTOR" in os.environ and (world_size or 1) > 1:
+        if "SUBMITIT_EXECUTOR" in os.environ and (world_size or _submitit_tasks()) > 1:
             from submitit.helpers import TorchDistributedEnvironment
 
             env = TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
