@@ -31,9 +31,9 @@ LIGHT = (
 )
 # torch-free entries of compute parts
 LIGHT_ENTRIES = (
-    "trainer.cell", "trainer.schedule", "trainer.steplog", "trainer.signals", "trainer.data.mlm", "trainer.data.shards",
-    "trainer.data.text", "budget.config",
-    "budget.jobs", "budget.job", "budget.summary", "train.jobs", "train.job", "train.record",
+    "trainer.schedule", "trainer.steplog", "trainer.signals", "trainer.data.mlm", "trainer.data.shards",
+    "trainer.data.text", "budget.config", "budget.jobs", "budget.summary", "budget.workflow", "train.jobs",
+    "train.record",
 )  # fmt: skip
 # The layers, top first: a module may import its own layer's modules and those of the layers below it, never one
 # above (deferred imports inside functions count too). The stages are recipes of the general train stage, which

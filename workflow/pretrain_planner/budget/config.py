@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from pretrain_planner import layout
+from pretrain_planner.launch import stage
 from pretrain_planner.planning.catalog import load_models
 from pretrain_planner.planning.pipeline import resolve
 from pretrain_planner.planning.settings import grad_sync_of
-from pretrain_planner.planning.site import load_site
 from pretrain_planner.schema import ConfigError, load_yaml, validate
 
 
@@ -126,28 +126,13 @@ def setting_of(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def launch_settings(main: dict[str, Any], cfg: dict[str, Any], basedir: str | Path) -> dict[str, Any]:
-    """How the stage's jobs run: the main config's launcher kind, and on SLURM the site's settings for
-    train.gpu (its partition and GPU request). A launcher that cannot run the setting stops the dry run; a site
+    """How the stage's jobs run (launch/stage.py): the main config's launcher kind, and on SLURM the site's settings
+    for train.gpu (its partition and GPU request). A launcher that cannot run the setting stops the dry run; a site
     without train.gpu stops only the budget's jobs (`slurm_error`), not a benchmark sweep's parse."""
-    launcher, tr = main["launcher"], cfg["train"]
+    tr = cfg["train"]
     world = tr["nodes"] * tr["gpus_per_node"]
-    out: dict[str, Any] = {**{k: v for k, v in launcher.items() if k != "site"}, "slurm": None}
-    if launcher["kind"] == "debug" and world > 1:
-        raise ConfigError(
-            f"{cfg['source']}: train.nodes x train.gpus_per_node = {world} ranks, but launcher.kind debug runs one "
-            "rank in the driver's process: use launcher.kind local or slurm"
-        )
-    if launcher["kind"] == "local" and tr["nodes"] > 1:
-        raise ConfigError(f"{cfg['source']}: train.nodes {tr['nodes']}: the local launcher runs on one node")
-    if launcher["kind"] == "slurm":
-        try:
-            site = load_site(resolve(launcher["site"], basedir), [tr["gpu"]], cfg["source"], key="train.gpu")
-        except ConfigError as exc:  # a benchmark sweep need not map the budget's GPU: only its jobs stop
-            out["slurm_error"] = str(exc)
-        else:
-            out["slurm"] = {**site["gpus"][tr["gpu"]], "poll_max_s": site["poll_max_s"], "gpu_type": tr["gpu"],
-                            "site": site["path"]}  # fmt: skip
-    return out
+    return stage.launch_settings(main["launcher"], tr["gpu"], tr["nodes"], world, basedir, cfg["source"],
+                                 "train.nodes x train.gpus_per_node", "train.gpu", soft_site=True)  # fmt: skip
 
 
 def launch_or_exit(main: dict[str, Any], cfg: dict[str, Any], basedir: str | Path) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from typing import Any
 
 from pretrain_planner.budget import glue_metrics
 from pretrain_planner.budget.config import set_torch_threads, wants_gpu
-from pretrain_planner.launch.stage import TORCH_LOCK
+from pretrain_planner.launch.local import TORCH_LOCK
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.runlog import FileLog
 

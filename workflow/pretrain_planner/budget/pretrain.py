@@ -43,7 +43,7 @@ import torch
 from pretrain_planner import layout
 from pretrain_planner.budget.config import set_torch_threads, setting_of, wants_gpu
 from pretrain_planner.budget.summary import plot_loss, reference_comparison, write_summary
-from pretrain_planner.launch.stage import torch_job
+from pretrain_planner.launch.local import torch_job
 from pretrain_planner.planning.catalog import ModelSpec, Optimizer, Recipe
 from pretrain_planner.planning.methods import parse
 from pretrain_planner.planning.runspec import RunSpec, device_gpu

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from pretrain_planner import layout
-from pretrain_planner.launch.stage import torch_job
+from pretrain_planner.launch.local import torch_job
 from pretrain_planner.planning.methods import Method, parse
 from pretrain_planner.planning.runspec import RunSpec
 from pretrain_planner.planning.settings import differences, grad_sync_of
