@@ -10,8 +10,7 @@ import pytest
 from pretrain_planner.trainer.data import mlm as data
 from pretrain_planner.trainer.data import shards, text
 
-from .conftest import REPO
-from .test_budget_data import budget_cfg
+from .conftest import REPO, budget_cfg
 
 DOCS = sorted((REPO / "tests/data/corpus").glob("*.txt"))
 

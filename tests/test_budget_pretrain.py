@@ -18,8 +18,7 @@ from pretrain_planner.schema import ConfigError
 from pretrain_planner.trainer.data import mlm as data
 from safetensors.torch import load_file
 
-from .conftest import REPO
-from .test_budget_data import budget_cfg
+from .conftest import REPO, budget_cfg
 
 
 def _steps(run_dir):

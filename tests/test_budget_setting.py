@@ -16,8 +16,7 @@ from pretrain_planner.trainer.data import mlm as data
 from pretrain_planner.trainer.data import shards
 from pretrain_planner.trainer.models import build_model
 
-from .conftest import REPO, snakemake, write_config
-from .test_budget_data import budget_cfg
+from .conftest import REPO, budget_cfg, snakemake, write_config
 
 CATALOG = load_catalog(REPO / "config/models.yaml", REPO / "config/gpus.yaml")
 

@@ -21,8 +21,7 @@ from pretrain_planner.planning.grid import Cell
 from pretrain_planner.planning.spec import cell_spec
 from pretrain_planner.tables import status
 
-from .conftest import REPO, snakemake, write_config
-from .test_aggregate import P, cell_result, write_set
+from .conftest import REPO, P, cell_result, snakemake, write_config, write_set
 
 EXE = Path(sys.executable).parent / "pretrain-planner"
 CATALOG = load_catalog(REPO / "config/models.yaml", REPO / "config/gpus.yaml")

@@ -3,7 +3,6 @@ cases it cannot run (`unsupported`, never a crash)."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 
 import pytest
@@ -11,10 +10,8 @@ from pretrain_planner.planning.catalog import load_catalog
 from pretrain_planner.planning.grid import Cell
 from pretrain_planner.planning.spec import cell_spec
 
-from .conftest import REPO
-from .test_sharding import TIMED, cell, leftover_processes, losses, run_sweep
+from .conftest import HAVE_DS, REPO, TIMED, cell, leftover_processes, losses, run_sweep
 
-HAVE_DS = importlib.util.find_spec("deepspeed") is not None
 needs_ds = pytest.mark.skipif(not HAVE_DS, reason="DeepSpeed is not installed (bash envs/setup.sh test)")
 
 MODEL = "tiny-bert"
@@ -111,7 +108,7 @@ def test_recorded_configs_validate(sweep, monkeypatch):
 def test_recorded_settings_are_the_exported_ones(sweep):
     """Issue 16: each ZeRO cell ran planning.settings' DeepSpeed dict (the study's overlap and buckets), exactly
     what the export writes for it."""
-    from .test_method_settings import assert_recorded_is_exported
+    from .conftest import assert_recorded_is_exported
 
     for method in METHODS:
         assert_recorded_is_exported(sweep, MODEL, method, 2)

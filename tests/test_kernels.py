@@ -10,7 +10,7 @@ from pretrain_planner.planning.grid import Cell
 from pretrain_planner.planning.spec import cell_spec
 from pretrain_planner.trainer import kernels
 
-from .test_grid import GPUS_YAML, MODELS_YAML
+from .conftest import GPUS_YAML, MODELS_YAML
 
 SDPA_FLASH = "aten::_scaled_dot_product_flash_attention"
 

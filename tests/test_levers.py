@@ -155,7 +155,7 @@ def test_cstep_same_update_as_an_eager_step(tmp_path):
     from pretrain_planner.trainer.rank import close_rank, init_rank
     from pretrain_planner.trainer.run import make_builder
 
-    from .test_grid import GPUS_YAML, MODELS_YAML
+    from .conftest import GPUS_YAML, MODELS_YAML
 
     catalog = load_catalog(MODELS_YAML, GPUS_YAML)
     config = {"benchmark": {"seed": 0}, "launcher": {"kind": "debug", "timeout_min": 5}}

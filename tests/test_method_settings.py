@@ -10,46 +10,16 @@ import json
 from pathlib import Path
 
 import pytest
-from pretrain_planner import layout
 from pretrain_planner.planning.methods import parse
 from pretrain_planner.planning.runspec import RunSpec
-from pretrain_planner.planning.settings import KEYS, differences, resolve
+from pretrain_planner.planning.settings import differences, resolve
 from pretrain_planner.results import write_result
 from pretrain_planner.tables import aggregate, export
 
-from .test_aggregate import CATALOG, COSTS, P, cell_result, write_set
-from .test_paper_grid import paper  # noqa: F401, F811 - the fixture: config/paper.yaml as Snakemake builds it
+from .conftest import CATALOG, COSTS, P, cell_result, plan_row, write_set
 
 
-def _row(method: str, nodes: int, gpn: int, mb: int, accum: int) -> dict:
-    return {"best_method": method, "nodes": nodes, "gpus_per_node": gpn, "micro_batch_size": mb,
-            "grad_accum_steps": accum, "step_time_s": 1.0, "training_days": 1.0}  # fmt: skip
-
-
-def _json(value):
-    return json.loads(json.dumps(value))
-
-
-def assert_recorded_is_exported(work: Path, model: str, method: str, ranks: int, gpu: str = "cpu") -> None:
-    """The cell's result.json method_settings hold, for every key of planning.settings, the value the export
-    writes into plan.json for that cell; and the exported arguments carry the same DeepSpeed dict / FSDP policy."""
-    folder = layout.setting_folder(model, gpu, 1, ranks)
-    result = json.loads(Path(layout.cell_file(work / "results", folder, method)).read_text())
-    recorded = result["method_settings"]
-    row = _row(method, 1, ranks, result["micro_batch_size"], result["grad_accum_steps"])
-    spec_model, spec_gpu = CATALOG.model(model), CATALOG.gpus[gpu]
-    planned = export.settings_for(spec_model, spec_gpu, row, recorded)
-    assert set(KEYS) <= set(recorded), sorted(set(KEYS) - set(recorded))
-    assert {k: _json(recorded[k]) for k in KEYS} == _json(planned), differences(planned, recorded)
-    args, ds, _ = export.training_arguments(spec_model, spec_gpu, row, settings=planned)
-    assert args.get("deepspeed") == recorded["deepspeed_config"] == ds
-    assert (
-        args["torch_compile"] is recorded["compile"]
-        and args["gradient_checkpointing"] is recorded["activation_checkpointing"]
-    )
-
-
-def test_every_paper_cell_exports_its_settings(paper):  # noqa: F811 - the imported fixture
+def test_every_paper_cell_exports_its_settings(paper):
     """For each valid cell of config/paper.yaml: the job spec the planner hands the cell is, read back as the
     trainer reads it (JSON -> RunConfig -> RunSpec on a CUDA rank), the very run the export resolves; and the
     exported Trainer arguments carry its settings (DeepSpeed dict, FSDP2 policy, optimizer, compile, TF32)."""
@@ -70,7 +40,9 @@ def test_every_paper_cell_exports_its_settings(paper):  # noqa: F811 - the impor
         model, gpu = paper.catalog.model(cell.model), paper.catalog.gpus[cell.gpu]
         assert trainer_side == RunSpec(model, gpu, parse(cell.method), world, cuda=True), cell
         mb = 2
-        row = _row(cell.method, cell.nodes, cell.gpus_per_node, mb, max(1, model.recipe.global_batch // world // mb))
+        row = plan_row(
+            cell.method, cell.nodes, cell.gpus_per_node, mb, max(1, model.recipe.global_batch // world // mb)
+        )
         exported = export.settings_for(model, gpu, row)
         args, ds, _ = export.training_arguments(model, gpu, row, settings=exported)
         assert args.get("deepspeed") == ds == exported["deepspeed_config"]
@@ -242,7 +214,7 @@ def test_export_refuses_a_plan_whose_cell_ran_other_settings(tmp_path):
     for path in paths:  # record the settings the trainer would have applied
         result = json.loads(Path(path).read_text())
         gpu = "a100" if "/a100/" in path else "h100"
-        row = _row("fl", 1, 4, 16, result["grad_accum_steps"])
+        row = plan_row("fl", 1, 4, 16, result["grad_accum_steps"])
         settings = export.settings_for(CATALOG.model(P), CATALOG.gpus[gpu], row)
         if gpu == "h100":
             settings["tf32"] = not settings["tf32"]  # this cell ran without what the plan would set
@@ -267,14 +239,14 @@ def test_every_method_part_reaches_the_export():
     is the model's attn_implementation, CUDA graphs the compile mode, Liger the Trainer's switch, and what the
     Trainer cannot express (the fused CE head, the compiled optimizer step) is listed with the reason."""
     model, gpu = CATALOG.model(P), CATALOG.gpus["a100"]
-    row = _row("fl+fa2+flce+cg", 1, 1, 4, 256)
+    row = plan_row("fl+fa2+flce+cg", 1, 1, 4, 256)
     settings = export.settings_for(model, gpu, row)
     args, _, notes = export.training_arguments(model, gpu, row, settings=settings)
     record = export._plan_record(model, gpu, row, notes, settings)
     assert record["attn_implementation"] == "flash_attention_2" == record["model_init_kwargs"]["attn_implementation"]
     assert args["torch_compile"] and args["torch_compile_mode"] == "reduce-overhead" and settings["cuda_graphs"]
     assert "flce" in {e["part"] for e in record["not_expressible"]}
-    row = _row("fl+liger+cstep", 1, 1, 4, 256)
+    row = plan_row("fl+liger+cstep", 1, 1, 4, 256)
     settings = export.settings_for(model, gpu, row)
     args, _, notes = export.training_arguments(model, gpu, row, settings=settings)
     assert args["use_liger_kernel"] is True and "torch_compile_mode" not in args
