@@ -798,7 +798,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(args.seed)
     tokenizer = work / "tokenizer.json"
     if not tokenizer.is_file():
-        from pretrain_planner.budget.data import train_tokenizer
+        from pretrain_planner.trainer.data.mlm import train_tokenizer
 
         vocab = yaml.safe_load((REPO / "config/budget.yaml").read_text())["tokenizer"]["vocab_size"]
         train_tokenizer(sorted(str(p) for p in (REPO / "tests/data/corpus").glob("*.txt")), vocab, True, tokenizer)

@@ -36,8 +36,9 @@ import transformers  # noqa: E402
 from pretrain_planner.planning.catalog import load_catalog  # noqa: E402
 from pretrain_planner.planning.grid import Cell  # noqa: E402
 from pretrain_planner.planning.spec import cell_spec  # noqa: E402
-from pretrain_planner.trainer.models import build_model, make_batch  # noqa: E402
+from pretrain_planner.trainer.models import build_model  # noqa: E402
 from pretrain_planner.trainer.run import run_rank  # noqa: E402
+from pretrain_planner.trainer.tasks import synthetic_batch  # noqa: E402
 
 
 def _sync() -> None:
@@ -66,7 +67,7 @@ def run_hf(model: dict, mb: int, accum: int, steps: int, warmup: int, gpu: bool)
     net, _ = build_model(model, "sdpa")
     gen = torch.Generator().manual_seed(0)
     n = mb * accum * 2  # a small pool, cycled (no data work worth timing)
-    pool = make_batch(model, n, gen)
+    pool = synthetic_batch(model, n, gen)
     rows = [{k: v[i] for k, v in pool.items()} for i in range(n)]
 
     total = mb * accum * (warmup + steps)  # exactly the samples max_steps consumes (a sampler over

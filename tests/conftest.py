@@ -1,15 +1,33 @@
-"""Shared helpers: run the real Snakemake CLI on temporary sweeps against this repository's Snakefile."""
+"""Shared helpers of the tests (a test module imports them from here, never from another test module): the real
+Snakemake CLI on temporary sweeps against this repository's Snakefile, the SLURM testbed, synthetic results, the
+budget stage's configs, benchmark sweeps, the train stage's plans."""
 
 from __future__ import annotations
 
+import csv
+import importlib.util
+import json
 import math
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
+from pretrain_planner import layout
+from pretrain_planner.budget import config as bconfig
+from pretrain_planner.budget import jobs
+from pretrain_planner.planning.catalog import load_catalog
+from pretrain_planner.planning.flops import train_flops_per_sample
+from pretrain_planner.planning.pipeline import PLAN_COLUMNS, load
+from pretrain_planner.planning.runspec import RunSpec
+from pretrain_planner.planning.settings import KEYS, differences, resolve
+from pretrain_planner.results import write_result
+from pretrain_planner.tables import export
+from snakemake.utils import update_config
 
 # The smallest GPT-NeoX the catalog accepts: shared by the catalog and grid unit tests.
 TINY_GPTNEOX_ARCH = {
@@ -103,3 +121,373 @@ def step_s() -> float:
 def steps_lasting(seconds: float, step_s: float) -> int:
     """Timed steps for a run of about `seconds` at `step_s` per step (a cell's start-up comes on top)."""
     return max(10, math.ceil(seconds / step_s))
+
+
+# ---------------------------------------- synthetic cell results and the catalog (tables, export, CLI, plots)
+CATALOG = load_catalog(REPO / "config/models.yaml", REPO / "config/gpus.yaml")
+
+
+COSTS = {"amortisation_years": 5, "pareto_cost": "hardware"}
+
+
+def cell_result(model, gpu, nodes, gpn, method, status="ok", days=None, mb=4, suspect=False, **extra):
+    """A plausible result.json for a cell; `days` sets the step time through the recipe's steps."""
+    m = CATALOG.models[model]
+    world = nodes * gpn
+    r = {"status": status, "model": model, "gpu": gpu, "nodes": nodes, "gpus_per_node": gpn, "world_size": world,
+         "method": method, "precision": m.recipe.precision, "global_batch": m.recipe.global_batch,
+         "wall_time_s": 360.0, "versions": {"torch": "synthetic"}}  # fmt: skip
+    if status == "ok":
+        steps = m.recipe.steps
+        step = days * 86400 / steps if days is not None else 0.5
+        per_sample = train_flops_per_sample(m.to_dict())
+        flops = per_sample * m.recipe.global_batch
+        peak = CATALOG.gpus[gpu].peak_for(m.recipe.precision, tf32=method.startswith("fl"))
+        r.update(
+            micro_batch_size=mb, grad_accum_steps=m.recipe.global_batch // world // mb, step_time_s=step,
+            step_time_p10_s=0.95 * step, step_time_p90_s=1.1 * step, timed_steps=5, warmup_steps=2,
+            samples_per_s=m.recipe.global_batch / step, tokens_per_s=m.recipe.global_batch * 2048 / step,
+            flops_per_step=flops, peak_tflops=peak, mfu=flops / (step * world * peak * 1e12) if peak else None,
+            suspect=suspect, peak_mem_gib=40.0, recipe_steps=steps,
+            training_days=steps * step / 86400 if steps else None,
+            steps_in_budget=m.recipe.time_budget_hours * 3600 / step if m.recipe.time_budget_hours else None,
+            method_settings={"base": method.split("+")[0]}, micro_batch_trials=[{"micro_batch": mb, "fits": True}],
+        )  # fmt: skip
+    else:
+        r["reason"] = "micro-batch 1 does not fit on every rank" if status == "oom" else "not here"
+    r.update(extra)
+    return r
+
+
+def write_set(root, results: list[dict], invalid: list[tuple] = ()) -> tuple[str, list[str]]:
+    """plan.csv (the results' cells, valid, plus `invalid` (model, gpu, nodes, gpn, method, reason)) and the
+    result files; returns (plan path, result paths)."""
+    rows, paths = [], []
+    for r in results:
+        path = f"cells/{r['model']}/{r['gpu']}/{r['nodes']}x{r['gpus_per_node']}/{r['method']}"
+        rows.append({"model": r["model"], "gpu": r["gpu"], "nodes": r["nodes"], "gpus_per_node": r["gpus_per_node"],
+                     "world_size": r["nodes"] * r["gpus_per_node"], "method": r["method"], "valid": True, "reason": "",
+                     "per_rank_batch": 1.0, "partition": "gpu", "time_limit_min": 60,
+                     "gpu_hours_max": float(r["nodes"] * r["gpus_per_node"]), "path": path})  # fmt: skip
+        write_result(root / path / "result.json", r)
+        paths.append(str(root / path / "result.json"))
+    for model, gpu, nodes, gpn, method, reason in invalid:
+        rows.append({"model": model, "gpu": gpu, "nodes": nodes, "gpus_per_node": gpn, "world_size": nodes * gpn,
+                     "method": method, "valid": False, "reason": reason, "per_rank_batch": 1.0, "partition": "gpu",
+                     "time_limit_min": 60, "gpu_hours_max": 0.0,
+                     "path": f"cells/{model}/{gpu}/{nodes}x{gpn}/{method}"})  # fmt: skip
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / "plan.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=PLAN_COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    return str(root / "plan.csv"), paths
+
+
+P = "pythia-1b"
+
+
+# (gpu, nodes, gpn, method, status, days): the hand-made Pythia-1B sweep. Hardware prices per setting:
+# a100 x1 $20,000, x2 $39,500, x4 $83,500; h100 x1 $31,000, x4 $127,500; rtx3090 x1 $2,300, x2 $4,100;
+# a6000 x4 $26,700, x8 $48,900; 2 nodes x 4 a100 $167,000; h200 has no price.
+GPU_SET = [
+    ("a100", 1, 1, "naive", "oom", None),
+    ("a100", 1, 1, "fl", "ok", 60.0),
+    ("a100", 1, 2, "naive", "ok", 40.0),
+    ("a100", 1, 2, "fl", "ok", 30.0),
+    ("a100", 1, 4, "naive", "ok", 25.0),
+    ("a100", 1, 4, "fl", "ok", 20.0),
+    ("a100", 1, 4, "fl+zero1", "ok", 17.57),
+    ("h100", 1, 4, "fl", "ok", 8.0),
+    ("h100", 1, 1, "fl", "ok", 70.0),  # dominated by a100 x1 (60 d, $20,000)
+    ("rtx3090", 1, 1, "naive", "oom", None),
+    ("rtx3090", 1, 1, "fl", "oom", None),
+    ("rtx3090", 1, 1, "fl+ac", "ok", 200.0),
+    ("rtx3090", 1, 2, "fl", "ok", 108.0),
+    ("rtx3090", 1, 4, "naive", "oom", None),
+    ("rtx3090", 1, 4, "fl", "oom", None),
+    ("a6000", 1, 4, "fl", "ok", 40.0),
+    ("a6000", 1, 8, "fl", "ok", 35.0),  # dominated by a100 x2 (30 d, $39,500)
+    ("a6000", 1, 8, "fl+fsdp-full", "ok", 36.0),
+    ("h200", 1, 8, "fl", "ok", 5.0),  # no price: blank cost
+    ("a100", 2, 4, "fl+fsdp-full", "ok", 9.0),  # dominated by h100 x4 (8 d, $127,500)
+    ("h100", 1, 2, "fl+ac", "ok", 1.0),  # suspect: never the best
+    ("h100", 1, 2, "fl", "ok", 25.0),
+]
+
+
+def gpu_set_results() -> list[dict]:
+    out = [cell_result(P, g, n, k, m, s, d, suspect=(g, k, m) == ("h100", 2, "fl+ac")) for g, n, k, m, s, d in GPU_SET]
+    out.append(cell_result("bert-24h", "a100", 1, 1, "fl", "ok", None))
+    out.append(cell_result("tiny-gptneox", "cpu", 1, 1, "naive", "ok", 0.01))
+    out.append(cell_result("tiny-gptneox", "cpu", 1, 1, "fl", "ok", 0.008))
+    return out
+
+
+INVALID = [(P, "v100", 1, 1, "naive", "bf16 (recipe precision of pythia-1b) is not supported by v100")]
+
+
+# ---------------------------------------- the budget stage's configs
+def budget_cfg(tmp_path, load=True, **over):
+    """A tiny budget config (the shipped corpus), written to tmp_path and loaded like the pipeline does
+    (`load=False`: only its path)."""
+    import yaml
+
+    raw = {
+        "seed": 0,
+        "corpus": {"files": [str(REPO / "tests/data/corpus/*.txt")], "validation_fraction": 0.1},
+        "tokenizer": {"vocab_size": 300},
+        "data": {"seq_len": 32, "duplication_factor": 2, "samples_per_shard": 150, "docs_per_batch": 40},
+        "model": {"family": "roberta-prelayernorm", "arch": {"hidden_size": 32, "num_hidden_layers": 1,
+                  "num_attention_heads": 2, "intermediate_size": 64, "type_vocab_size": 1,
+                  "sparse_prediction": True}},
+        "train": {"budget_hours": 12 / 3600, "clock": "train", "global_batch": 8, "micro_batch": 4, "fake_step_s": 1.0,
+                  "checkpoint_every_s": 4, "early_stop": [], "finetune_checkpoints": [0.5],
+                  "validation": {"every": 0.25, "dense_every": 0.1, "dense_first": 0.0, "dense_last": 0.0,
+                                 "max_samples": 16}},
+        "glue": {"data_dir": str(REPO / "tests/data/glue"), "tasks": ["mnli", "rte", "stsb", "mrpc"], "lr": 1e-3,
+                 "batch": 16, "epochs": 1, "max_len": 48, "warmup_steps": 1},
+    }  # fmt: skip
+    for section, values in over.items():
+        raw[section] = {**raw[section], **values} if isinstance(values, dict) else values
+    path = tmp_path / "budget.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return bconfig.load(path) if load else path
+
+
+# ---------------------------------------- the budget stage's pre-training through the local launcher
+LOCAL_LAUNCH = {"kind": "local", "timeout_min": 10, "slurm": None}
+
+
+def budget_steps(run_dir):
+    return [json.loads(ln) for ln in (run_dir / "steps.jsonl").read_text().splitlines()]
+
+
+def run_budget(cfg, tmp, name, **kw):
+    d = tmp / name
+    return jobs.pretrain(cfg, LOCAL_LAUNCH, str(tmp / "data/index.json"), str(d / "model"), str(d / "result.json"),
+                         str(d / "run"), str(d / "log"), threads=2, **kw)  # fmt: skip
+
+
+def assert_kill_resume_matches(cfg, tmp, ref: str, name: str, ref_result, rel: float, abs_: float) -> None:
+    """Rank 0 SIGKILLed after step 6 (last checkpoint at 4), then rerun: it resumes at step 4 and its 12 losses
+    and validation loss match the uninterrupted run `ref` (the same cfg)."""
+    with pytest.raises(RuntimeError, match="failed in job"):
+        run_budget(cfg, tmp, name, kill_at_step=6)  # rank 0 dies; rank 1's next collective fails
+    assert len(budget_steps(tmp / name / "run")) == 6 and not (tmp / name / "result.json").exists()
+    resumed = run_budget(cfg, tmp, name)
+    assert "resumed at step 4" in (tmp / name / "log").read_text()
+    want, got = budget_steps(tmp / ref / "run"), budget_steps(tmp / name / "run")
+    assert [s["step"] for s in got] == list(range(1, 13))
+    assert [g["loss"] for g in got] == pytest.approx([w["loss"] for w in want], rel=rel, abs=abs_)
+    assert resumed["val_loss"] == pytest.approx(ref_result["val_loss"], rel=rel)
+
+
+# ---------------------------------------- the live SLURM testbed
+SITE = str(REPO / "tests/data/site-testbed.yaml")
+
+
+PROFILE = str(REPO / "cluster/slurm")
+
+
+def bench(timed_steps: int) -> dict:
+    """The testbed cells' benchmark section: CPU ranks, tiny steps; noise is not what these tests check."""
+    return {"warmup_steps": 1, "timed_steps": timed_steps, "max_micro_batch": 4, "device": "cpu", "max_spread": 50}
+
+
+def sacct(after: int, name: str | None = None) -> list[dict[str, str]]:
+    """Jobs (allocations, not steps) with an id above `after`; sacct can lag a moment behind."""
+    fields = ["JobID", "JobName", "Partition", "AllocTRES", "State", "NodeList"]
+    cmd = ["sacct", "-X", "-n", "-P", "-S", "2020-01-01", "-o", ",".join(f + "%200" for f in fields)]
+    if name:
+        cmd += ["--name", name]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    rows = [dict(zip(fields, ln.split("|"), strict=True)) for ln in out.splitlines() if ln.strip()]
+    return [r for r in rows if int(r["JobID"].split("_")[0]) > after]
+
+
+def last_job_id() -> int:
+    """The newest job id so far: a test counts only the jobs it submitted itself."""
+    return max((int(j["JobID"].split("_")[0]) for j in sacct(-1)), default=0)
+
+
+def wait_for(predicate, timeout: float, what: str, every: float = 1.0):
+    end = time.time() + timeout
+    while time.time() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def cell_results(work: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((work / "results/cells").glob("*/*/*/*/result.json"))]
+
+
+def start_driver(work: Path, cfg: Path) -> subprocess.Popen:
+    cmd = [str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "-d", str(work), "--profile", PROFILE,
+           "--configfile", str(cfg)]  # fmt: skip
+    log = open(work / "driver.log", "a")  # noqa: SIM115 - the driver outlives this function
+    return subprocess.Popen(cmd, cwd=work, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+
+
+# ---------------------------------------- benchmark sweeps through the local launcher
+TIMED = 3
+
+
+BENCH = {"warmup_steps": 1, "timed_steps": TIMED, "max_micro_batch": 4, "max_spread": 50}  # wiring, not noise
+
+
+def snakemake_bounded(workdir: Path, *args: str, env: dict | None = None, timeout: int = 600):
+    """`snakemake ...` in its own session; past `timeout` the whole tree (driver and every rank) is killed
+    and the test fails: a hang can neither block the suite nor leave processes behind."""
+    cmd = [str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "-d", str(workdir), *args]
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
+    proc = subprocess.Popen(
+        cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"snakemake did not finish within {timeout} s (a hang?)\n{out[-3000:]}\n{err[-5000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def run_sweep(work: Path, models: list[str], methods: list[str], env: dict | None = None, timeout: int = 600):
+    cfg = write_config(
+        work / "sweep.yaml",
+        sweep={"models": models, "gpus": ["cpu"], "nodes": [1], "gpus_per_node": [2], "methods": methods},
+        launcher={"kind": "local", "timeout_min": 5},
+        benchmark=BENCH,
+    )
+    proc = snakemake_bounded(
+        work, "--profile", str(REPO / "cluster/local"), "--cores", "2", "--configfile", str(cfg), env=env,
+        timeout=timeout,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return work
+
+
+def cell(work: Path, model: str, method: str, ranks: int = 2) -> tuple[dict, list[dict]]:
+    d = work / "results/cells" / model / "cpu" / f"1x{ranks}" / method
+    result = json.loads((d / "result.json").read_text())
+    steps = [json.loads(line) for line in (d / "steps.jsonl").read_text().splitlines()]
+    return result, steps
+
+
+def losses(steps: list[dict]) -> list[float]:
+    return [s["loss"] for s in steps]
+
+
+def leftover_processes(marker: str) -> list[str]:
+    """Command lines of live processes that mention `marker` (a test's work folder)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline:
+            found.append(f"{pid}: {cmdline[:200]}")
+    return found
+
+
+# ---------------------------------------- DeepSpeed
+HAVE_DS = importlib.util.find_spec("deepspeed") is not None
+
+
+# ---------------------------------------- recorded settings against the export's
+def plan_row(method: str, nodes: int, gpn: int, mb: int, accum: int) -> dict:
+    return {"best_method": method, "nodes": nodes, "gpus_per_node": gpn, "micro_batch_size": mb,
+            "grad_accum_steps": accum, "step_time_s": 1.0, "training_days": 1.0}  # fmt: skip
+
+
+def as_json(value):
+    return json.loads(json.dumps(value))
+
+
+def assert_recorded_is_exported(work: Path, model: str, method: str, ranks: int, gpu: str = "cpu") -> None:
+    """The cell's result.json method_settings hold, for every key of planning.settings, the value the export
+    writes into plan.json for that cell; and the exported arguments carry the same DeepSpeed dict / FSDP policy."""
+    folder = layout.setting_folder(model, gpu, 1, ranks)
+    result = json.loads(Path(layout.cell_file(work / "results", folder, method)).read_text())
+    recorded = result["method_settings"]
+    row = plan_row(method, 1, ranks, result["micro_batch_size"], result["grad_accum_steps"])
+    spec_model, spec_gpu = CATALOG.model(model), CATALOG.gpus[gpu]
+    planned = export.settings_for(spec_model, spec_gpu, row, recorded)
+    assert set(KEYS) <= set(recorded), sorted(set(KEYS) - set(recorded))
+    assert {k: as_json(recorded[k]) for k in KEYS} == as_json(planned), differences(planned, recorded)
+    args, ds, _ = export.training_arguments(spec_model, spec_gpu, row, settings=planned)
+    assert args.get("deepspeed") == recorded["deepspeed_config"] == ds
+    assert (
+        args["torch_compile"] is recorded["compile"]
+        and args["gradient_checkpointing"] is recorded["activation_checkpointing"]
+    )
+
+
+# ---------------------------------------- config/paper.yaml as Snakemake builds it
+@pytest.fixture(scope="module")
+def paper():
+    """The pipeline as Snakemake builds it: config/paper.yaml merged over config/config.yaml."""
+    config = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    update_config(config, yaml.safe_load((REPO / "config/paper.yaml").read_text()))
+    return load(config, REPO, "config/paper.yaml")
+
+
+# ---------------------------------------- the shipped catalog files
+MODELS_YAML = REPO / "config" / "models.yaml"
+
+
+GPUS_YAML = REPO / "config" / "gpus.yaml"
+
+
+# ---------------------------------------- the 24-hour preset
+PRESET = REPO / "config/budget-24h.yaml"
+
+
+CORPUS = [str(REPO / "tests/data/corpus/*.txt")]
+
+
+def merged(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def preset_cfg(tmp_path, **over) -> dict:
+    """The preset with `over` merged over it (a user's file that includes it), corpus pointed at the test corpus."""
+    raw = merged(yaml.safe_load(PRESET.read_text()), {"corpus": {"files": CORPUS}, **over})
+    path = tmp_path / "budget.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return bconfig.load(path, REPO)
+
+
+# ---------------------------------------- the train stage's plans
+def write_plan(folder: Path, model: str, mb: int = 4, gpus_per_node: int = 1, method: str = "naive") -> Path:
+    """A plan.json as the export writes it: the catalog's model and GPU, the method, a measurement."""
+    spec, gpu = CATALOG.model(model), CATALOG.gpu("cpu")
+    gb = spec.recipe.global_batch
+    plan = {
+        "model": spec.to_dict(), "gpu": gpu.to_dict(), "nodes": 1, "gpus_per_node": gpus_per_node, "method": method,
+        "measured": {"micro_batch_size": mb, "grad_accum_steps": gb // (mb * gpus_per_node), "step_time_s": 0.5,
+                     "samples_per_s": gb / 0.5, "tokens_per_s": gb * (spec.recipe.sequence_length or 0) / 0.5 or None},
+    }  # fmt: skip
+    # the method's concrete settings, as the export records them
+    accum = gb // mb // gpus_per_node
+    spec = RunSpec.of(plan["model"], plan["gpu"], method, gpus_per_node)
+    plan["method_settings"] = resolve(spec, mb, accum).as_dict()
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "plan.json").write_text(json.dumps(plan, indent=1))
+    return folder / "plan.json"
+
+
+def steps_of(out: Path) -> list[dict]:
+    return [json.loads(ln) for ln in (out / "run/steps.jsonl").read_text().splitlines()]

@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 import torch
-from pretrain_planner.trainer.models import build_model, make_batch
+from pretrain_planner.trainer.models import build_model
+from pretrain_planner.trainer.tasks import synthetic_batch
 from transformers import HfArgumentParser, Trainer, TrainingArguments
 
 
@@ -31,7 +32,7 @@ def main(plan_dir: str, out_dir: str, steps: int) -> None:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     n = training_args.per_device_train_batch_size * training_args.gradient_accumulation_steps * world * steps
     gen = torch.Generator().manual_seed(0)
-    batch = make_batch(plan["model"], n, gen)
+    batch = synthetic_batch(plan["model"], n, gen)
     rows = [{k: v[i] for k, v in batch.items()} for i in range(n)]
     trainer = Trainer(model=net, args=training_args, train_dataset=rows)
     trainer.train()

@@ -44,8 +44,9 @@ def fsdp_paths(payload: dict[str, Any]) -> dict[str, Any]:
     (item 7), offload + clipping runs (item 1), the fp16 scaler uses the live group after a rebuild (item 3)."""
     import torch
     from pretrain_planner.trainer.measure import batches_for
+    from pretrain_planner.trainer.methodbuild import build_with_extras
     from pretrain_planner.trainer.rank import close_rank, init_rank
-    from pretrain_planner.trainer.run import build_with_extras, make_builder
+    from pretrain_planner.trainer.run import make_builder
 
     out: dict[str, Any] = {}
     cfg, _ = run_config("tiny-gptneox", "naive+fsdp-grad", 2)

@@ -3,122 +3,21 @@ feasibility, costs, the Pareto front, the analytic estimate, unusable files, plo
 
 from __future__ import annotations
 
-import csv
 import json
 import time
 
 import polars as pl
 import pytest
-from pretrain_planner.planning.catalog import load_catalog
 from pretrain_planner.planning.flops import train_flops_per_sample
-from pretrain_planner.planning.pipeline import PLAN_COLUMNS
 from pretrain_planner.report import document
 from pretrain_planner.report import plots as pp_plots
-from pretrain_planner.results import write_result
 from pretrain_planner.tables import aggregate
 
-from .conftest import REPO
+from .conftest import CATALOG, COSTS, INVALID, P, cell_result, gpu_set_results, write_set
 
-CATALOG = load_catalog(REPO / "config/models.yaml", REPO / "config/gpus.yaml")
-COSTS = {"amortisation_years": 5, "pareto_cost": "hardware"}
-
-
-def cell_result(model, gpu, nodes, gpn, method, status="ok", days=None, mb=4, suspect=False, **extra):
-    """A plausible result.json for a cell; `days` sets the step time through the recipe's steps."""
-    m = CATALOG.models[model]
-    world = nodes * gpn
-    r = {"status": status, "model": model, "gpu": gpu, "nodes": nodes, "gpus_per_node": gpn, "world_size": world,
-         "method": method, "precision": m.recipe.precision, "global_batch": m.recipe.global_batch,
-         "wall_time_s": 360.0, "versions": {"torch": "synthetic"}}  # fmt: skip
-    if status == "ok":
-        steps = m.recipe.steps
-        step = days * 86400 / steps if days is not None else 0.5
-        per_sample = train_flops_per_sample(m.to_dict())
-        flops = per_sample * m.recipe.global_batch
-        peak = CATALOG.gpus[gpu].peak_for(m.recipe.precision, tf32=method.startswith("fl"))
-        r.update(
-            micro_batch_size=mb, grad_accum_steps=m.recipe.global_batch // world // mb, step_time_s=step,
-            step_time_p10_s=0.95 * step, step_time_p90_s=1.1 * step, timed_steps=5, warmup_steps=2,
-            samples_per_s=m.recipe.global_batch / step, tokens_per_s=m.recipe.global_batch * 2048 / step,
-            flops_per_step=flops, peak_tflops=peak, mfu=flops / (step * world * peak * 1e12) if peak else None,
-            suspect=suspect, peak_mem_gib=40.0, recipe_steps=steps,
-            training_days=steps * step / 86400 if steps else None,
-            steps_in_budget=m.recipe.time_budget_hours * 3600 / step if m.recipe.time_budget_hours else None,
-            method_settings={"base": method.split("+")[0]}, micro_batch_trials=[{"micro_batch": mb, "fits": True}],
-        )  # fmt: skip
-    else:
-        r["reason"] = "micro-batch 1 does not fit on every rank" if status == "oom" else "not here"
-    r.update(extra)
-    return r
-
-
-def write_set(root, results: list[dict], invalid: list[tuple] = ()) -> tuple[str, list[str]]:
-    """plan.csv (the results' cells, valid, plus `invalid` (model, gpu, nodes, gpn, method, reason)) and the
-    result files; returns (plan path, result paths)."""
-    rows, paths = [], []
-    for r in results:
-        path = f"cells/{r['model']}/{r['gpu']}/{r['nodes']}x{r['gpus_per_node']}/{r['method']}"
-        rows.append({"model": r["model"], "gpu": r["gpu"], "nodes": r["nodes"], "gpus_per_node": r["gpus_per_node"],
-                     "world_size": r["nodes"] * r["gpus_per_node"], "method": r["method"], "valid": True, "reason": "",
-                     "per_rank_batch": 1.0, "partition": "gpu", "time_limit_min": 60,
-                     "gpu_hours_max": float(r["nodes"] * r["gpus_per_node"]), "path": path})  # fmt: skip
-        write_result(root / path / "result.json", r)
-        paths.append(str(root / path / "result.json"))
-    for model, gpu, nodes, gpn, method, reason in invalid:
-        rows.append({"model": model, "gpu": gpu, "nodes": nodes, "gpus_per_node": gpn, "world_size": nodes * gpn,
-                     "method": method, "valid": False, "reason": reason, "per_rank_batch": 1.0, "partition": "gpu",
-                     "time_limit_min": 60, "gpu_hours_max": 0.0,
-                     "path": f"cells/{model}/{gpu}/{nodes}x{gpn}/{method}"})  # fmt: skip
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / "plan.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=PLAN_COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
-    return str(root / "plan.csv"), paths
-
-
-P = "pythia-1b"
-# (gpu, nodes, gpn, method, status, days): the hand-made Pythia-1B sweep. Hardware prices per setting:
-# a100 x1 $20,000, x2 $39,500, x4 $83,500; h100 x1 $31,000, x4 $127,500; rtx3090 x1 $2,300, x2 $4,100;
-# a6000 x4 $26,700, x8 $48,900; 2 nodes x 4 a100 $167,000; h200 has no price.
-GPU_SET = [
-    ("a100", 1, 1, "naive", "oom", None),
-    ("a100", 1, 1, "fl", "ok", 60.0),
-    ("a100", 1, 2, "naive", "ok", 40.0),
-    ("a100", 1, 2, "fl", "ok", 30.0),
-    ("a100", 1, 4, "naive", "ok", 25.0),
-    ("a100", 1, 4, "fl", "ok", 20.0),
-    ("a100", 1, 4, "fl+zero1", "ok", 17.57),
-    ("h100", 1, 4, "fl", "ok", 8.0),
-    ("h100", 1, 1, "fl", "ok", 70.0),  # dominated by a100 x1 (60 d, $20,000)
-    ("rtx3090", 1, 1, "naive", "oom", None),
-    ("rtx3090", 1, 1, "fl", "oom", None),
-    ("rtx3090", 1, 1, "fl+ac", "ok", 200.0),
-    ("rtx3090", 1, 2, "fl", "ok", 108.0),
-    ("rtx3090", 1, 4, "naive", "oom", None),
-    ("rtx3090", 1, 4, "fl", "oom", None),
-    ("a6000", 1, 4, "fl", "ok", 40.0),
-    ("a6000", 1, 8, "fl", "ok", 35.0),  # dominated by a100 x2 (30 d, $39,500)
-    ("a6000", 1, 8, "fl+fsdp-full", "ok", 36.0),
-    ("h200", 1, 8, "fl", "ok", 5.0),  # no price: blank cost
-    ("a100", 2, 4, "fl+fsdp-full", "ok", 9.0),  # dominated by h100 x4 (8 d, $127,500)
-    ("h100", 1, 2, "fl+ac", "ok", 1.0),  # suspect: never the best
-    ("h100", 1, 2, "fl", "ok", 25.0),
-]
 FRONT = {("rtx3090", 1, 1), ("rtx3090", 1, 2), ("a100", 1, 1), ("a6000", 1, 4), ("a100", 1, 2), ("a100", 1, 4),
          ("h100", 1, 4), ("h100", 1, 2)}  # fmt: skip
 DOMINATED = {("h100", 1, 1), ("a6000", 1, 8), ("a100", 2, 4)}
-
-
-def gpu_set_results() -> list[dict]:
-    out = [cell_result(P, g, n, k, m, s, d, suspect=(g, k, m) == ("h100", 2, "fl+ac")) for g, n, k, m, s, d in GPU_SET]
-    out.append(cell_result("bert-24h", "a100", 1, 1, "fl", "ok", None))
-    out.append(cell_result("tiny-gptneox", "cpu", 1, 1, "naive", "ok", 0.01))
-    out.append(cell_result("tiny-gptneox", "cpu", 1, 1, "fl", "ok", 0.008))
-    return out
-
-
-INVALID = [(P, "v100", 1, 1, "naive", "bf16 (recipe precision of pythia-1b) is not supported by v100")]
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,12 @@
-"""The package's shape, read from its source (ast): no import circles between modules, and the parts a login
-node runs (planning, launching, tables, report, search, the shared vocabulary) import neither torch nor the
-trainer when they are imported."""
+"""The package's shape, read from its source (ast): no import circles between modules; the layers in one order
+(the budget stage -> the train stage -> the trainer -> the planning side -> the shared vocabulary, never back);
+and the parts a login node runs (planning, launching, tables, report, search, the shared vocabulary) import
+neither torch nor the trainer when they are imported."""
 
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -14,11 +16,36 @@ from .conftest import REPO
 PKG = REPO / "workflow" / "pretrain_planner"
 HEAVY = ("torch", "transformers", "deepspeed", "flash_attn", "liger_kernel", "numpy.testing")
 # Parts that run where there may be no torch (a login node, the Snakemake driver) and must import fast.
-LIGHT = ("planning", "launch", "tables", "report", "search", "schema", "layout", "results", "integrity", "cli")
+LIGHT = (
+    "planning",
+    "launch",
+    "tables",
+    "report",
+    "search",
+    "schema",
+    "layout",
+    "results",
+    "runlog",
+    "integrity",
+    "cli",
+)
 # torch-free entries of compute parts
 LIGHT_ENTRIES = (
-    "trainer.cell", "budget.config", "budget.jobs", "budget.job", "train.jobs", "train.job", "train.record",
+    "trainer.schedule", "trainer.steplog", "trainer.signals", "trainer.data.mlm", "trainer.data.shards",
+    "trainer.data.text", "budget.config", "budget.jobs", "budget.summary", "budget.workflow", "train.jobs",
+    "train.record",
 )  # fmt: skip
+# The layers, top first: a module may import its own layer's modules and those of the layers below it, never one
+# above (deferred imports inside functions count too). The stages are recipes of the general train stage, which
+# runs on the trainer, which is built on the planning side (settings, the grid's rules, the launcher, the tables).
+LAYERS = (
+    ("cli", "__main__"),  # the user's entry points
+    ("budget",),  # the time-budgeted BERT stage: the masked-LM task + a time budget + GLUE
+    ("train",),  # the general train stage
+    ("trainer",),  # building a model with its method, the loop, measuring
+    ("planning", "launch", "search", "tables", "report", "integrity"),  # torch-free: what a login node runs
+    ("schema", "layout", "results", "runlog"),  # the shared vocabulary
+)
 
 
 def _modules() -> dict[str, Path]:
@@ -34,7 +61,8 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
-def _imports(mod: str, top_level_only: bool) -> set[str]:
+@functools.cache
+def _imports(mod: str, top_level_only: bool) -> frozenset[str]:
     """Modules `mod` imports (package modules by full name, others by their top-level name)."""
     path = MODULES[mod]
     tree = ast.parse(path.read_text())
@@ -55,9 +83,10 @@ def _imports(mod: str, top_level_only: bool) -> set[str]:
             for a in node.names:
                 full = f"{base}.{a.name}"
                 out.add(full if full in MODULES else base)
-    return {m for m in out if m != mod}
+    return frozenset(m for m in out if m != mod)
 
 
+@functools.cache
 def _graph(top_level_only: bool) -> dict[str, set[str]]:
     return {m: {i for i in _imports(m, top_level_only) if i in MODULES} for m in MODULES}
 
@@ -99,6 +128,38 @@ def test_no_import_circles_between_modules():
     assert _cycles(_graph(top_level_only=False)) == []
 
 
+def _layer(mod: str) -> int:
+    part = mod.split(".")[1] if "." in mod else "__init__"
+    found = [i for i, names in enumerate(LAYERS) if part in names]
+    assert found, f"{mod}: in no layer of LAYERS (add its part there)"
+    return found[0]
+
+
+def _backward(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a module from a layer above its own."""
+    return sorted(f"{m} ({LAYERS[_layer(m)][0]}) imports {i} ({LAYERS[_layer(i)][0]})"
+                  for m, deps in graph.items() for i in deps if _layer(i) < _layer(m))  # fmt: skip
+
+
+def test_layers_point_one_way():
+    """budget -> train -> trainer -> the planning side -> the shared vocabulary: never back, not even deferred
+    (a stage of its own that the general one borrows from, or a trainer that knows a stage, is a layer upside
+    down)."""
+    graph = {m: deps for m, deps in _graph(top_level_only=False).items() if m != "pretrain_planner"}
+    assert _backward(graph) == []
+
+
+def test_the_layer_check_sees_an_import_upwards():
+    """The checker itself: a made-up trainer module that imports the train stage, and a train module the budget's."""
+    graph = {"pretrain_planner.trainer.x": {"pretrain_planner.train.run"},
+             "pretrain_planner.train.run": {"pretrain_planner.budget.config", "pretrain_planner.trainer.loop"},
+             "pretrain_planner.budget.config": {"pretrain_planner.planning.site"}}  # fmt: skip
+    assert _backward(graph) == [
+        "pretrain_planner.train.run (train) imports pretrain_planner.budget.config (budget)",
+        "pretrain_planner.trainer.x (trainer) imports pretrain_planner.train.run (train)",
+    ]
+
+
 def _light(mod: str) -> bool:
     rel = mod.removeprefix("pretrain_planner.")
     return rel.split(".")[0] in LIGHT or rel in LIGHT_ENTRIES
@@ -117,7 +178,7 @@ def test_light_modules_import_neither_torch_nor_the_trainer(mod):
         heavy = {i for i in _imports(m, True) if i.split(".")[0] in HEAVY}
         assert not heavy, f"{mod} imports {sorted(heavy)} at import time (through {m})"
         trainer = {i for i in graph[m] if i.startswith("pretrain_planner.trainer") and i != "pretrain_planner.trainer"}
-        trainer -= {"pretrain_planner.trainer.cell"}
+        trainer -= {f"pretrain_planner.{e}" for e in LIGHT_ENTRIES if e.startswith("trainer.")}  # torch-free ones
         assert not trainer, f"{mod} imports the trainer ({sorted(trainer)}) at import time (through {m})"
         todo.extend(graph[m])
 
@@ -130,4 +191,6 @@ def test_the_checks_see_a_circle_and_a_heavy_import(tmp_path, monkeypatch):
     src.mkdir(parents=True)
     (src / "bad.py").write_text("import torch\n")
     monkeypatch.setitem(MODULES, "pretrain_planner.planning.bad", src / "bad.py")
+    _imports.cache_clear()
     assert "torch" in _imports("pretrain_planner.planning.bad", True)
+    _imports.cache_clear()

@@ -23,8 +23,7 @@ from pathlib import Path
 import pytest
 from pretrain_planner.results import parse_result
 
-from .conftest import BIN, REPO, write_config
-from .test_slurm import _wait
+from .conftest import BIN, REPO, wait_for, write_config
 
 pytestmark = pytest.mark.slow
 CELLS = ["tiny-gptneox/cpu/1x1/naive", "tiny-gptneox/cpu/1x1/fl"]
@@ -242,7 +241,7 @@ def test_results_shared_by_two_hosts_the_lock_sees_the_other_hosts_driver(two_ho
     env = _env(shared, PP_DRIVER_HEARTBEAT_S="1")
     here = _start(_snakemake(shared, cfg), shared, "here", env)
     try:
-        rank = _wait(lambda: _rank(shared), 180, "this host's cell to run")
+        rank = wait_for(lambda: _rank(shared), 180, "this host's cell to run")
         unlock = subprocess.run(on_login2(_snakemake(shared, cfg, "--unlock")), capture_output=True, text=True,
                                 env=env, cwd=shared, timeout=120)  # fmt: skip
         assert unlock.returncode == 0, unlock.stderr[-2000:]
@@ -287,7 +286,7 @@ def test_a_frozen_driver_is_not_replaced_here_and_steps_aside_when_another_host_
     first = _start(_snakemake(shared, cfg), shared, "first", env)
     cell = shared / "results/cells" / CELLS[0]
     try:
-        rank = _wait(lambda: _rank(shared), 180, "the cell to run")
+        rank = wait_for(lambda: _rank(shared), 180, "the cell to run")
         os.kill(first.pid, signal.SIGSTOP)
         time.sleep(6 * 1 + 3)  # longer than the stale limit (6 heartbeats)
         subprocess.run(_snakemake(shared, cfg, "--unlock"), env=env, cwd=shared, capture_output=True, timeout=120)
@@ -299,7 +298,9 @@ def test_a_frozen_driver_is_not_replaced_here_and_steps_aside_when_another_host_
                              benchmark={"warmup_steps": 1, "timed_steps": 3, "max_micro_batch": 4})  # fmt: skip
         second = _start(on_login2(_snakemake(shared, short, "--rerun-incomplete")), shared, "second",
                         {**env, "PP_HOST_LOCKS": str(shared.parent / "login2-locks")})  # fmt: skip
-        _wait(lambda: '"login2"' in (shared / "results/.driver.json").read_text(), 120, "login2's driver to take over")
+        wait_for(
+            lambda: '"login2"' in (shared / "results/.driver.json").read_text(), 120, "login2's driver to take over"
+        )
         os.kill(first.pid, signal.SIGCONT)
         assert first.wait(timeout=60) == 75
         out = (shared.parent / "first.log").read_text()

@@ -8,40 +8,14 @@ import shutil
 import numpy as np
 import pytest
 from pretrain_planner.budget import config as bconfig
-from pretrain_planner.budget import data
 from pretrain_planner.schema import ConfigError
+from pretrain_planner.trainer.data import mlm as data
+from pretrain_planner.trainer.data import shards
 
-from .conftest import REPO
+from .conftest import REPO, budget_cfg
 
 SPECIAL = [0, 1, 2, 3, 4]  # pad unk cls sep mask
 VOCAB = 500
-
-
-def budget_cfg(tmp_path, load=True, **over):
-    """A tiny budget config (the shipped corpus), written to tmp_path and loaded like the pipeline does
-    (`load=False`: only its path)."""
-    import yaml
-
-    raw = {
-        "seed": 0,
-        "corpus": {"files": [str(REPO / "tests/data/corpus/*.txt")], "validation_fraction": 0.1},
-        "tokenizer": {"vocab_size": 300},
-        "data": {"seq_len": 32, "duplication_factor": 2, "samples_per_shard": 150, "docs_per_batch": 40},
-        "model": {"family": "roberta-prelayernorm", "arch": {"hidden_size": 32, "num_hidden_layers": 1,
-                  "num_attention_heads": 2, "intermediate_size": 64, "type_vocab_size": 1,
-                  "sparse_prediction": True}},
-        "train": {"budget_hours": 12 / 3600, "clock": "train", "global_batch": 8, "micro_batch": 4, "fake_step_s": 1.0,
-                  "checkpoint_every_s": 4, "early_stop": [], "finetune_checkpoints": [0.5],
-                  "validation": {"every": 0.25, "dense_every": 0.1, "dense_first": 0.0, "dense_last": 0.0,
-                                 "max_samples": 16}},
-        "glue": {"data_dir": str(REPO / "tests/data/glue"), "tasks": ["mnli", "rte", "stsb", "mrpc"], "lr": 1e-3,
-                 "batch": 16, "epochs": 1, "max_len": 48, "warmup_steps": 1},
-    }  # fmt: skip
-    for section, values in over.items():
-        raw[section] = {**raw[section], **values} if isinstance(values, dict) else values
-    path = tmp_path / "budget.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return bconfig.load(path) if load else path
 
 
 def _ids(rng, n, seq, lengths):
@@ -116,12 +90,12 @@ def test_prepare_writes_shards_and_index(prepared):
     assert index["samples"]["train"] > 0 and index["samples"]["validation"] > 0
     frac = index["documents"]["validation"] / sum(index["documents"].values())
     assert 0.03 < frac < 0.2
-    shard = data.load_shard(tmp / "full", index["splits"]["train"][0]["name"])
+    shard = shards.load_shard(tmp / "full", index["splits"]["train"][0]["name"])
     assert isinstance(shard["input_ids"], np.memmap)
     d, s, seq = shard["input_ids"].shape
     assert (d, seq) == (2, 32) and shard["positions"].shape == (2, s, 20)
     assert (shard["input_ids"][:, :, 0] == index["special_ids"]["cls"]).all()
-    val = data.load_shard(tmp / "full", index["splits"]["validation"][0]["name"])
+    val = shards.load_shard(tmp / "full", index["splits"]["validation"][0]["name"])
     assert val["input_ids"].shape[0] == 1
     log = (tmp / "full.log").read_text()
     assert "tokenizer: trained" in log and "train shards" in log and "done" in log
@@ -129,7 +103,7 @@ def test_prepare_writes_shards_and_index(prepared):
 
 def test_duplicates_are_masked_differently(prepared):
     _, tmp, index = prepared
-    shard = data.load_shard(tmp / "full", index["splits"]["train"][0]["name"])
+    shard = shards.load_shard(tmp / "full", index["splits"]["train"][0]["name"])
     ids, pos, lab = (np.array(shard[a]) for a in ("input_ids", "positions", "labels"))
     originals = []
     for d in range(2):
@@ -160,8 +134,8 @@ def test_prepare_is_deterministic_and_resumes(prepared, monkeypatch):
     assert again == index
     for split in ("train", "validation"):
         for sh in index["splits"][split]:
-            a, b = data.load_shard(tmp / "full", sh["name"]), data.load_shard(tmp / "resumed", sh["name"])
-            for k in data.ARRAYS:
+            a, b = shards.load_shard(tmp / "full", sh["name"]), shards.load_shard(tmp / "resumed", sh["name"])
+            for k in shards.ARRAYS:
                 assert np.array_equal(a[k], b[k]), (sh["name"], k)
 
 

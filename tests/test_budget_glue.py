@@ -160,7 +160,7 @@ def test_the_default_is_the_final_model_and_patience_needs_best_dev(tmp_path):
     from pretrain_planner.budget import config as bconfig
     from pretrain_planner.schema import ConfigError
 
-    from .test_budget_data import budget_cfg
+    from .conftest import budget_cfg
 
     assert budget_cfg(tmp_path)["glue"]["select"] == "final"
     with pytest.raises(ConfigError, match=r"budget.yaml: glue.patience 2 needs glue.select: best_dev"):

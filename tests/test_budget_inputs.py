@@ -7,10 +7,10 @@ import json
 
 import numpy as np
 import pytest
-from pretrain_planner.budget import data
+from pretrain_planner.trainer.data import mlm as data
+from pretrain_planner.trainer.data import shards, text
 
-from .conftest import REPO
-from .test_budget_data import budget_cfg
+from .conftest import REPO, budget_cfg
 
 DOCS = sorted((REPO / "tests/data/corpus").glob("*.txt"))
 
@@ -29,17 +29,17 @@ def test_text_jsonl_and_parquet_give_the_same_documents(tmp_path):
     recs[3]["body"] = recs[3]["body"].replace(" ", "\n", 2)
     (tmp_path / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs) + "\n")
     pl.DataFrame({"id": list(range(len(docs))), "body": docs}).write_parquet(tmp_path / "c.parquet")
-    text = list(data.iter_documents([str(tmp_path / "a.txt")]))
-    jsonl = list(data.iter_documents([str(tmp_path / "b.jsonl")], field="body"))
-    parquet = list(data.iter_documents([str(tmp_path / "c.parquet")], field="body"))
-    assert text == docs and jsonl == docs and parquet == docs
+    plain = list(text.iter_documents([str(tmp_path / "a.txt")]))
+    jsonl = list(text.iter_documents([str(tmp_path / "b.jsonl")], field="body"))
+    parquet = list(text.iter_documents([str(tmp_path / "c.parquet")], field="body"))
+    assert plain == docs and jsonl == docs and parquet == docs
     # the format from corpus.format over the extension
     (tmp_path / "d.data").write_text((tmp_path / "b.jsonl").read_text())
-    assert list(data.iter_documents([str(tmp_path / "d.data")], fmt="jsonl", field="body")) == docs
+    assert list(text.iter_documents([str(tmp_path / "d.data")], fmt="jsonl", field="body")) == docs
     with pytest.raises(ValueError, match="'text' field"):
-        list(data.iter_documents([str(tmp_path / "b.jsonl")]))
+        list(text.iter_documents([str(tmp_path / "b.jsonl")]))
     with pytest.raises(ValueError, match="no column 'text'"):
-        list(data.iter_documents([str(tmp_path / "c.parquet")]))
+        list(text.iter_documents([str(tmp_path / "c.parquet")]))
 
 
 def test_prepare_data_from_jsonl_and_parquet_matches_text(tmp_path):
@@ -58,7 +58,7 @@ def test_prepare_data_from_jsonl_and_parquet_matches_text(tmp_path):
         cfg = budget_cfg(sub, corpus={"files": [str(tmp_path / f"c.{ext}")]}, **extra)
         index = data.prepare_data(cfg, sub / "d/index.json")
         tok = tok or sub / "d/tokenizer.json"  # one tokenizer for all three (WordPiece training ties)
-        arrays[ext] = (index["samples"], np.array(data.load_shard(sub / "d", "train-00000")["input_ids"]))
+        arrays[ext] = (index["samples"], np.array(shards.load_shard(sub / "d", "train-00000")["input_ids"]))
     assert arrays["txt"][0] == arrays["jsonl"][0] == arrays["parquet"][0]
     assert np.array_equal(arrays["txt"][1], arrays["jsonl"][1])
     assert np.array_equal(arrays["txt"][1], arrays["parquet"][1])
@@ -82,7 +82,7 @@ def test_short_seq_prob_makes_shorter_samples(tmp_path):
         cfg = budget_cfg(sub, data={"short_seq_prob": p})
         index = data.prepare_data(cfg, sub / "d/index.json")
         pad = index["special_ids"]["pad"]
-        real = [(np.array(data.load_shard(sub / "d", s["name"])["input_ids"][0]) != pad).sum(1)
+        real = [(np.array(shards.load_shard(sub / "d", s["name"])["input_ids"][0]) != pad).sum(1)
                 for s in index["splits"]["train"]]  # fmt: skip
         lengths[p] = np.concatenate(real)
     assert len(lengths[0.5]) > len(lengths[0.0])

@@ -9,11 +9,11 @@ import os
 import re
 
 import pytest
-from pretrain_planner.budget import data, pretrain
-from pretrain_planner.budget.method import MethodError
+from pretrain_planner.budget import pretrain
+from pretrain_planner.trainer.data import mlm as data
+from pretrain_planner.trainer.methodbuild import MethodError
 
-from .test_budget_data import budget_cfg
-from .test_budget_distributed import _run, _steps, assert_kill_resume_matches
+from .conftest import assert_kill_resume_matches, budget_cfg, budget_steps, run_budget
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +33,7 @@ def prepared(tmp_path_factory):
 @pytest.fixture(scope="module")
 def fsdp(prepared):
     cfg = _cfg(prepared, "fl+fsdp-grad")
-    return cfg, _run(cfg, prepared, "fsdp")
+    return cfg, run_budget(cfg, prepared, "fsdp")
 
 
 def test_fsdp_grad_trains_sharded(fsdp):
@@ -62,7 +62,7 @@ def test_fsdp_resume_after_rank0_killed(fsdp, prepared):
 
 def test_zero2_trains_sharded(prepared):
     cfg = _cfg(prepared, "fl+zero2")
-    result = _run(cfg, prepared, "zero2")
+    result = run_budget(cfg, prepared, "zero2")
     ms = result["method_settings"]
     assert result["steps"] == 12 and result["loss_last"] < result["loss_first"], "loss goes down"
     assert ms["parallel"] == "deepspeed" and ms["deepspeed"]["zero_stage"] == 2 and ms["not_applied"] == []
@@ -76,7 +76,7 @@ def test_zero2_trains_sharded(prepared):
         ("fl+fa2", "fa2: flash-attn runs on CUDA GPUs only"),
         ("fl+liger", "liger: Liger's Triton kernels run on CUDA GPUs only"),
         ("fl+cg", "cg: CUDA graphs need a CUDA GPU"),
-        ("fl+off", "off offloads a sharded optimizer"),
+        ("fl+off", "offload needs a sharding method"),
     ],
 )
 def test_method_that_cannot_run_fails_at_start(prepared, method, reason):
@@ -101,7 +101,7 @@ def test_one_rank_extras_and_offload_in_process(prepared):
         if "cstep" in method:
             assert ms["compile_optimizer_step"] == "optimizer.step" and "ChunkedLinearCrossEntropy" in ms[
                 "method_parts"]["fused_ce"]  # fmt: skip
-            lrs = [s["lr"] for s in _steps(d / "run")]
+            lrs = [s["lr"] for s in budget_steps(d / "run")]
             assert lrs[0] == 0.0 and lrs[1] > lrs[-1] > 0  # the schedule reached the compiled step
         else:
             assert ms["parallel"] == "fsdp2" and ms["fsdp"]["offload"]["policy"] == "CPUOffloadPolicy"

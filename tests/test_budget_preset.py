@@ -7,29 +7,11 @@ import json
 
 import pytest
 import yaml
-from pretrain_planner.budget import config as bconfig
-from pretrain_planner.budget import data, pretrain
+from pretrain_planner.budget import pretrain
 from pretrain_planner.schema import ConfigError, load_yaml, validate
+from pretrain_planner.trainer.data import mlm as data
 
-from .conftest import REPO
-
-PRESET = REPO / "config/budget-24h.yaml"
-CORPUS = [str(REPO / "tests/data/corpus/*.txt")]
-
-
-def _merge(base: dict, over: dict) -> dict:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
-def _preset(tmp_path, **over) -> dict:
-    """The preset with `over` merged over it (a user's file that includes it), corpus pointed at the test corpus."""
-    raw = _merge(yaml.safe_load(PRESET.read_text()), {"corpus": {"files": CORPUS}, **over})
-    path = tmp_path / "budget.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return bconfig.load(path, REPO)
+from .conftest import PRESET, REPO, preset_cfg
 
 
 def test_preset_is_valid_as_shipped():
@@ -40,7 +22,7 @@ def test_preset_is_valid_as_shipped():
 
 
 def test_preset_resolves_to_the_published_recipe(tmp_path):
-    cfg = _preset(tmp_path)
+    cfg = preset_cfg(tmp_path)
     tr, d, m = cfg["train"], cfg["data"], cfg["model"]
     # the model: BERT-large shape, pre-LN, no NSP (an MLM class), sparse prediction, GELU, dropout 0.1
     assert m["name"] == "bert-24h" and m["family"] == "roberta-prelayernorm"
@@ -78,7 +60,7 @@ def test_preset_resolves_to_the_published_recipe(tmp_path):
 
 
 def test_preset_file_values_override_the_catalog(tmp_path):
-    cfg = _preset(tmp_path, train={"lr": 5e-4, "budget_hours": 8})
+    cfg = preset_cfg(tmp_path, train={"lr": 5e-4, "budget_hours": 8})
     assert cfg["train"]["lr"] == 5e-4 and cfg["train"]["budget_hours"] == 8
     assert cfg["recipe_keys"]["train.lr"] == "file" and cfg["train"]["eps"] == 1e-6
 
@@ -98,7 +80,7 @@ TINY = {
 def test_tiny_size_of_the_preset_runs_end_to_end(tmp_path):
     """The preset with a tiny model (`model.base: bert-24h`: the catalog's recipe, the arch's size replaced), a
     6-second wall-clock budget, on a CPU: data, pre-training, result, summary table and loss plot."""
-    cfg = _preset(tmp_path, **TINY)
+    cfg = preset_cfg(tmp_path, **TINY)
     assert cfg["train"]["lr"] == 1e-3 and cfg["train"]["betas"] == [0.9, 0.98]  # still the recipe's
     assert cfg["model"]["arch"]["sparse_prediction"] is True and cfg["model"]["arch"]["num_hidden_layers"] == 1
     index = data.prepare_data(cfg, tmp_path / "data/index.json")
@@ -122,7 +104,7 @@ def test_tiny_size_of_the_preset_runs_end_to_end(tmp_path):
 
 def test_clock_is_checked_by_the_schema(tmp_path):
     with pytest.raises(ConfigError, match=r"train.clock: 'cpu' is not one of \['wall', 'train'\]"):
-        _preset(tmp_path, train={"clock": "cpu"})
+        preset_cfg(tmp_path, train={"clock": "cpu"})
 
 
 def test_a_catalog_recipe_the_stage_cannot_train_is_refused_naming_the_file(tmp_path):
@@ -130,4 +112,4 @@ def test_a_catalog_recipe_the_stage_cannot_train_is_refused_naming_the_file(tmp_
     models["models"]["bert-24h"]["recipe"]["optimizer"]["name"] = "adam"
     (tmp_path / "models.yaml").write_text(yaml.safe_dump(models))
     with pytest.raises(ConfigError, match=rf"{tmp_path}/budget.yaml: the catalog recipe's optimizer 'adam'"):
-        _preset(tmp_path, catalog_models=str(tmp_path / "models.yaml"))
+        preset_cfg(tmp_path, catalog_models=str(tmp_path / "models.yaml"))

@@ -13,12 +13,12 @@ import pytest
 import torch
 import yaml
 from pretrain_planner.budget import config as bconfig
-from pretrain_planner.budget import data, jobs, pretrain
+from pretrain_planner.budget import jobs, pretrain
 from pretrain_planner.schema import ConfigError
+from pretrain_planner.trainer.data import mlm as data
 from safetensors.torch import load_file
 
-from .conftest import REPO
-from .test_budget_data import budget_cfg
+from .conftest import REPO, budget_cfg
 
 
 def _steps(run_dir):

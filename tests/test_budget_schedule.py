@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from pretrain_planner.budget import schedule
+from pretrain_planner.trainer import schedule
 
 PEAK, BUDGET, WARM = 1e-3, 24 * 3600.0, 0.06
 

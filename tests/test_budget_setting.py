@@ -8,14 +8,15 @@ import json
 import pytest
 import torch
 from pretrain_planner.budget import config as bconfig
-from pretrain_planner.budget import data, jobs, pretrain
+from pretrain_planner.budget import jobs, pretrain
 from pretrain_planner.planning.catalog import load_catalog
 from pretrain_planner.schema import ConfigError
 from pretrain_planner.tables.export import _plan_record
+from pretrain_planner.trainer.data import mlm as data
+from pretrain_planner.trainer.data import shards
 from pretrain_planner.trainer.models import build_model
 
-from .conftest import REPO, snakemake, write_config
-from .test_budget_data import budget_cfg
+from .conftest import REPO, budget_cfg, snakemake, write_config
 
 CATALOG = load_catalog(REPO / "config/models.yaml", REPO / "config/gpus.yaml")
 
@@ -89,6 +90,19 @@ def test_missing_plan_warns_at_parse_and_stops_the_pretrain_job(tmp_path):
         jobs.pretrain(cfg, {"kind": "debug", "timeout_min": 1, "slurm": None}, "i", "m", "r", "run", "log")
 
 
+def test_a_benchmark_run_never_reads_the_budget_files(tmp_path):
+    """A budget file whose corpus matches nothing stops the `budget` target's dry run, naming the file and the key,
+    but not a benchmark sweep's: the stage's files are read only when one of its rules is asked for."""
+    path = budget_cfg(tmp_path, load=False, model="tiny-bert", corpus={"files": [str(tmp_path / "missing-*.txt")]})
+    main = write_config(tmp_path / "main.yaml", budget=str(path), sweep={"models": ["tiny-gptneox"], "gpus": ["cpu"]},
+                        launcher={"kind": "local"})  # fmt: skip
+    proc = snakemake(tmp_path, "-n", "--configfile", str(main))
+    assert proc.returncode == 0 and "budget configuration error" not in proc.stderr, proc.stderr[-3000:]
+    proc = snakemake(tmp_path, "budget", "-n", "--configfile", str(main))
+    assert proc.returncode != 0
+    assert "budget configuration error" in proc.stderr and "corpus.files" in proc.stderr and str(path) in proc.stderr
+
+
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("setting")
@@ -126,8 +140,8 @@ def test_sparse_prediction_is_in_effect(prepared):
     dense, _ = build_model({**mdict, "arch": {**mdict["arch"], "sparse_prediction": False}}, "eager")
     dense.load_state_dict(sparse.state_dict())
     sparse.eval(), dense.eval()
-    sampler = pretrain.ShardSampler(tmp / "data", index["splits"]["train"], index["duplication_factor"], 0)
-    batch = pretrain.to_batch(sampler.take(4), index["special_ids"]["pad"], torch.device("cpu"))
+    sampler = shards.ShardSampler(tmp / "data", index["splits"]["train"], index["duplication_factor"], 0)
+    batch = shards.to_batch(sampler.take(4), index["special_ids"]["pad"], torch.device("cpu"))
     masked = int((batch["labels"] != -100).sum())
     with torch.no_grad():
         out_s, out_d = sparse(**batch), dense(**batch)

@@ -12,14 +12,13 @@ import subprocess
 import pytest
 import yaml
 
-from .conftest import BIN, REPO, write_config
-from .test_slurm import PROFILE, SITE, _last_job_id, _sacct, _wait
+from .conftest import BIN, PROFILE, REPO, SITE, last_job_id, sacct, wait_for, write_config
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
 def test_pretrain_job_on_the_gpu_partition_requeues_and_resumes(slurm_cluster, tmp_path):
-    since = _last_job_id()
+    since = last_job_id()
     cfg = yaml.safe_load((REPO / "config/budget.yaml").read_text())
     cfg["corpus"]["files"] = [str(REPO / "tests/data/corpus/*.txt")]
     cfg["glue"]["data_dir"] = str(REPO / "tests/data/glue")
@@ -41,11 +40,11 @@ def test_pretrain_job_on_the_gpu_partition_requeues_and_resumes(slurm_cluster, t
 
     def running():
         assert driver.poll() is None, (tmp_path / "driver.log").read_text()[-5000:]
-        return [j for j in _sacct(since, name) if j["State"] == "RUNNING"]
+        return [j for j in sacct(since, name) if j["State"] == "RUNNING"]
 
     try:
-        job = _wait(running, 180, "the pretrain job")[0]
-        _wait(lambda: steps.is_file() and len(steps.read_text().splitlines()) > 20, 120, "training to start")
+        job = wait_for(running, 180, "the pretrain job")[0]
+        wait_for(lambda: steps.is_file() and len(steps.read_text().splitlines()) > 20, 120, "training to start")
         subprocess.run(["scancel", "--signal", "USR2", job["JobID"]], check=True)
         assert driver.wait(timeout=400) == 0, (tmp_path / "driver.log").read_text()[-5000:]
     finally:
@@ -56,8 +55,8 @@ def test_pretrain_job_on_the_gpu_partition_requeues_and_resumes(slurm_cluster, t
     assert result["elapsed_s"] == pytest.approx(25, abs=2) and result["loss_last"] < result["loss_first"]
     log = (tmp_path / "results/logs/budget/pretrain.log").read_text()
     assert "submitted SLURM job" in log and "resumed at step" in log, log[-3000:]
-    done = _wait(lambda: [j for j in _sacct(since, name) if j["State"] == "COMPLETED"], 30, "sacct to see it end")
-    assert len(_sacct(since, name)) == 1, "requeued in place: one job"
+    done = wait_for(lambda: [j for j in sacct(since, name) if j["State"] == "COMPLETED"], 30, "sacct to see it end")
+    assert len(sacct(since, name)) == 1, "requeued in place: one job"
     again = done[0]
     assert again["State"] == "COMPLETED" and again["Partition"] == "a100" and "gres/gpu:a100=2" in again["AllocTRES"]
     out = next((tmp_path / "results/budget/pretrain/submitit").glob("*_0_log.out")).read_text()

@@ -11,8 +11,9 @@ import math
 import pytest
 import yaml
 from pretrain_planner.budget import config as bconfig
-from pretrain_planner.budget import jobs, schedule, sweep
+from pretrain_planner.budget import jobs, sweep
 from pretrain_planner.schema import ConfigError
+from pretrain_planner.trainer import schedule
 
 from .conftest import REPO, budget_workflow
 
@@ -128,9 +129,10 @@ def test_the_sweep_pretrains_finetunes_and_compares_every_recipe(swept_run):
 def test_a_run_on_the_exp_curve_follows_it(tmp_path):
     """train.curve exp drives the pre-training's learning rate: each step's lr (logged) is the curve's at the
     step's start on the fake clock (1 s a step), not the linear one's."""
-    from pretrain_planner.budget import data, pretrain
+    from pretrain_planner.budget import pretrain
+    from pretrain_planner.trainer.data import mlm as data
 
-    from .test_budget_data import budget_cfg
+    from .conftest import budget_cfg
 
     cfg = budget_cfg(tmp_path)
     cfg["train"].update(curve="exp", decay_rate=0.5, decay_step_hours=3 / 3600)  # halves every 3 s
@@ -151,13 +153,13 @@ def test_a_run_on_the_exp_curve_follows_it(tmp_path):
 def test_the_presets_commented_sweep_is_the_papers_grid(tmp_path):
     """config/budget-24h.yaml's sweep, uncommented: 9 recipes of the catalog's 24-hour recipe, each with its global
     batch made up by accumulation over micro-batch 32 x 8 GPUs, everything else the recipe's."""
-    from .test_budget_preset import _preset
+    from .conftest import preset_cfg
 
     text = (REPO / "config/budget-24h.yaml").read_text()
     commented = text[text.index("# sweep:") :].splitlines()
     grid = yaml.safe_load("\n".join(line.removeprefix("# ") for line in commented))["sweep"]
     assert grid == {"global_batch": [4096, 8192, 16384], "lr": [5e-4, 1e-3, 2e-3]}
-    got = sweep.recipes_or_exit(_preset(tmp_path, sweep=grid))
+    got = sweep.recipes_or_exit(preset_cfg(tmp_path, sweep=grid))
     swept = sweep.swept(got)
     assert len(swept) == 9 and swept[0] == "recipes/gb4096-lr0.0005/" and swept[-1] == "recipes/gb16384-lr0.002/"
     assert [got[r]["setting"]["grad_accum_steps"] for r in swept[::3]] == [16, 32, 64]

@@ -14,15 +14,14 @@ from pathlib import Path
 import pytest
 import yaml
 from pretrain_planner.launch import progress
+from pretrain_planner.launch.cell import cell_line, run_cell
 from pretrain_planner.launch.state import STATE_FILE, read_state, write_state
 from pretrain_planner.planning.catalog import load_catalog
 from pretrain_planner.planning.grid import Cell
 from pretrain_planner.planning.spec import cell_spec
 from pretrain_planner.tables import status
-from pretrain_planner.trainer.cell import cell_line, run_cell
 
-from .conftest import REPO, snakemake, write_config
-from .test_aggregate import P, cell_result, write_set
+from .conftest import REPO, P, cell_result, snakemake, write_config, write_set
 
 EXE = Path(sys.executable).parent / "pretrain-planner"
 CATALOG = load_catalog(REPO / "config/models.yaml", REPO / "config/gpus.yaml")
@@ -101,9 +100,9 @@ def test_the_driver_follows_the_job_id_and_progress_and_a_reattached_job_runs_on
     re-attached to that the last driver left running is running at once; a new job is submitted until rank 0's
     first progress line, which is copied into the log."""
     from pretrain_planner.launch import driver
+    from pretrain_planner.launch.cell import _Follow
     from pretrain_planner.launch.request import RuleLog
     from pretrain_planner.launch.state import StateRecord
-    from pretrain_planner.trainer.cell import _Follow
 
     for job, expect in (("42", "running"), ("43", "submitted")):
         folder = tmp_path / job

@@ -13,7 +13,7 @@ from pretrain_planner import cli
 from pretrain_planner.launch.state import write_state
 from pretrain_planner.tables import aggregate, status
 
-from .test_aggregate import CATALOG, COSTS, P, cell_result, gpu_set_results, write_set
+from .conftest import CATALOG, COSTS, P, cell_result, gpu_set_results, write_set
 
 EXE = Path(sys.executable).parent / "pretrain-planner"
 

@@ -10,8 +10,7 @@ import pytest
 import torch
 from pretrain_planner.trainer.models import blocks, build_model
 
-from .test_aggregate import CATALOG
-from .test_sharding import run_sweep
+from .conftest import CATALOG, run_sweep
 
 
 def tiny_convnext() -> dict:

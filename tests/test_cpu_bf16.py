@@ -14,8 +14,7 @@ from pretrain_planner.planning.catalog import load_catalog
 from pretrain_planner.planning.grid import Cell, invalid_reason
 from pretrain_planner.schema import ConfigError
 
-from .conftest import REPO, write_config
-from .test_deepspeed import HAVE_DS
+from .conftest import HAVE_DS, REPO, write_config
 
 ZEN4 = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu avx2 avx512f avx512_bf16 avx512_vnni\n"
 ZEN3 = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu avx2 fma\n"

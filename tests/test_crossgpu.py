@@ -13,7 +13,7 @@ import pytest
 from pretrain_planner.planning import crossgpu, evidence, stepmodel
 from pretrain_planner.planning.evidence import Run
 
-from .test_aggregate import CATALOG
+from .conftest import CATALOG
 
 DATA = evidence.DATA
 

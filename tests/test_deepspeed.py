@@ -3,7 +3,6 @@ cases it cannot run (`unsupported`, never a crash)."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 
 import pytest
@@ -11,10 +10,8 @@ from pretrain_planner.planning.catalog import load_catalog
 from pretrain_planner.planning.grid import Cell
 from pretrain_planner.planning.spec import cell_spec
 
-from .conftest import REPO
-from .test_sharding import TIMED, cell, leftover_processes, losses, run_sweep
+from .conftest import HAVE_DS, REPO, TIMED, cell, leftover_processes, losses, run_sweep
 
-HAVE_DS = importlib.util.find_spec("deepspeed") is not None
 needs_ds = pytest.mark.skipif(not HAVE_DS, reason="DeepSpeed is not installed (bash envs/setup.sh test)")
 
 MODEL = "tiny-bert"
@@ -111,7 +108,7 @@ def test_recorded_configs_validate(sweep, monkeypatch):
 def test_recorded_settings_are_the_exported_ones(sweep):
     """Issue 16: each ZeRO cell ran planning.settings' DeepSpeed dict (the study's overlap and buckets), exactly
     what the export writes for it."""
-    from .test_method_settings import assert_recorded_is_exported
+    from .conftest import assert_recorded_is_exported
 
     for method in METHODS:
         assert_recorded_is_exported(sweep, MODEL, method, 2)
@@ -149,11 +146,11 @@ def test_no_process_left(sweep):
     ],
 )
 def test_generated_config_validates(model, ranks, method, monkeypatch):
-    from pretrain_planner.trainer import zero
+    from pretrain_planner.planning.settings import resolve
 
     bf16 = model == "tiny-gptneox"  # in bf16 here (the stand-in's recipe is fp32): both precisions are validated
     cfg = _run_config(model, method, ranks, precision="bf16" if bf16 else None)
-    config = zero.ds_config(cfg, _env(ranks), micro_batch=2, accum=16 // ranks // 2)
+    config = resolve(cfg.run_spec(_env(ranks)), 2, 16 // ranks // 2).deepspeed_config
     _validate(config, ranks, monkeypatch)
     assert config["bf16"]["enabled"] is bf16  # the recipe's precision
     assert config["gradient_clipping"] == (1.0 if model == "tiny-gptneox" else 0.0)
@@ -163,9 +160,9 @@ def test_generated_config_validates(model, ranks, method, monkeypatch):
 
 @needs_ds
 def test_bad_config_is_rejected(monkeypatch):
-    from pretrain_planner.trainer import zero
+    from pretrain_planner.planning.settings import resolve
 
-    config = zero.ds_config(_run_config("tiny-bert", "naive+zero2"), _env(), micro_batch=4, accum=2)
+    config = resolve(_run_config("tiny-bert", "naive+zero2").run_spec(_env()), 4, 2).deepspeed_config
     with pytest.raises(AssertionError, match="train_batch_size"):
         _validate({**config, "train_batch_size": 99}, 2, monkeypatch)
 

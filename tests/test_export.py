@@ -11,8 +11,7 @@ import sys
 import pytest
 from pretrain_planner.tables import aggregate, export
 
-from .conftest import REPO
-from .test_aggregate import CATALOG, COSTS, P, cell_result, write_set
+from .conftest import CATALOG, COSTS, REPO, P, cell_result, write_set
 
 SET = [
     cell_result(P, "a100", 1, 4, "fl+zero1", "ok", 17.57, mb=16),

@@ -12,8 +12,7 @@ import sys
 import pytest
 from pretrain_planner.tables import export
 
-from .conftest import BIN, REPO
-from .test_aggregate import CATALOG
+from .conftest import BIN, CATALOG, REPO
 
 pytestmark = pytest.mark.slow
 HAVE_DS = __import__("importlib").util.find_spec("deepspeed") is not None

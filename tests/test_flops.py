@@ -16,7 +16,8 @@ import yaml
 from pretrain_planner.planning.catalog import load_catalog, load_models
 from pretrain_planner.planning.flops import mfu, param_count, train_flops_per_sample
 from pretrain_planner.schema import ConfigError
-from pretrain_planner.trainer.models import build_model, make_batch
+from pretrain_planner.trainer.models import build_model
+from pretrain_planner.trainer.tasks import synthetic_batch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -66,7 +67,7 @@ def counted_flops_per_sample(model: dict) -> tuple[float, dict[str, int]]:
     if model["family"] != "mamba":
         assert used == "sdpa"
     net.train()
-    batch = make_batch(model, 1, torch.Generator().manual_seed(0))
+    batch = synthetic_batch(model, 1, torch.Generator().manual_seed(0))
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         net(**batch).loss.backward()
     by_op = {str(op): int(n) for op, n in counter.get_flop_counts()["Global"].items()}
@@ -219,7 +220,7 @@ def test_convnext_formula_matches_the_counted_forward(catalog):
     torch.manual_seed(0)
     net, _ = build_model(model, None)
     net.train()
-    batch = make_batch(model, 1, torch.Generator().manual_seed(0))
+    batch = synthetic_batch(model, 1, torch.Generator().manual_seed(0))
     with FlopCounterMode(display=False) as fwd:
         loss = net(**batch).loss
     forward = fwd.get_total_flops()

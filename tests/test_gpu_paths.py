@@ -54,13 +54,17 @@ def test_one_device_rule_and_process_group():
 
 def test_cudnn_autotuning_under_free_lunch_on_gpus_only():
     """Item 13: free-lunch turns cuDNN's autotuner on, on CUDA only (recorded as method_settings.cudnn_benchmark)."""
-    from pretrain_planner.trainer.parallel import cudnn_benchmark
+    from pretrain_planner.planning.settings import resolve
     from pretrain_planner.trainer.rank import RankEnv
 
     fl, naive = run_config("tiny-gptneox", "fl", 1)[0], run_config("tiny-gptneox", "naive", 1)[0]
     gpu = RankEnv(0, 1, 0, torch.device("cuda", 0))
     cpu = RankEnv(0, 1, 0, torch.device("cpu"))
-    assert cudnn_benchmark(fl, gpu) and not cudnn_benchmark(naive, gpu) and not cudnn_benchmark(fl, cpu)
+
+    def autotunes(cfg, env) -> bool:
+        return resolve(cfg.run_spec(env), 1, 1).cudnn_benchmark
+
+    assert autotunes(fl, gpu) and not autotunes(naive, gpu) and not autotunes(fl, cpu)
 
 
 def test_fake_oom_at_build():
@@ -96,8 +100,8 @@ def test_cgroup_oom_kill_counter_reads():
 
 def _tiny_step(cuda_graphs: bool = False, global_batch: int | None = None):
     from pretrain_planner.trainer.config import RunConfig
+    from pretrain_planner.trainer.methodbuild import build_with_extras
     from pretrain_planner.trainer.parallel import Applied
-    from pretrain_planner.trainer.run import build_with_extras
     from pretrain_planner.trainer.step import TrainStep
 
     cfg, spec = run_config("tiny-gptneox", "naive", 1)

@@ -16,11 +16,9 @@ from pretrain_planner.planning.catalog import load_catalog
 from pretrain_planner.planning.grid import WILDCARD_CONSTRAINTS, Cell, PlannedCell
 from pretrain_planner.schema import ConfigError
 
-from .conftest import TINY_GPTNEOX_ARCH
+from .conftest import GPUS_YAML, MODELS_YAML, TINY_GPTNEOX_ARCH
 
 ROOT = Path(__file__).resolve().parents[1]
-MODELS_YAML = ROOT / "config" / "models.yaml"
-GPUS_YAML = ROOT / "config" / "gpus.yaml"
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from pretrain_planner.planning.grid import Cell
 from pretrain_planner.planning.spec import cell_spec
 from pretrain_planner.trainer import kernels
 
-from .test_grid import GPUS_YAML, MODELS_YAML
+from .conftest import GPUS_YAML, MODELS_YAML
 
 SDPA_FLASH = "aten::_scaled_dot_product_flash_attention"
 
@@ -89,13 +89,17 @@ def test_no_attention_no_kernel(catalog, tmp_path):
         ("fl+liger", "liger: Liger's Triton kernels run on CUDA GPUs only"),
         ("fl+cg", "cg: CUDA graphs need a CUDA GPU"),
         ("fl+fa2+flce", "fa2: flash-attn runs on CUDA GPUs only"),
-        # forced past the grid (which rules them out): the trainer says why too
-        ("fl+flce+zero3", "flce: ZeRO-3 partitions the head's weight; the fused head reads it outside its forward"),
-        ("fl+cstep+zero1", "cstep: DeepSpeed compiles through its engine only (plain compile)"),
+        # forced past the grid (which rules them out): the trainer says why too, with the grid's own rule
+        (
+            "fl+flce+zero3",
+            "flce: ZeRO-3 gathers a layer's weights only inside that layer's forward; the fused head "
+            "reads them directly",
+        ),
+        ("fl+cstep+zero1", "cstep: DeepSpeed's engine owns the optimizer step; it cannot be compiled with the model"),
     ],
 )
 def test_gpu_only_parts_are_unsupported_on_cpu(catalog, tmp_path, method, reason):
-    result = _run(catalog, tmp_path, "tiny-gptneox", method)
+    result = _run(catalog, tmp_path, "tiny-gptneox", method, compile_=None)  # refused before anything compiles
     assert (result["status"], result["reason"]) == ("unsupported", reason)
     assert result["method"] == method
 

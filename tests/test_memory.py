@@ -122,8 +122,8 @@ def _saved_bytes(model_dict, method, micro_batch: int) -> int:
     import contextlib
 
     import torch
-    from pretrain_planner.trainer.models import make_batch
-    from pretrain_planner.trainer.run import build_with_extras
+    from pretrain_planner.trainer.methodbuild import build_with_extras
+    from pretrain_planner.trainer.tasks import synthetic_batch
 
     net, _, _ = build_with_extras(model_dict, method, "eager" if method.base == "naive" else "sdpa", None, 0)
     net.train()
@@ -136,7 +136,7 @@ def _saved_bytes(model_dict, method, micro_batch: int) -> int:
             seen[s.data_ptr()] = s.nbytes()
         return t
 
-    batch = make_batch(model_dict, micro_batch, torch.Generator().manual_seed(0))
+    batch = synthetic_batch(model_dict, micro_batch, torch.Generator().manual_seed(0))
     precision = model_dict["recipe"]["precision"]
     cast = torch.autocast("cpu", dtype=torch.bfloat16) if precision != "fp32" else contextlib.nullcontext()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), cast:

@@ -17,7 +17,8 @@ import transformers as tf
 from pretrain_planner.planning.catalog import load_catalog
 from pretrain_planner.planning.grid import Cell, invalid_reason
 from pretrain_planner.planning.spec import cell_spec
-from pretrain_planner.trainer.models import build_model, kernel_info, make_batch
+from pretrain_planner.trainer.models import build_model, kernel_info
+from pretrain_planner.trainer.tasks import synthetic_batch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -161,7 +162,7 @@ def _pair(family: str = "roberta-prelayernorm"):
 @pytest.mark.parametrize("family", ["roberta-prelayernorm", "bert"])
 def test_sparse_prediction_same_loss_and_gradients_as_dense(family):
     sparse, dense = _pair(family)
-    batch = make_batch(TINY_PRELN, 4, torch.Generator().manual_seed(0))
+    batch = synthetic_batch(TINY_PRELN, 4, torch.Generator().manual_seed(0))
     out_s, out_d = sparse(**batch), dense(**batch)
     assert out_s.loss.item() == pytest.approx(out_d.loss.item(), rel=1e-5)
     out_s.loss.backward()
@@ -173,7 +174,7 @@ def test_sparse_prediction_same_loss_and_gradients_as_dense(family):
 def test_sparse_prediction_head_sees_only_masked_rows():
     sparse, dense = _pair()
     assert type(dense) is tf.RobertaPreLayerNormForMaskedLM
-    batch = make_batch(TINY_PRELN, 4, torch.Generator().manual_seed(1))
+    batch = synthetic_batch(TINY_PRELN, 4, torch.Generator().manual_seed(1))
     masked = int((batch["labels"] != -100).sum())
     assert 0 < masked < batch["labels"].numel() // 4  # about 15%
     seen = {}
@@ -191,7 +192,7 @@ def test_sparse_prediction_head_sees_only_masked_rows():
 
 def test_sparse_prediction_with_activation_checkpointing():
     sparse, dense = _pair()
-    batch = make_batch(TINY_PRELN, 2, torch.Generator().manual_seed(2))
+    batch = synthetic_batch(TINY_PRELN, 2, torch.Generator().manual_seed(2))
     sparse.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     sparse.train()
     dense.train()
@@ -219,7 +220,7 @@ def test_convnext_activation_checkpointing_recomputes_each_block(catalog):
     net, attn = build_model(model, None)
     assert attn is None
     net.train()
-    batch = make_batch(model, 2, torch.Generator().manual_seed(0))
+    batch = synthetic_batch(model, 2, torch.Generator().manual_seed(0))
     calls = []
     for stage in net.convnext.encoder.stages:
         stage.layers[0].dwconv.register_forward_pre_hook(lambda *_: calls.append(1))

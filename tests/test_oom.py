@@ -13,8 +13,7 @@ from __future__ import annotations
 import pytest
 from pretrain_planner.trainer.oom import FAKE_OOM_ENV, FakeOom
 
-from .test_deepspeed import HAVE_DS
-from .test_sharding import cell, leftover_processes, losses, run_sweep
+from .conftest import HAVE_DS, cell, leftover_processes, losses, run_sweep
 
 MODEL = "tiny-gptneox"  # with gradient clipping (fp32; the bf16 paths: tests/test_cpu_bf16.py)
 HALVED = ["naive", "naive+fsdp-full"] + (["naive+zero3"] if HAVE_DS else [])

@@ -7,11 +7,6 @@ from __future__ import annotations
 import collections
 import time
 
-import pytest
-import yaml
-from pretrain_planner.planning.pipeline import load
-from snakemake.utils import update_config
-
 from .conftest import REPO, snakemake
 
 # The study's models (its scripts/plotting/training_time_tables.py), by our catalog names.
@@ -21,14 +16,6 @@ STUDY_MODELS = [
 ]  # fmt: skip
 STUDY_GPUS = ["rtx3090", "a6000", "a100", "h100"]
 SHARDINGS = ["zero1", "zero2", "zero3", "fsdp-grad", "fsdp-full"]
-
-
-@pytest.fixture(scope="module")
-def paper():
-    """The pipeline as Snakemake builds it: config/paper.yaml merged over config/config.yaml."""
-    config = yaml.safe_load((REPO / "config/config.yaml").read_text())
-    update_config(config, yaml.safe_load((REPO / "config/paper.yaml").read_text()))
-    return load(config, REPO, "config/paper.yaml")
 
 
 def test_the_study_sweep(paper):

@@ -153,7 +153,7 @@ def test_exported_plans_are_what_ran_and_launch_the_train_stage(sweep, tmp_path)
     import os
     import subprocess
 
-    from .test_method_settings import assert_recorded_is_exported
+    from .conftest import assert_recorded_is_exported
 
     work, _, _ = sweep
     for model in MODELS:

@@ -93,7 +93,7 @@ def test_planning_modules_import_no_torch():
     code = (
         "import sys\n"
         "import pretrain_planner.planning.pipeline, pretrain_planner.planning.grid, pretrain_planner.planning.catalog\n"
-        "import pretrain_planner.launch.executor, pretrain_planner.trainer.cell, pretrain_planner.launch.rankjob\n"
+        "import pretrain_planner.launch.executor, pretrain_planner.launch.cell, pretrain_planner.launch.rankjob\n"
         "import pretrain_planner.tables.aggregate, pretrain_planner.report.plots, pretrain_planner.report.document\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
     )

@@ -19,8 +19,7 @@ from pretrain_planner.report import plots as pp_plots
 from pretrain_planner.report import study_plots
 from pretrain_planner.tables import aggregate, study, whatif
 
-from .conftest import REPO
-from .test_aggregate import CATALOG, COSTS, INVALID, cell_result, gpu_set_results, write_set
+from .conftest import CATALOG, COSTS, INVALID, REPO, cell_result, gpu_set_results, write_set
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import aggregate_bench  # noqa: E402

@@ -10,80 +10,15 @@ test_deepspeed.py and test_oom.py too.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-from pathlib import Path
 
 import pytest
 
-from .conftest import BIN, REPO, write_config
+from .conftest import TIMED, cell, leftover_processes, losses, run_sweep
 
 pytestmark = pytest.mark.slow
 
 MODEL = "tiny-bert"  # fp32 recipe: losses agree across methods to float rounding
 METHODS = ["naive", "naive+ac", "naive+fsdp-grad", "naive+fsdp-full", "naive+fsdp-full+off", "fl+fsdp-full"]
-TIMED = 3
-BENCH = {"warmup_steps": 1, "timed_steps": TIMED, "max_micro_batch": 4, "max_spread": 50}  # wiring, not noise
-
-
-def snakemake_bounded(workdir: Path, *args: str, env: dict | None = None, timeout: int = 600):
-    """`snakemake ...` in its own session; past `timeout` the whole tree (driver and every rank) is killed
-    and the test fails: a hang can neither block the suite nor leave processes behind."""
-    cmd = [str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "-d", str(workdir), *args]
-    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
-    proc = subprocess.Popen(
-        cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"snakemake did not finish within {timeout} s (a hang?)\n{out[-3000:]}\n{err[-5000:]}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-
-
-def run_sweep(work: Path, models: list[str], methods: list[str], env: dict | None = None, timeout: int = 600):
-    cfg = write_config(
-        work / "sweep.yaml",
-        sweep={"models": models, "gpus": ["cpu"], "nodes": [1], "gpus_per_node": [2], "methods": methods},
-        launcher={"kind": "local", "timeout_min": 5},
-        benchmark=BENCH,
-    )
-    proc = snakemake_bounded(
-        work, "--profile", str(REPO / "cluster/local"), "--cores", "2", "--configfile", str(cfg), env=env,
-        timeout=timeout,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return work
-
-
-def cell(work: Path, model: str, method: str, ranks: int = 2) -> tuple[dict, list[dict]]:
-    d = work / "results/cells" / model / "cpu" / f"1x{ranks}" / method
-    result = json.loads((d / "result.json").read_text())
-    steps = [json.loads(line) for line in (d / "steps.jsonl").read_text().splitlines()]
-    return result, steps
-
-
-def losses(steps: list[dict]) -> list[float]:
-    return [s["loss"] for s in steps]
-
-
-def leftover_processes(marker: str) -> list[str]:
-    """Command lines of live processes that mention `marker` (a test's work folder)."""
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if marker in cmdline:
-            found.append(f"{pid}: {cmdline[:200]}")
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +101,7 @@ def test_losses_agree_across_methods(sweep):
 def test_recorded_settings_are_the_exported_ones(sweep):
     """Issue 16: every cell recorded planning.settings' values as applied, and the sweep's exported plan for the
     setting holds its fastest cell's settings."""
-    from .test_method_settings import assert_recorded_is_exported
+    from .conftest import assert_recorded_is_exported
 
     for method in METHODS:
         assert_recorded_is_exported(sweep, MODEL, method, 2)

@@ -3,7 +3,6 @@ multi-task jobs, retries after scancel, requeue, and re-attaching after the driv
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -12,16 +11,21 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import BIN, REPO, snakemake, steps_lasting, write_config
+from .conftest import (
+    PROFILE,
+    SITE,
+    bench,
+    cell_results,
+    last_job_id,
+    sacct,
+    snakemake,
+    start_driver,
+    steps_lasting,
+    wait_for,
+    write_config,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-SITE = str(REPO / "tests/data/site-testbed.yaml")
-PROFILE = str(REPO / "cluster/slurm")
-
-
-def bench(timed_steps: int) -> dict:
-    """The testbed cells' benchmark section: CPU ranks, tiny steps; noise is not what these tests check."""
-    return {"warmup_steps": 1, "timed_steps": timed_steps, "max_micro_batch": 4, "device": "cpu", "max_spread": 50}
 
 
 def _config(path: Path, sweep: dict, timed_steps: int = 3) -> Path:
@@ -33,22 +37,6 @@ def _config(path: Path, sweep: dict, timed_steps: int = 3) -> Path:
     )
 
 
-def _sacct(after: int, name: str | None = None) -> list[dict[str, str]]:
-    """Jobs (allocations, not steps) with an id above `after`; sacct can lag a moment behind."""
-    fields = ["JobID", "JobName", "Partition", "AllocTRES", "State", "NodeList"]
-    cmd = ["sacct", "-X", "-n", "-P", "-S", "2020-01-01", "-o", ",".join(f + "%200" for f in fields)]
-    if name:
-        cmd += ["--name", name]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    rows = [dict(zip(fields, ln.split("|"), strict=True)) for ln in out.splitlines() if ln.strip()]
-    return [r for r in rows if int(r["JobID"].split("_")[0]) > after]
-
-
-def _last_job_id() -> int:
-    """The newest job id so far: a test counts only the jobs it submitted itself."""
-    return max((int(j["JobID"].split("_")[0]) for j in _sacct(-1)), default=0)
-
-
 def _step_tasks(job_id: str) -> int:
     out = subprocess.run(
         ["sacct", "-n", "-P", "-j", job_id, "-o", "JobID,NTasks"], capture_output=True, text=True, check=True
@@ -56,38 +44,18 @@ def _step_tasks(job_id: str) -> int:
     return max((int(n) for jid, n in (ln.split("|") for ln in out.splitlines()) if n.strip() and "." in jid), default=0)
 
 
-def _wait(predicate, timeout: float, what: str, every: float = 1.0):
-    end = time.time() + timeout
-    while time.time() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
-def _results(work: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted((work / "results/cells").glob("*/*/*/*/result.json"))]
-
-
-def _start_driver(work: Path, cfg: Path) -> subprocess.Popen:
-    cmd = [str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "-d", str(work), "--profile", PROFILE,
-           "--configfile", str(cfg)]  # fmt: skip
-    log = open(work / "driver.log", "a")  # noqa: SIM115 - the driver outlives this function
-    return subprocess.Popen(cmd, cwd=work, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
-
-
 def test_default_sweep_lands_on_each_gpu_partition(slurm_cluster, tmp_path):
-    since = _last_job_id()
+    since = last_job_id()
     cfg = _config(tmp_path / "c.yaml", {"models": ["tiny-bert"], "gpus_per_node": [1, 2]})
     proc = snakemake(tmp_path, "--profile", PROFILE, "--configfile", str(cfg))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert "partition a100: 2 cells" in proc.stderr  # the plan summary
-    results = _results(tmp_path)
+    results = cell_results(tmp_path)
     assert len(results) == 4 and all(r["status"] == "ok" for r in results), results
     for r in results:
-        jobs = _wait(lambda r=r: _sacct(since, f"pp-{r['model']}-{r['gpu']}-1x{r['gpus_per_node']}-naive"), 30, "sacct")
+        jobs = wait_for(
+            lambda r=r: sacct(since, f"pp-{r['model']}-{r['gpu']}-1x{r['gpus_per_node']}-naive"), 30, "sacct"
+        )
         assert len(jobs) == 1, jobs  # submitted once
         job = jobs[0]
         assert job["JobID"] == r["slurm_job_id"]
@@ -103,37 +71,37 @@ def test_cancelled_cell_is_retried_preempted_and_timed_out_cells_requeue(slurm_c
     """scancel -> the job fails -> Snakemake retries it; `scontrol requeue` (preemption) and the
     time-limit warning signal (USR2, as SLURM sends it `signal_delay_s` before the limit) -> submitit
     checkpoints and requeues the same job, which restarts cleanly and completes."""
-    since = _last_job_id()
+    since = last_job_id()
     cfg = _config(
         tmp_path / "c.yaml",
         {"models": ["tiny-gptneox"], "gpus_per_node": [1], "methods": ["naive", "fl"]},
         timed_steps=steps_lasting(20, step_s),
     )  # still running when it is cancelled, requeued, signalled
-    driver = _start_driver(tmp_path, cfg)
+    driver = start_driver(tmp_path, cfg)
     cancel_name, requeue_name = "pp-tiny-gptneox-a100-1x1-naive", "pp-tiny-gptneox-a100-1x1-fl"
     timeout_name = "pp-tiny-gptneox-h100-1x1-fl"
     try:
 
         def running(name):
-            return [j for j in _sacct(since, name) if j["State"] == "RUNNING"]
+            return [j for j in sacct(since, name) if j["State"] == "RUNNING"]
 
-        victim = _wait(lambda: running(cancel_name), 120, "the cell to cancel to run")[0]
+        victim = wait_for(lambda: running(cancel_name), 120, "the cell to cancel to run")[0]
         subprocess.run(["scancel", victim["JobID"]], check=True)
-        requeued = _wait(lambda: running(requeue_name), 120, "the cell to preempt to run")[0]
+        requeued = wait_for(lambda: running(requeue_name), 120, "the cell to preempt to run")[0]
         subprocess.run(["scontrol", "requeue", requeued["JobID"]], check=True)
-        timed = _wait(lambda: running(timeout_name), 120, "the cell to time out to run")[0]
+        timed = wait_for(lambda: running(timeout_name), 120, "the cell to time out to run")[0]
         time.sleep(3)  # let submitit install its signal handlers in the tasks
         subprocess.run(["scancel", "--signal", "USR2", timed["JobID"]], check=True)
         assert driver.wait(timeout=600) == 0, (tmp_path / "driver.log").read_text()[-5000:]
     finally:
         if driver.poll() is None:
             os.killpg(driver.pid, signal.SIGKILL)
-    results = _results(tmp_path)
+    results = cell_results(tmp_path)
     assert len(results) == 4 and all(r["status"] == "ok" for r in results)
-    cancelled = _sacct(since, cancel_name)
+    cancelled = sacct(since, cancel_name)
     assert sorted(j["State"].split()[0] for j in cancelled) == ["CANCELLED", "COMPLETED"], cancelled
     for name in (requeue_name, timeout_name):  # same job id, restarted in place, submitted once
-        again = _sacct(since, name)
+        again = sacct(since, name)
         assert len(again) == 1 and again[0]["State"] == "COMPLETED", again
     out = (tmp_path / f"results/cells/tiny-gptneox/h100/1x1/fl/submitit/{timed['JobID']}_0_log.out").read_text()
     assert "Calling checkpoint method" in out and f"Requeued job {timed['JobID']}" in out, out[-2000:]
@@ -143,42 +111,42 @@ def test_cancelled_cell_is_retried_preempted_and_timed_out_cells_requeue(slurm_c
 
 
 def test_killed_driver_reattaches_without_resubmitting(slurm_cluster, tmp_path):
-    since = _last_job_id()
+    since = last_job_id()
     cfg = _config(tmp_path / "c.yaml", {"models": ["tiny-gptneox", "tiny-bert"], "gpus_per_node": [1]}, timed_steps=25)
-    driver = _start_driver(tmp_path, cfg)
+    driver = start_driver(tmp_path, cfg)
     records = lambda: list((tmp_path / "results/cells").glob("*/*/*/*/slurm_job.json"))  # noqa: E731
     try:
-        _wait(lambda: len(records()) == 4, 120, "all four cells to be submitted")
+        wait_for(lambda: len(records()) == 4, 120, "all four cells to be submitted")
         # let one job finish while the driver is down, others are still pending or running
         time.sleep(2)
     finally:
         os.killpg(driver.pid, signal.SIGKILL)
         driver.wait()
-    _wait(lambda: any(j["State"] == "COMPLETED" for j in _sacct(since)), 180, "a job to finish meanwhile", every=2)
+    wait_for(lambda: any(j["State"] == "COMPLETED" for j in sacct(since)), 180, "a job to finish meanwhile", every=2)
     unlock = snakemake(tmp_path, "--profile", PROFILE, "--configfile", str(cfg), "--unlock")
     assert unlock.returncode == 0, unlock.stderr[-2000:]
     proc = snakemake(tmp_path, "--profile", PROFILE, "--configfile", str(cfg))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    results = _results(tmp_path)
+    results = cell_results(tmp_path)
     assert len(results) == 4 and all(r["status"] == "ok" for r in results)
     logs = [p.read_text() for p in (tmp_path / "results/cells").glob("*/*/*/*/cell.log")]
     # each cell found its recorded job: still queued/running (re-attached) or finished meanwhile (collected)
     assert all("re-attached to job" in log or "finished while the driver was away" in log for log in logs), logs
-    jobs = [j for j in _sacct(since) if j["JobName"].startswith("pp-")]
+    jobs = [j for j in sacct(since) if j["JobName"].startswith("pp-")]
     assert len(jobs) == 4, jobs  # zero duplicate submissions
     assert {j["JobID"] for j in jobs} == {r["slurm_job_id"] for r in results}
 
 
 def test_multi_node_cell_spans_both_nodes(slurm_cluster, tmp_path):
     """A 2-node cell is one job with one task per node; DDP's all-reduce runs across the nodes."""
-    since = _last_job_id()
+    since = last_job_id()
     cfg = _config(tmp_path / "c.yaml", {"models": ["tiny-bert"], "gpus": ["cpu"], "nodes": [2], "gpus_per_node": [1]})
     proc = snakemake(tmp_path, "--profile", PROFILE, "--configfile", str(cfg))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    (result,) = _results(tmp_path)
+    (result,) = cell_results(tmp_path)
     assert result["status"] == "ok" and result["world_size"] == 2 and result["nodes"] == 2
     assert result["method_settings"]["parallel"] == "ddp"
-    (job,) = _wait(lambda: _sacct(since, "pp-tiny-bert-cpu-2x1-naive"), 30, "sacct")
+    (job,) = wait_for(lambda: sacct(since, "pp-tiny-bert-cpu-2x1-naive"), 30, "sacct")
     assert job["Partition"] == "cpu" and job["NodeList"] in ("node-[a100,h100]", "node-a100,node-h100"), job
     assert _step_tasks(job["JobID"]) == 2
 

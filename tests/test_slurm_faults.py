@@ -13,8 +13,20 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import REPO, snakemake, steps_lasting, write_config
-from .test_slurm import PROFILE, SITE, _last_job_id, _results, _sacct, _start_driver, _wait, bench
+from .conftest import (
+    PROFILE,
+    REPO,
+    SITE,
+    bench,
+    cell_results,
+    last_job_id,
+    sacct,
+    snakemake,
+    start_driver,
+    steps_lasting,
+    wait_for,
+    write_config,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 DAEMON = str(REPO / "cluster/testbed/daemon.sh")
@@ -41,13 +53,15 @@ def _scontrol(job_id: str) -> dict[str, str]:
 
 def _one_job_per_cell(work: Path, since: int) -> list[dict]:
     """Every cell: exactly one SLURM job (COMPLETED), and its result.json names the job slurm_job.json records."""
-    results = _results(work)
+    results = cell_results(work)
     assert results and all(r["status"] == "ok" for r in results), results
     for r in results:
         name = f"pp-{r['model']}-{r['gpu']}-{r['nodes']}x{r['gpus_per_node']}-{r['method']}"
         # accounting may lag behind the controller (e.g. records queued while slurmdbd was down)
-        _wait(lambda n=name: all(j["State"] == "COMPLETED" for j in _sacct(since, n)) and _sacct(since, n), 90, "sacct")
-        jobs = _sacct(since, name)
+        wait_for(
+            lambda n=name: all(j["State"] == "COMPLETED" for j in sacct(since, n)) and sacct(since, n), 90, "sacct"
+        )
+        jobs = sacct(since, name)
         assert len(jobs) == 1 and jobs[0]["State"] == "COMPLETED", jobs
         cell = work / f"results/cells/{r['model']}/{r['gpu']}/{r['nodes']}x{r['gpus_per_node']}/{r['method']}"
         record = json.loads((cell / "slurm_job.json").read_text())
@@ -62,16 +76,16 @@ def _log(work: Path, rel: str) -> str:
 def test_node_failure_reattaches_to_the_requeued_job(slurm_cluster, tmp_path, step_s):
     """A node goes down under a running cell: SLURM requeues the job (sacct says NODE_FAIL for a while); the
     driver waits for the same job instead of failing the cell and submitting a second one."""
-    since = _last_job_id()
+    since = last_job_id()
     run_s = 40  # still running when the node goes down, a few seconds after the cell started
     cfg = _config(tmp_path / "c.yaml", ["tiny-gptneox"], ["a100"], timed_steps=steps_lasting(run_s, step_s))
-    driver = _start_driver(tmp_path, cfg)
+    driver = start_driver(tmp_path, cfg)
     try:
-        job = _wait(lambda: [j for j in _sacct(since, "pp-tiny-gptneox-a100-1x1-naive") if j["State"] == "RUNNING"],
+        job = wait_for(lambda: [j for j in sacct(since, "pp-tiny-gptneox-a100-1x1-naive") if j["State"] == "RUNNING"],
                     180, "the cell to run")[0]  # fmt: skip
         time.sleep(3)
         subprocess.run(["scontrol", "update", "nodename=node-a100", "state=down", "reason=drill"], check=True)
-        _wait(lambda: int(_scontrol(job["JobID"]).get("Restarts", "0")) >= 1, 60, "SLURM to requeue the job")
+        wait_for(lambda: int(_scontrol(job["JobID"]).get("Restarts", "0")) >= 1, 60, "SLURM to requeue the job")
         time.sleep(5)  # the driver polls meanwhile (NODE_FAIL in accounting); the node returns by itself
         subprocess.run(["scontrol", "update", "nodename=node-a100", "state=resume"], capture_output=True)
         # the requeued run from its first step, the node's return and SLURM's requeue delay on top
@@ -90,18 +104,18 @@ def test_node_failure_reattaches_to_the_requeued_job(slurm_cluster, tmp_path, st
 def test_reattach_collects_finished_jobs_while_slurmdbd_is_down(slurm_cluster, tmp_path):
     """The driver is killed; every job finishes; accounting goes down; the restarted driver collects the
     results on disk and submits nothing."""
-    since = _last_job_id()
+    since = last_job_id()
     cfg = _config(tmp_path / "c.yaml", ["tiny-gptneox", "tiny-bert"], ["a100", "h100"], timed_steps=10)
-    driver = _start_driver(tmp_path, cfg)
+    driver = start_driver(tmp_path, cfg)
     records = lambda: list((tmp_path / "results/cells").glob("*/*/*/*/slurm_job.json"))  # noqa: E731
     try:
-        _wait(lambda: len(records()) == 4, 120, "all four cells to be submitted")
+        wait_for(lambda: len(records()) == 4, 120, "all four cells to be submitted")
     finally:
         os.killpg(driver.pid, signal.SIGKILL)
         driver.wait()
     ids = [json.loads(p.read_text())["job_id"] for p in records()]
-    _wait(lambda: all(_scontrol(str(i)).get("JobState") == "COMPLETED" for i in ids), 240, "every job to finish")
-    _wait(lambda: sum(j["State"] == "COMPLETED" for j in _sacct(since)) == 4, 60, "accounting to record them")
+    wait_for(lambda: all(_scontrol(str(i)).get("JobState") == "COMPLETED" for i in ids), 240, "every job to finish")
+    wait_for(lambda: sum(j["State"] == "COMPLETED" for j in sacct(since)) == 4, 60, "accounting to record them")
     _daemon("stop", "slurmdbd")
     try:
         assert snakemake(tmp_path, "--profile", PROFILE, "--configfile", str(cfg), "--unlock").returncode == 0
@@ -117,16 +131,18 @@ def test_reattach_collects_finished_jobs_while_slurmdbd_is_down(slurm_cluster, t
 def test_controller_down_at_submission_backs_off_and_logs_every_attempt(slurm_cluster, tmp_path):
     """sbatch fails while slurmctld is down: the cell waits for the controller (launcher.submit_wait_min)
     instead of spending Snakemake's retries in seconds, and cell.log keeps every failed attempt."""
-    since = _last_job_id()
+    since = last_job_id()
     cfg = _config(tmp_path / "c.yaml", ["tiny-bert"], ["h100"], timed_steps=3, submit_wait_min=5)
     _daemon("stop", "slurmctld")
     try:
-        driver = _start_driver(tmp_path, cfg)
+        driver = start_driver(tmp_path, cfg)
         log = tmp_path / "results/cells/tiny-bert/h100/1x1/naive/cell.log"
-        _wait(lambda: log.is_file() and log.read_text().count("sbatch attempt") >= 2, 120, "two failed sbatch attempts")
+        wait_for(
+            lambda: log.is_file() and log.read_text().count("sbatch attempt") >= 2, 120, "two failed sbatch attempts"
+        )
     finally:
         _daemon("start", "slurmctld")
-    _wait(lambda: subprocess.run(["sinfo", "-h", "-n", "node-h100", "-o", "%T"], capture_output=True,
+    wait_for(lambda: subprocess.run(["sinfo", "-h", "-n", "node-h100", "-o", "%T"], capture_output=True,
                                  text=True).stdout.strip() == "idle", 90, "node-h100 to be idle")  # fmt: skip
     assert driver.wait(timeout=420) == 0, (tmp_path / "driver.log").read_text()[-5000:]
     text = _log(tmp_path, "tiny-bert/h100/1x1/naive")
@@ -141,7 +157,7 @@ def test_time_limit_too_short_fails_once_naming_the_site_key(slurm_cluster, tmp_
     site["gpus"]["a100"].update(time_limit_min=1, signal_delay_s=90)
     site_path = tmp_path / "site.yaml"
     site_path.write_text(yaml.safe_dump(site))
-    since = _last_job_id()
+    since = last_job_id()
     steps = steps_lasting(240, step_s)  # 4 x the limit: never done within it
     cfg = _config(tmp_path / "c.yaml", ["tiny-gptneox"], ["a100"], timed_steps=steps, site=str(site_path))
     proc = snakemake(tmp_path, "--profile", PROFILE, "--configfile", str(cfg), timeout=600)
@@ -149,7 +165,7 @@ def test_time_limit_too_short_fails_once_naming_the_site_key(slurm_cluster, tmp_
     text = _log(tmp_path, "tiny-gptneox/a100/1x1/naive")
     assert "gpus.a100.time_limit_min" in text and "without getting further" in text, text[-4000:]
     assert "not submitted again" in text  # Snakemake's retries did not loop again
-    jobs = _sacct(since, "pp-tiny-gptneox-a100-1x1-naive")
+    jobs = sacct(since, "pp-tiny-gptneox-a100-1x1-naive")
     assert len(jobs) == 1, jobs  # one job, requeued once, then refused
 
 
@@ -161,7 +177,7 @@ def test_a_cell_ending_at_its_time_limit_is_not_submitted_again(slurm_cluster, t
     site["gpus"]["a100"].update(time_limit_min=1, signal_delay_s=0)
     site_path = tmp_path / "site.yaml"
     site_path.write_text(yaml.safe_dump(site))
-    since = _last_job_id()
+    since = last_job_id()
     steps = steps_lasting(300, step_s)  # 5 x the limit: never done within it
     cfg = _config(tmp_path / "c.yaml", ["tiny-gptneox"], ["a100"], timed_steps=steps, site=str(site_path))
     proc = snakemake(tmp_path, "--profile", PROFILE, "--configfile", str(cfg), timeout=600)
@@ -169,19 +185,19 @@ def test_a_cell_ending_at_its_time_limit_is_not_submitted_again(slurm_cluster, t
     text = _log(tmp_path, "tiny-gptneox/a100/1x1/naive")
     assert "(SLURM state TIMEOUT)" in text and "gpus.a100.time_limit_min" in text, text[-4000:]
     assert "not submitted again" in text
-    jobs = _sacct(since, "pp-tiny-gptneox-a100-1x1-naive")
+    jobs = sacct(since, "pp-tiny-gptneox-a100-1x1-naive")
     assert [j["State"] for j in jobs] == ["TIMEOUT"], jobs
 
 
 def test_second_driver_is_refused_and_sigterm_leaves_jobs_queued(slurm_cluster, tmp_path, step_s):
     """`--unlock` while a driver lives does not let a second driver in; SIGTERM stops the first promptly,
     names the jobs it leaves queued, and the next run re-attaches to them."""
-    since = _last_job_id()
+    since = last_job_id()
     run_s = 60  # both still running after --unlock, a refused second driver and the first one's SIGTERM
     cfg = _config(tmp_path / "c.yaml", ["tiny-gptneox"], ["a100", "h100"], timed_steps=steps_lasting(run_s, step_s))
-    driver = _start_driver(tmp_path, cfg)
+    driver = start_driver(tmp_path, cfg)
     try:
-        _wait(lambda: len([j for j in _sacct(since) if j["State"] == "RUNNING"]) == 2, 180, "both cells to run")
+        wait_for(lambda: len([j for j in sacct(since) if j["State"] == "RUNNING"]) == 2, 180, "both cells to run")
         assert snakemake(tmp_path, "--profile", PROFILE, "--configfile", str(cfg), "--unlock").returncode == 0
         second = snakemake(tmp_path, "--profile", PROFILE, "--configfile", str(cfg), timeout=120)
         assert second.returncode != 0
@@ -194,9 +210,9 @@ def test_second_driver_is_refused_and_sigterm_leaves_jobs_queued(slurm_cluster, 
         if driver.poll() is None:
             os.killpg(driver.pid, signal.SIGKILL)
     out = (tmp_path / "driver.log").read_text()
-    left = [j["JobID"] for j in _sacct(since) if j["State"] in ("RUNNING", "PENDING")]
+    left = [j["JobID"] for j in sacct(since) if j["State"] in ("RUNNING", "PENDING")]
     assert len(left) == 2 and "left queued on SLURM (2)" in out and all(f"job {i})" in out for i in left), out[-3000:]
-    assert not _results(tmp_path)
+    assert not cell_results(tmp_path)
     assert snakemake(tmp_path, "--profile", PROFILE, "--configfile", str(cfg), "--unlock").returncode == 0
     proc = snakemake(tmp_path, "--profile", PROFILE, "--configfile", str(cfg), timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]

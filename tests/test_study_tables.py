@@ -16,7 +16,7 @@ from pretrain_planner.report import study_plots
 from pretrain_planner.schema import ConfigError
 from pretrain_planner.tables import aggregate, study
 
-from .test_aggregate import CATALOG, cell_result, write_set
+from .conftest import CATALOG, cell_result, write_set
 
 # (model, gpu, gpus, method, days to train): one node each
 SET = [

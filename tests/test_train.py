@@ -13,35 +13,14 @@ from pathlib import Path
 
 import pytest
 from pretrain_planner import cli, layout
-from pretrain_planner.budget.schedule import recipe_lr
 from pretrain_planner.planning.catalog import load_catalog
 from pretrain_planner.train import record
+from pretrain_planner.trainer.schedule import recipe_lr
 
-from .conftest import BIN, REPO, snakemake, write_config
+from .conftest import BIN, REPO, snakemake, steps_of, write_config, write_plan
 
 CATALOG = load_catalog(REPO / "config/models.yaml", REPO / "config/gpus.yaml")
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO / "workflow")}
-
-
-def write_plan(folder: Path, model: str, mb: int = 4, gpus_per_node: int = 1, method: str = "naive") -> Path:
-    """A plan.json as the export writes it: the catalog's model and GPU, the method, a measurement."""
-    spec, gpu = CATALOG.model(model), CATALOG.gpu("cpu")
-    gb = spec.recipe.global_batch
-    plan = {
-        "model": spec.to_dict(), "gpu": gpu.to_dict(), "nodes": 1, "gpus_per_node": gpus_per_node, "method": method,
-        "measured": {"micro_batch_size": mb, "grad_accum_steps": gb // (mb * gpus_per_node), "step_time_s": 0.5,
-                     "samples_per_s": gb / 0.5, "tokens_per_s": gb * (spec.recipe.sequence_length or 0) / 0.5 or None},
-    }  # fmt: skip
-    try:  # the method's concrete settings, as the export records them
-        from pretrain_planner.planning.settings import resolve
-
-        accum = gb // mb // gpus_per_node
-        plan["method_settings"] = resolve(method, plan["model"], plan["gpu"], gpus_per_node, mb, accum)
-    except ImportError:
-        pass
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "plan.json").write_text(json.dumps(plan, indent=1))
-    return folder / "plan.json"
 
 
 def train(plan: Path, out: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -51,10 +30,6 @@ def train(plan: Path, out: Path, *args: str, check: bool = True) -> subprocess.C
     if check:
         assert proc.returncode == 0, proc.stderr[-4000:]
     return proc
-
-
-def steps_of(out: Path) -> list[dict]:
-    return [json.loads(ln) for ln in (out / "run/steps.jsonl").read_text().splitlines()]
 
 
 def result_of(out: Path) -> dict:
@@ -145,7 +120,7 @@ def test_accumulation_matches_one_big_micro_batch(tmp_path):
 
 @pytest.mark.parametrize("model", ["tiny-bert", "tiny-mamba", "tiny-vit"])
 def test_every_family_trains_from_its_plan(tmp_path, model):
-    """MLM through budget/data.py, Mamba on packed text, ViT on a local image folder (.npy): not synthetic."""
+    """MLM through trainer/data/mlm.py, Mamba on packed text, ViT on a local image folder (.npy): not synthetic."""
     import numpy as np
 
     args = ["--steps", "3"]
@@ -167,7 +142,7 @@ def test_every_family_trains_from_its_plan(tmp_path, model):
     else:
         assert res["data"]["synthetic"] and "generated corpus" in res["data"]["label"]
     if task == "masked_lm":
-        assert res["data"]["prepared_by"].startswith("budget/data.py") and res["data"]["tokenizer_vocab"] <= 512
+        assert res["data"]["prepared_by"].startswith("trainer/data/mlm.py") and res["data"]["tokenizer_vocab"] <= 512
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ import json
 import pytest
 from pretrain_planner import cli
 
-from .test_train import steps_of, write_plan
+from .conftest import steps_of, write_plan
 
 
 @pytest.mark.slow

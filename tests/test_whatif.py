@@ -11,7 +11,7 @@ import pytest
 from pretrain_planner.planning.flops import param_count, train_flops_per_sample
 from pretrain_planner.tables.whatif import Predictor, whatif_table
 
-from .test_aggregate import CATALOG
+from .conftest import CATALOG
 
 MODEL = "pythia-1b"
 EFFICIENCY = 0.01  # every synthetic all-reduce runs at 1% of the datasheet bandwidth: communication matters

@@ -1,6 +1,7 @@
 """Where everything lives under the results folder. Every path is composed here; the Snakemake rules, the
-planner, the launcher, the search, the tables, the CLI and the budget stage ask this module (results/README.md
-says what each file holds). Imports no torch.
+planner, the launcher, the search, the tables, the CLI, the trainer's loop and the stages ask this module
+(results/README.md says what each file holds). Inside a prepared data folder the names are its format's
+(trainer/data/). Imports no torch.
 
     results/
       plan.csv                                   every cell of the sweep, valid or not
@@ -51,11 +52,37 @@ LOCAL_RECORD = "local_job.json"
 ROUND = "round{k}.json"
 SEARCH_FILE = "search.json"
 PLAN_FILE = "plan.json"
+OPTIMAL_INDEX = "index.csv"  # optimal/index.csv: every setting's plan, or why there is none
+SUBMITIT = "submitit"  # a job's folder of submitit's pickles and logs
+# a training run's folder (the loop's: train/.../run, budget/.../pretrain/run): outlives a killed job
+CHECKPOINT = "checkpoint.pt"
+DEEPSPEED_CHECKPOINTS = "deepspeed"  # ZeRO's own sharded checkpoints, named by checkpoint.pt
+VALIDATION_LOG = "validation.jsonl"
 # a train run's folder (train/{model}/{gpu}/{N}x{G}/) and its files
 THROUGHPUT_MD = "throughput.md"
 THROUGHPUT_CSV = "throughput.csv"
 TRAIN_LOG = "train.log"
 TRAIN_RUN = "run"  # checkpoint.pt, steps.jsonl: outlives a killed job (not a Snakemake output)
+
+
+# the budget stage's folder (budget/) and its files: {recipe} is "" for the budget file's own recipe and
+# recipes/{name}/ for a swept one, {data} is "data" or data-seq{N} (budget/sweep.py), {task} a GLUE task
+BUDGET_INDEX = "{data}/index.json"
+BUDGET_PRETRAIN = "{recipe}pretrain"  # model/, result.json (+ summary.{csv,md}, loss.png), run/
+BUDGET_GLUE_TASK = "{recipe}glue/{task}"  # metrics.json (+ model/ for MNLI)
+BUDGET_GLUE_TABLE = "{recipe}glue.{ext}"  # csv, md
+BUDGET_SWEEP_TABLE = "sweep.{ext}"  # csv, md
+BUDGET_SWEEP_PLOT = "sweep_loss.png"
+METRICS = "metrics.json"
+MODEL_DIR = "model"
+PRETRAIN_SUMMARY = "summary.{ext}"  # csv, md
+LOSS_PLOT = "loss.png"
+
+
+def budget_path(results: str | Path, pattern: str, **fields: str) -> str:
+    """A path under budget/ from one of the BUDGET_* patterns; the fields not given stay Snakemake wildcards."""
+    names = ("data", "recipe", "task", "ext")
+    return f"{results}/{BUDGET}/" + pattern.format(**{k: fields.get(k, wildcard(k)) for k in names})
 
 
 def setting_folder(model: str, gpu: str, nodes: int | str, gpus_per_node: int | str) -> str:

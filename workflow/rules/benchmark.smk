@@ -1,6 +1,6 @@
 # The plan (every cell, valid or not) and one job per valid cell.
 
-import pretrain_planner.trainer.cell as pp_cell
+import pretrain_planner.launch.cell as pp_cell
 
 
 rule plan:

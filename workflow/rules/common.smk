@@ -5,7 +5,6 @@ import pretrain_planner.integrity as pp_integrity
 import pretrain_planner.layout as pp_layout
 import pretrain_planner.launch.driver as pp_driver
 import pretrain_planner.launch.local as pp_local
-import pretrain_planner.launch.request as pp_request
 import pretrain_planner.planning.pipeline as pp_pipeline
 import pretrain_planner.report.plots as pp_plots
 import pretrain_planner.search as pp_search
@@ -84,69 +83,3 @@ def search_done_input(wildcards):
         if pp_search.read_round(path)["done"]:
             return {"last": path, "results": pp_search.round_results(RESULTS, path)}
     raise ValueError(f"adaptive search of {wildcards} did not finish in search.max_rounds rounds")
-
-
-# The time-budgeted BERT stage (pretrain.smk): its settings, validated at parse time. The training setting
-# (micro-batch, accumulation, method) is resolved here from results/optimal/.../plan.json or the config.
-import pretrain_planner.budget.config as pp_budget_config
-
-BUDGET = pp_budget_config.load_or_exit(
-    config.get("budget", "config/budget.yaml"), workflow.basedir, RESULTS
-)
-BUDGET_LAUNCH = pp_budget_config.launch_or_exit(PP.config, BUDGET, workflow.basedir)
-if BUDGET["setting"]["source"] == "missing":  # the pretrain job stops with this
-    print(f"pretrain-planner: warning: {BUDGET['setting']['error']}", file=sys.stderr)
-BUDGET_DIR = f"{RESULTS}/{pp_layout.BUDGET}"
-BUDGET_TASKS = BUDGET["glue"]["tasks"]
-BUDGET_FROM_MNLI = [t for t in BUDGET["glue"]["from_mnli"] if "mnli" in BUDGET_TASKS]
-BUDGET_THREADS = min(BUDGET["train"]["threads"] or workflow.cores or 1, workflow.cores or 1)
-BUDGET_GLUE = {"csv": f"{BUDGET_DIR}/glue.csv", "md": f"{BUDGET_DIR}/glue.md"}
-# cores a budget job holds on the driver's host: its ranks run here (local, debug), or elsewhere (slurm)
-BUDGET_RANKS = BUDGET["setting"]["world_size"]
-BUDGET_PRETRAIN_THREADS = pp_request.driver_cores(
-    BUDGET_LAUNCH["kind"], BUDGET_RANKS, BUDGET_THREADS, workflow.cores
-)
-BUDGET_JOB_THREADS = pp_request.driver_cores(BUDGET_LAUNCH["kind"], 1, BUDGET_THREADS, workflow.cores)
-
-
-# budget.sweep: {recipe} is "" for the file's own recipe (results/budget/pretrain/...) and recipes/<name>/ for each
-# swept one; {data} is "data", or data-seq<N> for a swept sequence length (pretrain_planner.budget.sweep).
-import pretrain_planner.budget.sweep as pp_budget_sweep
-
-BUDGET_RECIPES = pp_budget_sweep.recipes_or_exit(BUDGET)
-BUDGET_SWEEP = pp_budget_sweep.swept(BUDGET_RECIPES)
-BUDGET_DATA = pp_budget_sweep.data_sets(BUDGET_RECIPES)
-BUDGET_SWEEP_OUT = {
-    "csv": f"{BUDGET_DIR}/sweep.csv",
-    "md": f"{BUDGET_DIR}/sweep.md",
-    "png": f"{BUDGET_DIR}/sweep_loss.png",
-}
-
-
-def budget_recipe(wildcards):
-    return BUDGET_RECIPES[wildcards.recipe]
-
-
-def budget_index(wildcards):
-    """The prepared data of a recipe (its sequence length's)."""
-    key = pp_budget_sweep.data_key(BUDGET_RECIPES[wildcards.recipe], BUDGET)
-    return f"{BUDGET_DIR}/{key}/index.json"
-
-
-def budget_init_model(wildcards):
-    """RTE, STS-B, MRPC (glue.from_mnli) start from the MNLI-fine-tuned model; the rest from pre-training."""
-    if wildcards.task in BUDGET_FROM_MNLI:
-        return f"{BUDGET_DIR}/{wildcards.recipe}glue/mnli/model"
-    return f"{BUDGET_DIR}/{wildcards.recipe}pretrain/model"
-
-
-def budget_metrics(wildcards):
-    """The GLUE metrics of every task of a recipe."""
-    return [f"{BUDGET_DIR}/{wildcards.recipe}glue/{task}/metrics.json" for task in BUDGET_TASKS]
-
-
-def budget_targets():
-    """What `budget` builds: the sweep's comparison, or the one recipe's GLUE table and pre-training result."""
-    if BUDGET_SWEEP:
-        return BUDGET_SWEEP_OUT
-    return {**BUDGET_GLUE, "pretrain": f"{BUDGET_DIR}/pretrain/result.json"}

@@ -1,9 +1,17 @@
 # The time-budgeted BERT recipe (Izsak et al. 2021, issue #6): prepare_data -> pretrain -> finetune -> glue_table.
-# Settings: config/budget.yaml (or the file named by `budget:` in the main config). Include after common.smk
-# (uses RESULTS, BUDGET* and budget_init_model defined there). Parsing imports no torch; each job calls one function of pretrain_planner.budget.
+# Settings: config/budget.yaml (or the file named by `budget:` in the main config), read only when a rule of this
+# stage is asked for (pretrain_planner.budget.workflow): a benchmark run never parses them. Include after common.smk
+# (uses PP, RESULTS). Parsing imports no torch; each job calls one function of pretrain_planner.budget.
 #   snakemake --profile cluster/local budget      # data, pre-training, GLUE, results/budget/glue.{csv,md}
 # With budget.sweep, every recipe runs under results/budget/recipes/<name>/ and `budget` builds
-# results/budget/sweep.{csv,md} and sweep_loss.png ({recipe} and {data}: common.smk).
+# results/budget/sweep.{csv,md} and sweep_loss.png ({recipe} and {data}: pretrain_planner.budget.sweep).
+import pretrain_planner.budget.workflow as pp_budget_workflow
+
+BUDGET = pp_budget_workflow.BudgetStage(
+    config.get("budget", "config/budget.yaml"), workflow.basedir, RESULTS, PP.config, workflow.cores
+)
+
+
 wildcard_constraints:
     recipe=r"(recipes/[^/]+/)?",
     data=r"data(-seq[0-9]+)?",
@@ -11,17 +19,17 @@ wildcard_constraints:
 
 rule prepare_data:
     input:
-        BUDGET["corpus"]["files"],
+        BUDGET.corpus,
     output:
-        index=f"{BUDGET_DIR}/{{data}}/index.json",
+        index=BUDGET(pp_layout.BUDGET_INDEX),
     log:
         pp_layout.log(RESULTS, "budget/prepare_{data}.log"),
     params:
-        settings=lambda wc: {k: BUDGET_DATA[wc.data][k] for k in ("seed", "corpus", "tokenizer", "data")},
+        settings=lambda wc: {k: BUDGET.data[wc.data][k] for k in ("seed", "corpus", "tokenizer", "data")},
     run:
-        from pretrain_planner.budget.data import prepare_data
+        from pretrain_planner.trainer.data.mlm import prepare_data
 
-        prepare_data(BUDGET_DATA[wildcards.data], output.index, log[0])
+        prepare_data(BUDGET.data[wildcards.data], output.index, log[0])
 
 
 # run/ (checkpoint, step log, fine-tuning checkpoints) is not an output: a killed job's rerun resumes from it.
@@ -30,22 +38,22 @@ rule prepare_data:
 # not make the run's result incomplete.
 rule pretrain:
     input:
-        index=budget_index,
+        index=BUDGET.index,
     output:
-        model=directory(f"{BUDGET_DIR}/{{recipe}}pretrain/model"),
-        result=f"{BUDGET_DIR}/{{recipe}}pretrain/result.json",
+        model=directory(f"{BUDGET(pp_layout.BUDGET_PRETRAIN)}/{pp_layout.MODEL_DIR}"),
+        result=f"{BUDGET(pp_layout.BUDGET_PRETRAIN)}/{pp_layout.RESULT}",
     log:
         pp_layout.log(RESULTS, "budget/{recipe}pretrain.log"),
-    threads: BUDGET_PRETRAIN_THREADS
+    threads: BUDGET.pretrain_threads
     params:
-        run_dir=f"{BUDGET_DIR}/{{recipe}}pretrain/run",
-        settings=lambda wc: {k: BUDGET_RECIPES[wc.recipe][k] for k in ("model", "train", "setting")},
+        run_dir=f"{BUDGET(pp_layout.BUDGET_PRETRAIN)}/{pp_layout.TRAIN_RUN}",
+        settings=lambda wc: {k: BUDGET.recipes[wc.recipe][k] for k in ("model", "train", "setting")},
     run:
         from pretrain_planner.budget.jobs import pretrain
 
         pretrain(
-            budget_recipe(wildcards),
-            BUDGET_LAUNCH,
+            BUDGET.recipes[wildcards.recipe],
+            BUDGET.launch,
             input.index,
             output.model,
             output.result,
@@ -59,19 +67,19 @@ rule finetune_mnli:
     input:
         model=rules.pretrain.output.model,
     output:
-        metrics=f"{BUDGET_DIR}/{{recipe}}glue/mnli/metrics.json",
-        model=directory(f"{BUDGET_DIR}/{{recipe}}glue/mnli/model"),
+        metrics=f"{BUDGET(pp_layout.BUDGET_GLUE_TASK, task='mnli')}/{pp_layout.METRICS}",
+        model=directory(f"{BUDGET(pp_layout.BUDGET_GLUE_TASK, task='mnli')}/{pp_layout.MODEL_DIR}"),
     log:
         pp_layout.log(RESULTS, "budget/{recipe}finetune_mnli.log"),
-    threads: BUDGET_JOB_THREADS
+    threads: BUDGET.job_threads
     params:
-        glue=BUDGET["glue"],
+        glue=lambda wc: BUDGET.cfg["glue"],
     run:
         from pretrain_planner.budget.jobs import finetune
 
         finetune(
-            budget_recipe(wildcards),
-            BUDGET_LAUNCH,
+            BUDGET.recipes[wildcards.recipe],
+            BUDGET.launch,
             "mnli",
             input.model,
             output.metrics,
@@ -83,23 +91,23 @@ rule finetune_mnli:
 
 rule finetune:
     input:
-        model=budget_init_model,
+        model=BUDGET.init_model,
     output:
-        metrics=f"{BUDGET_DIR}/{{recipe}}glue/{{task}}/metrics.json",
+        metrics=f"{BUDGET(pp_layout.BUDGET_GLUE_TASK)}/{pp_layout.METRICS}",
     log:
         pp_layout.log(RESULTS, "budget/{recipe}finetune_{task}.log"),
     wildcard_constraints:
         task="(?!mnli/)[a-z0-9]+",  # not mnli (finetune_mnli): the lookahead reads past the wildcard
-    threads: BUDGET_JOB_THREADS
+    threads: BUDGET.job_threads
     params:
-        glue=BUDGET["glue"],
-        init=lambda wc: "mnli" if wc.task in BUDGET_FROM_MNLI else "pretrained",
+        glue=lambda wc: BUDGET.cfg["glue"],
+        init=BUDGET.init_kind,
     run:
         from pretrain_planner.budget.jobs import finetune
 
         finetune(
-            budget_recipe(wildcards),
-            BUDGET_LAUNCH,
+            BUDGET.recipes[wildcards.recipe],
+            BUDGET.launch,
             wildcards.task,
             input.model,
             output.metrics,
@@ -111,10 +119,10 @@ rule finetune:
 
 rule glue_table:
     input:
-        budget_metrics,
+        BUDGET.metrics,
     output:
-        csv=f"{BUDGET_DIR}/{{recipe}}glue.csv",
-        md=f"{BUDGET_DIR}/{{recipe}}glue.md",
+        csv=BUDGET(pp_layout.BUDGET_GLUE_TABLE, ext="csv"),
+        md=BUDGET(pp_layout.BUDGET_GLUE_TABLE, ext="md"),
     log:
         pp_layout.log(RESULTS, "budget/{recipe}glue_table.log"),
     run:
@@ -125,14 +133,13 @@ rule glue_table:
 
 rule budget_sweep:
     input:
-        results=expand(f"{BUDGET_DIR}/{{recipe}}pretrain/result.json", recipe=BUDGET_SWEEP),
-        glue=expand(f"{BUDGET_DIR}/{{recipe}}glue.csv", recipe=BUDGET_SWEEP),
+        unpack(BUDGET.sweep_inputs),
     output:
-        **BUDGET_SWEEP_OUT,
+        **BUDGET.sweep_out(),
     log:
         pp_layout.log(RESULTS, "budget/sweep_table.log"),
     params:
-        recipes={BUDGET_RECIPES[r]["recipe"]["name"]: BUDGET_RECIPES[r]["recipe"]["values"] for r in BUDGET_SWEEP},
+        recipes=BUDGET.sweep_values,
     run:
         from pretrain_planner.budget.sweep import sweep_table
 
@@ -149,4 +156,4 @@ rule budget_sweep:
 
 rule budget:
     input:
-        **budget_targets(),
+        unpack(BUDGET.targets),

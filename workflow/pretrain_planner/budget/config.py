@@ -2,48 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import datetime
 import glob
-import hashlib
 import json
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pretrain_planner import layout
+from pretrain_planner.launch import stage
 from pretrain_planner.planning.catalog import load_models
 from pretrain_planner.planning.pipeline import resolve
 from pretrain_planner.planning.settings import grad_sync_of
-from pretrain_planner.planning.site import load_site
 from pretrain_planner.schema import ConfigError, load_yaml, validate
-
-# Jobs of one Snakemake process (--force-use-threads) share torch's global RNG and thread settings: the
-# budget stage's torch jobs take turns, so that each is deterministic given its seed.
-TORCH_LOCK = threading.RLock()
-
-
-@contextlib.contextmanager
-def torch_job() -> Iterator[None]:
-    """A torch job of this process: one at a time (TORCH_LOCK); a process group it leaves behind (a failed run's,
-    or a one-rank sharded run's in-process group) is destroyed at its end."""
-    with TORCH_LOCK:
-        try:
-            yield
-        finally:
-            import torch.distributed as torch_dist  # a torch job's, at run time: this module imports no torch
-
-            if torch_dist.is_available() and torch_dist.is_initialized():
-                torch_dist.destroy_process_group()
-
-
-# GLUE task -> the folder name of the standard download
-TASK_DIRS = {
-    "cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "qqp": "QQP", "stsb": "STS-B",
-    "mnli": "MNLI", "qnli": "QNLI", "rte": "RTE", "wnli": "WNLI",
-}  # fmt: skip
 
 
 def load(path: str | Path, basedir: str | Path = ".", results: str | Path | None = None) -> dict[str, Any]:
@@ -155,28 +126,13 @@ def setting_of(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def launch_settings(main: dict[str, Any], cfg: dict[str, Any], basedir: str | Path) -> dict[str, Any]:
-    """How the stage's jobs run: the main config's launcher kind, and on SLURM the site's settings for
-    train.gpu (its partition and GPU request). A launcher that cannot run the setting stops the dry run; a site
+    """How the stage's jobs run (launch/stage.py): the main config's launcher kind, and on SLURM the site's settings
+    for train.gpu (its partition and GPU request). A launcher that cannot run the setting stops the dry run; a site
     without train.gpu stops only the budget's jobs (`slurm_error`), not a benchmark sweep's parse."""
-    launcher, tr = main["launcher"], cfg["train"]
+    tr = cfg["train"]
     world = tr["nodes"] * tr["gpus_per_node"]
-    out: dict[str, Any] = {**{k: v for k, v in launcher.items() if k != "site"}, "slurm": None}
-    if launcher["kind"] == "debug" and world > 1:
-        raise ConfigError(
-            f"{cfg['source']}: train.nodes x train.gpus_per_node = {world} ranks, but launcher.kind debug runs one "
-            "rank in the driver's process: use launcher.kind local or slurm"
-        )
-    if launcher["kind"] == "local" and tr["nodes"] > 1:
-        raise ConfigError(f"{cfg['source']}: train.nodes {tr['nodes']}: the local launcher runs on one node")
-    if launcher["kind"] == "slurm":
-        try:
-            site = load_site(resolve(launcher["site"], basedir), [tr["gpu"]], cfg["source"], key="train.gpu")
-        except ConfigError as exc:  # a benchmark sweep need not map the budget's GPU: only its jobs stop
-            out["slurm_error"] = str(exc)
-        else:
-            out["slurm"] = {**site["gpus"][tr["gpu"]], "poll_max_s": site["poll_max_s"], "gpu_type": tr["gpu"],
-                            "site": site["path"]}  # fmt: skip
-    return out
+    return stage.launch_settings(main["launcher"], tr["gpu"], tr["nodes"], world, basedir, cfg["source"],
+                                 "train.nodes x train.gpus_per_node", "train.gpu", soft_site=True)  # fmt: skip
 
 
 def launch_or_exit(main: dict[str, Any], cfg: dict[str, Any], basedir: str | Path) -> dict[str, Any]:
@@ -250,30 +206,3 @@ def apply_recipe(cfg: dict[str, Any], raw: dict[str, Any], recipe: dict[str, Any
             cfg[section][key] = value
             origin[f"{section}.{key}"] = "catalog"
     return origin
-
-
-def fingerprint(*parts: Any) -> str:
-    """A short stable hash of JSON-able values (what a stage's outputs depend on)."""
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-class FileLog:
-    """Timestamped lines appended to a rule's log file (plain appends: no logging-module global state, which
-    libraries loaded later may rewire)."""
-
-    def __init__(self, path: str | Path | None):
-        self.path = Path(path) if path else None
-        if self.path:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-
-    def info(self, msg: str, *args: Any) -> None:
-        if self.path is None:
-            return
-        stamp = datetime.datetime.now().isoformat(sep=" ", timespec="milliseconds")
-        with self.path.open("a") as fh:
-            fh.write(f"{stamp} {msg % args if args else msg}\n")
-
-
-def file_logger(name: str, log_path: str | Path | None) -> FileLog:
-    """The log of one stage (`name` is for the reader of this code only)."""
-    return FileLog(log_path)

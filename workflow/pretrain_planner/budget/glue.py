@@ -22,8 +22,16 @@ from pathlib import Path
 from typing import Any
 
 from pretrain_planner.budget import glue_metrics
-from pretrain_planner.budget.config import TASK_DIRS, TORCH_LOCK, file_logger, set_torch_threads, wants_gpu
+from pretrain_planner.budget.config import set_torch_threads, wants_gpu
+from pretrain_planner.launch.local import TORCH_LOCK
 from pretrain_planner.results import atomic_write_text
+from pretrain_planner.runlog import FileLog
+
+# GLUE task -> the folder name of the standard download
+TASK_DIRS = {
+    "cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "qqp": "QQP", "stsb": "STS-B",
+    "mnli": "MNLI", "qnli": "QNLI", "rte": "RTE", "wnli": "WNLI",
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -136,7 +144,7 @@ def _finetune(
     from pretrain_planner.budget.glue_train import train_run
 
     tf.utils.logging.disable_progress_bar()
-    logger = file_logger(f"glue.{task_name}", log)
+    logger = FileLog(log)
     g, tr = cfg["glue"], cfg["train"]
     task = TASKS[task_name]
     set_torch_threads(tr, threads)

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from pretrain_planner.budget.config import file_logger
 from pretrain_planner.results import atomic_write_text
+from pretrain_planner.runlog import FileLog
 
 # the one number per task the study reports first
 PRIMARY = {"cola": "mcc", "mrpc": "f1", "qqp": "f1", "stsb": "pearson"}
@@ -107,7 +107,7 @@ def _selected(rows: list[dict[str, Any]]) -> str:
 
 def glue_table(metric_files: list[str], out_csv: str | Path, out_md: str | Path, log: str | Path | None = None):
     """results: one row per task (the median over seeds of its best setting; metrics x100 in the markdown)."""
-    logger = file_logger("glue_table", log)
+    logger = FileLog(log)
     rows = sorted((_row(json.loads(Path(f).read_text())) for f in metric_files), key=lambda r: ORDER.index(r["task"]))
     lines = [",".join(TABLE_COLUMNS)]
     lines += [",".join("" if r[c] is None else str(r[c]) for c in TABLE_COLUMNS) for r in rows]

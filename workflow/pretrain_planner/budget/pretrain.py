@@ -15,8 +15,8 @@ submitit's USR2, writes a checkpoint after the current step and exits non-zero (
 
 The steps, accumulation, checkpoint/resume, signal handling and step log are the shared loop's
 (trainer/loop.py, also the train stage's); this module is its hooks. Data-parallel over the setting's ranks
-(trainer.loop.Ranks: gloo on CPU, NCCL on GPUs) with the benchmark's method applied by the trainer's code
-(trainer/methodbuild.py with budget/method.py's policy: DDP, FSDP2, DeepSpeed ZeRO, offload, fl and its extras):
+(trainer.ranks.Ranks: gloo on CPU, NCCL on GPUs) with the benchmark's method applied by the trainer's code
+(trainer/methodbuild.py on the budget's run, `run_spec`: DDP, FSDP2, DeepSpeed ZeRO, offload, fl and its extras):
 every rank walks the
 same sample stream and trains on its own slice of each micro-batch, so rank 0's checkpoint (weights, optimizer,
 sampler position, elapsed time; FSDP2 as full state dicts, ZeRO naming the engine's sharded checkpoint) resumes
@@ -38,101 +38,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from pretrain_planner.budget import method as bmethod
-from pretrain_planner.budget import schedule
-from pretrain_planner.budget.config import (
-    file_logger,
-    fingerprint,
-    set_torch_threads,
-    setting_of,
-    torch_job,
-    wants_gpu,
-)
-from pretrain_planner.budget.data import load_shard
-from pretrain_planner.results import atomic_savefig, atomic_write_text
-from pretrain_planner.trainer.loop import Hooks, Loop, Ranks, append_jsonl, loss_ends, read_jsonl
+from pretrain_planner import layout
+from pretrain_planner.budget.config import set_torch_threads, setting_of, wants_gpu
+from pretrain_planner.budget.summary import plot_loss, reference_comparison, write_summary
+from pretrain_planner.launch.local import torch_job
+from pretrain_planner.planning.catalog import ModelSpec, Optimizer, Recipe
+from pretrain_planner.planning.methods import parse
+from pretrain_planner.planning.runspec import RunSpec, device_gpu
+from pretrain_planner.results import atomic_write_text
+from pretrain_planner.runlog import fingerprint
+from pretrain_planner.train.run import Training
+from pretrain_planner.trainer import schedule
+from pretrain_planner.trainer.data.shards import validation_loss, validation_shards
+from pretrain_planner.trainer.loop import Loop
 from pretrain_planner.trainer.models import build_model
-
-# The reference's 24-hour run, for the result's comparison: ~23k optimizer steps at batch 4096, about 95M sequences.
-# From the issue brief (issue 18); not in shared/reference/papers.md - unverified.
-REFERENCE_RUN = {"hours": 24.0, "steps": 23_000, "global_batch": 4096, "sequences": 95_000_000,
-                 "source": "issue 18 (~23k steps at batch 4096, about 95M sequences, in 24 h); unverified"}  # fmt: skip
-
-
-class ShardSampler:
-    """Samples in a seeded order: per epoch, shards shuffled and samples shuffled within each shard; epoch e
-    reads masked copy e mod D. The position (epoch, shard, offset) is three integers: the checkpoint's."""
-
-    def __init__(self, data_dir: str | Path, shards: list[dict[str, Any]], copies: int, seed: int):
-        self.data_dir, self.shards, self.copies, self.seed = Path(data_dir), shards, copies, seed
-        self.epoch = self.shard_pos = self.offset = 0
-        self._order_cache: tuple[int, np.ndarray] | None = None
-        self._perm_cache: tuple[tuple[int, int], np.ndarray] | None = None
-        self._shard_cache: tuple[str, dict[str, np.ndarray]] | None = None
-
-    def _order(self) -> np.ndarray:
-        if self._order_cache is None or self._order_cache[0] != self.epoch:
-            perm = np.random.default_rng([self.seed, self.epoch, 1]).permutation(len(self.shards))
-            self._order_cache = (self.epoch, perm)
-        return self._order_cache[1]
-
-    def _shard(self, k: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        name = self.shards[k]["name"]
-        if self._shard_cache is None or self._shard_cache[0] != name:
-            self._shard_cache = (name, load_shard(self.data_dir, name))
-        if self._perm_cache is None or self._perm_cache[0] != (self.epoch, k):
-            perm = np.random.default_rng([self.seed, self.epoch, 2, k]).permutation(self.shards[k]["samples"])
-            self._perm_cache = ((self.epoch, k), perm)
-        return self._shard_cache[1], self._perm_cache[1]
-
-    def take(self, n: int) -> dict[str, np.ndarray]:
-        parts: dict[str, list[np.ndarray]] = {"input_ids": [], "positions": [], "labels": []}
-        while n > 0:
-            k = int(self._order()[self.shard_pos])
-            arrays, perm = self._shard(k)
-            idx = np.sort(perm[self.offset : self.offset + n])
-            copy = self.epoch % self.copies
-            for a in parts:
-                parts[a].append(np.asarray(arrays[a][copy][idx]))
-            self.offset += len(idx)
-            n -= len(idx)
-            if self.offset >= self.shards[k]["samples"]:
-                self.offset, self.shard_pos = 0, self.shard_pos + 1
-                if self.shard_pos >= len(self.shards):
-                    self.shard_pos, self.epoch = 0, self.epoch + 1
-        return {a: np.concatenate(v) for a, v in parts.items()}
-
-    def state(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "shard_pos": self.shard_pos, "offset": self.offset}
-
-    def load_state(self, s: dict[str, int]) -> None:
-        self.epoch, self.shard_pos, self.offset = s["epoch"], s["shard_pos"], s["offset"]
-
-
-def to_batch(arrays: dict[str, np.ndarray], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
-    """Model inputs: masked ids, attention mask, dense labels (-100 except at the masked positions)."""
-    ids = torch.from_numpy(arrays["input_ids"].astype(np.int64))
-    pos = torch.from_numpy(arrays["positions"].astype(np.int64))
-    lab = torch.from_numpy(arrays["labels"].astype(np.int64))
-    labels = torch.full_like(ids, -100)
-    valid = pos >= 0
-    rows = torch.arange(ids.shape[0]).unsqueeze(1).expand_as(pos)
-    labels[rows[valid], pos[valid]] = lab[valid]
-    return {
-        "input_ids": ids.to(device),
-        "attention_mask": (ids != pad_id).long().to(device),
-        "labels": labels.to(device),
-    }
-
-
-def rank_batch(sampler: ShardSampler, micro: int, world: int, rank: int, pad_id: int, device: torch.device):
-    """This rank's slice of the next micro x world samples of the global stream, as model inputs (the sampler's
-    state stays the same on every rank, so rank 0's checkpoint resumes them all)."""
-    part = sampler.take(micro * world)
-    return to_batch({a: v[rank * micro : (rank + 1) * micro] for a, v in part.items()}, pad_id, device)
+from pretrain_planner.trainer.steplog import append_jsonl, loss_ends, read_jsonl
+from pretrain_planner.trainer.tasks import masked_lm_shards
 
 
 def model_dict(cfg: dict[str, Any], index: dict[str, Any]) -> dict[str, Any]:
@@ -149,6 +72,23 @@ def model_dict(cfg: dict[str, Any], index: dict[str, Any]) -> dict[str, Any]:
     arch["max_position_embeddings"] = max(arch.get("max_position_embeddings", 0), need)
     arch.setdefault("type_vocab_size", 1)
     return {"name": m["name"], "family": m["family"], "task": "masked_lm", "arch": arch}
+
+
+def run_spec(tr: dict[str, Any], setting: dict[str, Any], mdict: dict[str, Any], index: dict[str, Any], gb: int,
+             device: torch.device) -> RunSpec:  # fmt: skip
+    """The budget's run of the setting's method: the recipe of the budget file (AdamW without weight decay on
+    biases and norms; train.precision, train.lr ...) on the prepared data's sequence length; TF32 and
+    torch.compile (automatic dynamic shapes: sparse prediction's masked rows vary) on CUDA only (on CPU the compile
+    time would eat the budget of the small runs this stage is tested with)."""
+    on_cuda = device.type == "cuda"
+    opt = Optimizer("adamw", tr["lr"], tuple(tr["betas"]), tr["eps"], tr["weight_decay"], no_decay_1d=True)
+    recipe = Recipe(global_batch=gb, steps=None, time_budget_hours=tr["budget_hours"], sequence_length=index["seq_len"],
+                    image_size=None, precision=tr["precision"], optimizer=opt, schedule={},
+                    grad_clip=tr["grad_clip"] or None, mlm_probability=index["mlm_probability"])  # fmt: skip
+    model = ModelSpec(mdict["name"], mdict["family"], dict(mdict["arch"]), recipe)
+    method = parse(setting["method"], "train.method")
+    gpu = device_gpu(tr["gpu"], on_cuda)
+    return RunSpec(model, gpu, method, setting["world_size"], on_cuda, compile_dynamic=None, compile_model=on_cuda)
 
 
 def _device(tr: dict[str, Any], local_rank: int = 0) -> torch.device:
@@ -174,36 +114,6 @@ def save_model(
     (tmp / "budget.json").write_text(json.dumps(info, indent=1))
     shutil.rmtree(out_dir, ignore_errors=True)
     os.replace(tmp, out_dir)
-
-
-def validation_shards(shards: list[dict[str, Any]], index: int, rotate: bool) -> list[dict[str, Any]]:
-    """The held-out shards the `index`-th validation of a run (0-based) evaluates: with `rotate` (the reference's
-    run_pretraining.py `pretrain_validation`: shard `index mod n` of its held-out shards, the next one each time),
-    one shard; else all of them, in order (of which validation_loss takes the first max_samples)."""
-    return [shards[index % len(shards)]] if rotate and shards else list(shards)
-
-
-@torch.no_grad()
-def validation_loss(model, sampler_shards, data_dir, pad_id, micro, max_samples, device, autocast) -> float:
-    """Mean masked-LM loss over the first `max_samples` samples of `sampler_shards` (every masked token weighs the
-    same)."""
-    model.eval()
-    total, count, seen = 0.0, 0, 0
-    for shard in sampler_shards:
-        arrays = load_shard(data_dir, shard["name"])
-        for start in range(0, shard["samples"], micro):
-            take = min(micro, shard["samples"] - start, max_samples - seen)
-            if take <= 0:
-                break
-            batch = to_batch({a: np.asarray(v[0][start : start + take]) for a, v in arrays.items()}, pad_id, device)
-            n = int((batch["labels"] != -100).sum())
-            with autocast():
-                loss = model(**batch).loss
-            total += float(loss) * n
-            count += n
-            seen += take
-    model.train()
-    return total / max(count, 1)
 
 
 def pretrain(*args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -232,7 +142,7 @@ def _pretrain(
 
     transformers.utils.logging.disable_progress_bar()
     run = _Run(cfg, Path(index_path), Path(run_dir), log, threads, t_start)
-    run.build_method()
+    run.build()
     run.resume_or_start()
     run.loop.run(kill_at_step, kill_signal)
     return run.finish(Path(out_model), out_result)
@@ -248,17 +158,16 @@ def _run_fingerprint(cfg: dict[str, Any], setting: dict[str, Any], index: dict[s
     return fingerprint(index["fingerprint"], cfg["seed"], mdict, keyed, used)
 
 
-class _Run(Hooks):
-    """One pre-training process: its ranks, data, model and method, and what the budget adds to the shared loop
-    (trainer/loop.py) as its hooks: the sample stream, the time-based learning rate, the budget and max-steps
-    stop, validation points with the early stop, fine-tuning checkpoints, the model folder and the result."""
+class _Run(Training):
+    """One pre-training process: the general run (train/run.py Training: ranks, log, the masked-LM task's data,
+    the method's build, the shared loop) with what the budget adds as its hooks: the time-based learning rate,
+    the budget and max-steps stop, validation points with the early stop, fine-tuning checkpoints, the model
+    folder and the result."""
 
     def __init__(
         self, cfg: dict[str, Any], index_path: Path, run_dir: Path, log, threads: int | None, t_start: float
     ) -> None:
         """Ranks (process group), log, index and the run's sizes and fingerprint."""
-        from pretrain_planner.planning.methods import parse
-
         self.t_start = t_start
         self.wall_base = 0.0  # wall time of the run before this process (a resumed run's, from the checkpoint)
         self.train_base = 0.0  # training time likewise
@@ -267,46 +176,43 @@ class _Run(Hooks):
         self.cfg, self.tr, self.setting = cfg, cfg["train"], setting_of(cfg)
         tr, setting = self.tr, self.setting
         set_torch_threads(tr, threads)
-        sharded = bool(parse(setting["method"], "train.method").sharding)
         if setting["world_size"] > 1 and "SUBMITIT_EXECUTOR" not in os.environ:
             raise RuntimeError(f"{setting['world_size']} ranks: run the pre-training through the local or slurm "
                                "launcher")  # fmt: skip
-        self.ranks = Ranks(setting["world_size"], lambda local: _device(tr, local), group_for_one=sharded)
-        self.rank0 = self.ranks.rank == 0
-        self.logger = file_logger("pretrain", log if self.rank0 else None)
-        self.device = self.ranks.device
-        self.data_dir = index_path.parent
+        method = parse(setting["method"], "train.method")
+        super().__init__(setting["world_size"], lambda local: _device(tr, local), method, log)
+        self.data_dir, self.index_path = index_path.parent, index_path
         self.index = json.loads(index_path.read_text())
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
         self.budget_s = tr["budget_hours"] * 3600.0
         self.clock_kind = tr["clock"]
-        self.micro, self.accum, self.world = setting["micro_batch"], setting["grad_accum_steps"], self.ranks.world
+        self.micro, self.accum = setting["micro_batch"], setting["grad_accum_steps"]
         self.global_batch = self.micro * self.accum * self.world
         self.pad_id = self.index["special_ids"]["pad"]
         self.mdict = model_dict(cfg, self.index)
         self.fp = _run_fingerprint(cfg, setting, self.index, self.mdict)
-        self.val_path = run_dir / "validation.jsonl"
+        self.val_path = run_dir / layout.VALIDATION_LOG
 
-    def build_method(self) -> None:
-        """The benchmark's method through the trainer's machinery (trainer/methodbuild.py, with the budget's
-        policy: budget/method.py); the same weights on every rank. Then the shared loop with this run as hooks."""
-        self.mcfg = bmethod.config_of(self.tr, self.setting["method"], self.mdict, self.device)
-        self.built = bmethod.build(self.mcfg, self.ranks.env(), self.mdict, self.micro, self.accum, self.cfg["seed"],
-                                   fl_attn=self.tr["attn_implementation"],
-                                   grad_sync=self.setting.get("grad_sync"))  # fmt: skip
+    def build(self) -> None:
+        """The benchmark's method through the trainer's one build path (trainer/methodbuild.py) on the budget's
+        run (`run_spec`); the same weights on every rank. Then the shared loop with this run as hooks."""
+        self.spec = run_spec(self.tr, self.setting, self.mdict, self.index, self.global_batch, self.device)
+        self.build_method(
+            self.spec, "train.method", self.cfg["seed"], attn=self.tr["attn_implementation"],
+            grad_sync=self.setting.get("grad_sync"), compile_note="the budget stage compiles on CUDA only",
+            lr_schedule="set every step from elapsed training time (trainer.schedule.lr_at)",
+        )  # fmt: skip
         self.model, self.method_settings = self.built.net, self.built.settings
         self.attn = self.method_settings["attn_implementation"]
         self.amp_dtype = self.built.autocast_dtype
         self.plain: list[torch.nn.Module] = []  # an unsharded model to save a sharded one's weights from
         tr = self.tr
-        self.sampler = ShardSampler(self.data_dir, self.index["splits"]["train"], self.index["duplication_factor"],
-                                    self.cfg["seed"])  # fmt: skip
+        self.data = masked_lm_shards(self.index_path, self.cfg["seed"], self.mdict, {})
         self.val_points = schedule.validation_points(tr["validation"])
         self.ft_points = sorted(tr["finetune_checkpoints"])
-        self.loop = Loop(
-            built=self.built, ranks=self.ranks, hooks=self, run_dir=self.run_dir, fingerprint=self.fp,
-            accum=self.accum, seed=self.cfg["seed"], logger=self.logger, fake_step_s=tr["fake_step_s"],
+        self.start_loop(
+            self.run_dir, self.fp, self.cfg["seed"], fake_step_s=tr["fake_step_s"],
             checkpoint_every_s=tr["checkpoint_every_s"], log_every=tr["log_every"],
             extra_state={"val_s": 0.0, "last_val_loss": None, "wall_s": 0.0, "scale_floor_steps": 0, "val_count": 0},
         )  # fmt: skip
@@ -343,11 +249,6 @@ class _Run(Hooks):
         return state["wall_s"] if self.clock_kind == "wall" else state["elapsed_s"]
 
     # -- the loop's hooks ------------------------------------------------------------------------------------
-    def micro_batch(self, index: int) -> dict[str, torch.Tensor]:
-        # each rank trains on its own micro-batch of the global stream (the sampler state stays the same on every
-        # rank, so rank 0's checkpoint resumes them all)
-        return rank_batch(self.sampler, self.micro, self.world, self.ranks.rank, self.pad_id, self.device)
-
     def lr(self, state: dict[str, Any]) -> float:
         self._step_t0 = time.perf_counter()  # the step starts (the fake clock's real-time bookkeeping)
         return schedule.lr_at(self._elapsed(state), self.budget_s, self.tr["lr"], self.tr["warmup_fraction"], self.tr)
@@ -397,12 +298,6 @@ class _Run(Hooks):
         state["stop"] = why
         self.logger.info("stopping: %s", why)
         return True
-
-    def data_state(self) -> dict[str, Any]:
-        return {"sampler": self.sampler.state()}
-
-    def load_data_state(self, s: dict[str, Any]) -> None:
-        self.sampler.load_state(s["sampler"])
 
     def on_start(self, loop: Loop) -> None:
         """The log's first line of a fresh run: model, ranks, budget, batch and method."""
@@ -469,7 +364,7 @@ class _Run(Hooks):
         full = self.built.full_state()
         if self.rank0:
             if full is not None and not self.plain:  # an unsharded copy to save from
-                self.plain.append(build_model(self.mdict, self.attn, fused_ce=self.mcfg.method.fused_ce)[0])
+                self.plain.append(build_model(self.mdict, self.attn, fused_ce=self.spec.method.fused_ce)[0])
             model = self.model if full is None else self.plain[0]
             save_model(model, out_dir, self.data_dir / self.index["tokenizer"], info, full)
 
@@ -496,7 +391,9 @@ class _Run(Hooks):
         write_summary(result, Path(out_result).parent)
         if self.tr.get("plot", True):
             try:
-                plot_loss(self.loop.steps_path, self.val_path, Path(out_result).parent / "loss.png", self.clock_kind)
+                plot_loss(
+                    self.loop.steps_path, self.val_path, Path(out_result).parent / layout.LOSS_PLOT, self.clock_kind
+                )
             except Exception as exc:  # noqa: BLE001 - a plot must not fail the run
                 self.logger.info("loss plot not written: %s: %s", type(exc).__name__, exc)
         self.ranks.close()
@@ -543,84 +440,3 @@ class _Run(Hooks):
             hist.append({"step": state["step"], "elapsed_s": self._elapsed(state), "val_loss": state["last_val_loss"],
                          "shards": state.get("last_val_shards")})  # fmt: skip
         return hist
-
-
-def reference_comparison(steps: int, sequences: int, budget_s: float) -> dict[str, Any]:
-    """This run's steps and sequences beside the reference's 24-hour run (REFERENCE_RUN), whole and at its pace
-    over this budget (the reference's numbers x budget / 24 h)."""
-    ref = REFERENCE_RUN
-    share = budget_s / (ref["hours"] * 3600.0)
-    pace_steps, pace_seq = ref["steps"] * share, ref["sequences"] * share
-    return {
-        **ref, "pace_steps": pace_steps, "pace_sequences": pace_seq,
-        "steps_vs_pace": steps / pace_steps if pace_steps else None,
-        "sequences_vs_pace": sequences / pace_seq if pace_seq else None,
-    }  # fmt: skip
-
-
-def checkpoint_note(result: dict[str, Any]) -> str:
-    """What checkpointing cost the run: how many were written, their wall time and its share of the budget."""
-    every = result.get("checkpoint_every_s")
-    cadence = (f"every {every:g} s of training time" if every else
-               "none during the run (the reference's: its README run's --num_epochs_between_checkpoints 10000 is "
-               "never reached in 24 hours), one at the end and one on a pre-emption signal")  # fmt: skip
-    n, secs = result.get("checkpoints", 0), result.get("checkpoint_s", 0.0)
-    return (f"Checkpoints: {cadence}. {n} written, {secs:.3g} s of wall time ({100 * secs / result['budget_s']:.2g}% "
-            "of the budget; every rank waits while rank 0 writes).")  # fmt: skip
-
-
-def write_summary(result: dict[str, Any], out_dir: Path) -> None:
-    """summary.{csv,md} next to result.json: the run's steps and sequences within the budget beside the reference."""
-    ref = result["reference"]
-    hours = result["budget_s"] / 3600.0
-    rows = [
-        ("this run", hours, result["clock"], result["steps"], result["global_batch"], result["sequences"],
-         result["wall_s"] / 3600.0, result["train_s"] / 3600.0, result["stop_reason"], result["val_loss"]),
-        (f"reference at its pace over {hours:g} h", hours, "wall", ref["pace_steps"], ref["global_batch"],
-         ref["pace_sequences"], None, None, None, None),
-        ("reference, 24 h", ref["hours"], "wall", ref["steps"], ref["global_batch"], ref["sequences"], ref["hours"],
-         None, None, None),
-    ]  # fmt: skip
-    head = ["run", "budget_h", "clock", "steps", "global_batch", "sequences", "wall_h", "train_h", "stop_reason",
-            "val_loss"]  # fmt: skip
-
-    def fmt(v: Any) -> str:
-        if v is None:
-            return ""
-        if isinstance(v, float):
-            return f"{v:.4g}" if abs(v) < 1e6 else f"{v:,.0f}"
-        return f"{v:,}" if isinstance(v, int) else str(v)
-
-    csv = ",".join(head) + "\n" + "".join(",".join("" if v is None else str(v) for v in r) + "\n" for r in rows)
-    md = (
-        "| "
-        + " | ".join(head)
-        + " |\n|"
-        + "---|" * len(head)
-        + "\n"
-        + "".join("| " + " | ".join(fmt(v) for v in r) + " |\n" for r in rows)
-        + f"\nsequences = steps x global batch. Reference: {ref['source']}.\n"
-        + f"\n{checkpoint_note(result)}\n"
-    )
-    atomic_write_text(out_dir / "summary.csv", csv)
-    atomic_write_text(out_dir / "summary.md", md)
-
-
-def plot_loss(steps_path: Path, val_path: Path, out: Path, clock: str = "wall") -> Path:
-    """Training loss (each step) and validation loss against elapsed hours on the run's clock, as a PNG."""
-    from pretrain_planner.report.plots import _canvas  # a Figure of its own: no pyplot state across threads
-
-    steps, vals = read_jsonl(steps_path), read_jsonl(val_path)
-    key = "wall_s" if clock == "wall" else "elapsed_s"
-    by_step = {s["step"]: s.get(key, s["elapsed_s"]) for s in steps}
-    fig = _canvas(6.4, 4.0)
-    ax = fig.add_axes((0.12, 0.14, 0.84, 0.78))  # fixed margins (docs/architecture.md: no tight_layout)
-    ax.plot([by_step[s["step"]] / 3600 for s in steps], [s["loss"] for s in steps], lw=0.8, label="training loss")
-    pts = [(by_step[v["step"]] / 3600, v["val_loss"]) for v in vals if v["step"] in by_step]
-    if pts:
-        ax.plot(*zip(*pts, strict=True), "o-", ms=3, label="validation loss")
-    ax.set_xlabel(f"hours ({'wall time' if clock == 'wall' else 'training time'})")
-    ax.set_ylabel("MLM loss")
-    ax.legend(loc="upper right")
-    atomic_savefig(fig, out)
-    return out

@@ -16,9 +16,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-from pretrain_planner.budget.config import file_logger, or_exit
+from pretrain_planner.budget.config import or_exit
 from pretrain_planner.budget.glue_report import AVERAGE_BASIS, BASIS_TEXT, average_score
 from pretrain_planner.results import atomic_savefig, atomic_write_text
+from pretrain_planner.runlog import FileLog
 from pretrain_planner.schema import ConfigError
 
 # budget.sweep key -> (section, key of the budget file, short label in a recipe's name)
@@ -147,7 +148,7 @@ def sweep_table(
     """One row per recipe (in `recipes_values`' order, matching `results` and `glue_csvs`): its swept values,
     why it stopped, steps and sequences seen within the budget, training and validation loss at the end, the GLUE
     average (dev, headline score per task); and the validation loss of every recipe against time as a PNG."""
-    logger = file_logger("sweep_table", log)
+    logger = FileLog(log)
     keys = list(dict.fromkeys(k for v in recipes_values.values() for k in v))
     rows, curves = [], {}
     for (name, values), res_path, glue_path in zip(recipes_values.items(), results, glue_csvs, strict=True):

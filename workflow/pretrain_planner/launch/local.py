@@ -1,6 +1,8 @@
 """A job on this host: its devices held alone (hostpool), the folder locked while it runs, recorded so that a
-restarted driver ends what a killed one left running, and a failing rank ending its peers at once. Imports no
-torch."""
+restarted driver ends what a killed one left running, and a failing rank ending its peers at once (`run_local`,
+submitit's LocalExecutor: one process per rank); or, for the debug launcher, one rank in the driver's own process
+holding what a local job holds (`run_debug`: the folder lock, the host's devices, and this process's turn at
+torch: `torch_job`). Imports no torch."""
 
 from __future__ import annotations
 
@@ -10,7 +12,9 @@ import fcntl
 import json
 import os
 import socket
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +26,24 @@ from pretrain_planner.launch.slurm import task_jobs
 from pretrain_planner.results import atomic_write_text
 
 LOCAL_RANKS = "local_ranks"  # each local rank's pid (job.RankJob writes them)
+# Jobs of one Snakemake process (--force-use-threads) share torch's global RNG and thread settings: a torch job in
+# the driver's process (the debug launcher, a test calling a stage function) takes its turn, so that each is
+# deterministic given its seed.
+TORCH_LOCK = threading.RLock()
+
+
+@contextlib.contextmanager
+def torch_job() -> Iterator[None]:
+    """A torch job of this process: one at a time (TORCH_LOCK); a process group it leaves behind (a failed run's,
+    or a one-rank sharded run's in-process group) is destroyed at its end."""
+    with TORCH_LOCK:
+        try:
+            yield
+        finally:
+            import torch.distributed as torch_dist  # a torch job's, at run time: this module imports no torch
+
+            if torch_dist.is_available() and torch_dist.is_initialized():
+                torch_dist.destroy_process_group()
 
 
 def _failed_task(job: Any, workdir: Path) -> int | None:
@@ -108,6 +130,18 @@ def end_all_orphans(results: str | Path) -> list[str]:
             if end_orphans(rec.parent):
                 found.append(str(rec.parent))
     return found
+
+
+def run_debug(req: JobRequest, log: RuleLog, what: str) -> Outcome:
+    """The debug launcher: the job's callable, one rank, in this process, holding what a local job holds (its
+    folder's lock, the host's devices, this process's torch turn)."""
+    if req.world != 1:
+        raise ValueError(f"{what}: the debug launcher runs one rank in the driver's process, not {req.world}")
+    pool = HostPool.from_config(req.launcher.get("local_gpus"))
+    with folder_lock(req.workdir, what), pool.hold(1, req.use_gpus, req.cpu_threads, log, driver.STOP), torch_job():
+        value = req.fn()
+    log("finished in-process")
+    return Outcome("in-process", [value])
 
 
 def run_local(req: JobRequest, log: RuleLog, what: str, log_path: str | Path) -> Outcome:

@@ -1,8 +1,9 @@
-"""The callables a job runs on every rank (a benchmark cell, a budget-stage job). Picklable and torch-free
-until called."""
+"""The callables a job runs on every rank (a benchmark cell: launch/cell.py; a stage's entry: `EntryJob`).
+Picklable and torch-free until called."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import socket
@@ -126,3 +127,24 @@ class RankJob(submitit.helpers.Checkpointable):
                 print(f"pretrain-planner: not requeued: {reason}", flush=True)
                 return None  # submitit: "Job not requeued because: checkpoint function returned None"
         return super().checkpoint(*args, **kwargs)
+
+
+def entry(name: str) -> Any:
+    """The function `module:function` names, imported where the job runs (a stage's entry imports torch: on the
+    compute side only; a name keeps the launcher below the stages it runs)."""
+    module, _, function = name.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
+class EntryJob(RankJob):
+    """A stage's job on every rank: its entry (`module:function`) called with `kwargs`. `restartable` False: the
+    entry resumes from its checkpoint, so a time-out requeue must show progress (progress.py)."""
+
+    def __init__(self, name: str, kwargs: dict[str, Any], restartable: bool = True) -> None:
+        super().__init__()
+        self.name, self.kwargs, self.restartable = name, kwargs, restartable
+
+    def run(self) -> Any:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        return entry(self.name)(**self.kwargs)

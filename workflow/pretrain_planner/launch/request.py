@@ -78,11 +78,6 @@ def driver_cores(kind: str, ranks: int, threads: int | None = None, available: i
     return min(want, available) if available else want
 
 
-def uses_gpus(gpu: str, device: str | None) -> bool:
-    """Whether a job asks its launcher for GPUs: not for the `cpu` GPU type nor a run forced onto the CPU."""
-    return gpu != "cpu" and device != "cpu"
-
-
 def holds_gpus(gpu: str, device: str | None, local_gpus: int | None) -> bool:
     """Whether a local job takes GPUs from the host's pool: when it runs on them, and also when a pool is
     configured (`launcher.local_gpus`) for a GPU type forced onto the CPU (the pool's tests without a GPU)."""

@@ -1,6 +1,6 @@
 """A cell's state record, `state.json` in its folder: where its measurement stands, as data.
 
-The driver (trainer.cell.run_cell) writes it atomically at each change, so `pretrain-planner status`, its
+The driver (launch.cell.run_cell) writes it atomically at each change, so `pretrain-planner status`, its
 `--watch` view and a re-attaching driver read a fact instead of matching the wording of log lines:
 
     {"format": 1, "state": "running", "launcher": "slurm", "job_id": "4242", "job_ids": ["4240", "4242"],

@@ -6,7 +6,7 @@ Imports no torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,13 @@ class Optimizer:
     betas: tuple[float, float]
     eps: float
     weight_decay: float
+    no_decay_1d: bool = False  # biases and norm weights without weight decay (a stage's BERT recipe)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {**vars(self), "betas": list(self.betas)}
+        if not self.no_decay_1d:  # the catalog's recipes: their dicts (a cell's spec, plan.json) as they were
+            del out["no_decay_1d"]
+        return out
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,17 @@ class Recipe:
     grad_clip: float | None
     mlm_probability: float
 
+    def to_dict(self) -> dict[str, Any]:
+        return {**vars(self), "optimizer": self.optimizer.to_dict(), "schedule": dict(self.schedule)}
+
+    @classmethod
+    def from_dict(cls, r: dict[str, Any]) -> Recipe:
+        """The inverse of `to_dict` (a cell's spec, plan.json)."""
+        opt = r["optimizer"]
+        optimizer = Optimizer(opt["name"], opt["lr"], tuple(opt["betas"]), opt["eps"], opt["weight_decay"],
+                              bool(opt.get("no_decay_1d")))  # fmt: skip
+        return cls(**{**{k: r.get(k) for k in RECIPE_FIELDS}, "optimizer": optimizer, "schedule": dict(r["schedule"])})
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -48,8 +66,9 @@ class ModelSpec:
     recipe: Recipe
     supports_compile: bool = True
     supports_checkpointing: bool = True
-    source: str = ""
-    original_training: dict[str, Any] | None = None  # {gpus, days, source}: the original run's resources
+    # provenance, not the model (a job's spec carries neither: two specs of one model are equal)
+    source: str = field(default="", compare=False)
+    original_training: dict[str, Any] | None = field(default=None, compare=False)  # {gpus, days, source}
 
     @property
     def kind(self) -> Family:
@@ -70,7 +89,6 @@ class ModelSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for a job's spec (JSON-safe)."""
-        r = self.recipe
         return {
             "name": self.name,
             "family": self.family,
@@ -78,19 +96,14 @@ class ModelSpec:
             "arch": dict(self.arch),
             "supports_compile": self.supports_compile,
             "supports_checkpointing": self.supports_checkpointing,
-            "recipe": {
-                "global_batch": r.global_batch,
-                "steps": r.steps,
-                "time_budget_hours": r.time_budget_hours,
-                "sequence_length": r.sequence_length,
-                "image_size": r.image_size,
-                "precision": r.precision,
-                "optimizer": {**vars(r.optimizer), "betas": list(r.optimizer.betas)},
-                "schedule": dict(r.schedule),
-                "grad_clip": r.grad_clip,
-                "mlm_probability": r.mlm_probability,
-            },
+            "recipe": self.recipe.to_dict(),
         }
+
+    @classmethod
+    def from_dict(cls, m: dict[str, Any]) -> ModelSpec:
+        """The inverse of `to_dict` (a cell's spec, plan.json): the task is the family's."""
+        return cls(m["name"], m["family"], dict(m["arch"]), Recipe.from_dict(m["recipe"]),
+                   m.get("supports_compile", True), m.get("supports_checkpointing", True))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -123,6 +136,15 @@ class GpuSpec:
 
     def to_dict(self) -> dict[str, Any]:
         return {**vars(self), "peak_tflops": dict(self.peak_tflops), "matmul_tflops": dict(self.matmul_tflops)}
+
+    @classmethod
+    def from_dict(cls, g: dict[str, Any]) -> GpuSpec:
+        """The inverse of `to_dict` (a cell's spec, plan.json)."""
+        return cls(**{k: g[k] for k in GPU_FIELDS if k in g})
+
+
+RECIPE_FIELDS = tuple(f.name for f in fields(Recipe))
+GPU_FIELDS = tuple(f.name for f in fields(GpuSpec))
 
 
 @dataclass(frozen=True)

@@ -8,16 +8,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pretrain_planner.planning.tasks import TASKS, Task
 from pretrain_planner.schema import ConfigError
 
-TASKS = ("causal_lm", "masked_lm", "image_classification")
 _TEXT_ARCH = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
 
 
 @dataclass(frozen=True)
 class Family:
     name: str
-    task: str  # one of TASKS: what it trains on (the batches, the loss, the recipe's sequence or image size)
+    task: str  # a key of tasks.TASKS: what it trains on (the batches, the loss, the recipe's sequence or image size)
     config_class: str  # the transformers config class its `arch` is passed to
     model_class: str  # the transformers model class built from that config
     attention: bool  # has attention layers that take `attn_implementation` (eager / sdpa / flash-attn 2)
@@ -27,17 +27,22 @@ class Family:
     required_arch: tuple[str, ...]  # arch keys the formulas and batch shapes read: never a transformers default
 
     @property
+    def task_spec(self) -> Task:
+        """The task's entry in the task registry (tasks.py)."""
+        return TASKS[self.task]
+
+    @property
     def masked_lm(self) -> bool:
         return self.task == "masked_lm"
 
     @property
     def vocab_head(self) -> bool:
         """A vocabulary head: a fused linear + cross-entropy head (`flce`) applies."""
-        return self.task in ("causal_lm", "masked_lm")
+        return self.task_spec.vocab_head
 
     @property
     def is_text(self) -> bool:
-        return self.task != "image_classification"
+        return self.task_spec.tokens
 
 
 FAMILIES: dict[str, Family] = {

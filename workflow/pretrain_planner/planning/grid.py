@@ -13,8 +13,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from pretrain_planner import layout
-from pretrain_planner.planning import families, hostcpu, methods
+from pretrain_planner.planning import hostcpu, methods
 from pretrain_planner.planning.catalog import Catalog, GpuSpec, ModelSpec
+from pretrain_planner.planning.runspec import RunSpec
 from pretrain_planner.schema import ConfigError
 
 WILDCARD_CONSTRAINTS = {
@@ -101,53 +102,9 @@ def _is_power_of_two(n: float) -> bool:
     return n >= 1 and float(n).is_integer() and (int(n) & (int(n) - 1)) == 0
 
 
-def extras_reason(method: methods.Method, model: ModelSpec, gpu: GpuSpec) -> str | None:
-    """Why the method's extra parts (fa2, liger, flce, cstep, cg) are meaningless for this cell, or None."""
-    if not method.extras:
-        return None
-    if not method.free_lunch:
-        return f"{'+'.join(method.extras)} refine the free-lunch base: use fl+{'+'.join(method.extras)}"
-    on_cpu = gpu.name == "cpu"
-    if method.flash_attn:
-        if not model.kind.attention:
-            return f"fa2: {model.name} ({model.family}) has no attention layer"
-        if on_cpu:
-            return "fa2: flash-attn runs on CUDA GPUs only"
-        if model.recipe.precision == "fp32":
-            return f"fa2: flash-attn computes in fp16/bf16 only; {model.name}'s recipe precision is fp32"
-        if not gpu.bf16:
-            return f"fa2: flash-attn 2 needs an Ampere or newer GPU ({gpu.name} has no bf16: older)"
-    if method.liger:
-        if not model.kind.liger:
-            covered = ", ".join(families.names(lambda f: f.liger))
-            return f"liger: Liger has no kernels for the {model.family} family ({covered})"
-        if on_cpu:
-            return "liger: Liger's Triton kernels run on CUDA GPUs only"
-    if method.fused_ce:
-        if not model.kind.vocab_head:
-            return f"flce: {model.name} ({model.task}) has no vocabulary head to fuse with its loss"
-        if method.sharding == "zero3":
-            return (
-                "flce: ZeRO-3 gathers a layer's weights only inside that layer's forward; "
-                "the fused head reads them directly"
-            )
-    if method.compile_mode:
-        part = method.compile_mode
-        if not model.supports_compile:
-            return f"{part}: {model.name} does not support torch.compile"
-        if part == "cstep" and method.sharding in ("zero1", "zero2", "zero3"):
-            return "cstep: DeepSpeed's engine owns the optimizer step; it cannot be compiled with the model"
-        if part == "cstep" and method.offload:
-            return "cstep: with offload the optimizer step runs on the CPU, outside the compiled step"
-        if part == "cg" and on_cpu:
-            return "cg: CUDA graphs need a CUDA GPU"
-        if part == "cg" and method.sharding:
-            return f"cg: CUDA graphs cannot capture {method.sharding}'s collectives and hooks"
-    return None
-
-
 def invalid_reason(cell: Cell, model: ModelSpec, gpu: GpuSpec, launcher: str, catalog: Catalog) -> str | None:
-    """Why a cell cannot run (the study's rules, then the launcher's), or None if it can."""
+    """Why a cell cannot run (the study's rules around the method's own, RunSpec.reason, then the launcher's), or
+    None if it can."""
     method = methods.parse(cell.method)
     gb, world = model.recipe.global_batch, cell.world_size
     where = f"{catalog.models_path}: {model.name}.recipe.global_batch={gb}"
@@ -169,13 +126,9 @@ def invalid_reason(cell: Cell, model: ModelSpec, gpu: GpuSpec, launcher: str, ca
         )
     if method.sharding and world == 1 and not method.offload:
         return f"{method.sharding} shards across GPUs: needs more than 1 GPU (or offload)"
-    if method.offload and not method.sharding:
-        return "offload needs a sharding method (zero1/2/3, fsdp-grad, fsdp-full)"
-    if method.checkpointing and not model.supports_checkpointing:
-        return f"{model.name} does not support activation checkpointing ({catalog.models_path})"
-    extras = extras_reason(method, model, gpu)
-    if extras:
-        return extras
+    why = RunSpec(model, gpu, method, world).reason(catalog.models_path)
+    if why:
+        return why
     if launcher in ("local", "debug") and cell.nodes > 1:
         return f"the {launcher} launcher runs on one node; use the slurm launcher for {cell.nodes} nodes"
     if launcher == "debug" and world > 1:

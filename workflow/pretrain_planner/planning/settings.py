@@ -1,11 +1,12 @@
 """One translation from a method to the concrete settings that run it.
 
-`resolve` turns (model, GPU type, world size, method slug, micro-batch, accumulation) into every setting a
-consumer needs: the attention implementation, compilation, TF32, precision and loss scaling, the optimizer,
-activation checkpointing, the parallelism with its FSDP2 policy or its exact DeepSpeed config, and the kernel
-switches. The benchmark trainer applies these values, the export writes them, the budget and train stages run
-them: what is measured is what is exported is what is run. A cell's `result.json` records them (with what was
-observed) in `method_settings`, and the export refuses a plan whose measured settings differ.
+`resolve` turns a run (planning/runspec.py: model with its recipe, GPU type, method, world size, device) at a
+micro-batch and accumulation into every setting a consumer needs (`Settings`, typed): the attention
+implementation, compilation, TF32, precision and loss scaling, the optimizer, activation checkpointing, the
+parallelism with its FSDP2 policy or its exact DeepSpeed config, and the kernel switches. The benchmark trainer
+applies these values, the export writes them, the budget and train stages run them: what is measured is what is
+exported is what is run. A cell's `result.json` records them (with what was observed) in `method_settings`, and
+the export refuses a plan whose measured settings differ.
 
 Plain data, no torch: the planner and the export call it on a login node.
 
@@ -21,19 +22,55 @@ DDP twin by the sharding only; ZeRO-Offload needs DeepSpeed's CPU Adam, named in
 
 from __future__ import annotations
 
+import copy
+from dataclasses import dataclass, fields
 from typing import Any
 
 from pretrain_planner.planning.families import FAMILIES
-from pretrain_planner.planning.methods import SHARDING_ENGINE, ZERO_STAGE, Method, parse
+from pretrain_planner.planning.methods import SHARDING_ENGINE, ZERO_STAGE, Method
+from pretrain_planner.planning.runspec import RunSpec
 from pretrain_planner.schema import ConfigError
 
-# what `resolve` returns, in this order: a cell's result.json records each of these keys in method_settings
-KEYS = (
-    "method", "base", "attn_implementation", "compile", "compile_mode", "compile_dynamic", "compile_optimizer",
-    "cuda_graphs", "tf32", "cudnn_benchmark", "precision", "autocast", "grad_scaler", "activation_checkpointing",
-    "parallel", "fsdp_policy", "deepspeed_config", "optimizer", "fused_optimizer", "lr", "betas", "eps",
-    "weight_decay", "no_decay_1d", "liger", "fused_ce", "flash_attn",
-)  # fmt: skip
+
+@dataclass(frozen=True)
+class Settings:
+    """Every concrete setting of a run's method (`resolve`), in the order a cell's result.json records them in
+    method_settings (KEYS)."""
+
+    method: str
+    base: str
+    attn_implementation: str | None
+    compile: bool
+    compile_mode: str | None
+    compile_dynamic: bool | None
+    compile_optimizer: bool
+    cuda_graphs: bool
+    tf32: bool
+    cudnn_benchmark: bool
+    precision: str
+    autocast: str | None
+    grad_scaler: str | None
+    activation_checkpointing: bool
+    parallel: str
+    fsdp_policy: dict[str, Any] | None
+    deepspeed_config: dict[str, Any] | None
+    optimizer: str
+    fused_optimizer: bool
+    lr: float
+    betas: list[float]
+    eps: float
+    weight_decay: float
+    no_decay_1d: bool
+    liger: bool
+    fused_ce: bool
+    flash_attn: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-able, in KEYS order (a copy: the trainer and the export add what was applied)."""
+        return {k: copy.deepcopy(getattr(self, k)) for k in KEYS}
+
+
+KEYS = tuple(f.name for f in fields(Settings))
 STEPS_PER_PRINT = 2**31 - 1  # DeepSpeed's progress log: never (the trainer logs its own)
 ZERO2_BUCKET = 200_000_000  # the study's ZeRO-2 allgather / reduce bucket (elements)
 AUTOCAST = {"bf16": "bfloat16", "fp16": "float16", "fp32": None}
@@ -152,29 +189,16 @@ def fsdp_policy(method: Method, model: dict[str, Any], cuda: bool, grad_sync: st
     }
 
 
-def resolve(
-    method: Method | str,
-    model: dict[str, Any],
-    gpu: dict[str, Any],
-    world_size: int,
-    micro_batch: int,
-    accum: int,
-    *,
-    cuda: bool | None = None,
-    grad_sync: str | None = None,
-    recipe: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Every concrete setting of `method` for `model` (ModelSpec.to_dict()) on `gpu` (GpuSpec.to_dict()).
+def resolve(spec: RunSpec, micro_batch: int, accum: int, grad_sync: str | None = None) -> Settings:
+    """Every concrete setting of `spec`'s method for its model (and recipe) on its GPU type and device.
 
-    `cuda`: whether the ranks run on CUDA devices (default: every GPU type but the `cpu` stand-in).
     `grad_sync`: FSDP2's gradient synchronisation that the measurement found to fit ("last": once per step;
-    "every": on each micro-batch). `recipe`: the training recipe when it is not the model's (the budget stage)."""
-    m = parse(method) if isinstance(method, str) else method
-    cuda = gpu.get("name") != "cpu" if cuda is None else cuda
-    if recipe is not None:
-        model = {**model, "recipe": recipe}
+    "every": on each micro-batch)."""
+    m, cuda, world_size = spec.method, spec.on_cuda, spec.world_size
+    model = {**spec.model.to_dict(), "compile_dynamic": spec.compile_dynamic}
+    gpu_tf32 = spec.gpu.tf32
     recipe, opt = model["recipe"], model["recipe"]["optimizer"]
-    compiled = compiles(m, model)
+    compiled = compiles(m, model) and spec.compile_model
     engine = SHARDING_ENGINE.get(m.sharding or "")
     precision = recipe["precision"]
     if engine == "zero":
@@ -192,36 +216,37 @@ def resolve(
     else:
         scaler = "ShardedGradScaler" if engine == "fsdp" else "GradScaler"
     ds_offload = engine == "zero" and m.offload
-    return {
-        "method": m.slug,
-        "base": m.base,
-        "attn_implementation": attn_implementation(m, model),
-        "compile": compiled,
-        "compile_mode": ("reduce-overhead" if m.compile_mode == "cg" else "default") if compiled else None,
-        "compile_dynamic": model.get("compile_dynamic", False) if compiled else None,
-        "compile_optimizer": bool(compiled and m.compile_mode == "cstep"),
-        "cuda_graphs": bool(compiled and m.compile_mode == "cg"),
-        "tf32": bool(m.free_lunch and cuda and gpu.get("tf32")),
-        "cudnn_benchmark": bool(m.free_lunch and cuda),
-        "precision": precision,
-        "autocast": autocast,
-        "grad_scaler": scaler,
-        "activation_checkpointing": m.checkpointing,
-        "parallel": parallel,
-        "fsdp_policy": fsdp,
-        "deepspeed_config": deepspeed_config(m, model, micro_batch, accum, world_size, cuda),
-        "optimizer": "DeepSpeedCPUAdam" if ds_offload else ("AdamW" if opt["name"] == "adamw" else "Adam"),
+    return Settings(
+        method=m.slug,
+        base=m.base,
+        attn_implementation=attn_implementation(m, model),
+        compile=compiled,
+        compile_mode=("reduce-overhead" if m.compile_mode == "cg" else "default") if compiled else None,
+        compile_dynamic=model["compile_dynamic"] if compiled else None,
+        # cstep compiles the optimizer step, also where a stage leaves the model eager
+        compile_optimizer=bool(compiles(m, model) and m.compile_mode == "cstep"),
+        cuda_graphs=bool(compiled and m.compile_mode == "cg"),
+        tf32=bool(m.free_lunch and cuda and gpu_tf32),
+        cudnn_benchmark=bool(m.free_lunch and cuda),
+        precision=precision,
+        autocast=autocast,
+        grad_scaler=scaler,
+        activation_checkpointing=m.checkpointing,
+        parallel=parallel,
+        fsdp_policy=fsdp,
+        deepspeed_config=deepspeed_config(m, model, micro_batch, accum, world_size, cuda),
+        optimizer="DeepSpeedCPUAdam" if ds_offload else ("AdamW" if opt["name"] == "adamw" else "Adam"),
         # fused AdamW on CUDA under free-lunch; FSDP's CPU offload steps CPU tensors, ZeRO-Offload its CPU Adam
-        "fused_optimizer": bool(m.free_lunch and cuda and not m.offload),
-        "lr": opt["lr"],
-        "betas": list(opt["betas"]),
-        "eps": opt["eps"],
-        "weight_decay": opt["weight_decay"],
-        "no_decay_1d": bool(opt.get("no_decay_1d")),
-        "liger": m.liger,
-        "fused_ce": m.fused_ce,
-        "flash_attn": m.flash_attn,
-    }
+        fused_optimizer=bool(m.free_lunch and cuda and not m.offload),
+        lr=opt["lr"],
+        betas=list(opt["betas"]),
+        eps=opt["eps"],
+        weight_decay=opt["weight_decay"],
+        no_decay_1d=bool(opt.get("no_decay_1d")),
+        liger=m.liger,
+        fused_ce=m.fused_ce,
+        flash_attn=m.flash_attn,
+    )
 
 
 def differences(planned: dict[str, Any], recorded: dict[str, Any]) -> list[str]:
@@ -235,7 +260,7 @@ def differences(planned: dict[str, Any], recorded: dict[str, Any]) -> list[str]:
 
 
 def _norm(value: Any) -> Any:
-    """JSON's view of a value (tuples are lists, int-valued floats compare equal)."""
+    """JSON's view of a value: tuples are lists (1 and 1.0 compare equal as they do in Python)."""
     if isinstance(value, dict):
         return {k: _norm(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

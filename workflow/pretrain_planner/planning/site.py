@@ -28,6 +28,12 @@ def load_site(
     }
 
 
+def gpu_settings(site: dict[str, Any], gpu: str) -> dict[str, Any]:
+    """What a job on `gpu` gets from the site (`load_site`'s): its GPU type's settings, the controller's poll limit,
+    the GPU type and the site file (a job's `slurm`)."""
+    return {**site["gpus"][gpu], "poll_max_s": site["poll_max_s"], "gpu_type": gpu, "site": site.get("path")}
+
+
 def sbatch_parameters(settings: dict[str, Any], nodes: int, gpus_per_node: int, job_name: str) -> dict[str, Any]:
     """submitit SlurmExecutor parameters for one cell: one task per GPU, the GPU request of the site."""
     params: dict[str, Any] = {

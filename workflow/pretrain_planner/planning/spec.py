@@ -6,6 +6,7 @@ from typing import Any
 
 from pretrain_planner.planning.catalog import Catalog
 from pretrain_planner.planning.grid import Cell
+from pretrain_planner.planning.site import gpu_settings
 from pretrain_planner.schema import section
 
 
@@ -29,6 +30,5 @@ def cell_spec(
         "outputs": {"result": str(result), "steps": str(steps)},
     }
     if config["launcher"]["kind"] == "slurm" and site:
-        spec["slurm"] = {**site["gpus"][cell.gpu], "poll_max_s": site["poll_max_s"], "gpu_type": cell.gpu,
-                         "site": site.get("path")}  # fmt: skip
+        spec["slurm"] = gpu_settings(site, cell.gpu)
     return spec

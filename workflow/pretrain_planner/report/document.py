@@ -15,6 +15,7 @@ from typing import Any
 
 import polars as pl
 
+from pretrain_planner import layout
 from pretrain_planner.report.plots import PLOTS as BASE_PLOTS
 from pretrain_planner.report.study_plots import STUDY_PLOTS
 from pretrain_planner.results import atomic_write_text
@@ -174,9 +175,9 @@ def _problems(problems: pl.DataFrame) -> list[str]:
 
 
 def _exported_plans(optimal_dir: str | None, links: Links) -> list[str]:
-    if not optimal_dir or not Path(optimal_dir, "index.csv").is_file():
+    if not optimal_dir or not Path(optimal_dir, layout.OPTIMAL_INDEX).is_file():
         return []
-    index = read_table(Path(optimal_dir) / "index.csv")
+    index = read_table(Path(optimal_dir) / layout.OPTIMAL_INDEX)
     planned = index.filter(pl.col("best_method").is_not_null()).height
     rel = links.rel(optimal_dir)
     return [

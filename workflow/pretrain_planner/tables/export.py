@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from pretrain_planner import layout
 from pretrain_planner.planning import methods
 from pretrain_planner.planning.catalog import Catalog, GpuSpec, ModelSpec
+from pretrain_planner.planning.runspec import RunSpec
 from pretrain_planner.planning.settings import differences, grad_sync_of, resolve
 from pretrain_planner.results import atomic_write_text
 
@@ -44,10 +45,6 @@ MEASURED = ("micro_batch_size", "grad_accum_steps", "step_time_s", "step_time_p1
             "tokens_per_s", "samples_per_s", "mfu", "peak_mem_gib", "training_days", "analytic_days")  # fmt: skip
 INDEX_COLUMNS = ["model", "gpu", "nodes", "gpus_per_node", "world_size", "best_method", "training_days", "folder",
                  "files", "note"]  # fmt: skip
-
-
-def plan_folder(model: str, gpu: str, nodes: int, gpus_per_node: int) -> str:
-    return layout.setting_folder(model, gpu, nodes, gpus_per_node)
 
 
 def _is_cpu(gpu: GpuSpec) -> bool:
@@ -103,12 +100,9 @@ def settings_for(
     """The method's concrete settings for one time_to_train row (planning.settings.resolve, as the trainer
     applied them); `recorded`: the cell's method_settings, for what only the measurement decides (FSDP2's
     gradient synchronisation)."""
-    grad_sync = grad_sync_of(recorded)
     world = int(row["nodes"]) * int(row["gpus_per_node"])
-    return resolve(
-        row["best_method"], model.to_dict(), gpu.to_dict(), world, int(row["micro_batch_size"]),
-        int(row["grad_accum_steps"]), grad_sync=grad_sync,
-    )  # fmt: skip
+    spec = RunSpec(model, gpu, methods.parse(row["best_method"]), world)
+    return resolve(spec, int(row["micro_batch_size"]), int(row["grad_accum_steps"]), grad_sync_of(recorded)).as_dict()
 
 
 def not_expressible(model: ModelSpec, settings: dict[str, Any]) -> list[dict[str, str]]:
@@ -345,7 +339,7 @@ def _export_setting(
     """One setting's folder: its plan, or a README saying why there is none. Returns the index fields."""
     from pretrain_planner.tables.aggregate import GROUP
 
-    folder = plan_folder(*(f[k] for k in GROUP))
+    folder = layout.setting_folder(*(f[k] for k in GROUP))
     model, gpu = catalog.models.get(f["model"]), catalog.gpus.get(f["gpu"])
     if row is None:
         return _no_plan(target, f["model"], folder, f"no feasible method: {f['verdict']} (naive: {f['naive']}, "
@@ -371,18 +365,18 @@ def write_plan(
             f"the measured cell ran other settings than this plan would ({'; '.join(differ)}): re-measure it with "
             f"this version (delete {cell}) before exporting"
         )
-        return _no_plan(target, model.name, plan_folder(*group), why)
+        return _no_plan(target, model.name, layout.setting_folder(*group), why)
     args, ds, notes = training_arguments(model, gpu, row, seed, settings=settings)
     if recorded is None:
         notes.append("the measured cell's result.json was not found: settings as planned, not as recorded")
-    files = ["training_arguments.json", "launch.sh", "plan.json"]
+    files = ["training_arguments.json", "launch.sh", layout.PLAN_FILE]
     _write(target / "training_arguments.json", json.dumps(args, indent=1) + "\n")
     if ds is not None:
         _write(target / "deepspeed.json", json.dumps(ds, indent=1) + "\n")
         files.append("deepspeed.json")
     _write(target / "launch.sh", launch_script(model, gpu, row, folder=Path(target).resolve()))
     (target / "launch.sh").chmod(0o755)
-    _write(target / "plan.json", json.dumps(_plan_record(model, gpu, row, notes, settings), indent=1) + "\n")
+    _write(target / layout.PLAN_FILE, json.dumps(_plan_record(model, gpu, row, notes, settings), indent=1) + "\n")
     return {"best_method": row["best_method"], "training_days": row["training_days"], "files": " ".join(files),
             "note": "; ".join(notes)}  # fmt: skip
 
@@ -412,7 +406,7 @@ def export_plans(
     index, log = [], []
     for f in feas.sort(GROUP).iter_rows(named=True):
         key = tuple(f[k] for k in GROUP)
-        folder = plan_folder(*key)
+        folder = layout.setting_folder(*key)
         target = out / folder
         target.mkdir(parents=True, exist_ok=True)
         entry = {**{k: f[k] for k in GROUP}, "world_size": f["world_size"], "best_method": None,
@@ -424,7 +418,7 @@ def export_plans(
     writer = csv.DictWriter(buf, fieldnames=INDEX_COLUMNS)
     writer.writeheader()
     writer.writerows(index)
-    atomic_write_text(out / "index.csv", buf.getvalue())
+    atomic_write_text(out / layout.OPTIMAL_INDEX, buf.getvalue())
     planned = sum(1 for e in index if e["best_method"])
     atomic_write_text(
         log_path, f"{planned} plans, {len(index) - planned} settings without one\n" + "\n".join(log) + "\n"
@@ -435,4 +429,4 @@ def export_plans(
 def read_index(out_dir: str | Path) -> pl.DataFrame:
     from pretrain_planner.tables.aggregate import read_table
 
-    return read_table(Path(out_dir) / "index.csv")
+    return read_table(Path(out_dir) / layout.OPTIMAL_INDEX)

@@ -77,7 +77,8 @@ def cell_state(cell_dir: Path) -> CellState:
         last = progress.last_line(cell_dir / progress.PROGRESS_FILE)
         what = progress.describe(last) if last else None
         return CellState(state, None, _live_detail(record, last), record.get("job_id"), what)
-    if (cell_dir / SLURM_RECORD).is_file() or (cell_dir / LOCAL_RECORD).is_file() or (cell_dir / "submitit").is_dir():
+    records = (cell_dir / SLURM_RECORD, cell_dir / LOCAL_RECORD)
+    if any(r.is_file() for r in records) or (cell_dir / layout.SUBMITIT).is_dir():
         return CellState("running", None, None)
     return CellState("pending", None, None)
 

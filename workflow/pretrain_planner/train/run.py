@@ -1,7 +1,6 @@
 """Run an exported plan for real, on every rank: the plan's method through the trainer's pieces (as a benchmark
-cell builds it: trainer/methodbuild.py over parallel.apply_method / build_optimizer, zero.build_step,
-step.TrainStep and run.build_with_extras, on the plan's model, GPU and recipe values), the family's data
-(train/data.py), the recipe's optimizer and schedule (budget.schedule.recipe_lr), step-budgeted (--steps, or the
+cell builds it: trainer/methodbuild.py, the one build path, on the plan's model, GPU and recipe values), the task's data
+(trainer/tasks.py), the recipe's optimizer and schedule (trainer.schedule.recipe_lr), step-budgeted (--steps, or the
 recipe's steps) or time-budgeted (--time-budget-h, or the recipe's time budget), on the shared loop
 (trainer/loop.py: accumulation, checkpoint/resume exactly after a kill, signals, the step log).
 
@@ -22,21 +21,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from pretrain_planner import layout
-from pretrain_planner.budget import schedule
-from pretrain_planner.budget.config import FileLog, fingerprint, torch_job
-from pretrain_planner.planning.methods import parse
-from pretrain_planner.planning.settings import grad_sync_of
+from pretrain_planner.launch.local import torch_job
+from pretrain_planner.planning.methods import Method, parse
+from pretrain_planner.planning.runspec import RunSpec
+from pretrain_planner.planning.settings import differences, grad_sync_of
+from pretrain_planner.planning.tasks import TASKS
 from pretrain_planner.results import atomic_write_text
-from pretrain_planner.train import data as tdata
+from pretrain_planner.runlog import FileLog, fingerprint
 from pretrain_planner.train import record
-from pretrain_planner.trainer import methodbuild
-from pretrain_planner.trainer.loop import Hooks, Loop, Ranks, loss_ends, read_jsonl
-from pretrain_planner.trainer.parallel import MethodConfig
+from pretrain_planner.trainer import methodbuild, schedule, tasks
+from pretrain_planner.trainer.loop import Hooks, Loop
+from pretrain_planner.trainer.ranks import Ranks
 from pretrain_planner.trainer.run import versions
+from pretrain_planner.trainer.steplog import loss_ends, read_jsonl
 
 TRAIN_PACKAGES = ("torch", "transformers", "tokenizers", "deepspeed", "pretrain-planner")  # in result.json
 
@@ -69,19 +69,61 @@ def _device_of(plan: dict[str, Any], device: str):
     return of
 
 
-class _Train(Hooks):
-    """One process of a plan's run: ranks, data, the method, and the loop's hooks (data, schedule, stop)."""
+class Training(Hooks):
+    """One process of a run that trains for real, the general case: its ranks (`world_size` None: as many as the
+    launcher started), rank 0's log, the task's data (`data`: trainer/tasks.py), the method through the trainer's
+    one build path (`build_method`: checked, then built) and the shared loop with this object as its hooks
+    (`start_loop`). The stages are recipes of it: a plan's run (`_Train` below) and the budget stage's
+    time-budgeted masked LM (budget/pretrain.py). A subclass sets `micro`, `accum` and `data` before building."""
+
+    micro: int
+    accum: int
+    data: tasks.TaskData
+
+    def __init__(self, world_size: int | None, device_of: Any, method: Method, log: str | Path | None) -> None:
+        self.method = method
+        self.ranks = Ranks(world_size, device_of, group_for_one=bool(method.sharding))
+        self.rank0, self.world, self.device = self.ranks.rank == 0, self.ranks.world, self.ranks.device
+        self.logger = FileLog(log if self.rank0 else None)
+
+    def build_method(self, spec: RunSpec, where: str, seed: int, **build: Any) -> methodbuild.Built:
+        """The run's method (`where` names its source in errors): refused before anything is built if it cannot
+        run here, else built with the same weights on every rank."""
+        env = self.ranks.env()
+        methodbuild.check_stage(spec, env, where)
+        self.built = methodbuild.build(spec, env, self.micro, self.accum, seed, **build)
+        return self.built
+
+    def start_loop(self, run_dir: Path, fingerprint: str, seed: int, **loop: Any) -> Loop:
+        self.loop = Loop(built=self.built, ranks=self.ranks, hooks=self, run_dir=run_dir, fingerprint=fingerprint,
+                         accum=self.accum, seed=seed, logger=self.logger, **loop)  # fmt: skip
+        return self.loop
+
+    # -- the loop's hooks every run shares ----------------------------------------------------------------
+    def micro_batch(self, index: int) -> dict[str, torch.Tensor]:
+        """This rank's slice of the next micro * world samples of the global stream (the sampler's state is the
+        same on every rank, so rank 0's checkpoint resumes them all)."""
+        return self.data.micro_batch(self.micro, self.world, self.ranks.rank, self.device)
+
+    def data_state(self) -> dict[str, Any]:
+        return {"sampler": self.data.state()}
+
+    def load_data_state(self, s: dict[str, Any]) -> None:
+        self.data.load_state(s["sampler"])
+
+
+class _Train(Training):
+    """One process of a plan's run: the plan's model, method and recipe, a step or time budget, the loop's hooks
+    (schedule, stop)."""
 
     def __init__(self, plan: dict[str, Any], plan_path: Path, out: Path, o: dict[str, Any]) -> None:
         self.plan, self.plan_path, self.out, self.o = plan, plan_path, out, o
         model = plan["model"]
         self.task, self.recipe = model["task"], model["recipe"]
-        self.method = parse(plan["method"], "plan.json method")
         if o["threads"]:
             torch.set_num_threads(int(o["threads"]))
-        self.ranks = Ranks(None, _device_of(plan, o["device"]), group_for_one=bool(self.method.sharding))
-        self.rank0, self.world, self.device = self.ranks.rank == 0, self.ranks.world, self.ranks.device
-        self.logger = FileLog(out / layout.TRAIN_LOG if self.rank0 else None)
+        method = parse(plan["method"], "plan.json method")
+        super().__init__(None, _device_of(plan, o["device"]), method, out / layout.TRAIN_LOG)
         self.notes: list[str] = []
         m = plan["measured"]
         self.micro = int(m["micro_batch_size"])
@@ -112,100 +154,40 @@ class _Train(Hooks):
             raise ValueError("the recipe has neither steps nor a time budget: pass --steps or --time-budget-h")
 
     def _data(self) -> None:
-        """Rank 0 prepares (tokenizer, packing, shards), the others then read what it wrote."""
-        o, model, seed, out = self.o, self.plan["model"], self.o["seed"], self.out
-        self.model = dict(model)
+        """The task's data (trainer/tasks.py): rank 0 prepares (tokenizer, packing, shards), the others then read
+        what it wrote."""
+        o, out = self.o, self.out
         need = max(256, self.global_batch * 4)
         for turn in ("rank0", "others"):
             if (turn == "rank0") == self.rank0:
-                self._prepare(o, model, seed, out / "data", need)
+                req = tasks.DataRequest(o["data"], o["tokenizer"], o["seed"], need, out / "data",
+                                        out / layout.TRAIN_LOG, self.rank0)  # fmt: skip
+                self.data = tasks.prepare(self.plan["model"], req)
             if turn == "rank0":
                 self.ranks.barrier()
-
-    def _prepare(self, o: dict[str, Any], model: dict[str, Any], seed: int, ddir: Path, need: int) -> None:
-        r = self.recipe
-        if self.task == "image_classification":
-            self.images = tdata.ImageSource(o["data"], int(r["image_size"]), int(model["arch"].get("num_labels", 2)),
-                                            seed, need)  # fmt: skip
-            self.sampler = tdata.IndexSampler(self.images.n, seed)
-            self.data_info = dict(self.images.info)
-            return
-        seq = int(r["sequence_length"])
-        files, info = tdata.text_files(o["data"], ddir, seed, min_words=need * seq)
-        if self.task == "causal_lm":
-            self.blocks, meta = tdata.causal_lm_tokens(files, o["tokenizer"], int(model["arch"]["vocab_size"]), seq,
-                                                       ddir)  # fmt: skip
-            self.sampler = tdata.IndexSampler(len(self.blocks), seed)
-            self.data_info = {**info, **{k: v for k, v in meta.items() if k != "fingerprint"}, "fingerprint":
-                              meta["fingerprint"]}  # fmt: skip
-            return
-        # masked LM: the budget stage's data preparation (WordPiece, samples, static masking, shards)
-        from pretrain_planner.budget.data import prepare_data
-        from pretrain_planner.budget.pretrain import ShardSampler
-
-        cfg = tdata.mlm_config(files, o["tokenizer"], model, seed)
-        index_path = ddir / "mlm" / "index.json"
-        if self.rank0:
-            prepare_data(cfg, index_path, self.out / layout.TRAIN_LOG)
-        self.index = json.loads(index_path.read_text())
-        if self.index["vocab_size"] > int(model["arch"]["vocab_size"]):
-            raise ValueError(f"the tokenizer has {self.index['vocab_size']} tokens, the model's vocabulary "
-                             f"{model['arch']['vocab_size']}")  # fmt: skip
-        self.sampler = ShardSampler(index_path.parent, self.index["splits"]["train"],
-                                    self.index["duplication_factor"], seed)  # fmt: skip
-        self.pad_id = self.index["special_ids"]["pad"]
-        self.model = {**model, "arch": {**model["arch"], "pad_token_id": self.pad_id}}
-        self.data_info = {**info, "prepared_by": "budget/data.py (WordPiece, static masking)",
-                          "tokenizer": o["tokenizer"] or "WordPiece trained on the corpus",
-                          "tokenizer_vocab": self.index["vocab_size"], "seq_len": self.index["seq_len"],
-                          "samples": self.index["samples"], "fingerprint": self.index["fingerprint"],
-                          "model_overrides": {"pad_token_id": self.pad_id}}  # fmt: skip
-        if self.index["seq_len"] != seq:
-            self.notes.append(f"sequence length {self.index['seq_len']} (the model's positions), not the recipe's "
-                              f"{seq}")  # fmt: skip
+        self.model, self.data_info = self.data.model, self.data.info
+        self.notes.extend(self.data.notes)
 
     def build(self) -> None:
         """The plan's method on the plan's model, GPU and recipe values, as a benchmark cell builds it."""
         o, plan = self.o, self.plan
-        cfg = MethodConfig(method=self.method, model=self.model, gpu=plan["gpu"], recipe=self.recipe)
-        grad_sync = grad_sync_of(plan.get("method_settings"))
-        sched = self.recipe.get("schedule") or {"name": "constant"}
-        self.built = methodbuild.build(
-            cfg, self.ranks.env(), self.model, self.micro, self.accum, o["seed"], fl_attn=None, grad_sync=grad_sync,
-            where="plan.json method", compile_note=None,
+        spec = RunSpec.of(self.model, plan["gpu"], self.method, self.world, cuda=self.device.type == "cuda")
+        sched = self.recipe.get("schedule") or TASKS[self.task].default_schedule
+        self.build_method(
+            spec, "plan.json method", o["seed"], grad_sync=grad_sync_of(plan.get("method_settings")),
             lr_schedule=f"the recipe's {json.dumps(sched)} over the run's {self.budget['mode']} budget, set every step "
-                        "(budget.schedule.recipe_lr)",
+                        "(trainer.schedule.recipe_lr)",
         )  # fmt: skip
-        from pretrain_planner.trainer.models import kernel_info
-
-        if kernels := kernel_info(self.model):
-            self.built.settings["kernels"] = kernels
         fp = fingerprint(self.model, plan["method"], self.micro, self.accum, self.world, o["seed"], self.budget,
                          self.data_info.get("fingerprint"), self.data_info["label"])  # fmt: skip
-        self.loop = Loop(
-            built=self.built, ranks=self.ranks, hooks=self, run_dir=self.out / layout.TRAIN_RUN, fingerprint=fp,
-            accum=self.accum, seed=o["seed"], logger=self.logger, fake_step_s=o["fake_step_s"],
+        self.start_loop(
+            self.out / layout.TRAIN_RUN, fp, o["seed"], fake_step_s=o["fake_step_s"],
             checkpoint_every_s=o["checkpoint_every_min"] * 60 if o["checkpoint_every_min"] else None,
             checkpoint_every_steps=o["checkpoint_every_steps"], log_every=o["log_every"],
             warmup_steps=o["warmup_steps"], extra_state={"starts": []},
         )  # fmt: skip
 
     # -- the loop's hooks ----------------------------------------------------------------------------------
-    def micro_batch(self, index: int) -> dict[str, torch.Tensor]:
-        """This rank's slice of the next micro * world samples of the global stream."""
-        micro, rank = self.micro, self.ranks.rank
-        if self.task == "masked_lm":
-            from pretrain_planner.budget.pretrain import rank_batch
-
-            return rank_batch(self.sampler, micro, self.world, rank, self.pad_id, self.device)
-        idx = self.sampler.take(micro * self.world)[rank * micro : (rank + 1) * micro]
-        if self.task == "image_classification":
-            batch = self.images.batch(idx)
-        else:
-            ids = torch.from_numpy(np.asarray(self.blocks[np.sort(idx)], dtype=np.int64))
-            batch = {"input_ids": ids, "labels": ids.clone()}
-        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
-
     def progress(self, state: dict[str, Any]) -> float:
         if self.budget["mode"] == "steps":
             return state["step"] / self.budget["steps"]
@@ -213,7 +195,7 @@ class _Train(Hooks):
 
     def lr(self, state: dict[str, Any]) -> float:
         total = self.budget["steps"] if self.budget["mode"] == "steps" else None
-        sched = self.recipe.get("schedule") or {"name": "constant"}
+        sched = self.recipe.get("schedule") or TASKS[self.task].default_schedule
         return schedule.recipe_lr(sched, float(self.recipe["optimizer"]["lr"]), state["step"], self.progress(state),
                                   total)  # fmt: skip
 
@@ -226,12 +208,6 @@ class _Train(Hooks):
 
     def step_fields(self, state: dict[str, Any]) -> dict[str, Any]:
         return {"progress": round(self.progress(state), 6)}
-
-    def data_state(self) -> dict[str, Any]:
-        return {"sampler": self.sampler.state()}
-
-    def load_data_state(self, s: dict[str, Any]) -> None:
-        self.sampler.load_state(s["sampler"])
 
     def on_start(self, loop: Loop) -> None:
         p = self.plan
@@ -248,17 +224,10 @@ class _Train(Hooks):
         p, state, loop = self.plan, self.loop.state, self.loop
         steps = read_jsonl(loop.steps_path)
         loss_first, loss_last = loss_ends([s["loss"] for s in steps])
-        tokens = int(self.recipe["sequence_length"]) if self.task != "image_classification" else None
-        if self.task == "masked_lm":
-            tokens = int(self.index["seq_len"])
+        tokens = self.data.tokens_per_sample
         settings = {**self.built.settings, "observed": loop.observed}
         planned = p.get("method_settings")
-        try:
-            from pretrain_planner.planning.settings import differences
-
-            diffs = differences(planned, settings) if planned else None
-        except ImportError:  # an older checkout without planning.settings
-            diffs = None
+        diffs = differences(planned, settings) if planned else None
         thr = record.sustained(steps, self.global_batch, tokens, p["measured"])
         if self.o["fake_step_s"] is not None:
             thr["note"] = "a fake clock (testing): every step counted fake_step_s"

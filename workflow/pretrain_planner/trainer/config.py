@@ -7,6 +7,7 @@ from typing import Any
 
 from pretrain_planner.planning.grid import Cell as CellConfig  # the planner's cell is the run's cell: one definition
 from pretrain_planner.planning.methods import Method, parse_canonical
+from pretrain_planner.planning.runspec import RunSpec
 from pretrain_planner.schema import section
 
 
@@ -42,6 +43,10 @@ class RunConfig:
     @property
     def recipe(self) -> dict[str, Any]:
         return self.model["recipe"]
+
+    def run_spec(self, env: Any) -> RunSpec:
+        """The cell as the typed run the trainer checks and builds, on this rank's device (trainer.rank.RankEnv)."""
+        return RunSpec.of(self.model, self.gpu, self.method, self.cell.world_size, cuda=env.device.type == "cuda")
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> RunConfig:

@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-from pretrain_planner.trainer.config import RunConfig
+from pretrain_planner.planning.methods import Method
+from pretrain_planner.planning.settings import Settings
 from pretrain_planner.trainer.evidence import fsdp_sharding
 from pretrain_planner.trainer.models import blocks
 from pretrain_planner.trainer.rank import RankEnv, Unsupported
@@ -53,10 +54,10 @@ def _outermost(found: list[tuple[str, torch.nn.Module]]) -> list[tuple[str, torc
 
 
 def shard(
-    cfg: RunConfig, env: RankEnv, net: torch.nn.Module, plan: dict[str, Any], autocast_dtype: torch.dtype | None
+    method: Method, s: Settings, env: RankEnv, net: torch.nn.Module, autocast_dtype: torch.dtype | None
 ) -> tuple[torch.nn.Module, torch.dtype | None, dict[str, Any]]:
-    """Shard `net` in place by `plan` (planning.settings: its fsdp_policy and compile); return it, the autocast
-    dtype still to use (None: the policy casts), settings."""
+    """Shard `net` in place by the settings' fsdp_policy and compile; return it, the autocast dtype still to use
+    (None: the policy casts), settings."""
     try:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
@@ -64,7 +65,7 @@ def shard(
         raise Unsupported(
             f"FSDP2 (torch.distributed.fsdp.fully_shard) is not available in torch {torch.__version__}"
         ) from None
-    method, policy, compiled = cfg.method, plan["fsdp_policy"], plan["compile"]
+    policy, compiled = s.fsdp_policy, s.compile
     reshard = policy["reshard_after_forward"]
     mp_note = None
     if autocast_dtype is not None and policy["mixed_precision"] is None:

@@ -1,8 +1,8 @@
 """Optional kernels (flash-attn 2, Liger) and the evidence of which attention kernel really ran.
 
-A method can ask for a kernel that cannot run where the cell runs (flash-attn not installed, Liger on a
-CPU): `check_supported` raises `Unsupported` with the reason before anything is built, so the cell's
-result says so instead of crashing or being retried.
+A method can ask for a kernel that cannot run where the cell runs (flash-attn not installed, an older GPU):
+`check_supported` raises `Unsupported` with the reason before anything is built, so the cell's result says so
+instead of crashing or being retried.
 
 Which attention kernel ran is not what `attn_implementation` says: SDPA picks flash, memory-efficient,
 cuDNN or math at run time (dtype, head size, mask, GPU). `attention_kernel` profiles one micro-batch and
@@ -54,11 +54,12 @@ def import_error(module: str) -> str | None:
 
 
 def check_supported(method: Any, device: torch.device) -> None:
-    """Raise Unsupported if a kernel part of `method` (fa2, liger, cg) cannot run on `device`."""
-    on_cuda = device.type == "cuda"
+    """Raise Unsupported if a kernel part of `method` cannot run on this CUDA device: fa2 or liger whose package
+    does not import, fa2 on a device older than Ampere. That they need CUDA at all is the method's own rule
+    (planning/runspec.py RunSpec.reason, checked first)."""
+    if device.type != "cuda":
+        return
     if method.flash_attn:
-        if not on_cuda:
-            raise Unsupported("fa2: flash-attn runs on CUDA GPUs only")
         error = import_error("flash_attn")
         if error:
             raise Unsupported(f"fa2: the flash-attn package does not import ({error}); `pip install flash-attn`")
@@ -68,13 +69,9 @@ def check_supported(method: Any, device: torch.device) -> None:
                 f"fa2: flash-attn 2 needs compute capability >= 8.0, {torch.cuda.get_device_name(device)}"
             )
     if method.liger:
-        if not on_cuda:
-            raise Unsupported("liger: Liger's Triton kernels run on CUDA GPUs only")
         error = import_error("liger_kernel.transformers")
         if error:
             raise Unsupported(f"liger: the liger-kernel package does not import ({error}); `pip install liger-kernel`")
-    if method.compile_mode == "cg" and not on_cuda:
-        raise Unsupported("cg: CUDA graphs need a CUDA GPU")
 
 
 def fused_ce_impl(method: Any, device: torch.device) -> str | None:

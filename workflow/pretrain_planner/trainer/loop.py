@@ -4,21 +4,20 @@ budget stage's time-budgeted MLM, the train stage that runs an exported plan), i
 Trainer: what differs between callers is a `Hooks` object (data, schedule, when to stop, what else happens after
 a step), the loop itself is one.
 
-- Ranks (`Ranks`): this process's place in a data-parallel run, started from submitit's environment (the local
-  and SLURM launchers), from torchrun's (RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT), or alone; a
-  sharded method on one rank gets an in-process group. After each step the ranks agree on its time (the slowest
-  rank's) and on any stop signal, so schedules keyed on time and the stop are the same everywhere.
+- Ranks (trainer/ranks.py): this process's place in a data-parallel run; after each step the ranks agree on its
+  time (the slowest rank's) and on any stop signal, so schedules keyed on time and the stop are the same
+  everywhere.
 - A step (`Loop.step`): the schedule's learning rate on every parameter group, the RNG reseeded per (seed, rank,
   step) (dropout: a resumed run draws what the uninterrupted one drew), `accum` micro-batches from the hooks
   (gradients synchronised on the last one only: trainer.step), the optimizer step, the mean loss over ranks;
-  one line of steps.jsonl (flushed: a killed run keeps what it logged).
+  one line of steps.jsonl (trainer/steplog.py: flushed, a killed run keeps what it logged).
 - Checkpoints (`Loop.checkpoint`): rank 0 writes checkpoint.pt (the method's state dicts: weights, optimizer,
   loss scaler; FSDP2 as full state dicts, ZeRO naming the engine's sharded checkpoint), the data position and the
   schedule's state (`Hooks.data_state`), the loop's state and the RNG; every rank reads it back (`resume`), and a
   checkpoint of another configuration (`fingerprint`) is refused.
-- Signals: SIGTERM / SIGUSR1 (SLURM pre-emption, a time-limit warning) and submitit's USR2 are recorded while a
-  step runs; after it the loop checkpoints, hands over to submitit's handler (which requeues) and ends with
-  SystemExit. `kill_at_step` (testing) sends a signal to this process after that step (SIGKILL: a crash).
+- Signals (trainer/signals.py): SIGTERM / SIGUSR1 (SLURM pre-emption, a time-limit warning) and submitit's USR2
+  are recorded while a step runs; after it the loop checkpoints, hands over to submitit's handler (which requeues)
+  and ends with SystemExit. `kill_at_step` (testing) sends a signal to this process after that step (SIGKILL: a crash).
 
 The benchmark's short timed run (trainer/measure.time_steps) is this loop too (`Loop.timed`): no step log, no
 checkpoint, a constant learning rate, synthetic batches made before timing; its caller adds what only a benchmark
@@ -28,199 +27,25 @@ micro-batch search and its out-of-memory agreement before the timing).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from pretrain_planner import layout
 from pretrain_planner.launch import progress as job_progress
-from pretrain_planner.results import atomic_write_text
-
-
-# ------------------------------------------------------------------------------------------------ ranks
-def env_world() -> tuple[int, int, int] | None:
-    """(rank, world size, local rank) from torchrun's environment, or None when it is not there."""
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
-        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", "0"))
-    return None
-
-
-def _submitit_tasks() -> int:
-    """The tasks of the submitit job this process is one of (a run whose world size is the job's: the train stage)."""
-    import submitit
-
-    return int(submitit.JobEnvironment().num_tasks)
-
-
-class Ranks:
-    """This process's place in the data-parallel run: rank, world size, device, and the few collectives the loop
-    needs (agreeing on elapsed time, on a stop signal, and the mean loss). One rank: no process group, unless a
-    sharded method needs one (`group_for_one`).
-
-    `world_size`: the ranks the run needs (None: as many as the environment says: the submitit job's tasks,
-    torchrun's, or one).
-    `device_of(local_rank)`: this rank's device."""
-
-    def __init__(self, world_size: int | None, device_of, group_for_one: bool = False) -> None:
-        import datetime as dt
-
-        import torch.distributed as torch_dist
-
-        self.rank, self.world, self.local_rank = 0, 1, 0
-        self.backend: str | None = None
-        self.launched_by = "single process"
-        self._env_set: list[str] = []  # variables this process's one-rank group set (an in-process run)
-        if "SUBMITIT_EXECUTOR" in os.environ and (world_size or _submitit_tasks()) > 1:
-            from submitit.helpers import TorchDistributedEnvironment
-
-            env = TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
-            self.rank, self.world, self.local_rank = env.rank, env.world_size, env.local_rank
-            self.launched_by = "submitit"
-        elif (found := env_world()) is not None and found[1] > 1:
-            self.rank, self.world, self.local_rank = found
-            self.launched_by = "torchrun"
-        elif world_size is not None and world_size > 1:
-            raise RuntimeError(f"{world_size} ranks: run through the local or slurm launcher, or torchrun")
-        if world_size is not None and self.world != world_size:
-            raise RuntimeError(f"launched with {self.world} tasks, the setting needs {world_size}")
-        self.device = device_of(self.local_rank)
-        if self.world > 1 or group_for_one:
-            from pretrain_planner.trainer.rank import eager_init_kwargs, process_group_backend
-
-            if self.device.type == "cuda":
-                torch.cuda.set_device(self.device)
-            # the trainer's: NCCL + gloo on GPUs (FSDP2 offload's CPU gradient norms), communicators made eagerly
-            backend = process_group_backend(self.device)
-            if self.world > 1:
-                torch_dist.init_process_group(
-                    backend, timeout=dt.timedelta(minutes=30), **eager_init_kwargs(self.device, self.world)
-                )
-            else:  # FSDP's mesh and DeepSpeed's engine need a process group even on one rank
-                if torch_dist.is_initialized():
-                    raise RuntimeError("a sharded method on one rank needs this process's process group: run it "
-                                       "through the local or slurm launcher")  # fmt: skip
-                for var, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
-                    if var not in os.environ:  # DeepSpeed reads them; close() takes them back
-                        os.environ[var] = value
-                        self._env_set.append(var)
-                torch_dist.init_process_group(backend, store=torch_dist.HashStore(), rank=0, world_size=1)
-            self.backend = backend
-
-    @classmethod
-    def of(cls, env: Any) -> Ranks:
-        """The ranks of a benchmark cell, whose process group trainer.rank set up (and tears down)."""
-        ranks = cls.__new__(cls)
-        ranks.rank, ranks.world, ranks.local_rank, ranks.device = env.rank, env.world_size, env.local_rank, env.device
-        ranks.backend, ranks.launched_by, ranks._env_set = None, "trainer.rank", []
-        return ranks
-
-    def env(self):
-        """The trainer's view of this rank (trainer.rank.RankEnv)."""
-        from pretrain_planner.trainer.rank import RankEnv
-
-        return RankEnv(self.rank, self.world, self.local_rank, self.device, self.backend)
-
-    def _all_reduce(self, values, op: str) -> torch.Tensor:
-        """The values (float64, on this rank's device) reduced over the ranks with ReduceOp `op`."""
-        import torch.distributed as torch_dist
-
-        t = torch.tensor(values, dtype=torch.float64, device=self.device)
-        torch_dist.all_reduce(t, op=getattr(torch_dist.ReduceOp, op))
-        return t
-
-    def max(self, *values: float) -> list[float]:
-        """The largest of each value over the ranks (elapsed time: the slowest rank's; a signal: anyone's)."""
-        if self.world == 1:
-            return list(values)
-        return self._all_reduce(values, "MAX").tolist()
-
-    def mean(self, value: float) -> float:
-        """The mean over the ranks (the step's loss)."""
-        if self.world == 1:
-            return value
-        return float(self._all_reduce([value], "SUM").item()) / self.world
-
-    def barrier(self) -> None:
-        if self.world > 1:
-            import torch.distributed as torch_dist
-
-            torch_dist.barrier()
-
-    def close(self) -> None:
-        if self.backend is not None:
-            import torch.distributed as torch_dist
-
-            if torch_dist.is_initialized():
-                torch_dist.destroy_process_group()
-            from pretrain_planner.trainer.rank import forget_deepspeed_groups
-
-            forget_deepspeed_groups()
-            self.backend = None
-        for var in self._env_set:  # an in-process run must not leave a distributed environment behind
-            os.environ.pop(var, None)
-        self._env_set.clear()
+from pretrain_planner.trainer.ranks import Ranks
+from pretrain_planner.trainer.signals import stop_signals
+from pretrain_planner.trainer.steplog import append_jsonl, truncate_jsonl
 
 
 def step_seed(seed: int, rank: int, step: int) -> int:
     """The RNG seed of one rank's step (dropout): a resumed run draws what the uninterrupted one drew."""
     return int(np.random.SeedSequence([seed, rank, step]).generate_state(1, dtype=np.uint64)[0] >> 1)
-
-
-def truncate_jsonl(path: Path, step: int) -> None:
-    """Keep the lines of a step log up to `step` (what a resumed run has not redone)."""
-    if not path.exists():
-        return
-    keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
-    atomic_write_text(path, "".join(ln + "\n" for ln in keep))
-
-
-def append_jsonl(fh, rec: dict[str, Any]) -> None:
-    """One record of a step log, flushed: a killed run keeps what it logged."""
-    fh.write(json.dumps(rec) + "\n")
-    fh.flush()
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
-
-
-def loss_ends(losses: list[float]) -> tuple[float | None, float | None]:
-    """The mean loss over the first and over the last tenth of the steps (a result's loss_first, loss_last)."""
-    if not losses:
-        return None, None
-    k = max(1, len(losses) // 10)
-    return float(np.mean(losses[:k])), float(np.mean(losses[-k:]))
-
-
-@contextmanager
-def stop_signals() -> Iterator[tuple[list[int], dict[int, Any]]]:
-    """SIGTERM/SIGUSR1 (SLURM pre-emption, a time-limit warning), and submitit's own pre-emption signal (USR2)
-    when it installed a handler, recorded (not acted on) while the loop runs: the loop finishes the step,
-    checkpoints, then hands over to submitit's handler (`previous`: requeue). The handlers are put back after."""
-    signalled: list[int] = []
-    previous: dict[int, Any] = {}
-    if threading.current_thread() is threading.main_thread():
-        sigs = [signal.SIGTERM, signal.SIGUSR1]
-        preempt = getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"), None)
-        if preempt is not None and callable(signal.getsignal(preempt)) and preempt not in sigs:
-            sigs.append(preempt)
-        for sig in sigs:
-            previous[sig] = signal.signal(sig, lambda s, _f: signalled.append(s))
-    try:
-        yield signalled, previous
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 class _StepOnly:
@@ -318,9 +143,9 @@ class Loop:
         self.checkpoint_every_s, self.checkpoint_every_steps = checkpoint_every_s, checkpoint_every_steps
         self.log_every = max(1, int(log_every))
         self.warmup_steps = warmup_steps  # steps after each (re)start marked "warmup" in steps.jsonl
-        self.ckpt_path = self.run_dir / "checkpoint.pt"
-        self.steps_path = self.run_dir / "steps.jsonl"
-        self.ds_dir = self.run_dir / "deepspeed"
+        self.ckpt_path = self.run_dir / layout.CHECKPOINT
+        self.steps_path = self.run_dir / layout.STEPS
+        self.ds_dir = self.run_dir / layout.DEEPSPEED_CHECKPOINTS
         self.state: dict[str, Any] = {"step": 0, "elapsed_s": 0.0, "stop": None, **(extra_state or {})}
         self.resumed_from: int | None = None
         self.since_start = 0

@@ -34,11 +34,12 @@ import torch.distributed as torch_dist
 from pretrain_planner.launch import progress
 from pretrain_planner.planning.grid import largest_micro_batch
 from pretrain_planner.trainer.config import RunConfig
-from pretrain_planner.trainer.loop import Hooks, Loop, Ranks
-from pretrain_planner.trainer.models import make_batch
+from pretrain_planner.trainer.loop import Hooks, Loop
 from pretrain_planner.trainer.oom import Verdict, free_memory, guarded, is_oom
 from pretrain_planner.trainer.rank import RankEnv
+from pretrain_planner.trainer.ranks import Ranks
 from pretrain_planner.trainer.step import ACCUMULATING, TrainStep
+from pretrain_planner.trainer.tasks import synthetic_batch
 
 BATCH_POOL = 2  # distinct micro-batches cycled through a step (bounded memory for image models)
 MAX_SKIPPED = 24  # steps the fp16 loss scaler may skip while timing (2^16 backs off to 1 in 16)
@@ -60,7 +61,7 @@ def micro_batch_candidates(per_rank_batch: int, cap: int | None) -> list[int]:
 def batches_for(cfg: RunConfig, env: RankEnv, micro_batch: int, count: int) -> list[dict[str, torch.Tensor]]:
     gen = torch.Generator().manual_seed(cfg.bench.seed * 1000 + env.rank)
     return [
-        {k: v.to(env.device, non_blocking=True) for k, v in make_batch(cfg.model, micro_batch, gen).items()}
+        {k: v.to(env.device, non_blocking=True) for k, v in synthetic_batch(cfg.model, micro_batch, gen).items()}
         for _ in range(count)
     ]
 

@@ -1,17 +1,23 @@
-"""The method of a plan applied for a run that trains for real (the budget stage, the train stage), through the
-trainer's own pieces, exactly as a benchmark cell builds it: `parallel.apply_method` (one rank, DDP, FSDP2
-fsdp-grad / fsdp-full with `off` = CPUOffloadPolicy, activation checkpointing, free-lunch, `cg`),
-`parallel.build_optimizer`, `zero.build_step` (DeepSpeed ZeRO-1/2/3, `off` = ZeRO-Offload) and `step.TrainStep`
-(`cstep`), with the model-level extras of `run.build_with_extras` (`fa2`, `liger`, `flce`). What a real run adds
-(`Built`): the learning rate set every step by the loop's schedule (`set_lr`), a checkpoint that resumes
-(`state_dicts` / `load_state_dicts`: FSDP2 as full state dicts, written once by rank 0 and loadable at any world
-size; DeepSpeed through the engine's own sharded checkpoint) and full weights for model folders (`full_state`). A
-part that cannot run where the job runs fails before training (`MethodError`, naming where the method came from
-and the reason), never silently skipped.
+"""The one build path of a model with its method, for a benchmark cell (trainer/run.py, once per micro-batch size
+it tries), the train stage and the budget stage: `check` (the method's validity, RunSpec.reason, then what only
+this host can tell: the recipe's precision on this device, packages, the device's capability, DeepSpeed) and
+`build` (the concrete settings resolved once, planning.settings.resolve with the real micro-batch and
+accumulation, then applied: `parallel.apply_method` (one rank, DDP, FSDP2 fsdp-grad / fsdp-full with `off` =
+CPUOffloadPolicy, activation checkpointing, free-lunch, `cg`), `parallel.build_optimizer`, `zero.build_step`
+(DeepSpeed ZeRO-1/2/3, `off` = ZeRO-Offload) and `step.TrainStep` (`cstep`), with the model-level extras of
+`build_with_extras` (`fa2`, `liger`, `flce`)).
+
+What a run that trains for real uses of the result (`Built`): the learning rate set every step by the loop's
+schedule (`set_lr`), a checkpoint that resumes (`state_dicts` / `load_state_dicts`: FSDP2 as full state dicts,
+written once by rank 0 and loadable at any world size; DeepSpeed through the engine's own sharded checkpoint)
+and full weights for model folders (`full_state`). A part that cannot run where the job runs fails before
+anything is built (`Unsupported`; a stage's `MethodError` names where its method came from), never silently
+skipped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +25,11 @@ from typing import Any
 
 import torch
 
-from pretrain_planner.planning.settings import attention_for
+from pretrain_planner.planning.runspec import RunSpec
+from pretrain_planner.planning.settings import resolve
 from pretrain_planner.trainer import kernels, zero
-from pretrain_planner.trainer.parallel import MethodConfig, apply_method, build_optimizer
+from pretrain_planner.trainer.models import build_model, kernel_info, model_class
+from pretrain_planner.trainer.parallel import apply_method, build_optimizer, precision_setup
 from pretrain_planner.trainer.rank import RankEnv, Unsupported
 from pretrain_planner.trainer.step import TrainStep
 
@@ -31,43 +39,57 @@ CSTEP_MIN_LR = 1e-12
 
 
 class MethodError(RuntimeError):
-    """The method (with the recipe's precision) cannot run where the job runs."""
+    """The method (with the recipe's precision) cannot run where a stage's job runs."""
 
 
-def check(cfg: MethodConfig, env: RankEnv, where: str = "train.method") -> None:
-    """Raise MethodError, the same on every rank and before anything is built, if the method cannot run here."""
-    from types import SimpleNamespace
-
-    from pretrain_planner.planning.families import FAMILIES
-    from pretrain_planner.planning.grid import extras_reason
-    from pretrain_planner.trainer.run import check_supported
-
-    m = cfg.method
-    why = None
-    # the benchmark grid's rules for the extra parts (grid.extras_reason), for this model on this device
-    on_cuda = env.device.type == "cuda"
-    model = SimpleNamespace(
-        name=cfg.model.get("name", "model"),
-        family=cfg.model["family"],
-        kind=FAMILIES[cfg.model["family"]],  # the registry's entry, as ModelSpec.kind
-        task=cfg.model.get("task", "masked_lm"),
-        supports_compile=True,
-        recipe=SimpleNamespace(precision=cfg.recipe["precision"]),
-    )
-    gpu = SimpleNamespace(name=torch.cuda.get_device_name(env.device) if on_cuda else "cpu",
-                          bf16=on_cuda and torch.cuda.is_bf16_supported())  # fmt: skip
-    if m.offload and not m.sharding:
-        why = "off offloads a sharded optimizer (and parameters): it needs zero1/2/3, fsdp-grad or fsdp-full"
-    elif reason := extras_reason(m, model, gpu):
-        why = reason
-    else:
-        try:
-            check_supported(cfg, env)
-        except Unsupported as exc:
-            why = str(exc)
+def check(spec: RunSpec, env: RankEnv) -> None:
+    """Raise Unsupported, the same on every rank and before anything is built or any collective, if the run
+    cannot run here: the method's own validity (RunSpec.reason, the grid's), then the host's."""
+    why = spec.reason()
     if why:
-        raise MethodError(f"{where} {m.slug!r} (precision {cfg.recipe['precision']}) cannot run on "
-                          f"{env.device}: {why}")  # fmt: skip
+        raise Unsupported(why)
+    method, model = spec.method, spec.model.to_dict()
+    precision_setup(spec.model.recipe.precision, env)
+    kernels.check_supported(method, env.device)
+    if method.flash_attn and not getattr(model_class(model), "_supports_flash_attn", False):
+        raise Unsupported(f"fa2: transformers has no flash-attn 2 path for {model_class(model).__name__}")
+    if method.sharding in zero.STAGES:
+        zero.check_supported(method, env)
+
+
+def check_stage(spec: RunSpec, env: RankEnv, where: str) -> None:
+    """`check` for a stage's run: MethodError naming where the method came from and the device."""
+    try:
+        check(spec, env)
+    except Unsupported as exc:
+        raise MethodError(f"{where} {spec.method.slug!r} (precision {spec.model.recipe.precision}) cannot run on "
+                          f"{env.device}: {exc}") from None  # fmt: skip
+
+
+def build_with_extras(
+    model: dict[str, Any], method: Any, attn: str | None, fused_ce: str | None, seed: int, meta: bool = False
+) -> tuple[torch.nn.Module, str | None, dict[str, Any]]:
+    """A fresh model (`seed`: the same weights on every rank and for every method) with the method's
+    model-level extras (fused linear + CE head, Liger kernels, flash-attn); also what each extra used.
+    `meta`: a skeleton on the meta device, no memory (FSDP2 ranks other than 0 get rank 0's weights). The
+    random state is reseeded after the build, so dropout draws the same whether weights were drawn or not."""
+    torch.manual_seed(seed)
+    with torch.device("meta") if meta else contextlib.nullcontext():
+        net, attn_used = build_model(model, attn, fused_ce=method.fused_ce)
+    torch.manual_seed(seed)
+    extras: dict[str, Any] = {}
+    if fused_ce:
+        net.fused_ce_impl = fused_ce
+        extras["fused_ce"] = (
+            "liger_kernel LigerFusedLinearCrossEntropyLoss"
+            if fused_ce == "liger"
+            else "trainer.heads.ChunkedLinearCrossEntropy (PyTorch, chunked, gradients in forward)"
+        )
+    if method.liger:
+        extras["liger"] = kernels.apply_liger(net)
+    if method.flash_attn:
+        extras["flash_attn_version"] = kernels.version("flash-attn")
+    return net, attn_used, extras
 
 
 @dataclass
@@ -168,68 +190,72 @@ class Built:
 
 
 def build(
-    cfg: MethodConfig,
+    spec: RunSpec,
     env: RankEnv,
-    model: dict[str, Any],
     micro: int,
     accum: int,
     seed: int,
-    fl_attn: str | None = "sdpa",
-    grad_sync: str | None = None,
     *,
-    where: str = "train.method",
-    lr_schedule: str = "set every step from elapsed training time (budget.schedule.lr_at)",
-    compile_note: str | None = "the budget stage compiles on CUDA only",
+    attn: str | None = None,
+    grad_sync: str | None = None,
+    lr_every_step: bool = True,
+    lr_schedule: str,
+    compile_note: str | None = None,
+    fake_oom: Any = None,
 ) -> Built:
-    """The model (fresh weights from `seed`, the same on every rank) with the method applied, as a step.
-    `fl_attn`: the attention of `fl` without `fa2` (train.attn_implementation; None: the benchmark's,
-    planning.settings.attention_for). `where` names the method's source in errors; `lr_schedule` and `compile_note`
-    go into the settings. `grad_sync`: FSDP2's gradient
-    synchronisation ("last": one reduce-scatter per step, the default; "every": per micro-batch, the benchmark's
-    choice when "last" did not fit)."""
-    from pretrain_planner.trainer.run import build_with_extras
-
-    m = cfg.method
-    check(cfg, env, where)
-    attn = attention_for(m)
-    if m.free_lunch and not m.flash_attn and fl_attn is not None:
-        attn = fl_attn
+    """The model (fresh weights from `seed`, the same on every rank) with the method applied, as a step: its
+    settings resolved once here (with `micro` and `accum`, and FSDP2's `grad_sync` when the measurement chose
+    it: "last", one reduce-scatter per step, the default; "every", per micro-batch) and applied; recorded as
+    applied. `attn`: the attention of free-lunch without `fa2` when a stage sets its own (None: the settings').
+    `lr_every_step`: the loop sets the learning rate every step (a stage's schedule; the benchmark's stays the
+    recipe's), so `cstep` keeps it in a tensor. `lr_schedule` and `compile_note` go into the settings; `fake_oom`:
+    the out-of-memory test hook of a benchmark cell (trainer/oom.py)."""
+    m = spec.method
+    s = resolve(spec, micro, accum, grad_sync)
+    attn_req = attn if attn is not None and m.free_lunch and not m.flash_attn else s.attn_implementation
     fused_ce = kernels.fused_ce_impl(m, env.device)
     # FSDP2 on several ranks: rank 0 builds the weights on the CPU, the others a skeleton (trainer.fsdp)
     meta = bool(m.sharding and m.sharding.startswith("fsdp") and env.distributed and env.rank != 0)
-    try:
-        net, attn_used, extras = build_with_extras(model, m, attn, fused_ce, seed, meta=meta)
-    except Unsupported as exc:
-        raise MethodError(f"{where} {m.slug!r}: {exc}") from None
+    model = spec.model.to_dict()
+    if fake_oom is not None:
+        fake_oom.at_build(micro, env.rank)
+    net, attn_used, extras = build_with_extras(model, m, attn_req, fused_ce, seed, meta=meta)
+    if fake_oom is not None:
+        fake_oom.install(net, env.rank)
     engine = None
     if m.sharding in zero.STAGES:
-        step: TrainStep = zero.build_step(cfg, env, net, attn_used, micro, accum)
+        step: TrainStep = zero.build_step(m, s, env, net, attn_used)
         engine = step.engine
-        if cfg.recipe["optimizer"].get("no_decay_1d") and m.offload:
+        if s.no_decay_1d and m.offload:
             step.settings["weight_decay_note"] = "ZeRO-Offload's DeepSpeedCPUAdam: weight decay on every parameter"
     else:
-        applied = apply_method(cfg, env, net, attn_used)
-        optimizer, opt_settings = build_optimizer(cfg, env, net.parameters())
-        step = TrainStep(applied, optimizer, cfg.recipe["grad_clip"], env.device.type, {**applied.settings,
-                                                                                        **opt_settings})  # fmt: skip
+        applied = apply_method(m, s, env, net, attn_used)
+        optimizer, opt_settings = build_optimizer(s, net.parameters())
+        grad_clip = spec.model.recipe.grad_clip
+        step = TrainStep(applied, optimizer, grad_clip, env.device.type, {**applied.settings, **opt_settings})
+        step.settings["grad_scaler"] = type(step.scaler).__name__ if step.scaler is not None else None
         if grad_sync is not None and step.grad_sync_options():
             step.set_grad_sync(grad_sync)
-        if m.compile_mode == "cstep":
-            for g in optimizer.param_groups:  # set per step from the schedule: a tensor, no recompiles
-                g["lr"] = torch.tensor(float(g["lr"]))
+        if s.compile_optimizer:
+            if lr_every_step:
+                for g in optimizer.param_groups:  # set per step from the schedule: a tensor, no recompiles
+                    g["lr"] = torch.tensor(float(g["lr"]))
+                step.settings["cstep_lr"] = (
+                    f"a tensor (no recompiles), at least {CSTEP_MIN_LR:g} (lr 0 divides by zero)"
+                )
             step.compile_optimizer_step()
-            step.settings["cstep_lr"] = f"a tensor (no recompiles), at least {CSTEP_MIN_LR:g} (lr 0 divides by zero)"
     settings = step.settings
     settings.update(
-        method=m.slug,
         free_lunch=m.free_lunch,
-        attn_implementation=attn_used,
         method_parts={"slug": m.slug, "extras": m.extras, **extras},
         lr_schedule=lr_schedule,
         applied_by="trainer.parallel.apply_method / build_optimizer, trainer.zero.build_step, trainer.step.TrainStep",
         not_applied=[],
     )
-    if m.free_lunch and not cfg.model["supports_compile"] and compile_note:
+    if m.free_lunch and not (spec.model.supports_compile and spec.compile_model) and compile_note:
         settings["compile_note"] = compile_note
-    settings.setdefault("fused_adamw", bool(settings.get("fused_optimizer")))
+    if kernel_versions := kernel_info(model):
+        settings["kernels"] = kernel_versions
+    if fake_oom is not None:
+        settings["test_hooks"] = {"fake_oom": fake_oom.describe()}
     return Built(step, net, settings, engine)

@@ -1,4 +1,5 @@
-"""Build each family's transformers model from config values (never from the hub) and its batches.
+"""Build each family's transformers model from config values (never from the hub); its batches are its task's
+(trainer/tasks.py).
 
 A family's facts (its transformers classes, task, attention) are in planning/families.py; a family whose
 plain transformers class needs more (ConvNeXt's checkpointing, sparse prediction) gets it here.
@@ -167,27 +168,6 @@ def kernel_info(model: dict[str, Any]) -> dict[str, Any]:
         else "transformers' PyTorch reference scan (slow): install mamba-ssm and causal-conv1d for the fast path"
     )
     return info
-
-
-def make_batch(model: dict[str, Any], micro_batch: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
-    """A synthetic micro-batch with the model's real shapes (CPU tensors; the caller moves them)."""
-    arch, recipe, task = model["arch"], model["recipe"], model["task"]
-    if task == "image_classification":
-        size = recipe["image_size"]
-        return {
-            "pixel_values": torch.randn(micro_batch, 3, size, size, generator=generator),
-            "labels": torch.randint(0, arch.get("num_labels", 2), (micro_batch,), generator=generator),
-        }
-    vocab, seq = arch["vocab_size"], recipe["sequence_length"]
-    ids = torch.randint(0, vocab, (micro_batch, seq), generator=generator)
-    if task == "causal_lm":
-        return {"input_ids": ids, "labels": ids.clone()}
-    # masked LM: mask `mlm_probability` of the positions, predict only those (-100 elsewhere)
-    masked = torch.rand(micro_batch, seq, generator=generator) < recipe.get("mlm_probability", 0.15)
-    masked[:, 0] |= ~masked.any(dim=1)  # at least one target per sequence
-    labels = torch.where(masked, ids, torch.full_like(ids, -100))
-    inputs = torch.where(masked, torch.full_like(ids, vocab - 1), ids)
-    return {"input_ids": inputs, "labels": labels}
 
 
 def blocks(net: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import os
 import platform
@@ -17,14 +16,12 @@ from pretrain_planner.launch.rankjob import job_id_here, observe_rank, recorded_
 from pretrain_planner.planning import flops
 from pretrain_planner.planning.catalog import GpuSpec
 from pretrain_planner.planning.flops import mfu, train_flops_per_sample
-from pretrain_planner.planning.settings import attn_implementation, has_attention
+from pretrain_planner.planning.settings import has_attention
 from pretrain_planner.results import write_result, write_steps
-from pretrain_planner.trainer import kernels, zero
+from pretrain_planner.trainer import kernels, methodbuild
 from pretrain_planner.trainer.config import RunConfig
 from pretrain_planner.trainer.measure import batches_for, measure, percentile
-from pretrain_planner.trainer.models import build_model, kernel_info, model_class
 from pretrain_planner.trainer.oom import FakeOom
-from pretrain_planner.trainer.parallel import apply_method, build_optimizer, precision_setup
 from pretrain_planner.trainer.rank import RankEnv, Unsupported, close_rank, init_rank
 from pretrain_planner.trainer.step import TrainStep
 
@@ -67,16 +64,7 @@ def _counted_flops(cfg: RunConfig, step: TrainStep, env: RankEnv) -> float | Non
 
 def check_supported(cfg: RunConfig, env: RankEnv) -> None:
     """Raise Unsupported, the same on every rank and before any collective, if the cell cannot run here."""
-    precision_setup(cfg, env)
-    kernels.check_supported(cfg.method, env.device)
-    if cfg.method.flash_attn and not getattr(model_class(cfg.model), "_supports_flash_attn", False):
-        raise Unsupported(f"fa2: transformers has no flash-attn 2 path for {model_class(cfg.model).__name__}")
-    if cfg.method.sharding in zero.STAGES:
-        zero.check_supported(cfg, env)
-        if cfg.method.compile_mode:
-            raise Unsupported(f"{cfg.method.compile_mode}: DeepSpeed compiles through its engine only (plain compile)")
-        if cfg.method.fused_ce and cfg.method.sharding == "zero3":
-            raise Unsupported("flce: ZeRO-3 partitions the head's weight; the fused head reads it outside its forward")
+    methodbuild.check(cfg.run_spec(env), env)
 
 
 def _attention_evidence(cfg: RunConfig, env: RankEnv, step: TrainStep, micro_batch: int) -> dict[str, Any] | None:
@@ -94,65 +82,15 @@ def _attention_evidence(cfg: RunConfig, env: RankEnv, step: TrainStep, micro_bat
         step.reset_after_trial()
 
 
-def build_with_extras(
-    model: dict[str, Any], method: Any, attn: str | None, fused_ce: str | None, seed: int, meta: bool = False
-) -> tuple[torch.nn.Module, str | None, dict[str, Any]]:
-    """A fresh model (`seed`: the same weights on every rank and for every method) with the method's
-    model-level extras (fused linear + CE head, Liger kernels, flash-attn); also what each extra used.
-    `meta`: a skeleton on the meta device, no memory (FSDP2 ranks other than 0 get rank 0's weights). The
-    random state is reseeded after the build, so dropout draws the same whether weights were drawn or not."""
-    torch.manual_seed(seed)
-    with torch.device("meta") if meta else contextlib.nullcontext():
-        net, attn_used = build_model(model, attn, fused_ce=method.fused_ce)
-    torch.manual_seed(seed)
-    extras: dict[str, Any] = {}
-    if fused_ce:
-        net.fused_ce_impl = fused_ce
-        extras["fused_ce"] = (
-            "liger_kernel LigerFusedLinearCrossEntropyLoss"
-            if fused_ce == "liger"
-            else "trainer.heads.ChunkedLinearCrossEntropy (PyTorch, chunked, gradients in forward)"
-        )
-    if method.liger:
-        extras["liger"] = kernels.apply_liger(net)
-    if method.flash_attn:
-        extras["flash_attn_version"] = kernels.version("flash-attn")
-    return net, attn_used, extras
-
-
 def make_builder(cfg: RunConfig, env: RankEnv, built: list[dict[str, Any]]):
     """`build(micro_batch, accum)`: a fresh model (same seed, same weights on every rank and in every
-    method) with the method applied, as a TrainStep. Appends each instance's settings to `built`."""
-    method = cfg.method
-    attn = attn_implementation(method, cfg.model)
-    fake = FakeOom.from_env()
-    kernel_versions = kernel_info(cfg.model)
-    fused_ce = kernels.fused_ce_impl(cfg.method, env.device)
-
-    # FSDP2 on several ranks: only rank 0 materialises the model (on the CPU); the others build a skeleton
-    meta = bool(method.sharding and method.sharding.startswith("fsdp") and env.distributed and env.rank != 0)
+    method) with the method applied, as a TrainStep (trainer/methodbuild.py: the one build path). Appends each
+    instance's settings to `built`."""
+    spec, fake = cfg.run_spec(env), FakeOom.from_env()
 
     def build(micro_batch: int, accum: int) -> TrainStep:
-        if fake is not None:
-            fake.at_build(micro_batch, env.rank)
-        net, attn_used, extras = build_with_extras(cfg.model, method, attn, fused_ce, cfg.bench.seed, meta=meta)
-        if fake is not None:
-            fake.install(net, env.rank)
-        if cfg.method.sharding in zero.STAGES:
-            step: TrainStep = zero.build_step(cfg, env, net, attn_used, micro_batch, accum)
-        else:
-            applied = apply_method(cfg, env, net, attn_used)
-            optimizer, opt_settings = build_optimizer(cfg, env, net.parameters())
-            settings = {**applied.settings, **opt_settings}
-            step = TrainStep(applied, optimizer, cfg.recipe["grad_clip"], env.device.type, settings)
-            if method.compile_mode == "cstep":
-                step.compile_optimizer_step()
-        step.settings["lr_schedule"] = "constant (benchmark; schedule cost is nil)"
-        step.settings["method_parts"] = {"slug": method.slug, "extras": method.extras, **extras}
-        if kernel_versions:
-            step.settings["kernels"] = kernel_versions
-        if fake is not None:
-            step.settings["test_hooks"] = {"fake_oom": fake.describe()}
+        step = methodbuild.build(spec, env, micro_batch, accum, cfg.bench.seed, lr_every_step=False, fake_oom=fake,
+                                 lr_schedule="constant (benchmark; schedule cost is nil)").step  # fmt: skip
         built.append(step.settings)
         return step
 
@@ -230,7 +168,7 @@ def _throughput(cfg: RunConfig, env: RankEnv, step: TrainStep, timing: Any, sett
     flops_per_step = per_sample * gb if per_sample else None
     peak = None
     if env.device.type == "cuda":  # the catalog's one rule: the dense peak of the precision the step ran in
-        peak = GpuSpec(**cfg.gpu).peak_for(cfg.recipe["precision"], tf32=bool(settings["tf32"]))
+        peak = GpuSpec.from_dict(cfg.gpu).peak_for(cfg.recipe["precision"], tf32=bool(settings["tf32"]))
     util = mfu(flops_per_step, median, cfg.cell.world_size, peak)
     suspect, suspect_reason = flops.suspect(util, cfg.bench.suspect_mfu)
     tokens = cfg.model["recipe"].get("sequence_length") if cfg.model["task"] != "image_classification" else None

@@ -32,17 +32,16 @@ from typing import Any
 
 import torch
 
-from pretrain_planner.planning.methods import ZERO_STAGE
-from pretrain_planner.planning.settings import compiles
-from pretrain_planner.trainer.config import RunConfig
+from pretrain_planner.planning.methods import ZERO_STAGE, Method
+from pretrain_planner.planning.settings import Settings
 from pretrain_planner.trainer.evidence import Probe, zero_sharding
 from pretrain_planner.trainer.parallel import (
+    DTYPES,
     Applied,
     _allow_recompiles,
+    applied_backends,
     build_optimizer,
     common_setup,
-    cudnn_benchmark,
-    planned,
 )
 from pretrain_planner.trainer.rank import RankEnv, Unsupported
 from pretrain_planner.trainer.step import TrainStep
@@ -70,15 +69,14 @@ def import_deepspeed(env: RankEnv):
     return deepspeed
 
 
-def check_supported(cfg: RunConfig, env: RankEnv) -> None:
-    """Raise Unsupported before anything is built if ZeRO cannot run here (the same on every rank)."""
+def check_supported(method: Method, env: RankEnv) -> None:
+    """Raise Unsupported before anything is built if ZeRO cannot run here (the same on every rank). fp16 on a CPU
+    is refused before (parallel.precision_setup)."""
     deepspeed = import_deepspeed(env)
     accel = deepspeed.get_accelerator().device_name()
     if accel != env.device.type:
         raise Unsupported(f"DeepSpeed's accelerator is {accel!r} but the cell runs on {env.device.type!r}")
-    if cfg.recipe["precision"] == "fp16" and env.device.type != "cuda":
-        raise Unsupported("DeepSpeed runs fp16 (loss scaling) only on a GPU: 'Type fp16 is not supported' on CPU")
-    if cfg.method.offload:
+    if method.offload:
         from deepspeed.ops.op_builder import CPUAdamBuilder
 
         builder = CPUAdamBuilder()
@@ -91,11 +89,6 @@ def check_supported(cfg: RunConfig, env: RankEnv) -> None:
                 f"ZeRO-Offload needs DeepSpeed's cpu_adam op, which neither loads nor builds here: "
                 f"{type(exc).__name__}: {exc}"[:400]
             ) from None
-
-
-def ds_config(cfg: RunConfig, env: RankEnv, micro_batch: int, accum: int) -> dict[str, Any]:
-    """The DeepSpeed config of this cell at one micro-batch size: planning.settings' (the export's), exactly."""
-    return planned(cfg, env, micro_batch, accum)["deepspeed_config"]
 
 
 class DeepSpeedStep(TrainStep):
@@ -178,12 +171,11 @@ def _offload_device(offload_config) -> str | None:
 
 
 def _settings(
-    cfg: RunConfig,
+    method: Method,
+    s: Settings,
     env: RankEnv,
     engine: Any,
-    config: dict[str, Any],
     compiled: bool,
-    tf32: bool,
     attn_used: str | None,
     opt_settings: dict[str, Any] | None,
     build_note: str,
@@ -191,9 +183,8 @@ def _settings(
 ) -> dict[str, Any]:
     """What a ZeRO cell records of its method: the engine's own view of the stage, offload, precision and
     compilation, the DeepSpeed config it ran, and the optimizer."""
-    method, precision = cfg.method, cfg.recipe["precision"]
+    config, precision = s.deepspeed_config, s.precision
     base = getattr(engine.optimizer, "optimizer", engine.optimizer)
-    plan = planned(cfg, env, config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"])
     if opt_settings is None:
         p = config["optimizer"]["params"]
         opt_settings = {
@@ -203,7 +194,7 @@ def _settings(
             **{k: v for k, v in p.items() if k != "adam_w_mode"},
         }
     return {
-        **plan,  # the planned settings, each overwritten below by what the engine reports
+        **s.as_dict(),  # the planned settings, each overwritten below by what the engine reports
         "deepspeed_config": config,
         "base": method.base,
         "attn_implementation": attn_used,
@@ -222,10 +213,9 @@ def _settings(
             else "model does not support torch.compile"
         ),
         "compile_mode": "default" if compiled and getattr(engine, "is_compiled", False) else None,
-        "tf32": tf32,
-        "cudnn_benchmark": cudnn_benchmark(cfg, env),
+        **applied_backends(env),
         "autocast": None,
-        "grad_scaler": "DeepSpeed dynamic loss scaling" if precision == "fp16" else None,
+        "grad_scaler": "DeepSpeed dynamic loss scaling" if engine.fp16_enabled() else None,
         "activation_checkpointing": method.checkpointing,
         "parallel": "deepspeed",
         "ddp": None,
@@ -259,41 +249,38 @@ def _to_16bit(net: torch.nn.Module, precision: str) -> None:
     built model's weights as they are, and the engine then leaves a ZeRO-3 model's weights uncast, so an fp32 model
     would train in fp32 with a bf16/fp16 config. Parameters only: buffers (rotary frequencies) stay fp32, as the
     engine's own cast leaves them."""
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    dtype = DTYPES[precision]
     if dtype is not None:
         for p in net.parameters():
             p.data = p.data.to(dtype)
 
 
-def build_step(
-    cfg: RunConfig, env: RankEnv, net: torch.nn.Module, attn_used: str | None, micro_batch: int, accum: int
-) -> DeepSpeedStep:
+def build_step(method: Method, s: Settings, env: RankEnv, net: torch.nn.Module, attn_used: str | None) -> DeepSpeedStep:
+    """The engine for the settings' DeepSpeed config (one micro-batch size: `accepts`)."""
     deepspeed = import_deepspeed(env)
-    method = cfg.method
     device = deepspeed_device(env)
-    tf32, _ = common_setup(cfg, env, net)  # the engine casts bf16/fp16 itself: no autocast
-    config = ds_config(cfg, env, micro_batch, accum)
+    common_setup(s, env, net)  # the engine casts bf16/fp16 itself: no autocast
+    config = s.deepspeed_config
     build_note = "built on the CPU; the engine moves it to the device"
     if STAGES[method.sharding] == 3:
         # partition parameter by parameter now (a param on the GPU at a time, broadcast from rank 0): with
         # ds_id on every parameter, the engine does not move the whole module to the GPU. DeepSpeed's comm must
         # wrap the process group first (deepspeed.initialize would), or the config is checked against 1 rank.
         deepspeed.init_distributed()
-        _to_16bit(net, cfg.recipe["precision"])
+        _to_16bit(net, s.precision)
         deepspeed.zero.Init(module=net, config_dict_or_path=config, mem_efficient_linear=False)
         build_note = "built on the CPU; partitioned by deepspeed.zero.Init(module=...) one parameter at a time"
     optimizer = opt_settings = None
     if not method.offload:
-        optimizer, opt_settings = build_optimizer(cfg, env, net.parameters())
+        optimizer, opt_settings = build_optimizer(s, net.parameters())
     engine, *_ = deepspeed.initialize(
         model=net, optimizer=optimizer, config=config, model_parameters=None if optimizer else net.parameters()
     )
-    compiled = compiles(method, cfg.model)  # the planned settings' rule (planning.settings)
+    compiled = s.compile
     if compiled:
         _allow_recompiles()
         engine.compile(compile_kwargs={"dynamic": False})
     probe = None if compiled else Probe.on(net)
-    settings = _settings(cfg, env, engine, config, compiled, tf32, attn_used, opt_settings, build_note, device)
-    precision = cfg.recipe["precision"]
-    applied = Applied(engine, net, None, None, {}, probe, precision == "fp16", True)
-    return DeepSpeedStep(engine, applied, micro_batch, env.device.type, settings)
+    settings = _settings(method, s, env, engine, compiled, attn_used, opt_settings, build_note, device)
+    applied = Applied(engine, net, None, None, {}, probe, s.grad_scaler is not None, True)
+    return DeepSpeedStep(engine, applied, config["train_micro_batch_size_per_gpu"], env.device.type, settings)

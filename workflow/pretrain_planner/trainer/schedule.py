@@ -1,13 +1,13 @@
-"""What happens when, as a function of progress = elapsed time / time budget (never of steps); the elapsed time is
-train.clock's: wall time since the run's start (the reference's) or training time.
+"""Schedules of a run that trains for real: what happens when, as a function of progress. Imports no torch.
 
-- the learning rate: linear warm-up over `warmup_fraction` of the budget, then linear decay to 0 at the end
-  (train.curve linear, the recipe's), or the reference's exp curve;
-- validation points: every `dense_every` in the first `dense_first` and last `dense_last` of the budget,
-  every `every` in between, and at the end;
-- early-stop markers and fine-tuning checkpoints: fractions of the budget.
-`recipe_lr` is the catalog recipes' schedules (constant, linear, cosine, time-linear) for the train stage, keyed
-on steps or on time. Imports no torch.
+- `recipe_lr`: the catalog recipes' schedules (constant, linear, cosine, time-linear) for the train stage, keyed
+  on steps or on time (progress = step / steps, or elapsed time / time budget);
+- a time budget's (the budget stage's; progress = elapsed time / time budget, never steps; the elapsed time is
+  train.clock's: wall time since the run's start, the reference's, or training time): the learning rate
+  (`lr_at`: linear warm-up over `warmup_fraction` of the budget, then linear decay to 0 at the end, or the
+  reference's exp curve), validation points (every `dense_every` in the first `dense_first` and last
+  `dense_last` of the budget, every `every` in between, and at the end), early-stop markers and fine-tuning
+  checkpoints (fractions of the budget), and the stops on a non-finite loss or a loss scale at its floor.
 """
 
 from __future__ import annotations

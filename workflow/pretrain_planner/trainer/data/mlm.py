@@ -1,24 +1,26 @@
-"""Documents -> WordPiece tokenizer -> 128-token samples -> static masking x duplication -> .npy shards.
+"""The masked-LM task's data (BERT, RoBERTa; the budget and the train stages'): documents -> WordPiece tokenizer ->
+samples of the sequence length -> static masking x duplication -> .npy shards (read back by data/shards.py).
 
-Documents come from plain text (one per line), JSON lines (one per line, the text in `corpus.text_field`) or
-Parquet files (one per row, the `text_field` column). The tokenizer is trained here, or read from a tokenizers
-JSON file or a local Hugging Face tokenizer folder. As in the reference (BERT's create_pretraining_data), a
-fraction `short_seq_prob` of the documents is cut into shorter samples (a random target length).
+Documents come from data/text.py (plain text, JSON lines with the text in `corpus.text_field`, Parquet). The
+tokenizer is trained here, or read from a tokenizers JSON file or a local Hugging Face tokenizer folder. As in the
+reference (BERT's create_pretraining_data), a fraction `short_seq_prob` of the documents is cut into shorter
+samples (a random target length). The settings are the budget file's `seed`, `corpus`, `tokenizer` and `data`
+sections (workflow/schemas/budget.schema.yaml); `mlm_config` makes them for a catalog model's recipe.
 
 Streaming (documents are read line by line, tokenised `docs_per_batch` at a time, and written one shard
 at a time), deterministic given the seed, and resumable: progress.json records the shards written and
 the document they end at; a restarted run skips those documents and continues. index.json, written
 last, marks the data as complete.
 
-A shard `{split}-{k:05d}` is three arrays: `input_ids` (D, S, L) with masking applied, `positions`
-(D, S, P) the masked positions (-1 = none) and `labels` (D, S, P) the original tokens there (-100 =
-none); D = duplication factor (1 for validation), S = samples, L = seq_len, P = max_predictions.
+A shard `{split}-{k:05d}` holds D = duplication factor copies (1 for validation) of S samples of seq_len L with
+P = max_predictions masked positions (data/shards.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -29,73 +31,17 @@ from typing import Any
 
 import numpy as np
 
-from pretrain_planner.budget.config import fingerprint
 from pretrain_planner.results import atomic_write_text
+from pretrain_planner.runlog import FileLog, fingerprint
+from pretrain_planner.trainer.data.shards import ARRAYS, shard_paths
+from pretrain_planner.trainer.data.text import iter_documents
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-ARRAYS = ("input_ids", "positions", "labels")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
-JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
-PARQUET_SUFFIXES = (".parquet", ".pq")
-
-
-def file_format(path: str, fmt: str = "auto") -> str:
-    """text, jsonl or parquet: `fmt` unless auto, else from the file's extension (anything unknown is text)."""
-    if fmt != "auto":
-        return fmt
-    name = path.lower()
-    if name.endswith(JSONL_SUFFIXES):
-        return "jsonl"
-    if name.endswith(PARQUET_SUFFIXES):
-        return "parquet"
-    return "text"
-
-
-def _texts(path: str, fmt: str, field: str) -> Iterator[str]:
-    """The raw document texts of one file, streamed (Parquet: one row group's column at a time)."""
-    if fmt == "text":
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            yield from fh
-    elif fmt == "jsonl":
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            for n, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                    text = rec[field]
-                except (ValueError, KeyError, TypeError) as exc:
-                    raise ValueError(f"{path}:{n}: not a JSON object with a {field!r} field (corpus.text_field): "
-                                     f"{type(exc).__name__}: {exc}") from None  # fmt: skip
-                if text is not None:
-                    yield str(text)
-    else:
-        import polars as pl
-
-        try:
-            lazy = pl.scan_parquet(path).select(pl.col(field).cast(pl.Utf8))
-            for frame in lazy.collect_batches() if hasattr(lazy, "collect_batches") else [lazy.collect()]:
-                yield from (t for t in frame.get_column(field).to_list() if t is not None)
-        except pl.exceptions.ColumnNotFoundError:
-            raise ValueError(f"{path}: no column {field!r} (corpus.text_field)") from None
-
-
-def iter_documents(files: list[str], fmt: str = "auto", field: str = "text") -> Iterator[str]:
-    """Every non-empty document of every file, in order, streamed: a line of a text file, a record's `field` of a
-    JSON-lines file, a row's `field` column of a Parquet file (newlines inside a document become spaces)."""
-    for path in files:
-        for text in _texts(path, file_format(path, fmt), field):
-            text = text.strip()
-            if "\n" in text or "\r" in text:  # a JSON / Parquet document: one line
-                text = " ".join(text.split())
-            if text:
-                yield text
-
-
 def corpus_documents(cfg: dict[str, Any]) -> Iterator[str]:
-    """The documents of a budget config's corpus (its files, format and text field)."""
+    """The documents of the settings' corpus (its files, format and text field)."""
     c = cfg["corpus"]
     return iter_documents(c["files"], c.get("format", "auto"), c.get("text_field", "text"))
 
@@ -221,15 +167,6 @@ def mask_samples(
 
 
 # ----------------------------------------------------------------------------------------------- shards
-def shard_paths(data_dir: str | Path, name: str) -> dict[str, Path]:
-    return {a: Path(data_dir) / f"{name}.{a}.npy" for a in ARRAYS}
-
-
-def load_shard(data_dir: str | Path, name: str) -> dict[str, np.ndarray]:
-    """A shard's arrays as read-only memmaps."""
-    return {a: np.load(p, mmap_mode="r") for a, p in shard_paths(data_dir, name).items()}
-
-
 def _save(path: Path, arr: np.ndarray) -> None:
     tmp = path.with_name(f".{path.name}.tmp.npy")
     np.save(tmp, arr)
@@ -258,9 +195,7 @@ def prepare_data(cfg: dict[str, Any], out_index: str | Path, log: str | Path | N
 
     `stop_after_shards` (testing) returns after writing that many training shards, as a killed run would.
     """
-    from pretrain_planner.budget.config import file_logger
-
-    logger = file_logger("data", log)
+    logger = FileLog(log)
     data_dir = Path(out_index).parent
     data_dir.mkdir(parents=True, exist_ok=True)
     files = cfg["corpus"]["files"]
@@ -439,3 +374,24 @@ class _ShardWriter:
         atomic_write_text(out_index, json.dumps(index, indent=1))
         self.logger.info("done: %s", json.dumps(index["samples"]))
         return index
+
+
+def mlm_config(files: list[str], tokenizer: str | None, model: dict[str, Any], seed: int) -> dict[str, Any]:
+    """The preparation's settings (`prepare_data`) for a catalog model's recipe (the train stage; the budget stage
+    has its own file): WordPiece (at most the model's vocabulary), samples of the recipe's sequence length, its
+    masking probability, about that share of positions predicted."""
+    from pretrain_planner.schema import section
+
+    r = model["recipe"]
+    seq, p = int(r["sequence_length"]), float(r.get("mlm_probability") or 0.15)
+    # RoBERTa numbers positions from pad_token_id + 1: leave room
+    room = int(model["arch"].get("max_position_embeddings", seq)) - (2 if model["family"].startswith("roberta") else 0)
+    tok = {"path": tokenizer, "vocab_size": min(int(model["arch"]["vocab_size"]), 30522)}
+    data = {"seq_len": min(seq, room), "mlm_probability": p, "max_predictions": max(1, math.ceil(seq * p)),
+            "duplication_factor": 2, "samples_per_shard": 4096}  # fmt: skip
+    return {
+        "seed": seed,
+        "corpus": {"files": files, "validation_fraction": 0.05},
+        "tokenizer": section("budget", "tokenizer", tok),
+        "data": section("budget", "data", data),
+    }

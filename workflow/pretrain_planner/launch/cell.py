@@ -1,6 +1,6 @@
-"""A benchmark cell's job: `run_cell` (driver side, the `benchmark_cell` rule) hands `CellJob` to the launcher
-and makes sure the cell's result landed; `CellJob` runs on every rank and measures (trainer.run). Imports no
-torch until a rank runs.
+"""A benchmark cell's job: `run_cell` (driver side, the `benchmark_cell` rule) hands `CellJob` to the one stage
+launcher (launch/stage.py) and makes sure the cell's result landed; `CellJob` runs on every rank and measures
+(trainer/run.py, named by its entry: the launcher stays below the trainer). Imports no torch.
 
 The driver keeps the cell's state record (launch.state: submitted, running, done, failed, with job ids and
 times), copies rank 0's progress lines into cell.log while the job runs, and prints one line per finished
@@ -18,14 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from pretrain_planner import layout
-from pretrain_planner.launch import driver, progress
-from pretrain_planner.launch.executor import run_job
-from pretrain_planner.launch.hostpool import HostPool, cgroup_oom_kills
-from pretrain_planner.launch.local import folder_lock
-from pretrain_planner.launch.rankjob import LOCAL_RECORD, SLURM_RECORD, RankJob, global_rank, job_id_here
-from pretrain_planner.launch.request import JobFailed, JobRequest, RuleLog, holds_gpus, read_json, threads_per_rank
+from pretrain_planner.launch import driver, progress, stage
+from pretrain_planner.launch.hostpool import cgroup_oom_kills
+from pretrain_planner.launch.rankjob import RankJob, entry, global_rank, job_id_here
+from pretrain_planner.launch.request import JobFailed, Outcome, RuleLog, read_json
 from pretrain_planner.launch.state import StateRecord
-from pretrain_planner.results import atomic_write_text, throughput_text, write_result, write_steps
+from pretrain_planner.results import atomic_write_text, parse_result, throughput_text, write_result, write_steps
+
+MEASURE = "pretrain_planner.trainer.run:run_rank"  # what every rank of a cell's job runs
 
 FOLLOW_S = 0.5  # how often the driver looks for the job's id and rank 0's new progress lines
 
@@ -40,8 +40,7 @@ class CellJob(RankJob):
         self.progress_file = progress_file  # rank 0 appends its progress here (the driver copies it to cell.log)
 
     def run(self) -> dict[str, Any]:
-        from pretrain_planner.trainer.run import run_rank  # torch is imported here, on the compute side only
-
+        run_rank = entry(MEASURE)  # torch is imported here, on the compute side only
         mine = getattr(self, "progress_file", None) if global_rank() == 0 else None
         context = {**(getattr(self, "context", None) or {}), "progress_file": mine}
         if mine:
@@ -73,8 +72,6 @@ def _host_memory_oom(
     """A job that failed because the kernel killed a rank for host memory is an `oom` result, not a crash to
     retry: rank 0 wrote it before the job failed (a peer was killed), or the driver writes it (rank 0 was
     killed: SLURM says OUT_OF_MEMORY, or this host's cgroup counted an out-of-memory kill meanwhile)."""
-    from pretrain_planner.tables.aggregate import parse_result
-
     result_path = Path(spec["outputs"]["result"])
     row, _ = parse_result(result_path) if result_path.is_file() else (None, None)
     if (
@@ -136,8 +133,8 @@ class _Follow(threading.Thread):
             # a job re-attached to that was running when the last driver left is running still
             self.record.update("running" if self.record.was_running(job_id) else None, job_id=job_id)
         lines, self.offset = progress.read_lines(self.path, self.offset)
-        for entry in lines:
-            self.log(f"progress: {progress.describe(entry)}")
+        for line in lines:
+            self.log(f"progress: {progress.describe(line)}")
         if lines and self.record.state == "submitted":
             self.record.update("running")
 
@@ -184,35 +181,24 @@ def cell_line(cell: dict[str, Any], result: dict[str, Any] | None, error: str | 
     return f"cell {name}: {status}" + (f", {', '.join(parts)}" if parts else "") + f" ({took})"
 
 
-def _launch(spec: dict[str, Any], log: RuleLog, log_path: str, on_gpus: bool, progress_file: Path,
+def _launch(spec: dict[str, Any], log: RuleLog, log_path: str, on_gpus: bool, per_rank: int, progress_file: Path,
             ) -> tuple[dict[str, Any], str | None]:  # fmt: skip
     """Run the cell's job with its launcher: (rank 0's payload, the job's id; None in-process)."""
-    kind, world = spec["launcher"]["kind"], spec["cell"]["nodes"] * spec["cell"]["gpus_per_node"]
+    launch = {**spec["launcher"], "slurm": spec.get("slurm")}
     result_path = Path(spec["outputs"]["result"])
-    cell_dir = result_path.parent
-    if kind == "debug":
-        with folder_lock(cell_dir, spec["name"]), HostPool.from_config(None).hold(world, False, 1, log, driver.STOP):
-            payload = CellJob(spec, str(progress_file))()
-        log(f"finished in-process: status={payload['result'].get('status')}")
-        return payload, None
-    req = JobRequest(
-        fn=CellJob(spec, str(progress_file)),
-        name=spec["name"],
-        kind=kind,
-        folder=cell_dir / "submitit",
-        nodes=spec["cell"]["nodes"],
-        gpus_per_node=spec["cell"]["gpus_per_node"],
-        timeout_min=spec["launcher"]["timeout_min"],
-        use_gpus=on_gpus,
-        slurm=spec.get("slurm"),
-        record=cell_dir / (SLURM_RECORD if kind == "slurm" else LOCAL_RECORD),
-        identity={k: v for k, v in spec.items() if k not in ("launcher", "threads_per_rank")},
-        extra_record={"cell": spec["cell"]},
-        launcher=spec["launcher"],
-    )
-    kills_before = cgroup_oom_kills() if kind == "local" else None
+    c = spec["cell"]
+    req = stage.request(
+        CellJob(spec, str(progress_file)), spec["name"], launch, result_path.parent,
+        {k: v for k, v in spec.items() if k not in ("launcher", "threads_per_rank")}, nodes=c["nodes"],
+        gpus_per_node=c["gpus_per_node"], on_gpus=on_gpus, threads=per_rank, extra_record={"cell": c},
+    )  # fmt: skip
+    kills_before = cgroup_oom_kills() if req.kind == "local" else None
+
+    def collect(outcome: Outcome) -> None:
+        _materialise(outcome.first or {}, spec)
+
     try:
-        outcome = run_job(req, log, f"cell {spec['cell']}", log_path)
+        outcome = stage.run(req, log, f"cell {c}", log_path, [result_path], collect)
     except JobFailed as exc:
         payload = _host_memory_oom(exc, spec, kills_before, log)
         if payload is None:
@@ -220,7 +206,8 @@ def _launch(spec: dict[str, Any], log: RuleLog, log_path: str, on_gpus: bool, pr
         return payload, exc.job_id
     payload = outcome.first or {}
     log(f"job {outcome.job_id} done: status={(payload.get('result') or {}).get('status')}")
-    _materialise(payload, spec)
+    if req.kind == "debug":
+        return payload, None
     _record_ranks(result_path, outcome.values, outcome.job_id)
     return payload, outcome.job_id
 
@@ -231,9 +218,8 @@ def run_cell(spec: dict[str, Any], log_path: str, threads: int = 1) -> dict[str,
     kind = spec["launcher"]["kind"]
     world = spec["cell"]["nodes"] * spec["cell"]["gpus_per_node"]
     gpu, device = spec["cell"]["gpu"], spec["benchmark"].get("device")
-    on_gpus = holds_gpus(gpu, device, spec["launcher"].get("local_gpus"))
     # a `cpu` rank: one core (its stand-in for a GPU); a GPU rank: its GPU's share of the cores
-    per_rank = threads_per_rank(kind, spec.get("slurm"), world, world, on_gpus, spec["launcher"].get("local_gpus"))
+    on_gpus, per_rank = stage.placement({**spec["launcher"], "slurm": spec.get("slurm")}, gpu, device, world, world)
     spec = {
         **spec,
         "threads_per_rank": per_rank,
@@ -255,7 +241,7 @@ def run_cell(spec: dict[str, Any], log_path: str, threads: int = 1) -> dict[str,
     follow.start()
     t0 = time.time()
     try:
-        payload, job_id = _launch(spec, log, log_path, on_gpus, progress_file)
+        payload, job_id = _launch(spec, log, log_path, on_gpus, per_rank, progress_file)
         if not result_path.is_file():
             raise RuntimeError(f"cell {spec['cell']} finished but wrote no {result_path}; see {log_path}")
     except Exception as exc:

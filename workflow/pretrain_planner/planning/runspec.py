@@ -1,0 +1,106 @@
+"""One typed spec for a run: a model (with the run's recipe) and a method on a GPU type, for a number of ranks,
+on CUDA devices or not. The grid judges it (`reason`, with the study's rules around it), the trainer checks it
+where the job runs (the same `reason`, then what only the host can tell: packages, device capability), builds it
+and records it, the export writes it: each from its one concrete translation (planning.settings.resolve, once
+per build, with the real micro-batch and accumulation). Imports no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from pretrain_planner.planning import families
+from pretrain_planner.planning.catalog import GpuSpec, ModelSpec
+from pretrain_planner.planning.methods import Method, parse
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    model: ModelSpec  # its recipe is the run's: the catalog's, or a stage's own (`with_recipe`)
+    gpu: GpuSpec
+    method: Method
+    world_size: int = 1
+    cuda: bool | None = None  # the ranks run on CUDA devices (None: every GPU type but the `cpu` stand-in)
+    compile_dynamic: bool | None = False  # torch.compile's `dynamic` (None: automatic, for data-dependent shapes)
+    compile_model: bool = True  # free-lunch compiles the model (a stage may leave it eager: the budget on CPU)
+
+    @classmethod
+    def of(cls, model: dict[str, Any], gpu: dict[str, Any], method: str | Method, world_size: int = 1,
+           where: str = "method", **more: Any) -> RunSpec:  # fmt: skip
+        """From plain data (a cell's spec, plan.json: ModelSpec.to_dict(), GpuSpec.to_dict(), a method slug)."""
+        m = method if isinstance(method, Method) else parse(method, where)
+        return cls(ModelSpec.from_dict(model), GpuSpec.from_dict(gpu), m, world_size, **more)
+
+    @property
+    def on_cuda(self) -> bool:
+        return self.gpu.name != "cpu" if self.cuda is None else self.cuda
+
+    def with_recipe(self, **changes: Any) -> RunSpec:
+        """The same run with recipe values replaced (a stage's own recipe over the catalog's)."""
+        return replace(self, model=replace(self.model, recipe=replace(self.model.recipe, **changes)))
+
+    def reason(self, models_path: str | None = None) -> str | None:
+        """Why the method cannot run for this model on this GPU type (and device), or None: the one validity rule
+        of a method, asked by the grid (planning/grid.py adds the study's and the launcher's rules around it) and
+        by the trainer where the job runs (trainer/methodbuild.py adds what only the host can tell).
+        `models_path`: the catalog file a reason about the model names."""
+        method, model = self.method, self.model
+        if method.offload and not method.sharding:
+            return "offload needs a sharding method (zero1/2/3, fsdp-grad, fsdp-full)"
+        if method.checkpointing and not model.supports_checkpointing:
+            return f"{model.name} does not support activation checkpointing" + (f" ({models_path})" if models_path
+                                                                                 else "")  # fmt: skip
+        return self._extras_reason()
+
+    def _extras_reason(self) -> str | None:
+        """Why the method's extra parts (fa2, liger, flce, cstep, cg) are meaningless for this run, or None."""
+        method, model, gpu = self.method, self.model, self.gpu
+        if not method.extras:
+            return None
+        if not method.free_lunch:
+            return f"{'+'.join(method.extras)} refine the free-lunch base: use fl+{'+'.join(method.extras)}"
+        on_cpu = not self.on_cuda
+        if method.flash_attn:
+            if not model.kind.attention:
+                return f"fa2: {model.name} ({model.family}) has no attention layer"
+            if on_cpu:
+                return "fa2: flash-attn runs on CUDA GPUs only"
+            if model.recipe.precision == "fp32":
+                return f"fa2: flash-attn computes in fp16/bf16 only; {model.name}'s recipe precision is fp32"
+            if not gpu.bf16:
+                return f"fa2: flash-attn 2 needs an Ampere or newer GPU ({gpu.name} has no bf16: older)"
+        if method.liger:
+            if not model.kind.liger:
+                covered = ", ".join(families.names(lambda f: f.liger))
+                return f"liger: Liger has no kernels for the {model.family} family ({covered})"
+            if on_cpu:
+                return "liger: Liger's Triton kernels run on CUDA GPUs only"
+        if method.fused_ce:
+            if not model.kind.vocab_head:
+                return f"flce: {model.name} ({model.task}) has no vocabulary head to fuse with its loss"
+            if method.sharding == "zero3":
+                return (
+                    "flce: ZeRO-3 gathers a layer's weights only inside that layer's forward; "
+                    "the fused head reads them directly"
+                )
+        if method.compile_mode:
+            part = method.compile_mode
+            if not model.supports_compile:
+                return f"{part}: {model.name} does not support torch.compile"
+            if part == "cstep" and method.sharding in ("zero1", "zero2", "zero3"):
+                return "cstep: DeepSpeed's engine owns the optimizer step; it cannot be compiled with the model"
+            if part == "cstep" and method.offload:
+                return "cstep: with offload the optimizer step runs on the CPU, outside the compiled step"
+            if part == "cg" and on_cpu:
+                return "cg: CUDA graphs need a CUDA GPU"
+            if part == "cg" and method.sharding:
+                return f"cg: CUDA graphs cannot capture {method.sharding}'s collectives and hooks"
+        return None
+
+
+def device_gpu(name: str, cuda: bool) -> GpuSpec:
+    """The GPU facts of a run whose GPU type is not looked up in the catalog (the budget stage's own run): its
+    name, and TF32 wherever it runs on CUDA (free-lunch then turns it on)."""
+    return GpuSpec(name=name, label=name, memory_gib=None, peak_tflops={}, bf16=cuda, fp16=cuda, tf32=cuda,
+                   price_usd=None, cloud_usd_per_gpu_hour=None)  # fmt: skip

@@ -1,0 +1,186 @@
+"""The trainer's side of the task registry (planning/tasks.py): per task, the synthetic batches of the model's real
+shapes that the benchmark times (`synthetic_batch`) and the data a run that trains for real reads (`prepare`: the
+train stage for every task, the budget stage's masked LM through `masked_lm_shards`).
+
+A task's data (`TaskData`) is a global sample stream in a seeded order whose position is the checkpoint's `data`;
+every rank walks the same stream and trains on its own slice of each micro-batch (`micro_batch`).
+
+- causal LM (GPT-NeoX/Pythia, Mamba): text files or a generated corpus, a tokenizer from a file or a byte-level
+  BPE trained here, packed into blocks of the recipe's sequence length (data/text.py);
+- masked LM (BERT, RoBERTa): WordPiece, samples of the sequence length, static masking, shards (data/mlm.py,
+  read back by data/shards.py);
+- image classification (ViT, ConvNeXt): a local image folder, or synthetic images (data/images.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pretrain_planner.planning.tasks import TASKS
+from pretrain_planner.trainer.data import images, mlm, shards, text
+from pretrain_planner.trainer.data.sampler import IndexSampler
+
+
+@dataclass
+class DataRequest:
+    """What a run asks of its data: `data` (files, a folder or glob; None: generated or synthetic), `tokenizer`
+    (a local tokenizers file; None: trained on the corpus), the seed, at least `min_samples` samples, the folder
+    the prepared data goes to, the log, and whether this rank prepares (rank 0) or reads what rank 0 wrote."""
+
+    data: str | None
+    tokenizer: str | None
+    seed: int
+    min_samples: int
+    folder: Path
+    log: Path | None = None
+    rank0: bool = True
+
+
+@dataclass
+class TaskData:
+    """A task's data for one rank: `micro_batch` (this rank's slice of the next micro x world samples, on the
+    device), the sampler's position (`state` / `load_state`), what the data is (`info`), the tokens of a sample,
+    the model dict with what the data sets in it (a tokenizer's pad id), and notes for the result."""
+
+    sampler: Any
+    fetch: Callable[[int, int, int, Any], dict[str, torch.Tensor]]  # (micro, world, rank, device) -> batch
+    info: dict[str, Any]
+    tokens_per_sample: int | None
+    model: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+
+    def micro_batch(self, micro: int, world: int, rank: int, device: Any) -> dict[str, torch.Tensor]:
+        return self.fetch(micro, world, rank, device)
+
+    def state(self) -> dict[str, Any]:
+        return self.sampler.state()
+
+    def load_state(self, s: dict[str, Any]) -> None:
+        self.sampler.load_state(s)
+
+
+def _indexed(sampler: IndexSampler, get: Callable[[np.ndarray], dict[str, torch.Tensor]]):
+    """A fetch over an IndexSampler: this rank's slice of the next micro x world indices, made a batch by `get`."""
+
+    def fetch(micro: int, world: int, rank: int, device: Any) -> dict[str, torch.Tensor]:
+        idx = sampler.take(micro * world)[rank * micro : (rank + 1) * micro]
+        return {k: v.to(device, non_blocking=True) for k, v in get(idx).items()}
+
+    return fetch
+
+
+# ------------------------------------------------------------------------------------------------ real data
+def causal_lm(model: dict[str, Any], req: DataRequest) -> TaskData:
+    seq = int(model["recipe"]["sequence_length"])
+    files, info = text.text_files(req.data, req.folder, req.seed, min_words=req.min_samples * seq)
+    blocks, meta = text.causal_lm_tokens(files, req.tokenizer, int(model["arch"]["vocab_size"]), seq, req.folder)
+    info = {**info, **{k: v for k, v in meta.items() if k != "fingerprint"}, "fingerprint": meta["fingerprint"]}
+    sampler = IndexSampler(len(blocks), req.seed)
+
+    def get(idx: np.ndarray) -> dict[str, torch.Tensor]:
+        ids = torch.from_numpy(np.asarray(blocks[np.sort(idx)], dtype=np.int64))
+        return {"input_ids": ids, "labels": ids.clone()}
+
+    return TaskData(sampler, _indexed(sampler, get), info, seq, dict(model))
+
+
+def masked_lm_shards(index_path: Path, seed: int, model: dict[str, Any], info: dict[str, Any]) -> TaskData:
+    """The masked-LM data of a prepared index.json (data/mlm.py): its training shards' sampler and batches."""
+    index = json.loads(Path(index_path).read_text())
+    sampler = shards.ShardSampler(index_path.parent, index["splits"]["train"], index["duplication_factor"], seed)
+    pad = index["special_ids"]["pad"]
+
+    def fetch(micro: int, world: int, rank: int, device: Any) -> dict[str, torch.Tensor]:
+        return shards.rank_batch(sampler, micro, world, rank, pad, device)
+
+    return TaskData(sampler, fetch, info, int(index["seq_len"]), model)
+
+
+def masked_lm(model: dict[str, Any], req: DataRequest) -> TaskData:
+    seq = int(model["recipe"]["sequence_length"])
+    files, info = text.text_files(req.data, req.folder, req.seed, min_words=req.min_samples * seq)
+    index_path = req.folder / "mlm" / "index.json"
+    if req.rank0:
+        mlm.prepare_data(mlm.mlm_config(files, req.tokenizer, model, req.seed), index_path, req.log)
+    index = json.loads(index_path.read_text())
+    if index["vocab_size"] > int(model["arch"]["vocab_size"]):
+        raise ValueError(f"the tokenizer has {index['vocab_size']} tokens, the model's vocabulary "
+                         f"{model['arch']['vocab_size']}")  # fmt: skip
+    pad = index["special_ids"]["pad"]
+    info = {**info, "prepared_by": "trainer/data/mlm.py (WordPiece, static masking)",
+            "tokenizer": req.tokenizer or "WordPiece trained on the corpus", "tokenizer_vocab": index["vocab_size"],
+            "seq_len": index["seq_len"], "samples": index["samples"], "fingerprint": index["fingerprint"],
+            "model_overrides": {"pad_token_id": pad}}  # fmt: skip
+    with_pad = {**model, "arch": {**model["arch"], "pad_token_id": pad}}
+    data = masked_lm_shards(index_path, req.seed, with_pad, info)
+    if index["seq_len"] != seq:
+        data.notes.append(f"sequence length {index['seq_len']} (the model's positions), not the recipe's {seq}")
+    return data
+
+
+def image_classification(model: dict[str, Any], req: DataRequest) -> TaskData:
+    source = images.ImageSource(req.data, int(model["recipe"]["image_size"]), int(model["arch"].get("num_labels", 2)),
+                                req.seed, req.min_samples)  # fmt: skip
+    sampler = IndexSampler(source.n, req.seed)
+    return TaskData(sampler, _indexed(sampler, source.batch), dict(source.info), None, dict(model))
+
+
+# ------------------------------------------------------------------------------------------ synthetic batches
+def _synthetic_tokens(model: dict[str, Any], micro_batch: int, generator: torch.Generator) -> torch.Tensor:
+    vocab, seq = model["arch"]["vocab_size"], model["recipe"]["sequence_length"]
+    return torch.randint(0, vocab, (micro_batch, seq), generator=generator)
+
+
+def _synthetic_causal(model: dict[str, Any], micro_batch: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    ids = _synthetic_tokens(model, micro_batch, generator)
+    return {"input_ids": ids, "labels": ids.clone()}
+
+
+def _synthetic_masked(model: dict[str, Any], micro_batch: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """Mask `mlm_probability` of the positions, predict only those (-100 elsewhere)."""
+    ids = _synthetic_tokens(model, micro_batch, generator)
+    vocab, seq = model["arch"]["vocab_size"], model["recipe"]["sequence_length"]
+    masked = torch.rand(micro_batch, seq, generator=generator) < model["recipe"].get("mlm_probability", 0.15)
+    masked[:, 0] |= ~masked.any(dim=1)  # at least one target per sequence
+    labels = torch.where(masked, ids, torch.full_like(ids, -100))
+    inputs = torch.where(masked, torch.full_like(ids, vocab - 1), ids)
+    return {"input_ids": inputs, "labels": labels}
+
+
+def _synthetic_images(model: dict[str, Any], micro_batch: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    size = model["recipe"]["image_size"]
+    return {
+        "pixel_values": torch.randn(micro_batch, 3, size, size, generator=generator),
+        "labels": torch.randint(0, model["arch"].get("num_labels", 2), (micro_batch,), generator=generator),
+    }
+
+
+@dataclass(frozen=True)
+class TaskEntry:
+    prepare: Callable[[dict[str, Any], DataRequest], TaskData]
+    synthetic: Callable[[dict[str, Any], int, torch.Generator], dict[str, torch.Tensor]]
+
+
+ENTRIES: dict[str, TaskEntry] = {
+    "causal_lm": TaskEntry(causal_lm, _synthetic_causal),
+    "masked_lm": TaskEntry(masked_lm, _synthetic_masked),
+    "image_classification": TaskEntry(image_classification, _synthetic_images),
+}
+assert set(ENTRIES) == set(TASKS), "every task of planning/tasks.py needs its entry here"
+
+
+def prepare(model: dict[str, Any], req: DataRequest) -> TaskData:
+    """The task's data for `model` (a ModelSpec.to_dict()) on this rank."""
+    return ENTRIES[model["task"]].prepare(model, req)
+
+
+def synthetic_batch(model: dict[str, Any], micro_batch: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """A synthetic micro-batch with the model's real shapes (CPU tensors; the caller moves them)."""
+    return ENTRIES[model["task"]].synthetic(model, micro_batch, generator)
