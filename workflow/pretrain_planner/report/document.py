@@ -19,7 +19,9 @@ from pretrain_planner.report.plots import PLOTS as BASE_PLOTS
 from pretrain_planner.report.study_plots import STUDY_PLOTS
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.tables import costs as pp_costs
-from pretrain_planner.tables.aggregate import GROUP, read_table, to_markdown
+from pretrain_planner.tables import units
+from pretrain_planner.tables.aggregate import GROUP, read_table
+from pretrain_planner.tables.markdown import to_markdown
 
 # workflow/report/: the snakemake-workflows convention, beside the rules (the package runs from the repository)
 CAPTIONS = Path(__file__).resolve().parents[2] / "report"
@@ -104,7 +106,7 @@ def _summary_lines(ttt: pl.DataFrame, pareto: pl.DataFrame) -> list[str]:
             c = front.row(0, named=True)
             line += (
                 f"; cheapest on the Pareto front {c['world_size']}x{c['gpu']} ({c['best_method']}): "
-                f"{c['training_days']:.3g} days for {pp_costs.usd(c['cost_usd'])} ({c['cost_kind']})"
+                f"{c['training_days']:.3g} days for {units.usd(c['cost_usd'])} ({c['cost_kind']})"
             )
         lines.append(line)
     return lines or ["- no setting has run successfully yet"]

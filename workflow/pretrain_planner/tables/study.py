@@ -39,7 +39,8 @@ from pretrain_planner.planning.families import FAMILIES
 from pretrain_planner.planning.flops import mfu, param_count, suspect, train_flops_per_sample
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.schema import ConfigError, section
-from pretrain_planner.tables.aggregate import GROUP, to_markdown
+from pretrain_planner.tables.aggregate import GROUP
+from pretrain_planner.tables.markdown import to_markdown
 
 STUDY_TABLES = ("days_naive", "days_optimal", "optimal_settings", "gpu_days", "speedups", "memory_saving",
                 "step_time_stats", "model_flops", "study_claims")  # fmt: skip

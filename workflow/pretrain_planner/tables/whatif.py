@@ -44,10 +44,11 @@ from pretrain_planner.planning.catalog import Catalog, ModelSpec
 from pretrain_planner.planning.crossgpu import CrossGpu, Estimate, fit
 from pretrain_planner.planning.evidence import Evidence, Run, Work
 from pretrain_planner.planning.flops import param_count, tokens_per_sample, train_flops_per_sample
-from pretrain_planner.planning.memory import GIB, activation_bytes_per_sample, state_bytes_lb
+from pretrain_planner.planning.memory import GIB
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.tables import costs as pp_costs
-from pretrain_planner.tables.aggregate import to_markdown
+from pretrain_planner.tables import memfix
+from pretrain_planner.tables.markdown import to_markdown
 from pretrain_planner.tables.study import ran
 
 BUS_EFFICIENCY = 0.25  # no multi-GPU cell measured: the pessimistic all-reduce runs at this share of the datasheet
@@ -261,12 +262,8 @@ class Predictor:
         return True, ""
 
     def _need(self, spec: ModelSpec, m: methods.Method, world: int, mb: int) -> float:
-        """The memory model's bytes per GPU at micro-batch `mb`."""
-        params = param_count(spec.to_dict())
-        act = activation_bytes_per_sample(spec) or 0.0
-        if m.checkpointing and spec.arch.get("num_hidden_layers"):
-            act /= spec.arch["num_hidden_layers"]
-        return (state_bytes_lb(m.sharding, m.offload, params, world) if params else 0.0) + mb * act
+        """The memory model's bytes per GPU at micro-batch `mb` (tables/memfix.py: its one use of the memory model)."""
+        return memfix.need_bytes(spec, m.slug, world, mb)
 
     def _largest_mb(self, spec: ModelSpec, slug: str, gpu: str, world: int) -> int:
         """The largest power-of-two micro-batch (up to the per-GPU batch) the memory model lets fit; 0 = none."""
