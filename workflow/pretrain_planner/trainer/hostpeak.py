@@ -14,7 +14,7 @@ import time
 import torch
 
 SIZE = 1024  # a square matrix side: 2 GFLOP per product, tens of milliseconds on one core
-WARMUP, REPS = 2, 5
+WARMUP, REPS = 2, 10
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
