@@ -25,6 +25,8 @@ def unit_of(column: str) -> Callable[[Any], str] | None:
     """The writer of a numeric column by its name (the tables' naming: *_days, *_usd, *_gib, mfu, step_time_s, ...);
     None: a plain number."""
     c = column.lower()
+    if "flops" in c and "tflops" not in c:
+        return units.sci
     if c.endswith("per_s") or c.endswith("_per_sample") or c.endswith("_per_step"):
         return units.rate
     if "days" in c and "gpu_days" not in c:
@@ -39,8 +41,10 @@ def unit_of(column: str) -> Callable[[Any], str] | None:
         return units.duration_s
     if c.endswith("_gib"):
         return units.gib
-    if c.startswith("speedup") or c.endswith("_over_analytic") or c == "gain_x":
+    if c.startswith("speedup") or c.endswith("_over_analytic") or c.endswith("_over_original"):
         return units.times
+    if c == "gain" or c.endswith("_gain"):
+        return units.percent
     return None
 
 
@@ -106,14 +110,18 @@ def _blocks(columns: list[str], rows: list[list[str]], keys: int, width: int) ->
 def to_markdown(df: pl.DataFrame, max_rows: int | None = None, keys: int | None = None, width: int = WIDTH) -> str:
     """A GitHub-flavoured Markdown table of `df`: units by column name, padded, long texts as notes below, and
     cut into blocks of columns (each repeating the first `keys` columns: default, the text columns that lead)
-    where a line would pass `width` characters."""
+    where a line would pass `width` characters; a column blank in every row is named below instead of shown."""
     shown = df if max_rows is None else df.head(max_rows)
     columns = list(df.columns)
     rows = [[cell_text(c, v) for c, v in zip(columns, row, strict=True)] for row in shown.iter_rows()]
-    rows, notes = _notes(columns, rows)
     if keys is None:
         keys = next((i for i, c in enumerate(columns) if df.schema[c] != pl.String), len(columns))
         keys = min(keys, 3)
+    blank = [i for i in range(keys, len(columns)) if rows and not any(r[i] for r in rows)]
+    if blank:  # a column with nothing in it says nothing: named under the table instead
+        columns = [c for i, c in enumerate(columns) if i not in blank]
+        rows = [[t for i, t in enumerate(r) if i not in blank] for r in rows]
+    rows, notes = _notes(columns, rows)
     lines: list[str] = []
     for k, block in enumerate(_blocks(columns, rows, keys, width)):
         if k:
@@ -121,6 +129,9 @@ def to_markdown(df: pl.DataFrame, max_rows: int | None = None, keys: int | None 
         lines += _lines([columns[i] for i in block], [[r[i] for i in block] for r in rows])
     if notes:
         lines += ["", *notes]
+    if blank:
+        left_out = ", ".join(df.columns[i] for i in blank)
+        lines += ["", textwrap.fill(f"(No value in any row, so not shown: {left_out}.)", width)]
     if max_rows is not None and df.height > max_rows:
         lines.append(f"\n({max_rows} of {df.height} rows shown; all of them in the CSV beside this file)")
     return "\n".join(lines) + "\n"

@@ -84,6 +84,11 @@ def times(x: float | None) -> str:
     return f"{number(x)}x" if known(x) else DASH
 
 
+def sci(x: float | None) -> str:
+    """A count too large for digits (FLOPs): 1.23e+12."""
+    return f"{x:.3g}" if known(x) else DASH
+
+
 def layout(nodes: Any, gpus_per_node: Any) -> str:
     """A GPU layout: nodes x GPUs per node, `1x8`."""
     return f"{nodes}x{gpus_per_node}"

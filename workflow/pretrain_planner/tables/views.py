@@ -154,6 +154,34 @@ VIEWS: dict[str, list[Column]] = {
     ],
 }
 
+
+def _band(lo: str, hi: str, r: Row, writer: Callable[[Any], str]) -> str:
+    a, b = r.get(lo), r.get(hi)
+    if a is None:
+        return ""
+    return f"{writer(a)} - {writer(b)}" if b is not None else f">= {writer(a)}"
+
+
+def _whatif_basis(r: Row) -> str:
+    if r.get("status") == "predicted":
+        return str(r.get("basis") or "")
+    if r.get("status") == "bound only":
+        return "physics bound only (the `suspect` share of the dense peak): no measurement of its kind to transfer"
+    return str(r.get("why") or "")
+
+
+VIEWS["whatif"] = [
+    *KEY,
+    ("status", _text("status")),
+    ("evidence", _text("evidence")),
+    ("method", _text("method")),
+    ("days", lambda r: _blank(units.days(r.get("days_central") or r.get("days_optimistic")))),
+    ("band", lambda r: _band("days_optimistic", "days_pessimistic", r, units.days)),
+    ("measured", _unit("measured_days", units.days)),
+    ("amortised cost", lambda r: _band("amortised_usd_optimistic", "amortised_usd_pessimistic", r, units.usd)),
+    ("rests on / why", _whatif_basis),
+]
+
 FOOTNOTES = {
     "mfu_measured": "* MFU against the dense peak MEASURED on the host (a matrix-multiply probe of the cell's "
     "precision, recorded in result.json `peak_source`), not a datasheet figure: the `cpu` stand-in has none.",

@@ -30,6 +30,7 @@ the physics bound is given: the days at the `suspect` limit of the target's peak
 from __future__ import annotations
 
 import math
+import textwrap
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
@@ -47,9 +48,9 @@ from pretrain_planner.planning.flops import param_count, tokens_per_sample, trai
 from pretrain_planner.planning.memory import GIB
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.tables import costs as pp_costs
-from pretrain_planner.tables import memfix
-from pretrain_planner.tables.markdown import to_markdown
-from pretrain_planner.tables.study import ran
+from pretrain_planner.tables import memfix, views
+from pretrain_planner.tables.markdown import WIDTH, to_markdown
+from pretrain_planner.tables.study import ran, study_settings
 
 BUS_EFFICIENCY = 0.25  # no multi-GPU cell measured: the pessimistic all-reduce runs at this share of the datasheet
 STAND_IN_RATIO = 8.0  # a stand-in model at most this many times larger or smaller (matrix sizes change efficiency)
@@ -70,10 +71,6 @@ COLUMNS = {
     "measured_days": pl.Float64, "hardware_usd": pl.Float64, "amortised_usd_optimistic": pl.Float64,
     "amortised_usd_pessimistic": pl.Float64, "note": pl.String,
 }  # fmt: skip
-MD_COLUMNS = [
-    "model", "gpu", "nodes", "gpus_per_node", "status", "evidence", "method", "days_optimistic", "days_central",
-    "days_pessimistic", "measured_days", "amortised_usd_optimistic", "amortised_usd_pessimistic", "sources", "why",
-]  # fmt: skip
 INTRO = (
     "PREDICTIONS, not measurements: days and cost of each model on every catalog GPU type and count, transferred "
     "from measurements on other GPU types: your own cells where there are some (`evidence` = your cells), else the "
@@ -81,7 +78,8 @@ INTRO = (
     "publications, `rests_on` the rows of workflow/pretrain_planner/data/evidence/public_throughput.csv). The "
     "cross-GPU model moves a step by the GPU's measured matmul rate and memory bandwidth; `model_error` is its "
     "measured error on GPU types left out of its fit. `measured_days` shows the setting's own measurement where there "
-    "is one (never used for its prediction)."
+    "is one (never used for its prediction). Here: the central days (bound only: the optimistic end), the band from "
+    "optimistic to pessimistic; every column (the sources, the rows, the method's reason) is in whatif.csv."
 )
 
 
@@ -516,6 +514,16 @@ def table_files(folder: str) -> dict[str, str]:
     return {"whatif_csv": f"{folder}/whatif.csv", "whatif_md": f"{folder}/whatif.md"}
 
 
+def counts_of(config: dict[str, Any]) -> list[tuple[int, int]]:
+    """The (nodes, GPUs per node) the what-if predicts: the sweep's, and the study's GPU-days setting (the GPU-days
+    plot shows the prediction where that setting was not measured)."""
+    sweep = config["sweep"]
+    study = study_settings(config.get("study"))
+    counts = {(n, g) for n in sweep["nodes"] for g in sweep["gpus_per_node"]}
+    counts.add((study["gpu_days_nodes"], study["gpu_days_gpus_per_node"]))
+    return sorted(counts, key=lambda c: (c[0] * c[1], c[0]))
+
+
 def build_whatif(
     cells_parquet: str,
     out: dict[str, str],
@@ -537,8 +545,9 @@ def build_whatif(
     Path(out["whatif_csv"]).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out["whatif_csv"], table.write_csv())
     error = predictor.model.calibration.describe()
-    atomic_write_text(out["whatif_md"], f"# What-if (predictions)\n\n{INTRO}\n\nThe cross-GPU model: {error}.\n\n"
-                      f"{to_markdown(table.select(MD_COLUMNS), max_rows=2000)}")  # fmt: skip
+    intro = textwrap.fill(f"{INTRO} The cross-GPU model: {error}.", WIDTH)
+    atomic_write_text(out["whatif_md"], f"# What-if (predictions)\n\n{intro}\n\n"
+                      f"{to_markdown(views.view('whatif', table), max_rows=2000, keys=3)}")  # fmt: skip
     by = dict(table.group_by("status").len().sort("status").rows())
     atomic_write_text(log_path, f"whatif: {table.height} rows {by}; {len(predictor.public.runs)} public runs "
                                 f"({len(predictor.public.skipped)} rows not usable); {error} "
