@@ -41,7 +41,7 @@ def measured(model: str, nodes: int, gpn: int, method: str, catalog) -> dict:
     spec = catalog.models[model]
     world = nodes * gpn
     base = {"naive": 0.012, "fl": 0.009, "fl+ac": 0.011}[method]  # days on one rank: fl fastest, checkpointing slower
-    r = cell_result(model, "cpu", nodes, gpn, method, "ok", base / world ** 0.8, mb=4)
+    r = cell_result(model, "cpu", nodes, gpn, method, "ok", base / world**0.8, mb=4)
     flops = train_flops_per_sample(spec.to_dict()) * spec.recipe.global_batch
     r.update(peak_tflops=HOST_PEAK_TFLOPS, peak_mem_gib=0.5, peak_source="measured on this host, not a datasheet: "
              "best of 10 1024x1024 fp32 torch.matmul on 1 thread(s) per rank (trainer/hostpeak.py)",
@@ -67,8 +67,14 @@ def report(tmp_path_factory) -> tuple[Path, dict[str, str], dict[str, str], dict
     aggregate.build_tables(str(root / "plan.csv"), paths, tables, str(root / "aggregate.log"), catalog,
                            config["costs"])  # fmt: skip
     extra = {**study.table_files(str(root / "tables/study")), **whatif.table_files(str(root / "tables"))}
-    study.build_study_tables(tables["cells_parquet"], extra, str(root / "study.log"), catalog,
-                             config["benchmark"]["suspect_mfu"], study.study_settings(config.get("study"), catalog))
+    study.build_study_tables(
+        tables["cells_parquet"],
+        extra,
+        str(root / "study.log"),
+        catalog,
+        config["benchmark"]["suspect_mfu"],
+        study.study_settings(config.get("study"), catalog),
+    )
     whatif.build_whatif(tables["cells_parquet"], extra, str(root / "whatif.log"), catalog, config["sweep"]["models"],
                         whatif.counts_of(config), config["benchmark"]["suspect_mfu"], config["costs"])  # fmt: skip
     tables = {**tables, **extra}

@@ -1,7 +1,7 @@
 """Every plot stays readable across the scales it is drawn at: the default sweep's tables (its 12 cells on the `cpu`
-stand-in, a peak measured on the host, no price here), test_aggregate's hand-made priced set, and 60 and 10,000 synthetic results
-(benchmarks/aggregate_bench.py). On each, no two text boxes of a figure (titles, axis labels, tick labels,
-annotations, legends) overlap, none leaves the canvas, and the content fills the canvas (the feasibility
+stand-in, a peak measured on the host, no price here), test_aggregate's hand-made priced set, and 60 and 10,000
+synthetic results (benchmarks/aggregate_bench.py). On each, no two text boxes of a figure (titles, axis labels, tick
+labels, annotations, legends) overlap, none leaves the canvas, and the content fills the canvas (the feasibility
 heat-map is not a stamp in a blank page). No training: results are written as a cell writes them."""
 
 from __future__ import annotations
