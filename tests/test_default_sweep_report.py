@@ -21,7 +21,7 @@ from pretrain_planner.planning.flops import train_flops_per_sample
 from pretrain_planner.planning.pipeline import load, write_plan
 from pretrain_planner.report import document, study_plots
 from pretrain_planner.report import plots as pp_plots
-from pretrain_planner.results import write_result
+from pretrain_planner.results import write_result, write_steps
 from pretrain_planner.tables import aggregate, study, whatif
 
 from .conftest import REPO
@@ -51,36 +51,43 @@ def measured(model: str, nodes: int, gpn: int, method: str, catalog) -> dict:
     return r
 
 
-@pytest.fixture(scope="module")
-def report(tmp_path_factory) -> tuple[Path, dict[str, str], dict[str, str], dict]:
-    root = tmp_path_factory.mktemp("demo") / "results"
+def build_demo_results(root: Path, with_plots: bool = False) -> tuple[dict[str, str], dict[str, str], dict]:
+    """results/ of the default sweep under `root` as the pipeline leaves it (plan, cells with their steps.jsonl, tables,
+    study views, what-if, report.md, and `with_plots` the plots): (table files, plot files, the validated config)."""
     pipe = load(demo_config(), REPO, "config/config.yaml")
     write_plan(pipe, str(root / "plan.csv"))
     paths = []
     for c in pipe.planned:
         if c.valid:
             path = root / f"cells/{c.cell.model}/cpu/{c.cell.nodes}x{c.cell.gpus_per_node}/{c.cell.method}/result.json"
-            write_result(path, measured(c.cell.model, c.cell.nodes, c.cell.gpus_per_node, c.cell.method, pipe.catalog))
+            r = measured(c.cell.model, c.cell.nodes, c.cell.gpus_per_node, c.cell.method, pipe.catalog)
+            write_result(path, r)
+            write_steps(path.with_name("steps.jsonl"), [{"step": i, "time_s": r["step_time_s"], "loss": 6.0}
+                                                        for i in range(r["timed_steps"])])  # fmt: skip
             paths.append(str(path))
     config, catalog = pipe.config, pipe.catalog
     tables = aggregate.table_files(str(root / "tables"))
     aggregate.build_tables(str(root / "plan.csv"), paths, tables, str(root / "aggregate.log"), catalog,
                            config["costs"])  # fmt: skip
     extra = {**study.table_files(str(root / "tables/study")), **whatif.table_files(str(root / "tables"))}
-    study.build_study_tables(
-        tables["cells_parquet"],
-        extra,
-        str(root / "study.log"),
-        catalog,
-        config["benchmark"]["suspect_mfu"],
-        study.study_settings(config.get("study"), catalog),
-    )
+    settings = study.study_settings(config.get("study"), catalog)
+    study.build_study_tables(tables["cells_parquet"], extra, str(root / "study.log"), catalog,
+                             config["benchmark"]["suspect_mfu"], settings)  # fmt: skip
     whatif.build_whatif(tables["cells_parquet"], extra, str(root / "whatif.log"), catalog, config["sweep"]["models"],
                         whatif.counts_of(config), config["benchmark"]["suspect_mfu"], config["costs"])  # fmt: skip
     tables = {**tables, **extra}
     plots = {**pp_plots.plot_files(str(root / "plots")), **study_plots.plot_files(str(root / "plots/study"))}
+    if with_plots:
+        pp_plots.make_plots(tables, plots, str(root / "plots.log"), config["costs"])
+        study_plots.make_plots(tables, plots, str(root / "study_plots.log"))
     document.write_report(tables, plots, None, str(root / "report.md"), str(root / "report.log"), config["costs"])
-    return root, tables, plots, config
+    return tables, plots, config
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> tuple[Path, dict[str, str], dict[str, str], dict]:
+    root = tmp_path_factory.mktemp("demo") / "results"
+    return (root, *build_demo_results(root))
 
 
 def data_marks(ax) -> int:

@@ -417,7 +417,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         days = _days(r["days"]) + (
             "" if r["basis"] == "measured" else f" [{_days(r['days_optimistic'])} - {_days(r['days_pessimistic'])}]"
         )
-        reach = f"{r['tokens_in_time'] / 1e9:,.4g}B {r['unit']}, {r['share_of_run']:.0%} of the run"
+        reach = f"{units.number(r['tokens_in_time'] / 1e9)}B {r['unit']}, {units.percent(r['share_of_run'])} of the run"
         print(f"  {r['model']:<20} {r['fits']:<10} {r['method'] or '-':<13} {days} ({r['basis']}); in "
               f"{args.days:g} days {reach}")  # fmt: skip
     print(f"  measured: {measured_source}; cells: {source}")
@@ -573,12 +573,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--every", type=_positive(float), default=2.0, help="seconds between refreshes (default 2)")
     p.set_defaults(func=cmd_status)
 
-    p = sub.add_parser(
-        "train",
-        parents=[common],
-        help="run an exported plan for real (local / SLURM / debug); the config's `train:` section "
-        "gives the defaults of --steps, --time-budget-h, --data, --tokenizer, --device",
+    train_help = (
+        "run an exported plan for real (local / SLURM / debug); the config's `train:` section gives the "
+        "defaults of --steps, --time-budget-h, --data, --tokenizer, --device"
     )
+    p = sub.add_parser("train", parents=[common], help=train_help, description=train_help)
     p.add_argument("--plan", required=True, help="results/optimal/{model}/{gpu}/{N}x{G}/ (or its plan.json)")
     p.add_argument("--launcher", choices=["local", "slurm", "debug"], help="default: the config's launcher.kind")
     p.add_argument("--site", help="the SLURM site file (default: the config's launcher.site)")

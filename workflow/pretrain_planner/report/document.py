@@ -194,7 +194,8 @@ def _benchmark_cost(links: Links) -> list[str]:
     spent = cost["gpu_hours_spent"].sum() or 0.0
     bound = cost["gpu_hours_max_exhaustive"].sum() or 0.0
     adaptive = cost.height and (cost["strategy"] == "adaptive").any()
-    said = f"The benchmark spent **{spent:.3g} GPU-hours**; measuring every valid cell could take up to {bound:.3g}."
+    said = (f"The benchmark spent **{units.number(spent)} GPU-hours**; measuring every valid cell could take up to "
+            f"{units.number(bound)}.")  # fmt: skip
     if adaptive:
         said += (
             f" The adaptive search ran {int(cost['methods_run'].sum())} cells and pruned "

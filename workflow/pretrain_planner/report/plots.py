@@ -323,7 +323,7 @@ def _cost_panel(ax: Axes, model: str, mine: pl.DataFrame, unpriced: int, axis: C
     col = axis.column
     per, unit = time_unit
     ax.set_title(model)
-    ax.set_xlabel(f"time to train, {unit} (log)")
+    ax.set_xlabel(f"time to train, {unit}")
     ax.set_ylabel(axis.label, fontsize=8)
     if mine.is_empty():
         _empty(ax, model, f"{unpriced} settings, none with a known {axis.kind} cost", f"time to train, {unit} (log)",
@@ -342,7 +342,9 @@ def _cost_panel(ax: Axes, model: str, mine: pl.DataFrame, unpriced: int, axis: C
     if front.height:
         ax.step([d / per for d in front["training_days"].to_list()], front[col].to_list(), where="post",
                 color="black", lw=1, zorder=2, label="Pareto front")  # fmt: skip
-    ax.set_xscale("log")
+    days = [d for d in mine["training_days"].to_list() if d > 0]
+    if days and max(days) / min(days) > 3:  # within a factor 3 a log axis would show no tick at all
+        ax.set_xscale("log")
     vals = [v for v in mine[col].to_list() if v > 0]
     if vals and max(vals) / min(vals) > 10:
         ax.set_yscale("log")

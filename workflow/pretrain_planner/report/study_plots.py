@@ -215,7 +215,7 @@ def figure_speedups(spd: pl.DataFrame, stats: pl.DataFrame) -> Figure:
         ax.set_xticks(range(len(cols)), list(cols), fontsize=8)
         ax.set_ylabel("speed-up (x)", fontsize=8)
         for i, v in enumerate(means):
-            ax.text(i, v, f"{v:.2f}x", ha="center", va="bottom", fontsize=7)
+            ax.text(i, v, units.times(v), ha="center", va="bottom", fontsize=7)
         ax.margins(y=0.15)
     fig.suptitle(f"{STUDY_PLOTS['speedups'][1]}: means over the rows marked in_mean", fontsize=10,
                  y=1 - 0.1 / 4.2, va="top")  # fmt: skip
@@ -237,7 +237,7 @@ def _gain_panel(ms: pl.DataFrame, by: str, title: str) -> Panel | None:
     rows = ms["gpu"].unique(maintain_order=True).to_list()
     got = {(g, c): v for g, c, v in mean.rows()}
     vals = [[got.get((g, c), math.nan) for c in cols] for g in rows]
-    texts = [["" if math.isnan(v) else f"{v:.0%}" for v in line] for line in vals]
+    texts = [["" if math.isnan(v) else units.percent(v) for v in line] for line in vals]
     return Panel(rows, cols, vals, texts, xlabel, "GPU type", "RdYlGn", -1.0, 1.0, title)
 
 

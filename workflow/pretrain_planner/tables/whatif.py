@@ -51,6 +51,8 @@ from pretrain_planner.tables import costs as pp_costs
 from pretrain_planner.tables import memfix, views
 from pretrain_planner.tables.markdown import WIDTH, to_markdown
 from pretrain_planner.tables.study import ran, study_settings
+from pretrain_planner.tables.units import days as days_text
+from pretrain_planner.tables.units import gib as gib_text
 
 BUS_EFFICIENCY = 0.25  # no multi-GPU cell measured: the pessimistic all-reduce runs at this share of the datasheet
 STAND_IN_RATIO = 8.0  # a stand-in model at most this many times larger or smaller (matrix sizes change efficiency)
@@ -256,7 +258,7 @@ class Predictor:
                     return False, f"out of memory measured on {world} x {gg} ({mem:g} GiB)"
         need = self._need(spec, m, world, 1)
         if g.memory_gib and need > g.memory_gib * GIB:
-            return False, f"memory model: at least {need / GIB:.3g} GiB per GPU > {g.memory_gib:g} GiB"
+            return False, f"memory model: at least {gib_text(need / GIB)} per GPU > {g.memory_gib:g} GiB"
         return True, ""
 
     def _need(self, spec: ModelSpec, m: methods.Method, world: int, mb: int) -> float:
@@ -474,7 +476,7 @@ def fit_table(predictor: Predictor, gpu: str, nodes: int, gpus_per_node: int, da
                        method=m.get("best_method"), days=m["training_days"], why="measured here")  # fmt: skip
         elif (p := predictor.predict(name, gpu, nodes, gpus_per_node)).status == "bound only":
             step = None
-            why = f"at least {p.days_optimistic:.3g} days (the physics bound only: no evidence of its kind)"
+            why = f"at least {days_text(p.days_optimistic)} (the physics bound only: no evidence of its kind)"
             row.update(fits="no" if p.days_optimistic > days else "bound only", basis=p.status,
                        days_optimistic=p.days_optimistic, why=why)  # fmt: skip
         else:
