@@ -104,7 +104,8 @@ def _summary_lines(ttt: pl.DataFrame, pareto: pl.DataFrame) -> list[str]:
         if front.height:
             c = front.row(0, named=True)
             line += (
-                f"; cheapest on the Pareto front {c['world_size']}x{c['gpu']} ({c['best_method']}): "
+                f"; cheapest on the Pareto front {units.layout(c['nodes'], c['gpus_per_node'])} {c['gpu']} "
+                f"({c['best_method']}): "
                 f"{units.days(c['training_days'])} for {units.usd(c['cost_usd'])} ({c['cost_kind']})"
             )
         lines.append(line)

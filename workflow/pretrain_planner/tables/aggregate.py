@@ -457,7 +457,7 @@ MD_ROWS = 2000  # a Markdown table shows at most this many rows (the CSV holds t
 def markdown_body(name: str, df: pl.DataFrame, max_rows: int | None = MD_ROWS) -> str:
     """Table `name` as Markdown: its reader's columns with units (tables/views.py) and their footnotes."""
     body = to_markdown(views.view(name, df), max_rows=max_rows, keys=3 if name != "problems" else 1)
-    notes = views.footnotes(name, df)
+    notes = [textwrap.fill(n, WIDTH) for n in views.footnotes(name, df)]
     return body + ("\n" + "\n".join(notes) + "\n" if notes else "")
 
 

@@ -33,7 +33,7 @@ def unit_of(column: str) -> Callable[[Any], str] | None:
         return units.days
     if c.endswith("usd") or c.endswith("_usd_optimistic") or c.endswith("_usd_pessimistic"):
         return units.usd
-    if c == "mfu" or c.startswith("mfu_") or c.endswith("_mfu") or c.endswith("_share") or c == "share_of_run":
+    if "mfu" in c or c.endswith("_share") or c == "share_of_run":
         return units.percent
     if c.startswith("step_time") or c.endswith("step_time_s") or c.endswith("_step_s"):
         return units.step
