@@ -248,6 +248,7 @@ def test_the_readmes_train_commands_run_on_the_sweep(sweep):
     files linked, `.venv/`): the Snakemake target (with this sweep's --configfile, so nothing is measured again),
     `pretrain-planner train` and `bash launch.sh`, each a finished run with its throughput beside the prediction."""
     import os
+    import shutil
     import subprocess
 
     work, cfg, _ = sweep
@@ -265,6 +266,7 @@ def test_the_readmes_train_commands_run_on_the_sweep(sweep):
         readme_command("bash results/optimal/"),
     ]
     for command in commands:
+        shutil.rmtree(out, ignore_errors=True)  # three ways to start one run: each starts it over (else it resumes)
         proc = subprocess.run(["bash", "-c", command], cwd=work, env=env, capture_output=True, text=True, timeout=900)
         assert proc.returncode == 0, (command, proc.stdout[-2000:] + proc.stderr[-4000:])
         result = json.loads((out / "result.json").read_text())

@@ -37,10 +37,10 @@ GPUS_PER_NODE = 8  # a larger count is spread over nodes of this many
 MIN_SEQUENCE = 64
 
 
-def need_bytes(spec: ModelSpec, slug: str, world: int, micro_batch: int = 1) -> float:
+def need_bytes(spec: ModelSpec, method: str | methods.Method, world: int, micro_batch: int = 1) -> float:
     """The memory model's bytes per GPU (a lower bound): model states by the method's sharding and offload, plus the
     micro-batch's activations (one block's with checkpointing)."""
-    m = methods.parse(slug)
+    m = methods.parse(method) if isinstance(method, str) else method
     params = param_count(spec.to_dict())
     act = activation_bytes_per_sample(spec) or 0.0
     if m.checkpointing and spec.arch.get("num_hidden_layers"):

@@ -263,7 +263,7 @@ class Predictor:
 
     def _need(self, spec: ModelSpec, m: methods.Method, world: int, mb: int) -> float:
         """The memory model's bytes per GPU at micro-batch `mb` (tables/memfix.py: its one use of the memory model)."""
-        return memfix.need_bytes(spec, m.slug, world, mb)
+        return memfix.need_bytes(spec, m, world, mb)
 
     def _largest_mb(self, spec: ModelSpec, slug: str, gpu: str, world: int) -> int:
         """The largest power-of-two micro-batch (up to the per-GPU batch) the memory model lets fit; 0 = none."""
