@@ -348,6 +348,9 @@ def _cost_panel(ax: Axes, model: str, mine: pl.DataFrame, unpriced: int, axis: C
     vals = [v for v in mine[col].to_list() if v > 0]
     if vals and max(vals) / min(vals) > 10:
         ax.set_yscale("log")
+    from matplotlib.ticker import FuncFormatter
+
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: units.usd(v)))  # money as the tables write it
     ax.minorticks_off()  # log axes' minor ticks cost most of the drawing time of a large sweep
     ax.grid(True, alpha=0.2)
     avoid = []

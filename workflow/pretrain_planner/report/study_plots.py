@@ -167,10 +167,12 @@ def figure_gpu_days(gd: pl.DataFrame, whatif: pl.DataFrame | None = None) -> Fig
         why = f"no model with an original record or an optimal setting on {setting or 'the GPU-days setting'}"
         return _empty_figure(title, f"{why}\n(study.gpu_days_* in the config names the setting)", "GPU-days", "model")
     series = {"originally reported": gd["original_gpu_days"].to_list(),
-              f"ours: GPUs x optimal days on {setting}": gd["ours_gpu_days"].to_list()}  # fmt: skip
-    if gd["predicted_gpu_days"].is_not_null().any():
-        series[f"PREDICTED on {setting} (what-if, central)"] = gd["predicted_gpu_days"].to_list()
-    return _hbars(title, gd["model"].to_list(), series, "GPU-days (GPUs x days to train)")
+              f"ours: GPUs x optimal days on {setting}": gd["ours_gpu_days"].to_list(),
+              f"PREDICTED on {setting} (what-if, central)": gd["predicted_gpu_days"].to_list()}  # fmt: skip
+    shown = {k: v for k, v in series.items() if any(x is not None for x in v)}  # a series with no bar: no legend
+    measured = gd["ours_gpu_days"].is_not_null().any()
+    xlabel = "GPU-days (GPUs x days to train" + ("" if measured else f"; ours: nothing measured on {setting}") + ")"
+    return _hbars(title, gd["model"].to_list(), shown, xlabel)
 
 
 def _predicted_gpu_days(whatif: pl.DataFrame | None, setting: str | None) -> dict[str, float]:
