@@ -86,7 +86,7 @@ def test_every_readme_command_has_a_test_and_the_readme_stays_short():
     text = README.read_text()
     for command in PROSE:
         assert f"`{command}`" in text, command
-    assert len(text.splitlines()) <= 135
+    assert len(text.splitlines()) <= 135  # ~130, and room for a line on the suite's duration
     ci = (REPO / ".ci/run").read_text().splitlines()
     for command, how in RUNS.items():
         if how == "ci":
