@@ -271,7 +271,7 @@ def test_the_readmes_train_commands_run_on_the_sweep(sweep):
         assert proc.returncode == 0, (command, proc.stdout[-2000:] + proc.stderr[-4000:])
         result = json.loads((out / "result.json").read_text())
         assert result["status"] == "ok" and (out / "throughput.md").is_file(), (command, result)
-        assert result["steps"] == (5 if "snakemake" in command else 50), (command, result["steps"])
+        assert result["steps"] == (5 if "snakemake" in command else 20), (command, result["steps"])
     assert "Nothing to be done" not in commands[0]
 
 

@@ -42,8 +42,8 @@ RUNS = {
     ".venv/bin/snakemake -n --profile cluster/slurm --configfile my-sweep.yaml": "here",
     ".venv/bin/snakemake --unlock --profile cluster/slurm --configfile my-sweep.yaml": "here",
     ".venv/bin/snakemake --profile cluster/local results/train/tiny-gptneox/cpu/1x1/result.json": "e2e",
-    ".venv/bin/pretrain-planner train --plan results/optimal/tiny-gptneox/cpu/1x1 --steps 50": "e2e",
-    "bash results/optimal/tiny-gptneox/cpu/1x1/launch.sh --steps 50": "e2e",
+    ".venv/bin/pretrain-planner train --plan results/optimal/tiny-gptneox/cpu/1x1 --steps 20": "e2e",
+    "bash results/optimal/tiny-gptneox/cpu/1x1/launch.sh --steps 20": "e2e",
     ".venv/bin/snakemake --profile cluster/local budget --config budget=config/budget-24h.yaml": "dry",
 }
 # inline commands the README's prose gives in `backticks` that a reader would copy: run like the blocks' ones
