@@ -342,7 +342,7 @@ def test_plots_and_report(gpu_tables):
         assert section in md, section
     assert "](plots/cost_vs_days.png)" in md and "](tables/time_to_train.csv)" in md
     assert "**pythia-1b**: fastest measured setting 1x8 h200" in md
-    assert "cheapest on the Pareto front 1xrtx3090" in md
+    assert "cheapest on the Pareto front 1x1 rtx3090" in md
 
 
 def test_empty_mfu_plot_is_labelled(tmp_path):

@@ -1,24 +1,29 @@
-"""Markdown tables a person reads in a 120-column terminal and on GitHub.
+"""Markdown tables a person reads in a 120-column terminal and on GitHub: the one formatting rule of every table the
+project writes (`to_markdown` for polars data frames; `table` for plain rows, without polars, for the GPU benchmark's
+reports on a machine that has none).
 
 Every value is written by its column's unit (tables/units.py: days as "3.2 d" / "17 h", money as "$83,500", MFU as
 "3.1%", step times as "51.2 ms"), columns are padded so the raw text lines up, a long text (a reason, a note) moves
-under the table as a numbered note with a `[n]` in its cell, and a table still wider than the terminal is cut into
-blocks of columns, each repeating the key columns. The CSV beside each .md keeps every column and every digit.
-Imports no torch."""
+under the table as a numbered note with a `[n]` in its cell, a column blank in every row is named under the table
+instead of shown, and a table still wider than the terminal is cut into blocks of columns, each repeating the key
+columns. The CSV beside each .md keeps every column and every digit. Imports no torch and no polars.
+"""
 
 from __future__ import annotations
 
 import math
 import textwrap
-from collections.abc import Callable, Sequence
-from typing import Any
-
-import polars as pl
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from pretrain_planner.tables import units
 
+if TYPE_CHECKING:
+    import polars as pl
+
 WIDTH = 120  # characters of a line: a terminal's width
 NOTE_AT = 36  # a text cell longer than this becomes a numbered note under the table
+MAX_KEYS = 3  # leading text columns repeated in every block of a cut table, at most
 
 
 def unit_of(column: str) -> Callable[[Any], str] | None:
@@ -48,8 +53,9 @@ def unit_of(column: str) -> Callable[[Any], str] | None:
     return None
 
 
-def cell_text(column: str, v: Any) -> str:
-    """One value as the table shows it."""
+def cell(v: Any, column: str = "") -> str:
+    """One value as the table shows it: by its column's unit, else 3 significant digits (whole numbers with thousands
+    separators from 100 on); yes/no; blank for nulls; no `|` or line break."""
     if v is None:
         return ""
     if isinstance(v, bool):
@@ -65,7 +71,7 @@ def cell_text(column: str, v: Any) -> str:
     return str(v).replace("|", "\\|").replace("\n", " ")
 
 
-def _notes(columns: list[str], rows: list[list[str]]) -> tuple[list[list[str]], list[str]]:
+def _notes(rows: list[list[str]]) -> tuple[list[list[str]], list[str]]:
     """Long texts replaced by `[n]` (the same text, the same n), with the notes' lines."""
     seen: dict[str, int] = {}
     out = []
@@ -107,31 +113,55 @@ def _blocks(columns: list[str], rows: list[list[str]], keys: int, width: int) ->
     return [[*range(keys), *b] for b in blocks]
 
 
-def to_markdown(df: pl.DataFrame, max_rows: int | None = None, keys: int | None = None, width: int = WIDTH) -> str:
-    """A GitHub-flavoured Markdown table of `df`: units by column name, padded, long texts as notes below, and
-    cut into blocks of columns (each repeating the first `keys` columns: default, the text columns that lead)
-    where a line would pass `width` characters; a column blank in every row is named below instead of shown."""
-    shown = df if max_rows is None else df.head(max_rows)
-    columns = list(df.columns)
-    rows = [[cell_text(c, v) for c, v in zip(columns, row, strict=True)] for row in shown.iter_rows()]
+def _leading_text(columns: Sequence[str], rows: list[Sequence[Any]]) -> int:
+    """How many leading columns hold only text (or nothing): the keys a cut table repeats, at most MAX_KEYS."""
+    for i in range(len(columns)):
+        column = [r[i] for r in rows]
+        if any(v is not None and not isinstance(v, str) for v in column) or all(v is None for v in column):
+            return min(i, MAX_KEYS)
+    return min(len(columns), MAX_KEYS)
+
+
+def table(
+    columns: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    max_rows: int | None = None,
+    total: int | None = None,
+    keys: int | None = None,
+    width: int = WIDTH,
+) -> str:
+    """A GitHub-flavoured Markdown table of `rows` (each a sequence of values in `columns` order): the first
+    `max_rows` of them, and a note when there are more (`total`: how many there are, if `rows` is already cut).
+    Units by column name, padded, long texts as notes below, a column blank in every row named below instead of
+    shown, and cut into blocks of columns (each repeating the first `keys` columns: default, the text columns that
+    lead) where a line would pass `width` characters."""
+    values = list(rows)
+    shown = values[:max_rows] if max_rows is not None else values
+    n = len(values) if total is None else total
+    columns = list(columns)
     if keys is None:
-        keys = next((i for i, c in enumerate(columns) if df.schema[c] != pl.String), len(columns))
-        keys = min(keys, 3)
-    blank = [i for i in range(keys, len(columns)) if rows and not any(r[i] for r in rows)]
-    if blank:  # a column with nothing in it says nothing: named under the table instead
-        columns = [c for i, c in enumerate(columns) if i not in blank]
-        rows = [[t for i, t in enumerate(r) if i not in blank] for r in rows]
-    rows, notes = _notes(columns, rows)
+        keys = _leading_text(columns, shown)
+    texts = [[cell(v, c) for c, v in zip(columns, row, strict=True)] for row in shown]
+    blank = [i for i in range(keys, len(columns)) if texts and not any(r[i] for r in texts)]
+    kept = [c for i, c in enumerate(columns) if i not in blank]
+    texts = [[t for i, t in enumerate(r) if i not in blank] for r in texts]
+    texts, notes = _notes(texts)
     lines: list[str] = []
-    for k, block in enumerate(_blocks(columns, rows, keys, width)):
+    for k, block in enumerate(_blocks(kept, texts, keys, width)):
         if k:
             lines.append("")
-        lines += _lines([columns[i] for i in block], [[r[i] for i in block] for r in rows])
+        lines += _lines([kept[i] for i in block], [[r[i] for i in block] for r in texts])
     if notes:
         lines += ["", *notes]
-    if blank:
-        left_out = ", ".join(df.columns[i] for i in blank)
-        lines += ["", textwrap.fill(f"(No value in any row, so not shown: {left_out}.)", width)]
-    if max_rows is not None and df.height > max_rows:
-        lines.append(f"\n({max_rows} of {df.height} rows shown; all of them in the CSV beside this file)")
+    if blank:  # a column with nothing in it says nothing
+        lines += ["", textwrap.fill(f"(No value in any row, so not shown: {', '.join(columns[i] for i in blank)}.)",
+                                    width)]  # fmt: skip
+    if n > len(shown):
+        lines.append(f"\n({len(shown)} of {n} rows shown; all of them in the CSV beside this file)")
     return "\n".join(lines) + "\n"
+
+
+def to_markdown(df: pl.DataFrame, max_rows: int | None = None, keys: int | None = None, width: int = WIDTH) -> str:
+    """`table` of a polars data frame (its columns, its rows)."""
+    shown = df if max_rows is None else df.head(max_rows)
+    return table(df.columns, shown.iter_rows(), max_rows, df.height, keys, width)
