@@ -181,8 +181,8 @@ def main() -> int:
                                       str(logs / "report.log"), costs_config))  # fmt: skip
     extra = {**study.table_files(str(results / "tables" / "study")), **whatif.table_files(str(results / "tables"))}
     views = stage("study: study.build_study_tables (9 views)",
-                  lambda: study.build_study_tables(tables["cells_parquet"], tables["time_to_train_csv"], extra,
-                                                   str(logs / "study.log"), catalog, 0.85))  # fmt: skip
+                  lambda: study.build_study_tables(tables["cells_parquet"], extra, str(logs / "study.log"), catalog,
+                                                   0.85))  # fmt: skip
     predicted = stage("whatif: whatif.build_whatif (every GPU type x count)",
                       lambda: whatif.build_whatif(tables["cells_parquet"], extra, str(logs / "whatif.log"), catalog,
                                                   MODELS, [(n, g) for n in (1, 2) for g in (1, 2, 4, 8)], 0.85,

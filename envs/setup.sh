@@ -2,7 +2,7 @@
 # Set up pretrain-planner in ./.venv (idempotent).
 #   bash envs/setup.sh          runtime: the package, torch, transformers, snakemake, submitit, polars
 #   bash envs/setup.sh test     + test tools, DeepSpeed (CPU ops prebuilt), the Debian packages of the
-#                               single-host SLURM testbed
+#                               single-host SLURM testbed, Debian's chromium (envs/browser.sh)
 # DeepSpeed (test mode) is built from its sdist against the installed torch with its two CPU ops compiled
 # in (shm_comm, cpu_adam for ZeRO-Offload), so no run JIT-compiles them (about 90 s per machine).
 # The build takes about 3 min on 2 cores; its wheel is kept in DS_WHEEL_CACHE (default
@@ -89,7 +89,8 @@ case "$MODE" in
     install_deepspeed
     if [ -x cluster/testbed/install.sh ] || [ -f cluster/testbed/install.sh ]; then
       say "installing the SLURM testbed packages"; bash cluster/testbed/install.sh
-    fi ;;
+    fi
+    say "installing Chromium for the HTML report's browser test"; bash envs/browser.sh ;;
   *) echo "usage: bash envs/setup.sh [run|test]" >&2; exit 2 ;;
 esac
 say "done: $(.venv/bin/python -c 'import torch, transformers, snakemake; print("torch", torch.__version__, "transformers", transformers.__version__, "snakemake", snakemake.__version__)')"

@@ -5,10 +5,12 @@ budget stage's configs, benchmark sweeps, the train stage's plans."""
 from __future__ import annotations
 
 import csv
+import html
 import importlib.util
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -491,3 +493,9 @@ def write_plan(folder: Path, model: str, mb: int = 4, gpus_per_node: int = 1, me
 
 def steps_of(out: Path) -> list[dict]:
     return [json.loads(ln) for ln in (out / "run/steps.jsonl").read_text().splitlines()]
+
+
+def plain_text(text: str) -> str:
+    """Text without markup (HTML tags, Markdown's and reStructuredText's), whitespace collapsed."""
+    text = html.unescape(re.sub(r"<[^>]+>", "", text))
+    return " ".join(re.sub(r"[`*]", "", text).split())

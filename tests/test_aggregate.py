@@ -211,15 +211,16 @@ def test_read_table_keeps_types_of_empty_columns(gpu_tables):
 
 
 def test_markdown_formatting():
+    """Padded columns, units by column name, yes/no, blanks for nulls, escaped pipes."""
     df = pl.DataFrame({"a": [1.0, None, 83_500.0, 0.000123456], "b": ["x|y", None, "z", "w"], "c": [True, False,
-                      None, True]})  # fmt: skip
+                      None, True], "training_days": [3.24, 0.71, None, 4.4e-8]})  # fmt: skip
     md = aggregate.to_markdown(df)
     lines = md.splitlines()
-    assert lines[0] == "| a | b | c |" and lines[1] == "|---|---|---|"
-    assert lines[2] == "| 1 | x\\|y | yes |"
-    assert lines[3] == "|  |  | no |"
-    assert lines[4] == "| 83,500 | z |  |"
-    assert lines[5] == "| 0.0001235 | w | yes |"
+    assert lines[0] == "| a        | b    | c   | training_days |" and lines[1].startswith("|----------|------|")
+    assert lines[2] == "| 1        | x\\|y | yes | 3.2 d         |"
+    assert lines[3] == "|          |      | no  | 17 h          |"
+    assert lines[4] == "| 83,500   | z    |     |               |"
+    assert lines[5] == "| 0.000123 | w    | yes | 3.8 ms        |"
     assert "(2 of 4 rows shown" in aggregate.to_markdown(df, max_rows=2)
 
 
@@ -240,7 +241,7 @@ def test_plots_and_report(gpu_tables):
         assert section in md, section
     assert "](plots/cost_vs_days.png)" in md and "](tables/time_to_train.csv)" in md
     assert "**pythia-1b**: fastest measured setting 1x8 h200" in md
-    assert "cheapest on the Pareto front 1xrtx3090" in md
+    assert "cheapest on the Pareto front 1x1 rtx3090" in md
 
 
 def test_empty_mfu_plot_is_labelled(tmp_path):

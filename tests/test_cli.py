@@ -73,9 +73,9 @@ def test_best_from_tables(results):
     proc = run("best", "--model", P, "--gpu", "a100", "--count", "4", "--results", str(full), cwd=base)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert out.startswith(f"{P} on 1x4 a100: best method fl+zero1, 17.57 days")
-    assert "micro-batch 4 x 64 accumulation steps" in out
-    assert "naive alone 25.00 days" in out and "hardware $83,500, amortised $804" in out
+    assert out.startswith(f"{P} on 1x4 a100: best method fl+zero1, 18 d")  # days with units, the tables' rounding
+    assert "micro-batch 4 x 64 accumulation steps" in out and "step 10.6 s" in out
+    assert "naive alone 25 d (1.4x)" in out and "hardware $83,500, amortised $804" in out
     assert "other layouts measured: 2x2" not in out and "2x4" not in out  # 2x4 is 8 GPUs
     assert f"plan: {full}/optimal/{P}/a100/1x4/" in out
     assert "time_to_train.csv" in out
@@ -91,11 +91,25 @@ def test_best_from_cell_results_alone(results):
     assert "result files" in data["source"]
 
 
-def test_best_without_a_measured_setting(results, capsys):
-    _, _, bare = results
-    assert cli.main(["best", "--model", P, "--gpu", "rtx3090", "--count", "4", "--results", str(bare)]) == 1
-    err = capsys.readouterr().err
-    assert "no measured setting for pythia-1b on 4 rtx3090" in err and "rtx3090 1x1" in err
+def test_best_says_why_nothing_fits_and_the_cheapest_fix(results, capsys):
+    """Where every method ran out of memory, `best` names what micro-batch 1 needs against the GPU's memory and the
+    cheapest change that fits (tables/memfix.py), from the pipeline's tables and from the cell results alone."""
+    _, full, bare = results
+    for folder in (full, bare):
+        assert cli.main(["best", "--model", P, "--gpu", "rtx3090", "--count", "4", "--results", str(folder)]) == 1
+        out = capsys.readouterr().out
+        assert out.startswith(f"{P} on 1x4 rtx3090: nothing fits (out of memory)"), out
+        assert "needs > 24 GiB per GPU at micro-batch 1" in out and "out of memory measured on 4 x rtx3090" in out
+        assert "cheapest fix: fl+ac on the same GPUs (memory model: >= 15 GiB of 24 GiB; not measured)" in out
+        assert "other fixes: fl on 1x4 a6000 (48 GiB)" in out and "rtx3090 1x1" in out  # the measured settings
+    # a setting that fits names the methods that did not, and what fits instead
+    assert cli.main(["best", "--model", P, "--gpu", "rtx3090", "--count", "1", "--results", str(full)]) == 0
+    out = capsys.readouterr().out
+    assert "out of memory here: needs > 24 GiB per GPU at micro-batch 1 with fl" in out
+    assert "fix: fl+ac on the same GPUs (measured: it fits)" in out
+    # a setting never measured is still an error naming what was
+    assert cli.main(["best", "--model", P, "--gpu", "v100", "--count", "4", "--results", str(bare)]) == 1
+    assert "no measured setting for pythia-1b on 4 v100" in capsys.readouterr().err
 
 
 def _status_folder(root: Path) -> Path:

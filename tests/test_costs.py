@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 
 import pytest
-from pretrain_planner.planning.catalog import GpuSpec, load_gpus
+import yaml
+from pretrain_planner.planning.catalog import GpuSpec, load_catalog, load_gpus
 from pretrain_planner.schema import ConfigError, validate
-from pretrain_planner.tables import costs
+from pretrain_planner.tables import costs, units
 
 from .conftest import REPO
 
@@ -86,7 +87,7 @@ def test_pareto_by_group_is_per_model():
 
 
 def test_settings_defaults_and_checks():
-    assert costs.settings(None) == {"amortisation_years": 5.0, "pareto_cost": "hardware"}
+    assert costs.settings(None) == {"amortisation_years": 5.0, "pareto_cost": "hardware", "prices": {}}
     assert costs.settings({"pareto_cost": "amortised"})["pareto_cost"] == "amortised"
     with pytest.raises(ValueError, match="pareto_cost"):
         costs.settings({"pareto_cost": "cheapest"})
@@ -97,7 +98,7 @@ def test_settings_defaults_and_checks():
 def test_config_schema_costs_block():
     cfg = {"sweep": {"models": ["m"], "gpus": ["g"]}}
     validate(cfg, "config", "c.yaml")
-    assert cfg["costs"] == {"amortisation_years": 5, "pareto_cost": "hardware"}
+    assert cfg["costs"] == {"amortisation_years": 5, "pareto_cost": "hardware", "prices": {}}
     with pytest.raises(ConfigError, match="costs"):
         validate({"sweep": {"models": ["m"], "gpus": ["g"]}, "costs": {"amortisation_years": -1}}, "config", "c")
     with pytest.raises(ConfigError, match="pareto_cost"):
@@ -105,7 +106,24 @@ def test_config_schema_costs_block():
 
 
 def test_usd_formatting():
-    assert costs.usd(83_500) == "$83,500"
-    assert costs.usd(803.9) == "$804"
-    assert costs.usd(12.345) == "$12.35"
-    assert costs.usd(None) == "-" and costs.usd(math.nan) == "-"
+    assert units.usd(83_500) == "$83,500"
+    assert units.usd(803.9) == "$804"
+    assert units.usd(12.345) == "$12.35"
+    assert units.usd(0.0004) == "<$0.01" and units.usd(0) == "$0.00"
+    assert units.usd(None) == "-" and units.usd(math.nan) == "-"
+
+
+def test_a_sweeps_own_prices_go_over_the_catalogs_with_their_note(tmp_path):
+    """The config's costs.prices (the demo's NOMINAL price for the `cpu` stand-in) price a GPU type that the catalog
+    leaves unpriced, every cost made with it says where the price comes from, and a GPU type the catalog does not
+    know is named as an error."""
+    catalog = load_catalog(REPO / "config/models.yaml", REPO / "config/gpus.yaml")
+    assert catalog.gpus["cpu"].price_usd is None
+    demo = yaml.safe_load((REPO / "config/config.yaml").read_text())["costs"]["prices"]
+    priced = catalog.with_prices(demo, "config/config.yaml")
+    assert priced.gpus["cpu"].price_usd == demo["cpu"]["price_usd"] and priced.gpus["a100"] == catalog.gpus["a100"]
+    p = costs.price(priced.gpus["cpu"], "cpu", 1, 2, 0.5, priced.base_machine_usd)
+    assert p.hardware_usd == priced.base_machine_usd[2] + 2 * demo["cpu"]["price_usd"]
+    assert "NOMINAL" in p.note and "config/config.yaml" in p.note
+    with pytest.raises(ConfigError, match=r"my\.yaml: costs\.prices\.tpu: no GPU type 'tpu'"):
+        catalog.with_prices({"tpu": {"price_usd": 1.0}}, "my.yaml")

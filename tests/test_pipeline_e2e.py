@@ -1,4 +1,6 @@
-"""End to end on CPU: the real Snakemake CLI, the local submitit launcher, 1- and 2-rank gloo cells."""
+"""End to end on CPU: the default sweep's grid and prices (config/config.yaml) through the real Snakemake CLI, the
+local submitit launcher, 1- and 2-rank gloo cells; then what a newcomer reads of it: every plot shows data, and
+Snakemake's HTML report opened in headless Chromium shows every figure and caption without a console error."""
 
 from __future__ import annotations
 
@@ -6,26 +8,35 @@ import json
 
 import polars as pl
 import pytest
+import yaml
 
-from .conftest import REPO, snakemake, write_config
+from .conftest import BIN, REPO, snakemake, write_config
+from .readme_text import readme_command
 
 pytestmark = pytest.mark.slow
 
-MODELS = ["tiny-gptneox", "tiny-bert"]
-RANKS = [1, 2]
-METHODS = ["naive", "fl"]
+DEMO = yaml.safe_load((REPO / "config/config.yaml").read_text())
+MODELS = DEMO["sweep"]["models"]  # tiny-gptneox, tiny-bert
+RANKS = DEMO["sweep"]["gpus_per_node"]  # 1, 2
+METHODS = DEMO["sweep"]["methods"]  # naive, fl, fl+ac
 TIMED = 3
 
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
+    """The default sweep (its grid and its costs section, the cpu stand-in's nominal price), with fewer timed steps
+    and a wide spread limit: the wiring is the subject, not the timings."""
     work = tmp_path_factory.mktemp("e2e")
     cfg = write_config(
         work / "sweep.yaml",
-        sweep={"models": MODELS, "gpus": ["cpu"], "nodes": [1], "gpus_per_node": RANKS, "methods": METHODS},
+        sweep={**DEMO["sweep"], "models": MODELS, "gpus_per_node": RANKS, "methods": METHODS},
         launcher={"kind": "local", "timeout_min": 15},
         benchmark={"warmup_steps": 1, "timed_steps": TIMED, "max_micro_batch": 4, "max_spread": 50},  # wiring
+        costs=DEMO["costs"],
+        train={"steps": 5},  # the README's train target on this sweep
     )
+    # the README's first command, `.venv/bin/snakemake --profile cluster/local`, on this config
+    assert readme_command("bash envs/setup.sh && .venv/bin/snakemake --profile cluster/local")
     proc = snakemake(work, "--profile", str(REPO / "cluster/local"), "--cores", "2", "--configfile", str(cfg))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return work, cfg, proc
@@ -69,8 +80,9 @@ def test_ok_cells_are_measured(sweep):
         assert result["grad_accum_steps"] == 16 // world // 4
         settings = result["method_settings"]
         assert settings["parallel"] == ("ddp" if world == 2 else "single")
-        assert settings["attn_implementation"] == ("sdpa" if result["method"] == "fl" else "eager")
-        assert settings["compile"] == (result["method"] == "fl")
+        free_lunch = result["method"].startswith("fl")
+        assert settings["attn_implementation"] == ("sdpa" if free_lunch else "eager")
+        assert settings["compile"] == free_lunch
         assert result["training_days"] == pytest.approx(1000 * result["step_time_s"] / 86400)
         assert result["versions"]["torch"]
 
@@ -93,6 +105,63 @@ def test_table_picks_the_fastest_method(sweep):
         assert row["speedup_vs_naive"] == pytest.approx(naive["training_days"] / row["training_days"])
     plan = pl.read_csv(work / "results/plan.csv")
     assert plan.height == len(MODELS) * len(RANKS) * len(METHODS)
+
+
+def test_every_plot_of_the_sweep_shows_data(sweep):
+    """Issue 27: on the default sweep's real cells no plot is an empty frame (MFU against the host's measured peak,
+    costs at the demo's nominal price, checkpointing for the memory-saving views, the what-if's predictions)."""
+    from pretrain_planner.report import plots as pp_plots
+    from pretrain_planner.report import study_plots
+    from pretrain_planner.tables import aggregate, study, whatif
+
+    from .demo_results import empty_panels
+
+    work, _, _ = sweep
+    res = work / "results"
+    tables = {**aggregate.table_files(str(res / "tables")), **study.table_files(str(res / "tables/study")),
+              **whatif.table_files(str(res / "tables"))}  # fmt: skip
+    figs = {**pp_plots.figures(tables, DEMO["costs"]), **study_plots.figures(tables)}
+    empty = {key: panels for key, fig in figs.items() if (panels := empty_panels(fig))}
+    assert not empty, f"empty frames: {empty}"
+    cells = pl.read_parquet(res / "tables/cells.parquet")
+    assert (cells["peak_kind"] == "measured").all() and cells["mfu"].is_not_null().all()
+
+
+def test_the_html_report_in_a_browser(sweep, tmp_path):
+    """Issue 27: `snakemake --report` opened in headless Chromium: every table and plot of the sweep is listed, every
+    figure decodes and shows data (coloured marks: an empty frame has none), every entry shows its caption, and the
+    page logs no error. Screenshots of each figure stay in this test's folder."""
+    from pretrain_planner.report import document
+    from pretrain_planner.report.plots import PLOTS
+    from pretrain_planner.report.study_plots import STUDY_PLOTS
+    from pretrain_planner.tables.aggregate import TABLE_NAMES
+    from pretrain_planner.tables.study import STUDY_TABLES
+
+    from .browser import chromium, read_report
+    from .conftest import plain_text as _plain
+
+    if chromium() is None:
+        pytest.skip("chromium is not installed: bash envs/setup.sh test installs it (envs/browser.sh)")
+    work, cfg, _ = sweep
+    made = snakemake(work, "--cores", "1", "--configfile", str(cfg), "--report", "report.html", timeout=300)
+    assert made.returncode == 0, (made.stdout + made.stderr)[-4000:]
+    shots = tmp_path / "screenshots"
+    page = read_report(work / "report.html", shots)
+    expected = {f"results/tables/{n}.csv": n for n in TABLE_NAMES} | {"results/tables/whatif.csv": "whatif"}
+    expected |= {f"results/tables/study/{n}.csv": n for n in STUDY_TABLES}
+    expected |= {f"results/plots/{stem}.png": stem for stem, _ in PLOTS.values()}
+    expected |= {f"results/plots/study/{stem}.png": stem for stem, _ in STUDY_PLOTS.values()}
+    listed = {p for paths in page["categories"].values() for p in paths}
+    assert listed == set(expected), (sorted(set(expected) - listed), sorted(listed - set(expected)))
+    for path, stem in expected.items():
+        caption = page["captions"].get(path) or ""
+        assert _plain(document.paragraphs(stem)[0]) in _plain(caption), (path, caption[:300])
+        if path.endswith(".png"):
+            fig = page["figures"][path]
+            assert fig and fig.get("width", 0) > 0 and "broken" not in fig, (path, fig)
+            assert fig["coloured"] >= 200, f"{path}: an empty frame ({fig})"
+            assert (shots / path.replace("/", "_")).stat().st_size > 0
+    assert page["errors"] == [], page["errors"]
 
 
 def test_rerun_does_nothing(sweep):
@@ -172,6 +241,38 @@ def test_exported_plans_are_what_ran_and_launch_the_train_stage(sweep, tmp_path)
     assert result["status"] == "ok" and result["steps"] == 3 and result["world_size"] == 2
     assert result["settings_differences"] == [] and result["data"]["synthetic"] is True
     assert result["throughput"]["ratio"]["step_time_s"] > 0 and (out / "throughput.md").is_file()
+
+
+def test_the_readmes_train_commands_run_on_the_sweep(sweep):
+    """The README's three ways to run a plan, as it writes them, in the sweep's folder (a checkout: the repository's
+    files linked, `.venv/`): the Snakemake target (with this sweep's --configfile, so nothing is measured again),
+    `pretrain-planner train` and `bash launch.sh`, each a finished run with its throughput beside the prediction."""
+    import os
+    import shutil
+    import subprocess
+
+    work, cfg, _ = sweep
+    for name in ("Snakefile", "workflow", "config", "cluster", "envs", "tests"):
+        if not (work / name).exists():
+            (work / name).symlink_to(REPO / name)
+    if not (work / ".venv").exists():
+        (work / ".venv").symlink_to(BIN.parent)
+    env = {**os.environ, "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}  # a fresh login: the venv not on PATH
+    env.pop("PYTHON", None)
+    out = work / "results/train/tiny-gptneox/cpu/1x1"
+    commands = [
+        readme_command(".venv/bin/snakemake --profile cluster/local results/train/") + f" --configfile {cfg} --cores 2",
+        readme_command(".venv/bin/pretrain-planner train"),
+        readme_command("bash results/optimal/"),
+    ]
+    for command in commands:
+        shutil.rmtree(out, ignore_errors=True)  # three ways to start one run: each starts it over (else it resumes)
+        proc = subprocess.run(["bash", "-c", command], cwd=work, env=env, capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, (command, proc.stdout[-2000:] + proc.stderr[-4000:])
+        result = json.loads((out / "result.json").read_text())
+        assert result["status"] == "ok" and (out / "throughput.md").is_file(), (command, result)
+        assert result["steps"] == (5 if "snakemake" in command else 20), (command, result["steps"])
+    assert "Nothing to be done" not in commands[0]
 
 
 @pytest.mark.slurm

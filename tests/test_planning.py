@@ -126,8 +126,8 @@ def test_slurm_dry_run_is_offline(tmp_path):
     assert not marker.exists(), marker.read_text()
     # the plan summary: cells per partition, GPUs per cell, time limit, GPU-hour upper bound
     assert "launcher slurm" in proc.stderr
-    assert "partition (default): 8 cells, 1-2 GPUs per cell, time limit 30 min" in proc.stderr
-    assert "at most 6.0 GPU-hours" in proc.stderr
+    assert "partition (default): 12 cells, 1-2 GPUs per cell, time limit 30 min" in proc.stderr
+    assert "at most 9.0 GPU-hours" in proc.stderr
 
 
 def test_unmapped_gpu_type_fails_the_slurm_dry_run(tmp_path):

@@ -1,7 +1,7 @@
-"""Every plot stays readable across the scales it is drawn at: the default sweep's tables (8 cells, one GPU
-type without a price or a peak), test_aggregate's hand-made priced set, and 60 and 10,000 synthetic results
-(benchmarks/aggregate_bench.py). On each, no two text boxes of a figure (titles, axis labels, tick labels,
-annotations, legends) overlap, none leaves the canvas, and the content fills the canvas (the feasibility
+"""Every plot stays readable across the scales it is drawn at: the default sweep's tables (its 12 cells on the `cpu`
+stand-in, a peak measured on the host, no price here), test_aggregate's hand-made priced set, and 60 and 10,000
+synthetic results (benchmarks/aggregate_bench.py). On each, no two text boxes of a figure (titles, axis labels, tick
+labels, annotations, legends) overlap, none leaves the canvas, and the content fills the canvas (the feasibility
 heat-map is not a stamp in a blank page). No training: results are written as a cell writes them."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+import yaml
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.transforms import Bbox
@@ -19,24 +20,22 @@ from pretrain_planner.report import plots as pp_plots
 from pretrain_planner.report import study_plots
 from pretrain_planner.tables import aggregate, study, whatif
 
-from .conftest import CATALOG, COSTS, INVALID, REPO, cell_result, gpu_set_results, write_set
+from .conftest import CATALOG, COSTS, INVALID, REPO, gpu_set_results, write_set
+from .demo_results import measured
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import aggregate_bench  # noqa: E402
 
-DEMO_MODELS = ["tiny-gptneox", "tiny-bert"]  # config/config.yaml's sweep: cpu, 1x1 and 1x2, naive and fl
 SETS = ["default sweep", "hand-made GPU set", "60 results", "10k results"]
 SLACK_PX = 1.0  # boxes that merely touch (anti-aliasing, rounding) do not count as overlapping
 
 
 def demo_results() -> list[dict]:
-    """The default sweep's 8 cells, all `ok`: fl faster than naive, two ranks faster than one."""
-    return [
-        cell_result(model, "cpu", 1, gpn, method, "ok", days / gpn)
-        for model in DEMO_MODELS
-        for gpn in (1, 2)
-        for method, days in (("naive", 0.02), ("fl", 0.015))
-    ]
+    """The default sweep's cells (config/config.yaml's sweep), all `ok`, as a cpu cell writes them (its MFU against
+    the peak measured on the host): fl faster than naive, two ranks faster than one."""
+    sweep = yaml.safe_load((REPO / "config/config.yaml").read_text())["sweep"]
+    return [measured(model, 1, gpn, method, CATALOG) for model in sweep["models"] for gpn in sweep["gpus_per_node"]
+            for method in sweep["methods"]]  # fmt: skip
 
 
 def _tables(root: Path, plan: str, paths: list[str]) -> dict[str, str]:

@@ -4,7 +4,6 @@ workflow/report/ are the paragraphs results/report.md has (one text, two documen
 
 from __future__ import annotations
 
-import html
 import json
 import re
 
@@ -16,6 +15,7 @@ from pretrain_planner.report.study_plots import STUDY_PLOTS
 from pretrain_planner.tables.aggregate import TABLE_NAMES
 from pretrain_planner.tables.study import STUDY_TABLES
 
+from .conftest import plain_text as _plain
 from .conftest import snakemake, write_config
 
 CAPTIONED = [*TABLE_NAMES, *(stem for stem, _ in PLOTS.values()), *STUDY_TABLES, "whatif",
@@ -42,12 +42,6 @@ def test_outputs_marked_for_the_report_are_captioned():
     assert {k for k, c in captioned.items() if c} == {f"{n}_csv" for n in TABLE_NAMES} | {f"{k}_png" for k in PLOTS}
     for caption in filter(None, captioned.values()):
         assert caption.endswith(".rst") and document.CAPTIONS.joinpath(caption).is_file()
-
-
-def _plain(text: str) -> str:
-    """Text without markup (HTML tags, Markdown's and reStructuredText's), whitespace collapsed."""
-    text = html.unescape(re.sub(r"<[^>]+>", "", text))
-    return " ".join(re.sub(r"[`*]", "", text).split())
 
 
 def _embedded(page: str, name: str) -> dict:

@@ -167,6 +167,19 @@ def test_cli_train_debug_launcher(tmp_path, capsys):
     assert result_of(out)["steps"] == 2 and (out / "launch.log").is_file()
 
 
+def test_cli_train_takes_the_configs_train_section(tmp_path, capsys):
+    """Issue 27: `pretrain-planner train` reads the config's `train:` section as the train rule does (its steps here);
+    a flag given wins."""
+    write_plan(tmp_path / "plan", "tiny-vit")
+    cfg = write_config(tmp_path / "c.yaml", sweep={"models": ["tiny-vit"], "gpus": ["cpu"]}, train={"steps": 3})
+    for args, steps in (([], 3), (["--steps", "2"], 2)):
+        out = tmp_path / f"out{steps}"
+        rc = cli.main(["train", "--plan", str(tmp_path / "plan"), "--config", str(cfg), "--launcher", "debug", "--out",
+                       str(out), *args])  # fmt: skip
+        assert rc == 0, capsys.readouterr().err
+        assert result_of(out)["steps"] == steps
+
+
 @pytest.mark.slow
 def test_snakemake_target_runs_the_plan_through_the_local_launcher(tmp_path):
     write_plan(tmp_path / "results/optimal/tiny-gptneox/cpu/1x1", "tiny-gptneox")

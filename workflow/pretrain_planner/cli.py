@@ -19,6 +19,9 @@ from typing import Any
 
 from pretrain_planner import layout
 from pretrain_planner.results import throughput_text
+from pretrain_planner.tables import units
+from pretrain_planner.tables.units import days as _days
+from pretrain_planner.tables.units import usd
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout (config/ lives there); unused when installed elsewhere
 DEFAULT_CONFIG = "config/config.yaml"
@@ -60,10 +63,11 @@ def _catalog(config: dict[str, Any], models: bool = True):
     from pretrain_planner.planning.catalog import Catalog, load_catalog, load_gpus
 
     gpus_path = _resolve(config["catalog"]["gpus"])
+    prices = (config.get("costs") or {}).get("prices")  # the sweep's own prices over the catalog's (the demo's cpu)
     if models:
-        return load_catalog(_resolve(config["catalog"]["models"]), gpus_path)
+        return load_catalog(_resolve(config["catalog"]["models"]), gpus_path).with_prices(prices)
     gpus, base = load_gpus(gpus_path)
-    return Catalog({}, gpus, base, config["catalog"]["models"], str(gpus_path))
+    return Catalog({}, gpus, base, config["catalog"]["models"], str(gpus_path)).with_prices(prices)
 
 
 def _results_dir(config: dict[str, Any]) -> Path:
@@ -84,10 +88,6 @@ def _positive(kind: type):
 
     parse.__name__ = f"positive {kind.__name__}"
     return parse
-
-
-def _days(x: float) -> str:
-    return f"{x:.2f}" if abs(x) >= 1 else f"{x:.3g}"
 
 
 def _split(count: int, nodes: int) -> int:
@@ -117,16 +117,13 @@ def cmd_cost(args: argparse.Namespace) -> int:
     days = f", {args.days:g} days" if args.days is not None else ""
     print(f"{args.count} x {g.label} ({args.gpu}) on {args.nodes} node(s){days}")
     hw_how = (
-        f"{args.nodes} x base machine for {gpn} GPUs {costs.usd(p.base_machine_usd)} + {args.count} x "
-        f"{costs.usd(p.gpu_price_usd)}"
+        f"{args.nodes} x base machine for {gpn} GPUs {usd(p.base_machine_usd)} + {args.count} x {usd(p.gpu_price_usd)}"
     )
-    print(f"  hardware   {costs.usd(p.hardware_usd):>12}   {hw_how if p.hardware_usd is not None else ''}".rstrip())
+    print(f"  hardware   {usd(p.hardware_usd):>12}   {hw_how if p.hardware_usd is not None else ''}".rstrip())
     if args.days is not None:
-        print(
-            f"  amortised  {costs.usd(p.amortised_usd):>12}   hardware x {args.days:g} days / ({years:g} years x 365)"
-        )
-        rate = f"{costs.usd(p.cloud_usd_per_gpu_hour)}/GPU-hour x {p.gpu_hours:,.1f} GPU-hours"
-        print(f"  cloud      {costs.usd(p.cloud_usd):>12}   {rate if p.cloud_usd is not None else ''}".rstrip())
+        print(f"  amortised  {usd(p.amortised_usd):>12}   hardware x {args.days:g} days / ({years:g} years x 365)")
+        rate = f"{usd(p.cloud_usd_per_gpu_hour)}/GPU-hour x {p.gpu_hours:,.1f} GPU-hours"
+        print(f"  cloud      {usd(p.cloud_usd):>12}   {rate if p.cloud_usd is not None else ''}".rstrip())
     for note in p.notes:
         print(f"  note: {note}")
     return 0
@@ -181,6 +178,9 @@ def cmd_best(args: argparse.Namespace) -> int:
     if sel.is_empty():
         have = ttt.filter(pl.col("model") == args.model).select("gpu", "nodes", "gpus_per_node").rows()
         known = ", ".join(f"{g} {n}x{k}" for g, n, k in have) or "none"
+        if _explain_no_fit(results, config, args):
+            print(f"  measured settings of {args.model}: {known} (from {source})")
+            return 1
         raise CliError(
             f"no measured setting for {args.model} on {args.count or 'any number of'} {args.gpu} GPUs in {source}; "
             f"measured settings of {args.model}: {known}"
@@ -199,27 +199,28 @@ def cmd_best(args: argparse.Namespace) -> int:
         print(json.dumps({**r, "price": p.to_dict() if p else None, "plan": str(folder) if folder.is_dir() else None,
                           "source": source}, indent=1, default=str))  # fmt: skip
         return 0
-    days = f"{_days(r['training_days'])} days" if r["training_days"] is not None else "days unknown (no step count)"
+    days = _days(r["training_days"]) if r["training_days"] is not None else "days unknown (no step count)"
     print(f"{r['model']} on {r['nodes']}x{r['gpus_per_node']} {r['gpu']}: best method {r['best_method']}, {days}")
     print(
         f"  micro-batch {r['micro_batch_size']} x {r['grad_accum_steps']} accumulation steps per GPU; step "
-        f"{r['step_time_s']:.4g} s (p10 {r['step_time_p10_s'] or float('nan'):.4g}, "
-        f"p90 {r['step_time_p90_s'] or float('nan'):.4g})"
+        f"{units.step(r['step_time_s'])} (p10 {units.step(r['step_time_p10_s'])}, "
+        f"p90 {units.step(r['step_time_p90_s'])})"
     )
     extra = []
     if r.get("mfu") is not None:
-        extra.append(f"MFU {r['mfu']:.1%}")
+        measured = " of a peak measured on the host, not a datasheet" if r.get("peak_kind") == "measured" else ""
+        extra.append(f"MFU {units.percent(r['mfu'])}{measured}")
     if throughput_text(r):
         extra.append(throughput_text(r))
     for m in ("naive", "fl"):
         if r.get(f"days_{m}") is not None:
-            extra.append(f"{m} alone {_days(r[f'days_{m}'])} days (x{r[f'speedup_vs_{m}']:.2f})")
+            extra.append(f"{m} alone {_days(r[f'days_{m}'])} ({units.times(r[f'speedup_vs_{m}'])})")
     if extra:
         print("  " + "; ".join(extra))
     if p is not None:
         print(
-            f"  cost: hardware {costs.usd(p.hardware_usd)}, amortised {costs.usd(p.amortised_usd)} "
-            f"({p.amortisation_years:g} years), cloud {costs.usd(p.cloud_usd)}"
+            f"  cost: hardware {usd(p.hardware_usd)}, amortised {usd(p.amortised_usd)} "
+            f"({p.amortisation_years:g} years), cloud {usd(p.cloud_usd)}"
         )
         for note in p.notes:
             print(f"  note: {note}")
@@ -230,10 +231,88 @@ def cmd_best(args: argparse.Namespace) -> int:
             f"{o['nodes']}x{o['gpus_per_node']} {o['best_method']}" for o in sel.tail(-1).iter_rows(named=True)
         )
         print(f"  other layouts measured: {others}")
+    for o in _oom_cells(results, config, r).iter_rows(named=True):
+        print(f"  out of memory here: needs {_need_text(o, o['method'])}; fix: {o['cheapest_fix']}")
     if folder.is_dir():
         print(f"  plan: {folder}/ (training_arguments.json, launch.sh)")
     print(f"  (from {source})")
     return 0
+
+
+def _need_text(r: dict[str, Any], method: str) -> str:
+    """'> 24 GiB per GPU at micro-batch 1 with fl (out of memory measured on ...); the GPU has 24 GiB'"""
+    from pretrain_planner.tables.memfix import need_text
+
+    if r.get("need_gib") is None:
+        return f"an unknown amount at micro-batch 1 with {method}"
+    mem = f"; the GPU has {units.gib(r['gpu_memory_gib'])}" if r.get("gpu_memory_gib") else ""
+    need = need_text(r["need_gib"], r["need_source"])
+    return f"{need} per GPU at micro-batch 1 with {method} ({r['need_source']}){mem}"
+
+
+def _cells_explained(results: Path, config: dict[str, Any]):
+    """The cells with their memory fixes (tables/cells.parquet, else aggregated here) and the catalog."""
+    import polars as pl
+
+    from pretrain_planner.tables import memfix
+
+    try:
+        catalog = _catalog(config)
+    except Exception:
+        catalog = None
+    parquet = layout.table(results, "cells.parquet")
+    if parquet.is_file():
+        cells = pl.read_parquet(parquet)
+        if "cheapest_fix" in cells.columns:
+            return cells, catalog
+    elif not layout.all_results(results):
+        return None, catalog
+    else:
+        cells, _ = _cells_here(results, catalog, "tables/cells.parquet")
+    for col in memfix.FIX_COLUMNS:  # an older table: explain it here
+        if col in cells.columns:
+            cells = cells.drop(col)
+    return memfix.explain_cells(cells, catalog), catalog
+
+
+def _oom_cells(results: Path, config: dict[str, Any], r: dict[str, Any]):
+    """The `oom` cells of the best setting's model, GPU type and layout, with their fixes."""
+    import polars as pl
+
+    cells, _ = _cells_explained(results, config)
+    if cells is None or "cheapest_fix" not in cells.columns:
+        return pl.DataFrame()
+    same = [pl.col(k) == r[k] for k in ("model", "gpu", "nodes", "gpus_per_node")]
+    return cells.filter(pl.col("status") == "oom", *same)
+
+
+def _explain_no_fit(results: Path, config: dict[str, Any], args: argparse.Namespace) -> bool:
+    """Nothing measured fits: print, per layout of --count, why (the need at micro-batch 1 against the GPU's memory)
+    and the cheapest fix (tables/memfix.py). False when there is no such setting (nothing was measured there)."""
+    import polars as pl
+
+    from pretrain_planner.tables import aggregate, memfix
+
+    cells, catalog = _cells_explained(results, config)
+    if cells is None:
+        return False
+    here = (pl.col("model") == args.model) & (pl.col("gpu") == args.gpu)
+    if args.count is not None:
+        here &= pl.col("world_size") == args.count
+    if args.nodes is not None:
+        here &= pl.col("nodes") == args.nodes
+    mine = cells.filter(here)
+    if mine.is_empty() or not (mine["status"] == "oom").any():
+        return False
+    feas = memfix.explain_settings(aggregate.feasibility(mine, aggregate.time_to_train(mine)), mine, catalog)
+    for f in feas.sort("world_size", "nodes").iter_rows(named=True):
+        print(f"{args.model} on {f['nodes']}x{f['gpus_per_node']} {args.gpu}: nothing fits ({f['verdict']})")
+        if f.get("cheapest_fix"):
+            print(f"  needs {_need_text(f, f['need_method'])}")
+            print(f"  cheapest fix: {f['cheapest_fix']}")
+            if f.get("other_fixes"):
+                print(f"  other fixes: {f['other_fixes']}")
+    return True
 
 
 def _cells_or_none(results: Path, catalog):
@@ -271,7 +350,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     """Days and cost on a GPU type you may not own, predicted from measurements on others (tables/whatif.py): your
     cells where there are some, else the public evidence shipped with the planner."""
     from pretrain_planner.planning.evidence import SOURCES_MD
-    from pretrain_planner.tables import costs, whatif
+    from pretrain_planner.tables import whatif
 
     config = load_config(args)
     results = _results_dir(config)
@@ -289,7 +368,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
         print(f"  days to train: {_band(p.days_optimistic, p.days_central, p.days_pessimistic)}")
     if p.method:
         print(f"  assumes {p.method}: {p.why}")
-        print(f"  compute MFU {p.mfu_low:.1%} .. {p.mfu_high:.1%} (central {p.mfu_central:.1%})")
+        print(f"  compute MFU {units.percent(p.mfu_low)} .. {units.percent(p.mfu_high)} (central "
+              f"{units.percent(p.mfu_central)})")  # fmt: skip
         print(f"  rests on: {p.rests_on}")
         if p.evidence == whatif.PUBLIC:
             print(f"  sources: {p.sources} (each described in {SOURCES_MD})")
@@ -298,10 +378,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
     elif p.why:
         print(f"  {p.why}")
     if p.amortised_usd_optimistic is not None or p.hardware_usd is not None:
-        print(f"  cost: hardware {costs.usd(p.hardware_usd)}, amortised {costs.usd(p.amortised_usd_optimistic)} .. "
-              f"{costs.usd(p.amortised_usd_pessimistic)}")  # fmt: skip
+        print(f"  cost: hardware {usd(p.hardware_usd)}, amortised {usd(p.amortised_usd_optimistic)} .. "
+              f"{usd(p.amortised_usd_pessimistic)}")  # fmt: skip
     if p.measured_days is not None:
-        print(f"  measured here: {_days(p.measured_days)} days (not used for the prediction)")
+        print(f"  measured here: {_days(p.measured_days)} (not used for the prediction)")
     if p.note:
         print(f"  note: {p.note}")
     print(f"  (cells: {source})")
@@ -336,10 +416,10 @@ def cmd_fit(args: argparse.Namespace) -> int:
             print(f"  {r['model']:<20} {r['fits']:<10} {r['why']}")
             continue
         days = _days(r["days"]) + (
-            "" if r["basis"] == "measured" else f" [{_days(r['days_optimistic'])}-{_days(r['days_pessimistic'])}]"
+            "" if r["basis"] == "measured" else f" [{_days(r['days_optimistic'])} - {_days(r['days_pessimistic'])}]"
         )
-        reach = f"{r['tokens_in_time'] / 1e9:,.4g}B {r['unit']}, {r['share_of_run']:.0%} of the run"
-        print(f"  {r['model']:<20} {r['fits']:<10} {r['method'] or '-':<13} {days} days ({r['basis']}); in "
+        reach = f"{units.number(r['tokens_in_time'] / 1e9)}B {r['unit']}, {units.percent(r['share_of_run'])} of the run"
+        print(f"  {r['model']:<20} {r['fits']:<10} {r['method'] or '-':<13} {days} ({r['basis']}); in "
               f"{args.days:g} days {reach}")  # fmt: skip
     print(f"  measured: {measured_source}; cells: {source}")
     print(
@@ -413,8 +493,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     launch = jobs.launch_settings(launcher, rec, REPO)
     out = Path(args.out) if args.out else layout.train_dir_of_plan(rec, _results_dir(config))
     log_path = args.log or str(out / "launch.log")
-    res = jobs.run_plan(args.plan, launch, out, log_path, threads=args.threads, device=args.device, steps=args.steps,
-                        time_budget_h=args.time_budget_h, data=args.data, tokenizer=args.tokenizer)  # fmt: skip
+    t = config["train"]  # the config's train section, as the train rule reads it; a flag given wins
+    if args.steps or args.time_budget_h:
+        steps, hours = args.steps, args.time_budget_h
+    else:
+        steps, hours = t["steps"], t["time_budget_hours"]
+    device = args.device or ("cpu" if t["device"] == "cpu" or config["benchmark"].get("device") == "cpu" else "auto")
+    res = jobs.run_plan(args.plan, launch, out, log_path, threads=args.threads, device=device, steps=steps,
+                        time_budget_h=hours, data=args.data or t["data"], tokenizer=args.tokenizer or t["tokenizer"],
+                        checkpoint_every_min=t["checkpoint_every_min"])  # fmt: skip
     if args.json:
         print(json.dumps(res, indent=1, default=str))
     else:
@@ -430,7 +517,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--config", help=f"a sweep config merged over {DEFAULT_CONFIG} (as snakemake --configfile)")
+    common.add_argument("--config", help=f"a sweep config used instead of {DEFAULT_CONFIG}, as snakemake --configfile: "
+                        "not merged over it; what it leaves out takes the schema's defaults")  # fmt: skip
     common.add_argument("--models", help="models catalog (default: the config's catalog.models)")
     common.add_argument("--gpus", help="GPU catalog with prices (default: the config's catalog.gpus)")
     common.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -486,19 +574,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--every", type=_positive(float), default=2.0, help="seconds between refreshes (default 2)")
     p.set_defaults(func=cmd_status)
 
-    p = sub.add_parser("train", parents=[common], help="run an exported plan for real (local / SLURM / debug)")
+    train_help = (
+        "run an exported plan for real (local / SLURM / debug); the config's `train:` section gives the "
+        "defaults of --steps, --time-budget-h, --data, --tokenizer, --device"
+    )
+    p = sub.add_parser("train", parents=[common], help=train_help, description=train_help)
     p.add_argument("--plan", required=True, help="results/optimal/{model}/{gpu}/{N}x{G}/ (or its plan.json)")
     p.add_argument("--launcher", choices=["local", "slurm", "debug"], help="default: the config's launcher.kind")
     p.add_argument("--site", help="the SLURM site file (default: the config's launcher.site)")
     p.add_argument("--timeout-min", type=_positive(int), help="the local launcher's limit (default: the config's)")
     budget = p.add_mutually_exclusive_group()
-    budget.add_argument("--steps", type=_positive(int), help="optimizer steps (default: the recipe's)")
-    budget.add_argument("--time-budget-h", type=_positive(float), help="hours of training time instead of steps")
+    budget.add_argument("--steps", type=_positive(int),
+                        help="optimizer steps (default: the config's train.steps, else the recipe's)")  # fmt: skip
+    budget.add_argument(
+        "--time-budget-h",
+        type=_positive(float),
+        help="hours of training time instead of steps (default: the config's train.time_budget_hours)",
+    )
     p.add_argument("--out", help="output folder (default: <results>/train/{model}/{gpu}/{N}x{G})")
     p.add_argument("--log", help="the launcher's log (default: <out>/launch.log)")
-    p.add_argument("--data", help="text files or an image folder (default: a generated corpus / synthetic images)")
-    p.add_argument("--tokenizer", help="a local tokenizers JSON file (default: trained on the corpus)")
-    p.add_argument("--device", choices=["auto", "cpu"], default="auto", help="cpu: a GPU plan on CPU processes")
+    p.add_argument("--data", help="text files or an image folder (default: the config's train.data, else a generated "
+                                  "corpus / synthetic images)")  # fmt: skip
+    p.add_argument("--tokenizer", help="a local tokenizers JSON file (default: the config's train.tokenizer, else "
+                                       "trained on the corpus)")  # fmt: skip
+    p.add_argument("--device", choices=["auto", "cpu"],
+                   help="cpu: a GPU plan on CPU processes (default: the config's train.device)")  # fmt: skip
     p.add_argument("--threads", type=_positive(int), default=1, help="cores for the run's ranks on this host")
     p.add_argument("--results", help="results folder (default: the config's `results`)")
     p.set_defaults(func=cmd_train)

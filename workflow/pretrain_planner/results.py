@@ -44,6 +44,7 @@ RESULT_FIELDS: dict[str, str] = {
     "samples_per_s": "float",
     "flops_per_step": "float",
     "peak_tflops": "float",
+    "peak_source": "str",  # where peak_tflops comes from: the datasheet (GPUs) or a matmul measured on the host (CPUs)
     "mfu": "float",
     "suspect": "bool",
     "suspect_reason": "str",

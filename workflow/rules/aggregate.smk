@@ -86,7 +86,7 @@ rule whatif:
         pp_layout.log(RESULTS, "whatif.log"),
     params:
         models=PP.config["sweep"]["models"],
-        counts=[(n, g) for n in PP.config["sweep"]["nodes"] for g in PP.config["sweep"]["gpus_per_node"]],
+        counts=pp_whatif.counts_of(PP.config),
         suspect_mfu=PP.config["benchmark"]["suspect_mfu"],
         costs=PP.config.get("costs", {}),
     run:

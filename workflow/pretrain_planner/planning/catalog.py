@@ -6,7 +6,7 @@ Imports no torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +121,7 @@ class GpuSpec:
     bf16_host: str | None = None  # `bf16: host` (the `cpu` stand-in): how this host's support was decided
     memory_gb_s: float | None = None  # datasheet memory bandwidth (the step model's memory-bound work)
     matmul_tflops: dict[str, float] = field(default_factory=dict)  # measured achievable dense matmul, by precision
+    price_note: str | None = None  # where a price given by the sweep's config (costs.prices) comes from
 
     def supports(self, precision: str) -> bool:
         return precision == "fp32" or bool(getattr(self, precision))
@@ -164,6 +165,21 @@ class Catalog:
         if name not in self.gpus:
             raise ConfigError(f"{self.gpus_path}: no GPU type {name!r}; known: {', '.join(self.gpus)}")
         return self.gpus[name]
+
+    def with_prices(self, prices: dict[str, dict[str, Any]] | None, source: str = "config") -> Catalog:
+        """The catalog with a sweep's own prices (the config's `costs.prices`: your site's quotes, or the demo's
+        nominal price for the `cpu` stand-in) over config/gpus.yaml's; each priced GPU type carries the note."""
+        if not prices:
+            return self
+        gpus = dict(self.gpus)
+        for name, given in prices.items():
+            if name not in gpus:
+                raise ConfigError(f"{source}: costs.prices.{name}: no GPU type {name!r} in {self.gpus_path}; "
+                                  f"known: {', '.join(self.gpus)}")  # fmt: skip
+            keys = {k: given[k] for k in ("price_usd", "cloud_usd_per_gpu_hour") if k in given}
+            note = given.get("note") or f"price from {source} (costs.prices.{name})"
+            gpus[name] = replace(gpus[name], **keys, price_note=note)
+        return replace(self, gpus=gpus)
 
 
 def _model(name: str, raw: dict, source: str) -> ModelSpec:

@@ -207,7 +207,7 @@ def load(
     validate(config, "config", source)
     cat = config["catalog"]
     models, gpus = resolve(cat["models"], basedir), resolve(cat["gpus"], basedir)
-    catalog = load_catalog(models, gpus)
+    catalog = load_catalog(models, gpus).with_prices(config["costs"].get("prices"), source)
     planned = grid.expand(config, catalog, source)
     grid.check_plan(planned, source)
     site = None

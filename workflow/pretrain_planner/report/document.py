@@ -20,7 +20,8 @@ from pretrain_planner.report.plots import PLOTS as BASE_PLOTS
 from pretrain_planner.report.study_plots import STUDY_PLOTS
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.tables import costs as pp_costs
-from pretrain_planner.tables.aggregate import GROUP, read_table, to_markdown
+from pretrain_planner.tables import units
+from pretrain_planner.tables.aggregate import markdown_body, oom_section, read_table
 
 # workflow/report/: the snakemake-workflows convention, beside the rules (the package runs from the repository)
 CAPTIONS = Path(__file__).resolve().parents[2] / "report"
@@ -98,14 +99,15 @@ def _summary_lines(ttt: pl.DataFrame, pareto: pl.DataFrame) -> list[str]:
         r = mine.sort("training_days").row(0, named=True)
         line = (
             f"- **{model}**: fastest measured setting {r['nodes']}x{r['gpus_per_node']} {r['gpu']} with "
-            f"`{r['best_method']}`: {r['training_days']:.3g} days"
+            f"`{r['best_method']}`: {units.days(r['training_days'])}"
         )
         front = pareto.filter(pl.col("model") == model).sort("cost_usd")
         if front.height:
             c = front.row(0, named=True)
             line += (
-                f"; cheapest on the Pareto front {c['world_size']}x{c['gpu']} ({c['best_method']}): "
-                f"{c['training_days']:.3g} days for {pp_costs.usd(c['cost_usd'])} ({c['cost_kind']})"
+                f"; cheapest on the Pareto front {units.layout(c['nodes'], c['gpus_per_node'])} {c['gpu']} "
+                f"({c['best_method']}): "
+                f"{units.days(c['training_days'])} for {units.usd(c['cost_usd'])} ({c['cost_kind']})"
             )
         lines.append(line)
     return lines or ["- no setting has run successfully yet"]
@@ -124,27 +126,26 @@ def _header(cells: pl.DataFrame, ttt: pl.DataFrame, pareto: pl.DataFrame) -> lis
     ]
 
 
-TTT_COLUMNS = ("best_method", "micro_batch_size", "grad_accum_steps", "step_time_s", "mfu", "training_days",
-               "days_naive", "days_fl", "speedup_vs_naive", "speedup_vs_fl")  # fmt: skip
-
-
 def _time_to_train(ttt: pl.DataFrame, links: Links) -> list[str]:
     first = paragraphs("time_to_train")[0]
     return [
         "## Time to train\n",
         f"{first} Full table: {links.table('time_to_train')}.\n",
-        to_markdown(ttt.select(*GROUP, *TTT_COLUMNS), max_rows=MAX_ROWS),
+        markdown_body("time_to_train", ttt, MAX_ROWS),
         *links.plot("days"),
     ]
 
 
-def _feasibility(links: Links) -> list[str]:
-    return ["## Feasibility\n", links.described("feasibility"), *links.plot("feasibility")]
+def _feasibility(feas: pl.DataFrame, cells: pl.DataFrame, links: Links) -> list[str]:
+    """The settings' verdicts, and why what does not fit does not, with the cheapest fix (tables/memfix.py)."""
+    oom = oom_section(cells).replace("## Out of memory", "### Out of memory")
+    return ["## Feasibility\n", links.described("feasibility"), markdown_body("feasibility", feas, MAX_ROWS), oom,
+            *links.plot("feasibility")]  # fmt: skip
 
 
 def _costs(pareto: pl.DataFrame, kind: str, links: Links) -> list[str]:
     table = (
-        to_markdown(pareto, max_rows=MAX_ROWS)
+        markdown_body("pareto", pareto, MAX_ROWS)
         if pareto.height
         else f"No setting has both a time to train and a known {kind} cost yet (see `cost_note` in costs.csv).\n"
     )
@@ -161,17 +162,14 @@ def _measured_vs_analytic(ttt: pl.DataFrame) -> list[str]:
     return [
         "## Measured vs analytic\n",
         paragraphs("time_to_train")[1] + "\n",
-        to_markdown(
-            ttt.select(*GROUP, "best_method", "training_days", "analytic_days", "measured_over_analytic"),
-            max_rows=MAX_ROWS,
-        ),
+        markdown_body("measured_vs_analytic", ttt, MAX_ROWS),
     ]
 
 
 def _problems(problems: pl.DataFrame) -> list[str]:
     if problems.is_empty():
         return ["## Problems\n", "None: every result file was usable.\n"]
-    return ["## Problems\n", " ".join(paragraphs("problems")) + "\n", to_markdown(problems, max_rows=MAX_ROWS)]
+    return ["## Problems\n", " ".join(paragraphs("problems")) + "\n", markdown_body("problems", problems, MAX_ROWS)]
 
 
 def _exported_plans(optimal_dir: str | None, links: Links) -> list[str]:
@@ -198,7 +196,8 @@ def _benchmark_cost(links: Links) -> list[str]:
     spent = cost["gpu_hours_spent"].sum() or 0.0
     bound = cost["gpu_hours_max_exhaustive"].sum() or 0.0
     adaptive = cost.height and (cost["strategy"] == "adaptive").any()
-    said = f"The benchmark spent **{spent:.3g} GPU-hours**; measuring every valid cell could take up to {bound:.3g}."
+    said = (f"The benchmark spent **{units.number(spent)} GPU-hours**; measuring every valid cell could take up to "
+            f"{units.number(bound)}.")  # fmt: skip
     if adaptive:
         said += (
             f" The adaptive search ran {int(cost['methods_run'].sum())} cells and pruned "
@@ -258,7 +257,7 @@ def write_report(
     md = [
         *_header(cells, ttt, pareto),
         *_time_to_train(ttt, links),
-        *_feasibility(links),
+        *_feasibility(read_table(tables["feasibility_csv"]), cells, links),
         *_costs(pareto, conf["pareto_cost"], links),
         *_measured_vs_analytic(ttt),
         "## MFU and step time by method\n",

@@ -20,6 +20,7 @@ import polars as pl
 
 from pretrain_planner.results import atomic_savefig, atomic_write_text
 from pretrain_planner.tables import costs as pp_costs
+from pretrain_planner.tables import units
 from pretrain_planner.tables.aggregate import GROUP, VERDICTS, read_table
 
 if TYPE_CHECKING:
@@ -153,10 +154,11 @@ def figure_days(ttt: pl.DataFrame) -> Figure:
         _empty(ax, title, "no setting has a measured time to train yet", xlabel="days to train")
         return fig
     days = shown["training_days"].to_list()
-    ax.barh(range(shown.height), days, color=[colours[g] for g in shown["gpu"].to_list()])
+    per, unit = units.duration_unit(days)  # tiny models' minutes are drawn in minutes, not as 1e-3 days
+    ax.barh(range(shown.height), [d / per for d in days], color=[colours[g] for g in shown["gpu"].to_list()])
     ax.set_yticks(range(shown.height), labels, fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel("days to train (recipe steps x median step)")
+    ax.set_xlabel(f"time to train, {unit} (recipe steps x median step)")
     ax.set_title(title)
     if min(days) > 0 and max(days) / min(days) > 100:
         ax.set_xscale("log")
@@ -164,7 +166,7 @@ def figure_days(ttt: pl.DataFrame) -> Figure:
     if len(days) <= 60:
         ax.margins(x=0.1)  # room for the value at the end of the longest bar, inside the axes
         for i, d in enumerate(days):
-            ax.text(d, i, f" {d:.3g}", va="center", fontsize=6)
+            ax.text(d / per, i, f" {units.days(d)}", va="center", fontsize=6)
     ax.legend(_patches(colours), list(colours), title="GPU type", fontsize=7, loc="upper left",
               bbox_to_anchor=(1.01, 1), borderaxespad=0)  # fmt: skip
     ax.grid(True, axis="x", alpha=0.2)
@@ -280,10 +282,11 @@ def figure_cost_days(costs: pl.DataFrame, kind: str, years: float) -> Figure:
     width, height = fig.get_size_inches()
     fig.subplots_adjust(left=1.0 / width, right=1 - right / width, bottom=0.6 / height, top=1 - 1.0 / height,
                         wspace=0.35, hspace=0.45)  # fmt: skip
+    per, unit = units.duration_unit(priced["training_days"].to_list())
     for ax, model in zip(axes.flat, models, strict=False):
         mine = priced.filter(pl.col("model") == model).sort("training_days")
         unpriced = timed.filter((pl.col("model") == model) & pl.col(axis.column).is_null()).height
-        _cost_panel(ax, model, mine, unpriced, axis, colours)
+        _cost_panel(ax, model, mine, unpriced, axis, colours, (per, unit))
     for ax in list(axes.flat)[len(models) :]:
         ax.axis("off")
     fig.legend(handles=handles, loc="upper right", bbox_to_anchor=(1 - 0.1 / width, 1 - 0.1 / height), fontsize=7,
@@ -314,18 +317,20 @@ def _cost_legend_handles(colours: dict[str, Any], counts: list[int]) -> list:
     return handles
 
 
-def _cost_panel(ax: Axes, model: str, mine: pl.DataFrame, unpriced: int, axis: CostAxis, colours: dict) -> None:
+def _cost_panel(ax: Axes, model: str, mine: pl.DataFrame, unpriced: int, axis: CostAxis, colours: dict,
+                time_unit: tuple[float, str] = (1.0, "days")) -> None:  # fmt: skip
     """One model's settings; the Pareto points labelled where a label fits."""
     col = axis.column
+    per, unit = time_unit
     ax.set_title(model)
-    ax.set_xlabel("days to train (log)")
+    ax.set_xlabel(f"time to train, {unit}")
     ax.set_ylabel(axis.label, fontsize=8)
     if mine.is_empty():
-        _empty(ax, model, f"{unpriced} settings, none with a known {axis.kind} cost", "days to train (log)",
+        _empty(ax, model, f"{unpriced} settings, none with a known {axis.kind} cost", f"time to train, {unit} (log)",
                axis.label)  # fmt: skip
         return
     ax.scatter(
-        mine["training_days"].to_list(),
+        [d / per for d in mine["training_days"].to_list()],
         mine[col].to_list(),
         s=[_size(n) for n in mine["world_size"].to_list()],
         c=[colours[g] for g in mine["gpu"].to_list()],
@@ -335,12 +340,17 @@ def _cost_panel(ax: Axes, model: str, mine: pl.DataFrame, unpriced: int, axis: C
     )
     front = mine.filter(pl.col("pareto")).sort("training_days")
     if front.height:
-        ax.step(front["training_days"].to_list(), front[col].to_list(), where="post", color="black", lw=1,
-                zorder=2, label="Pareto front")  # fmt: skip
-    ax.set_xscale("log")
+        ax.step([d / per for d in front["training_days"].to_list()], front[col].to_list(), where="post",
+                color="black", lw=1, zorder=2, label="Pareto front")  # fmt: skip
+    days = [d for d in mine["training_days"].to_list() if d > 0]
+    if days and max(days) / min(days) > 3:  # within a factor 3 a log axis would show no tick at all
+        ax.set_xscale("log")
     vals = [v for v in mine[col].to_list() if v > 0]
     if vals and max(vals) / min(vals) > 10:
         ax.set_yscale("log")
+    from matplotlib.ticker import FuncFormatter
+
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: units.usd(v)))  # money as the tables write it
     ax.minorticks_off()  # log axes' minor ticks cost most of the drawing time of a large sweep
     ax.grid(True, alpha=0.2)
     avoid = []
@@ -349,7 +359,7 @@ def _cost_panel(ax: Axes, model: str, mine: pl.DataFrame, unpriced: int, axis: C
                        transform=ax.transAxes)  # fmt: skip
         avoid.append(note.get_window_extent(ax.figure.canvas.get_renderer()))
     if 0 < front.height <= MAX_FRONT_LABELS:
-        points = [(r["training_days"], r[col], _setting(r)) for r in front.iter_rows(named=True)]
+        points = [(r["training_days"] / per, r[col], _setting(r)) for r in front.iter_rows(named=True)]
         _label_points(ax, points, avoid)
 
 
@@ -457,8 +467,8 @@ def figure_mfu(cells: pl.DataFrame) -> Figure:
     ok = cells.filter((pl.col("status") == "ok") & ~pl.col("suspect").fill_null(False) & pl.col("mfu").is_not_null())
     if ok.is_empty():
         why = (
-            "no MFU known: the GPU types of these results declare no dense peak\n"
-            "(e.g. the cpu stand-in of the default sweep)"
+            "no MFU known: no cell that ran has a dense peak\n"
+            "(a GPU type without peak_tflops in the catalog,\nor cpu results from before its peak was measured)"
         )
         return _empty_figure(title, why, "method", "MFU (% of the dense peak)")
     method_names = sorted(set(ok["method"].to_list()))
@@ -475,7 +485,9 @@ def figure_mfu(cells: pl.DataFrame) -> Figure:
                    rasterized=sub.height > 200)  # fmt: skip
     _vertical_ticks(ax, method_names)
     ax.set_xlabel("method")
-    ax.set_ylabel("MFU (% of the dense peak)")
+    measured = "peak_kind" in ok.columns and (ok["peak_kind"] == "measured").any()
+    ax.set_ylabel("MFU (% of the dense peak" + ("; cpu: a peak measured\non the host, not a datasheet)" if measured
+                                               else ")"))  # fmt: skip
     ax.set_title(f"{title} (cells that ran, suspect timings excluded; dots coloured by GPU type)", fontsize=9)
     from matplotlib.lines import Line2D
 

@@ -25,7 +25,8 @@ from pretrain_planner.report.plots import (
     _setting,
 )
 from pretrain_planner.results import atomic_write_text
-from pretrain_planner.tables.study import _round_days, read_study_table
+from pretrain_planner.tables import units
+from pretrain_planner.tables.study import _round_days, read_study_table, setting_label
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -140,7 +141,7 @@ def _hbars(title: str, labels: list[str], series: dict[str, list[float | None]],
         if len(labels) * n <= 60:
             for y, v in zip(ys, vs, strict=True):
                 if v:
-                    ax.text(v, y, f" {v:.3g}", va="center", fontsize=6)
+                    ax.text(v, y, f" {units.number(v)}", va="center", fontsize=6)
     ax.set_yticks(range(len(labels)), labels, fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel(xlabel)
@@ -153,16 +154,34 @@ def _hbars(title: str, labels: list[str], series: dict[str, list[float | None]],
     return fig
 
 
-def figure_gpu_days(gd: pl.DataFrame) -> Figure:
+def figure_gpu_days(gd: pl.DataFrame, whatif: pl.DataFrame | None = None) -> Figure:
+    """Per model: the original run's GPU-days, ours (GPUs x the optimal days measured on the GPU-days setting) and,
+    where the what-if predicts that setting, the predicted GPU-days (central; a PREDICTION, labelled so)."""
     title = STUDY_PLOTS["gpu_days"][1]
     setting = gd["ours_setting"].drop_nulls().first() if gd.height else None
-    gd = gd.filter(pl.col("ours_gpu_days").is_not_null() | pl.col("original_gpu_days").is_not_null())
+    predicted = _predicted_gpu_days(whatif, setting)
+    gd = gd.with_columns(pl.col("model").replace_strict(predicted, default=None, return_dtype=pl.Float64)
+                         .alias("predicted_gpu_days"))  # fmt: skip
+    gd = gd.filter(pl.any_horizontal(pl.col("ours_gpu_days", "original_gpu_days", "predicted_gpu_days").is_not_null()))
     if gd.is_empty():
         why = f"no model with an original record or an optimal setting on {setting or 'the GPU-days setting'}"
         return _empty_figure(title, f"{why}\n(study.gpu_days_* in the config names the setting)", "GPU-days", "model")
     series = {"originally reported": gd["original_gpu_days"].to_list(),
-              f"ours: GPUs x optimal days on {setting}": gd["ours_gpu_days"].to_list()}  # fmt: skip
-    return _hbars(title, gd["model"].to_list(), series, "GPU-days (GPUs x days to train)")
+              f"ours: GPUs x optimal days on {setting}": gd["ours_gpu_days"].to_list(),
+              f"PREDICTED on {setting} (what-if, central)": gd["predicted_gpu_days"].to_list()}  # fmt: skip
+    shown = {k: v for k, v in series.items() if any(x is not None for x in v)}  # a series with no bar: no legend
+    measured = gd["ours_gpu_days"].is_not_null().any()
+    xlabel = "GPU-days (GPUs x days to train" + ("" if measured else f"; ours: nothing measured on {setting}") + ")"
+    return _hbars(title, gd["model"].to_list(), shown, xlabel)
+
+
+def _predicted_gpu_days(whatif: pl.DataFrame | None, setting: str | None) -> dict[str, float]:
+    """model -> GPUs x the what-if's central days on the GPU-days setting (its rows of status `predicted`)."""
+    if whatif is None or whatif.is_empty() or setting is None:
+        return {}
+    rows = whatif.filter((pl.col("status") == "predicted") & pl.col("days_central").is_not_null())
+    return {r["model"]: r["days_central"] * r["world_size"] for r in rows.iter_rows(named=True)
+            if setting_label(r["gpu"], r["nodes"], r["gpus_per_node"]) == setting}  # fmt: skip
 
 
 def _in_mean(df: pl.DataFrame) -> pl.DataFrame:
@@ -198,7 +217,7 @@ def figure_speedups(spd: pl.DataFrame, stats: pl.DataFrame) -> Figure:
         ax.set_xticks(range(len(cols)), list(cols), fontsize=8)
         ax.set_ylabel("speed-up (x)", fontsize=8)
         for i, v in enumerate(means):
-            ax.text(i, v, f"{v:.2f}x", ha="center", va="bottom", fontsize=7)
+            ax.text(i, v, units.times(v), ha="center", va="bottom", fontsize=7)
         ax.margins(y=0.15)
     fig.suptitle(f"{STUDY_PLOTS['speedups'][1]}: means over the rows marked in_mean", fontsize=10,
                  y=1 - 0.1 / 4.2, va="top")  # fmt: skip
@@ -220,7 +239,7 @@ def _gain_panel(ms: pl.DataFrame, by: str, title: str) -> Panel | None:
     rows = ms["gpu"].unique(maintain_order=True).to_list()
     got = {(g, c): v for g, c, v in mean.rows()}
     vals = [[got.get((g, c), math.nan) for c in cols] for g in rows]
-    texts = [["" if math.isnan(v) else f"{v:.0%}" for v in line] for line in vals]
+    texts = [["" if math.isnan(v) else units.percent(v) for v in line] for line in vals]
     return Panel(rows, cols, vals, texts, xlabel, "GPU type", "RdYlGn", -1.0, 1.0, title)
 
 
@@ -264,10 +283,11 @@ def figure_whatif(w: pl.DataFrame) -> Figure:
                   min(60, 1.4 + 0.2 * max(4, len(rows))))  # fmt: skip
     ax = fig.subplots()
     _margins(fig, left, right, 0.55, 0.7 if "\n" in title else 0.45)
-    central = [r["days_central"] or r["days_optimistic"] for r in rows]
-    lo = [max(0.0, c - r["days_optimistic"]) for c, r in zip(central, rows, strict=True)]
+    per, unit = units.duration_unit([r["days_central"] or r["days_optimistic"] for r in rows])
+    central = [(r["days_central"] or r["days_optimistic"]) / per for r in rows]
+    lo = [max(0.0, c - r["days_optimistic"] / per) for c, r in zip(central, rows, strict=True)]
     hi = [
-        max(0.0, r["days_pessimistic"] - c) if r["days_pessimistic"] else 0.0
+        max(0.0, r["days_pessimistic"] / per - c) if r["days_pessimistic"] else 0.0
         for c, r in zip(central, rows, strict=True)
     ]
     colour = {"your cells": "#9ecae1", "public evidence": "#fdae6b"}
@@ -276,12 +296,12 @@ def figure_whatif(w: pl.DataFrame) -> Figure:
     ax.barh(range(len(rows)), central, xerr=[lo, hi], color=colours, capsize=2, error_kw={"lw": 0.8})
     for i, r in enumerate(rows):
         if r["measured_days"]:
-            ax.plot([r["measured_days"]], [i], "o", color="black", ms=3)
+            ax.plot([r["measured_days"] / per], [i], "o", color="black", ms=3)
     ax.set_yticks(range(len(rows)), labels, fontsize=7)
     ax.invert_yaxis()
     ax.set_xscale("log")
     ax.minorticks_off()
-    ax.set_xlabel("days to train (bar: central; whisker: optimistic - pessimistic)")
+    ax.set_xlabel(f"time to train, {unit} (bar: central; whisker: optimistic - pessimistic)")
     ax.set_title(title, fontsize=10)
     handles = [Line2D([], [], color=c, lw=6) for c in ("#9ecae1", "#fdae6b", "#d9d9d9")]
     handles.append(Line2D([], [], marker="o", ls="", color="black", ms=3))
@@ -293,7 +313,7 @@ def figures(tables: dict[str, str]) -> dict[str, Figure]:
     """Every study plot as a Figure, keyed as STUDY_PLOTS (tables: keys as study.table_files + whatif)."""
     return {
         "study_days": figure_study_days(_read(tables, "days_optimal")),
-        "gpu_days": figure_gpu_days(_read(tables, "gpu_days")),
+        "gpu_days": figure_gpu_days(_read(tables, "gpu_days"), _read(tables, "whatif")),
         "speedups": figure_speedups(_read(tables, "speedups"), _read(tables, "step_time_stats")),
         "memory_saving": figure_memory_saving(_read(tables, "memory_saving")),
         "whatif": figure_whatif(_read(tables, "whatif")),

@@ -9,6 +9,7 @@ Imports no torch.
 
 from __future__ import annotations
 
+import textwrap
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -31,7 +32,8 @@ from pretrain_planner.results import (
     parse_result,
 )
 from pretrain_planner.tables import costs as pp_costs
-from pretrain_planner.tables import markdown
+from pretrain_planner.tables import memfix, views
+from pretrain_planner.tables.markdown import WIDTH, to_markdown
 
 _PL_TYPES = {"str": pl.String, "int": pl.Int64, "float": pl.Float64, "bool": pl.Boolean, "json": pl.String}
 RESULT_SCHEMA = {name: _PL_TYPES[kind] for name, kind in RESULT_FIELDS.items()}
@@ -40,13 +42,13 @@ KEYS = [*GROUP, "method"]
 
 ANALYTIC_COLUMNS = [
     "analytic_flops_per_step", "analytic_peak_tflops", "analytic_step_time_s", "analytic_days",
-    "measured_over_analytic",
+    "measured_over_analytic", "peak_kind",
 ]  # fmt: skip
 TIME_TO_TRAIN_COLUMNS = [
     "model", "gpu", "nodes", "gpus_per_node", "world_size", "best_method", "micro_batch_size",
     "grad_accum_steps", "step_time_s", "step_time_p10_s", "step_time_p90_s", "tokens_per_s", "samples_per_s",
     "mfu", "peak_mem_gib", "training_days", "days_naive", "days_fl", "speedup_vs_naive", "speedup_vs_fl",
-    "analytic_step_time_s", "analytic_days", "measured_over_analytic",
+    "analytic_step_time_s", "analytic_days", "measured_over_analytic", "analytic_peak_tflops", "peak_kind",
     "methods_ok", "methods_oom", "methods_unsupported", "methods_suspect", "methods_noisy",
 ]  # fmt: skip
 FEASIBILITY_COLUMNS = [
@@ -64,10 +66,6 @@ PARETO_COLUMNS = [
     "cost_usd", "hardware_usd", "amortised_usd", "cloud_usd",
 ]  # fmt: skip
 PROBLEMS_COLUMNS = ["path", "model", "gpu", "nodes", "gpus_per_node", "method", "problem"]
-CELLS_MD_COLUMNS = [
-    "model", "gpu", "nodes", "gpus_per_node", "method", "status", "micro_batch_size", "grad_accum_steps",
-    "step_time_s", "mfu", "training_days", "analytic_days", "suspect", "reason",
-]  # fmt: skip
 
 # Verdicts of the feasibility table, best first (the feasibility map's legend uses this order).
 VERDICTS = {
@@ -84,7 +82,8 @@ VERDICTS = {
 _STR_COLS = {"model", "gpu", "method", "best_method", "status", "reason", "path", "problem", "cost_note", "cost_kind",
              "verdict", "naive", "fl", "fitting_methods", "partition", "precision", "suspect_reason", "peak_mem_kind",
              "device_name", "hostname", "slurm_job_id", "slurm_nodelist", "submitit_job_id", "started_at",
-             "finished_at", "folder", "files", "note", "state", "detail", "strategy"}  # fmt: skip
+             "finished_at", "folder", "files", "note", "state", "detail", "strategy", "peak_kind",
+             "peak_source", "need_method", "need_source", "cheapest_fix", "other_fixes"}  # fmt: skip
 _INT_COLS = {"nodes", "gpus_per_node", "world_size", "micro_batch_size", "grad_accum_steps", "methods_ok",
              "methods_oom", "methods_unsupported", "methods_suspect", "methods_noisy", "methods_valid",
              "methods_not_measured",
@@ -222,7 +221,8 @@ def with_analytic(cells: pl.DataFrame, catalog: Catalog | None) -> pl.DataFrame:
 
     FLOPs per step = flops.train_flops_per_sample (the one formula) x the recipe's global batch; for a
     family without a formula (ConvNeXt) the trainer's counted `flops_per_step`. The peak is the GPU's
-    dense peak for the recipe's precision (TF32 for fp32 recipes under free-lunch where the GPU has it).
+    dense peak for the recipe's precision (TF32 for fp32 recipes under free-lunch where the GPU has it); a GPU type
+    without one (the `cpu` stand-in) takes the peak its cell measured on the host (`peak_kind` says which).
     """
     schema = {"model": pl.String, "gpu": pl.String, "method": pl.String, "_formula_flops": pl.Float64,
               "analytic_peak_tflops": pl.Float64, "_catalog_steps": pl.Int64}  # fmt: skip
@@ -246,8 +246,21 @@ def with_analytic(cells: pl.DataFrame, catalog: Catalog | None) -> pl.DataFrame:
     facts = pl.DataFrame(rows, schema=schema)
     flops = pl.coalesce("_formula_flops", "flops_per_step")
     step = flops / (pl.col("world_size") * pl.col("analytic_peak_tflops") * 1e12)
+    measured_peak = pl.col("peak_tflops") if "peak_tflops" in cells.columns else pl.lit(None, pl.Float64)
+    source = pl.col("peak_source") if "peak_source" in cells.columns else pl.lit(None, pl.String)
     return (
         cells.join(facts, on=["model", "gpu", "method"], how="left")
+        .with_columns(  # no datasheet peak (the `cpu` stand-in): the peak the cell measured on its host
+            pl.when(pl.col("analytic_peak_tflops").is_not_null())
+            .then(pl.lit("datasheet"))
+            .when(measured_peak.is_not_null())
+            .then(pl.lit("measured"))
+            .alias("peak_kind"),
+            pl.coalesce("analytic_peak_tflops", measured_peak).alias("analytic_peak_tflops"),
+        )
+        .with_columns(
+            pl.when(pl.col("peak_kind") == "measured").then(source).otherwise(pl.col("peak_kind")).alias("peak_source")
+        )
         .with_columns(flops.alias("analytic_flops_per_step"), step.alias("analytic_step_time_s"))
         .with_columns(
             (pl.coalesce("recipe_steps", "_catalog_steps") * pl.col("analytic_step_time_s") / 86400).alias(
@@ -272,7 +285,7 @@ def time_to_train(cells: pl.DataFrame) -> pl.DataFrame:
     """Per model x GPU x count: the fastest method that ran (ok, not suspect) beside naive and fl alone."""
     for col in ANALYTIC_COLUMNS:
         if col not in cells.columns:
-            cells = cells.with_columns(pl.lit(None, dtype=pl.Float64).alias(col))
+            cells = cells.with_columns(pl.lit(None, dtype=column_dtype(col)).alias(col))
     ok = _ok(cells)
     best = ok.sort("step_time_s", "method").group_by(GROUP, maintain_order=True).first()
 
@@ -422,15 +435,9 @@ def benchmark_cost(cells: pl.DataFrame, ttt: pl.DataFrame, strategy: str) -> pl.
 # ------------------------------------------------------------------------------------------- writing
 
 
-def to_markdown(df: pl.DataFrame, max_rows: int | None = None) -> str:
-    """A GitHub-flavoured Markdown table: 4 significant digits, thousands separators, blanks for nulls."""
-    shown = df if max_rows is None else df.head(max_rows)
-    return markdown.table(df.columns, shown.iter_rows(), max_rows, df.height)
-
-
 TABLE_INTROS = {
     "cells": "Every cell of the plan joined with its result (status ok, noisy, oom, unsupported, invalid, missing, "
-    "corrupt); all columns are in cells.csv / cells.parquet.",
+    "corrupt); mb x accum = micro-batch x gradient accumulation steps.",
     "time_to_train": "Fastest method that ran per model x GPU type x count (suspect and noisy timings excluded), "
     "beside "
     "naive and free-lunch (`fl`) alone and the analytic estimate at 100% of the dense peak.",
@@ -445,11 +452,43 @@ TABLE_INTROS = {
 }
 
 
-def _write(out: dict[str, str], name: str, df: pl.DataFrame, md: pl.DataFrame | None = None) -> None:
-    atomic_write_text(out[f"{name}_csv"], df.write_csv())
+MD_ROWS = 2000  # a Markdown table shows at most this many rows (the CSV holds them all)
+
+
+def markdown_body(name: str, df: pl.DataFrame, max_rows: int | None = MD_ROWS) -> str:
+    """Table `name` as Markdown: its reader's columns with units (tables/views.py) and their footnotes."""
+    body = to_markdown(views.view(name, df), max_rows=max_rows, keys=3 if name != "problems" else 1)
+    notes = [textwrap.fill(n, WIDTH) for n in views.footnotes(name, df)]
+    return body + ("\n" + "\n".join(notes) + "\n" if notes else "")
+
+
+def _write(out: dict[str, str], name: str, df: pl.DataFrame, csv: pl.DataFrame | None = None,
+           extra: str = "") -> None:  # fmt: skip
+    atomic_write_text(out[f"{name}_csv"], (df if csv is None else csv).write_csv())
     title = name.replace("_", " ").capitalize()
-    body = to_markdown(df if md is None else md, max_rows=2000)
-    atomic_write_text(out[f"{name}_md"], f"# {title}\n\n{TABLE_INTROS[name]}\n\n{body}")
+    where = f"Every column, unrounded: {name}.csv beside this file" + (
+        " (and cells.parquet)." if name == "cells" else "."
+    )
+    intro = textwrap.fill(f"{TABLE_INTROS[name]} {where}", WIDTH)
+    text = f"# {title}\n\n{intro}\n\n{markdown_body(name, df)}{extra}"
+    atomic_write_text(out[f"{name}_md"], text)
+
+
+def oom_section(cells: pl.DataFrame) -> str:
+    """feasibility.md's second table: every `oom` cell, what it needs at micro-batch 1 and the cheapest fix."""
+    oom = cells.filter(pl.col("status") == "oom")
+    if oom.is_empty():
+        return "\n## Out of memory\n\nNo cell ran out of memory.\n"
+    return f"\n## Out of memory\n\n{textwrap.fill(OOM_INTRO, WIDTH)}\n\n" + markdown_body("oom", oom.sort(KEYS))
+
+
+OOM_INTRO = (
+    "Each cell that did not fit even at micro-batch 1: the memory it needs at micro-batch 1 per GPU (measured where a "
+    "cell of the same model, method and GPU count ran at micro-batch 1, or out of memory on a GPU that large; else "
+    "the memory model's lower bound, `>=`) against the GPU's, and the cheapest change that fits: a method measured to "
+    "fit here, else a memory-saving method, more GPUs, a GPU type with more memory, a shorter sequence "
+    "(tables/memfix.py; cells.csv has the same columns)."
+)
 
 
 def build_all(
@@ -462,12 +501,13 @@ def build_all(
 ) -> dict[str, pl.DataFrame]:
     """Every table, in memory."""
     cells, problems = cells_table(plan, result_paths, catalog, pruned)
+    cells = memfix.explain_cells(cells, catalog)
     ttt = time_to_train(cells)
     costs = costs_table(ttt, catalog, costs_config)
     return {
         "cells": cells,
         "time_to_train": ttt,
-        "feasibility": feasibility(cells, ttt),
+        "feasibility": memfix.explain_settings(feasibility(cells, ttt), cells, catalog),
         "costs": costs,
         "pareto": pareto_table(costs, costs_config),
         "problems": problems,
@@ -495,9 +535,9 @@ def build_tables(
     tables = build_all(plan_csv, paths, catalog, costs_config, pruned, strategy)
     cells = tables["cells"]
     atomic_write(out["cells_parquet"], cells.write_parquet)
-    _write(out, "cells", cells.drop(JSON_FIELDS), cells.select(CELLS_MD_COLUMNS))
+    _write(out, "cells", cells, cells.drop(JSON_FIELDS))
     for name in TABLE_NAMES[1:]:
-        _write(out, name, tables[name])
+        _write(out, name, tables[name], extra=oom_section(cells) if name == "feasibility" else "")
     by_status = dict(cells.group_by("status").len().sort("status").rows())
     problems = tables["problems"]
     lines = [

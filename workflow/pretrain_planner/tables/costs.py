@@ -110,6 +110,8 @@ def price(
     base = base_machine_usd.get(gpus_per_node)
     if gpu is not None and gpu_price is None:
         notes.append(f"no price_usd for {gpu_name} in {gpus_path}")
+    if gpu is not None and gpu.price_note:
+        notes.append(f"{gpu_name}: {gpu.price_note}")
     if base is None:
         notes.append(f"no base_machine_usd for {gpus_per_node} GPUs in {gpus_path}")
     if days is None:
@@ -150,10 +152,3 @@ def pareto_by_group(keys: Iterable[Any], days: Sequence[float | None], cost: Seq
         for i, on in zip(idx, sub, strict=True):
             mask[i] = on
     return mask
-
-
-def usd(x: float | None) -> str:
-    """$83,500 / $804 / $12.34; '-' when unknown."""
-    if not _finite(x):
-        return "-"
-    return f"${x:,.2f}" if abs(x) < 100 else f"${x:,.0f}"

@@ -27,6 +27,7 @@ Imports no torch.
 
 from __future__ import annotations
 
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,9 @@ from pretrain_planner.planning.families import FAMILIES
 from pretrain_planner.planning.flops import mfu, param_count, suspect, train_flops_per_sample
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.schema import ConfigError, section
-from pretrain_planner.tables.aggregate import GROUP, to_markdown
+from pretrain_planner.tables import units
+from pretrain_planner.tables.aggregate import GROUP
+from pretrain_planner.tables.markdown import WIDTH, to_markdown
 
 STUDY_TABLES = ("days_naive", "days_optimal", "optimal_settings", "gpu_days", "speedups", "memory_saving",
                 "step_time_stats", "model_flops", "study_claims")  # fmt: skip
@@ -69,15 +72,17 @@ COUNTER_QUIRK = {
 
 INTROS = {
     "days_naive": "Days to train with `naive` alone, model x (GPU type, nodes x GPUs), as the study's naive table "
-    "(whole days; `<1` under a day; a dash where naive did not run or fit).",
+    '(whole days from 10 on, as the study\'s; "3.2 d" below; hours or minutes under a day; a dash where naive did '
+    "not run or fit).",
     "days_optimal": "Days to train with the study's optimal setting, model x (GPU type, nodes x GPUs), as its optimal "
     "table: the fastest **free-lunch** method that ran, with or without checkpointing, sharding or offload (naive "
-    "and e.g. naive+ac are not candidates; time_to_train has the fastest of every method). Whole days; `<1` under "
-    "a day; a dash where nothing fits.",
+    "and e.g. naive+ac are not candidates; time_to_train has the fastest of every method). Whole days from 10 on, as "
+    'the study\'s; "3.2 d" below; hours or minutes under a day; a dash where nothing fits.',
     "optimal_settings": "The study's optimal setting (the fastest free-lunch method) of each model x GPU type x count: "
     "method (checkpointing, sharding, offload), micro-batch (MBS) and accumulation steps (GAS), as the study's table "
     "of optimal settings.",
-    "gpu_days": "GPU-days of the original training run (as its authors reported it; config/models.yaml) beside ours "
+    "gpu_days": "GPU-days of the original training run (as its authors reported it; config/models.yaml; every catalog "
+    "model with a record) beside ours "
     "as the study computes it: {gpus} x the days of the optimal setting on {setting} (`study.gpu_days_*`), blank "
     "where that setting was not measured or nothing fits on it.",
     "speedups": "Per setting, the speed-up over `naive` of the analytic estimate (100% of the dense peak) and of the "
@@ -170,15 +175,16 @@ def optimal(cells: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _setting_label(gpu: str, nodes: int, gpn: int) -> str:
+def setting_label(gpu: str, nodes: int, gpn: int) -> str:
     return f"{gpu} {nodes}x{gpn}"
 
 
 def _round_days(v: float | None) -> str:
-    """The study's rounding: whole days; `<1` under a day (the demo's), a dash where nothing fits."""
+    """Days as every table writes them (tables/units.py: whole days from 10 on, as the study's, "3.2 d" below, hours or
+    minutes under a day), a dash where nothing fits."""
     if v is None:
         return DASH
-    return "<1" if v < 0.5 else f"{v:.0f}"
+    return units.days(v)
 
 
 def model_rank(catalog: Catalog | None, models: list[str]) -> dict[str, int]:
@@ -230,7 +236,7 @@ def days_pivot(
     """(csv, md): rows model, one column per setting (GPU type, nodes x GPUs) of `settings`, both in the study's
     order; csv unrounded days (null: nothing), md the study's rounding."""
     cols = study_sort(settings.select("gpu", "nodes", "gpus_per_node", "world_size").unique(), catalog)
-    labels = [_setting_label(g, n, k) for g, n, k, _ in cols.rows()]
+    labels = [setting_label(g, n, k) for g, n, k, _ in cols.rows()]
     ranks = model_rank(catalog, settings["model"].to_list())
     models = sorted(ranks, key=ranks.__getitem__)
     got = {(r["model"], r["gpu"], r["nodes"], r["gpus_per_node"]): r[column] for r in values.iter_rows(named=True)}
@@ -262,11 +268,17 @@ def optimal_settings(best: pl.DataFrame, catalog: Catalog | None = None) -> pl.D
     return study_sort(out, catalog)
 
 
+def recorded_models(catalog: Catalog | None) -> list[str]:
+    """The catalog models with an original training record (GPUs x days as their authors reported)."""
+    return [name for name, spec in (catalog.models.items() if catalog else []) if spec.original_training]
+
+
 def gpu_days(best: pl.DataFrame, models: list[str], catalog: Catalog | None, study: dict[str, Any]) -> pl.DataFrame:
-    """Per model of the sweep: the original run's GPUs x days beside the study's: GPUs x days of the optimal setting
-    on `study.gpu_days_*` (8 x A100 on one node), blank where that setting has no optimal."""
+    """Per model (of the sweep, and every catalog model with an original record): the original run's GPUs x days
+    beside the study's: GPUs x days of the optimal setting on `study.gpu_days_*` (8 x A100 on one node), blank where
+    that setting has no optimal (the GPU-days plot adds the what-if's prediction there)."""
     gpu, nodes, gpn = study["gpu_days_gpu"], study["gpu_days_nodes"], study["gpu_days_gpus_per_node"]
-    label = _setting_label(gpu, nodes, gpn)
+    label = setting_label(gpu, nodes, gpn)
     at = {r["model"]: r for r in best.filter((pl.col("gpu") == gpu) & (pl.col("nodes") == nodes)
                                              & (pl.col("gpus_per_node") == gpn)).iter_rows(named=True)}  # fmt: skip
     ranks = model_rank(catalog, models)
@@ -460,7 +472,7 @@ def build_all(
         "days_naive": days_pivot(settings, naive, "training_days", catalog),
         "days_optimal": days_pivot(settings, best, "training_days", catalog),
         "optimal_settings": optimal_settings(best, catalog),
-        "gpu_days": gpu_days(best, settings["model"].unique().to_list(), catalog, study),
+        "gpu_days": gpu_days(best, [*settings["model"].unique().to_list(), *recorded_models(catalog)], catalog, study),
         "speedups": (spd, _with_mean(spd, "model", ["speedup_analytic", "speedup_naive", "speedup_optimal"],
                                      f"{what} with all three times, every GPU count")),
         "memory_saving": (ms, _with_mean(ms, "model", ["gain"], f"{what} on more than one GPU")),
@@ -499,7 +511,9 @@ def build_study_tables(
         Path(out[f"{name}_csv"]).parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out[f"{name}_csv"], csv.write_csv())
         title = name.replace("_", " ").capitalize()
-        atomic_write_text(out[f"{name}_md"], f"# {title}\n\n{intro(name, study)}\n\n{to_markdown(md, max_rows=2000)}")
+        text = textwrap.fill(intro(name, study), WIDTH)
+        keys = 1 if name in ("days_naive", "days_optimal") else None  # a pivot: every column after the model a value
+        atomic_write_text(out[f"{name}_md"], f"# {title}\n\n{text}\n\n{to_markdown(md, max_rows=2000, keys=keys)}")
     sizes = {n: (v[0] if isinstance(v, tuple) else v).height for n, v in tables.items()}
     atomic_write_text(log_path, f"study tables {sizes} ({time.perf_counter() - t0:.2f} s)\n")
     return tables

@@ -33,6 +33,7 @@ torch.
 from __future__ import annotations
 
 import math
+import textwrap
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
@@ -47,11 +48,14 @@ from pretrain_planner.planning.catalog import Catalog, ModelSpec
 from pretrain_planner.planning.crossgpu import NEAR, STAND_IN_RATIO, CrossGpu, Estimate, fit, stand_in
 from pretrain_planner.planning.evidence import HERE, Evidence, Run, Work
 from pretrain_planner.planning.flops import param_count, tokens_per_sample, train_flops_per_sample
-from pretrain_planner.planning.memory import GIB, activation_bytes_per_sample, state_bytes_lb
+from pretrain_planner.planning.memory import GIB
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.tables import costs as pp_costs
-from pretrain_planner.tables.aggregate import to_markdown
-from pretrain_planner.tables.study import ran
+from pretrain_planner.tables import memfix, views
+from pretrain_planner.tables.markdown import WIDTH, to_markdown
+from pretrain_planner.tables.study import ran, study_settings
+from pretrain_planner.tables.units import days as days_text
+from pretrain_planner.tables.units import gib as gib_text
 
 BUS_EFFICIENCY = 0.25  # no multi-GPU cell measured: the pessimistic all-reduce runs at this share of the datasheet
 OWN, PUBLIC = "your cells", "public evidence"
@@ -71,11 +75,6 @@ COLUMNS = {
     "measured_days": pl.Float64, "hardware_usd": pl.Float64, "amortised_usd_optimistic": pl.Float64,
     "amortised_usd_pessimistic": pl.Float64, "note": pl.String,
 }  # fmt: skip
-MD_COLUMNS = [
-    "model", "gpu", "nodes", "gpus_per_node", "status", "evidence", "method", "days_optimistic", "days_central",
-    "days_pessimistic", "measured_days", "amortised_usd_optimistic", "amortised_usd_pessimistic", "sources",
-    "transfer", "why",
-]  # fmt: skip
 INTRO = (
     "PREDICTIONS, not measurements: days and cost of each model on every catalog GPU type and count, transferred "
     "from measurements on other GPU types: your own cells where there are some (`evidence` = your cells), else the "
@@ -84,7 +83,9 @@ INTRO = (
     "cross-GPU model moves a step by the GPU's measured matmul rate and memory bandwidth and the per-GPU effects the "
     "evidence shows; `transfer` says what kind of transfer a row is (the same model or a stand-in, to a GPU type the "
     "evidence measured or not) and `model_error` (CSV) the measured error of that kind, out of sample. "
-    "`measured_days` shows the setting's own measurement where there is one (never used for its prediction)."
+    "`measured_days` shows the setting's own measurement where there is one (never used for its prediction). Here: "
+    "the central days (bound only: the optimistic end), the band from optimistic to pessimistic; every column (the "
+    "sources, the rows, the method's reason) is in whatif.csv."
 )
 
 
@@ -263,16 +264,12 @@ class Predictor:
                     return False, f"out of memory measured on {world} x {gg} ({mem:g} GiB)"
         need = self._need(spec, m, world, 1)
         if g.memory_gib and need > g.memory_gib * GIB:
-            return False, f"memory model: at least {need / GIB:.3g} GiB per GPU > {g.memory_gib:g} GiB"
+            return False, f"memory model: at least {gib_text(need / GIB)} per GPU > {g.memory_gib:g} GiB"
         return True, ""
 
     def _need(self, spec: ModelSpec, m: methods.Method, world: int, mb: int) -> float:
-        """The memory model's bytes per GPU at micro-batch `mb`."""
-        params = param_count(spec.to_dict())
-        act = activation_bytes_per_sample(spec) or 0.0
-        if m.checkpointing and spec.arch.get("num_hidden_layers"):
-            act /= spec.arch["num_hidden_layers"]
-        return (state_bytes_lb(m.sharding, m.offload, params, world) if params else 0.0) + mb * act
+        """The memory model's bytes per GPU at micro-batch `mb` (tables/memfix.py: its one use of the memory model)."""
+        return memfix.need_bytes(spec, m, world, mb)
 
     def _largest_mb(self, spec: ModelSpec, slug: str, gpu: str, world: int) -> int:
         """The largest power-of-two micro-batch (up to the per-GPU batch) the memory model lets fit; 0 = none."""
@@ -486,7 +483,7 @@ def fit_table(predictor: Predictor, gpu: str, nodes: int, gpus_per_node: int, da
                        method=m.get("best_method"), days=m["training_days"], why="measured here")  # fmt: skip
         elif (p := predictor.predict(name, gpu, nodes, gpus_per_node)).status == "bound only":
             step = None
-            why = f"at least {p.days_optimistic:.3g} days (the physics bound only: no evidence of its kind)"
+            why = f"at least {days_text(p.days_optimistic)} (the physics bound only: no evidence of its kind)"
             row.update(fits="no" if p.days_optimistic > days else "bound only", basis=p.status,
                        days_optimistic=p.days_optimistic, why=why)  # fmt: skip
         else:
@@ -526,6 +523,16 @@ def table_files(folder: str) -> dict[str, str]:
     return {"whatif_csv": f"{folder}/whatif.csv", "whatif_md": f"{folder}/whatif.md"}
 
 
+def counts_of(config: dict[str, Any]) -> list[tuple[int, int]]:
+    """The (nodes, GPUs per node) the what-if predicts: the sweep's, and the study's GPU-days setting (the GPU-days
+    plot shows the prediction where that setting was not measured)."""
+    sweep = config["sweep"]
+    study = study_settings(config.get("study"))
+    counts = {(n, g) for n in sweep["nodes"] for g in sweep["gpus_per_node"]}
+    counts.add((study["gpu_days_nodes"], study["gpu_days_gpus_per_node"]))
+    return sorted(counts, key=lambda c: (c[0] * c[1], c[0]))
+
+
 def build_whatif(
     cells_parquet: str,
     out: dict[str, str],
@@ -548,9 +555,10 @@ def build_whatif(
     atomic_write_text(out["whatif_csv"], table.write_csv())
     error = predictor.model.calibration.describe()
     kinds = "\n".join(f"- {line}" for line in predictor.model.calibration.lines())
-    atomic_write_text(out["whatif_md"], f"# What-if (predictions)\n\n{INTRO}\n\nThe cross-GPU model "
-                      f"({predictor.model.params.describe()}), its measured error by kind of transfer:\n\n{kinds}\n\n"
-                      f"{to_markdown(table.select(MD_COLUMNS), max_rows=2000)}")  # fmt: skip
+    intro = textwrap.fill(f"{INTRO} The cross-GPU model: {predictor.model.params.describe()}.", WIDTH)
+    body = to_markdown(views.view("whatif", table), max_rows=2000, keys=3)
+    atomic_write_text(out["whatif_md"], f"# What-if (predictions)\n\n{intro}\n\nIts measured error by kind of "
+                      f"transfer:\n\n{kinds}\n\n{body}")  # fmt: skip
     by = dict(table.group_by("status").len().sort("status").rows())
     atomic_write_text(log_path, f"whatif: {table.height} rows {by}; {len(predictor.public.runs)} public runs "
                                 f"({len(predictor.public.skipped)} rows not usable); {error} "

@@ -18,7 +18,7 @@ from pretrain_planner.planning.catalog import GpuSpec
 from pretrain_planner.planning.flops import mfu, train_flops_per_sample
 from pretrain_planner.planning.settings import has_attention
 from pretrain_planner.results import write_result, write_steps
-from pretrain_planner.trainer import kernels, methodbuild
+from pretrain_planner.trainer import hostpeak, kernels, methodbuild
 from pretrain_planner.trainer.config import RunConfig
 from pretrain_planner.trainer.measure import batches_for, measure, percentile
 from pretrain_planner.trainer.oom import FakeOom
@@ -166,9 +166,11 @@ def _throughput(cfg: RunConfig, env: RankEnv, step: TrainStep, timing: Any, sett
     if per_sample is None:
         per_sample, settings["flops_source"] = _counted_flops(cfg, step, env), "flop_counter"
     flops_per_step = per_sample * gb if per_sample else None
-    peak = None
     if env.device.type == "cuda":  # the catalog's one rule: the dense peak of the precision the step ran in
         peak = GpuSpec.from_dict(cfg.gpu).peak_for(cfg.recipe["precision"], tf32=bool(settings["tf32"]))
+        peak_source = "datasheet (the GPU catalog's peak_tflops)" if peak else None
+    else:  # a CPU process: no datasheet fits the host, so the host's matmul rate is measured (trainer/hostpeak.py)
+        peak, peak_source = hostpeak.matmul_tflops(cfg.recipe["precision"])
     util = mfu(flops_per_step, median, cfg.cell.world_size, peak)
     suspect, suspect_reason = flops.suspect(util, cfg.bench.suspect_mfu)
     tokens = cfg.model["recipe"].get("sequence_length") if cfg.model["task"] != "image_classification" else None
@@ -179,6 +181,7 @@ def _throughput(cfg: RunConfig, env: RankEnv, step: TrainStep, timing: Any, sett
         "tokens_per_s": gb * tokens / median if tokens else None,
         "flops_per_step": flops_per_step,
         "peak_tflops": peak,
+        "peak_source": peak_source,
         "mfu": util,
         "suspect": suspect,
         "suspect_reason": suspect_reason,
