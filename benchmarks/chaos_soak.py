@@ -34,8 +34,10 @@ import argparse
 import collections
 import contextlib
 import csv
+import dataclasses
 import datetime as dt
 import json
+import math
 import os
 import random
 import shutil
@@ -75,7 +77,7 @@ class Preset:
     gpus: list[str]
     gpus_per_node: list[int]
     methods: list[str]
-    budget_steps: int  # fake-clock steps of the budget pre-training (1 s each), checkpointed every 10
+    budget_steps: int  # fake-clock steps of the budget pre-training (1 s each), checkpointed every 10 or 1/12 of them
     train_steps: int
     faults: int  # at least this many faults in all
     minutes: float  # and at least this long under faults
@@ -88,6 +90,31 @@ PRESETS = {
     "long": Preset(["tiny-gptneox", "tiny-bert", "tiny-vit", "tiny-mamba", "tiny-convnext"], ["a100", "h100", "cpu"],
                    [1, 2], ["naive", "fl"], 300, 150, 40, 30, (8, 30)),
 }  # fmt: skip
+
+
+DRILL_S = 30.0  # seconds a budget or train run stays drillable: twice the longest blocking fault (~15 s)
+# the soak waits while a daemon is down: these are postponed while a stage's job runs undrilled
+BLOCKING = ("ctld_restart", "dbd_restart")
+
+
+def yardstick_step_s() -> float:
+    """The quickest tiny-gptneox benchmark step on this machine (one thread; tests/rank_workers.py)."""
+    from multirank import run_ranks
+
+    (rank,) = run_ranks("tests.rank_workers:tiny_step_time", 1, {"model": "tiny-gptneox"}, 300)
+    if rank["returncode"] != 0 or rank.get("timed_out"):
+        raise RuntimeError(f"measuring a step failed: {rank.get('error')}\n{rank['stderr'][-3000:]}")
+    return float(rank["result"]["step_s"])
+
+
+def sized_stages(p: Preset, step_s: float) -> Preset:
+    """The preset with budget and train runs long enough to be drilled on this machine: a stage can be hit from its
+    15th step to 5 before its end (Round._stage_ready), and that window lasts about DRILL_S at the yardstick's step
+    (a stage's step is of its size: 16 samples of a tiny model). A count of steps that fits one CPU is over in a
+    blink on a faster one (a fast machine's train run ended during a controller restart, undrilled); a slow one
+    keeps the preset's."""
+    need = 20 + math.ceil(DRILL_S / step_s)
+    return dataclasses.replace(p, budget_steps=max(p.budget_steps, need), train_steps=max(p.train_steps, need))
 
 
 def log(msg: str) -> None:
@@ -216,8 +243,8 @@ class Round:
         budget["tokenizer"]["path"] = str(self.tokenizer)
         budget["train"].update(
             budget_hours=p.budget_steps / 3600, fake_step_s=1.0, clock="train", gpu="a100", gpus_per_node=2,
-            micro_batch=8, device="cpu", checkpoint_every_s=10, finetune_checkpoints=[], early_stop=[],
-            setting="config",
+            micro_batch=8, device="cpu", checkpoint_every_s=max(10, p.budget_steps // 12), finetune_checkpoints=[],
+            early_stop=[], setting="config",
         )  # fmt: skip
         budget["train"]["validation"].update(every=0.5, dense_first=0.0, dense_last=0.0)
         (self.work / "budget.yaml").write_text(yaml.safe_dump(budget))
@@ -301,6 +328,11 @@ class Round:
             if j["name"].startswith(self.STAGES) and j["name"] not in hit and self._stage_ready(j["name"]):
                 return j
         return None
+
+    def _stage_undrilled(self) -> bool:
+        """A budget or train job runs that no fault has hit yet in this round."""
+        hit = {f.name for f in self.faults} | set(self.drilled)
+        return any(j["name"].startswith(self.STAGES) and j["name"] not in hit for j in self._running())
 
     def _stage_first(self, jobs: list[dict[str, str]], rng: random.Random) -> dict[str, str] | None:
         """A budget or train job not hit yet (once it can be drilled), else a random job."""
@@ -425,7 +457,10 @@ class Round:
                     return
                 self.start_driver()
                 continue
-            more = rng is not None and (len(self.faults) < until_faults or time.time() - self.t0 < until_s)
+            # every kind at least once a round (a drill's kind counts), beside the counts asked for
+            missing = set(kinds) - {f.kind for f in self.faults}
+            more = rng is not None and (len(self.faults) < until_faults or time.time() - self.t0 < until_s
+                                        or bool(missing))  # fmt: skip
             # the budget and train stages are drilled in every round: a job fault for each, once it checkpointed
             drill = rng is not None and self.unhit_stage() is not None
             if (more and time.time() >= next_at) or drill:
@@ -436,6 +471,9 @@ class Round:
                 else:
                     if not order:  # every kind once per pass, in a seeded order: the mix covers every kind
                         order = rng.sample(kinds, len(kinds))
+                    if order[-1] in BLOCKING and self._stage_undrilled():
+                        time.sleep(0.5)  # a daemon down now could outlast the stage's drillable window: later
+                        continue
                     kind = order.pop()
                 try:
                     fault = self.inject(kind, rng)
@@ -802,6 +840,8 @@ def main(argv: list[str] | None = None) -> int:
 
         vocab = yaml.safe_load((REPO / "config/budget.yaml").read_text())["tokenizer"]["vocab_size"]
         train_tokenizer(sorted(str(p) for p in (REPO / "tests/data/corpus").glob("*.txt")), vocab, True, tokenizer)
+    preset = sized_stages(preset, yardstick_step_s())
+    log(f"stages sized to this machine: budget {preset.budget_steps} steps, train {preset.train_steps} steps")
     reference = Round(work / "fault-free", preset, "fault-free", tokenizer)
     rounds: list[Round] = []
     try:

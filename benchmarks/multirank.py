@@ -50,7 +50,9 @@ def run_ranks(
     (tmp / "payload.json").write_text(json.dumps(payload))
     port = free_port()
     # an inherited PYTHONPATH first (it may put another checkout of the package before this one)
-    path = os.pathsep.join([os.environ.get("PYTHONPATH", ""), str(REPO / "benchmarks"), str(REPO / "workflow")])
+    # and the repository, for a worker in tests/ when the caller runs elsewhere (the chaos soak from its work folder)
+    path = os.pathsep.join([os.environ.get("PYTHONPATH", ""), str(REPO / "benchmarks"), str(REPO / "workflow"),
+                            str(REPO)])  # fmt: skip
     procs = []
     t0 = time.monotonic()
     for rank in range(world):
