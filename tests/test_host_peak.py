@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from pretrain_planner.launch.cell import run_cell
 from pretrain_planner.planning.catalog import load_catalog
 from pretrain_planner.planning.grid import Cell
 from pretrain_planner.planning.spec import cell_spec
 from pretrain_planner.tables import aggregate, views
 from pretrain_planner.trainer import hostpeak
-from pretrain_planner.launch.cell import run_cell
 
 from .conftest import REPO
 

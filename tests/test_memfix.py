@@ -34,12 +34,13 @@ def _row(df: pl.DataFrame, model: str, gpu: str, gpn: int, method: str | None = 
 
 
 def test_the_memory_model_lower_bound_and_the_cheapest_method(tables):
-    """pythia-6.9b on one A100: fp32 master weights + gradients + Adam (16 bytes per parameter) exceed 80 GiB, so no
-    method without offload fits one GPU; offload is the cheapest change that does, a GPU with more memory the next."""
+    """pythia-6.9b on one A100: fp32 weights + Adam's two moments (12 bytes per parameter, what is held before the
+    first backward: planning/memory.py's bound) and the activations exceed 80 GiB, so no method without offload fits
+    one GPU; offload is the cheapest change that does, a GPU with more memory the next."""
     f = _row(tables["feasibility"], "pythia-6.9b", "a100", 1)
     assert f["verdict"] == "out of memory" and f["need_source"] == "memory model (lower bound)"
     spec = CATALOG.models["pythia-6.9b"]
-    assert f["need_gib"] == pytest.approx(memfix.need_bytes(spec, "fl", 1) / GIB) and f["need_gib"] > 100
+    assert f["need_gib"] == pytest.approx(memfix.need_bytes(spec, "fl", 1) / GIB) and f["need_gib"] > 80
     assert f["cheapest_fix"].startswith("fl+zero2+off on the same GPUs (memory model: >= ")
     assert f["other_fixes"] == "fl on 1x1 h200 (141 GiB)"
     # on 8 GPUs sharding the optimizer state is enough (the memory model's bound: 66 GiB of 80)

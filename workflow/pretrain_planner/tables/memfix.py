@@ -24,7 +24,7 @@ import polars as pl
 from pretrain_planner.planning import grid, methods
 from pretrain_planner.planning.catalog import Catalog, GpuSpec, ModelSpec
 from pretrain_planner.planning.flops import param_count
-from pretrain_planner.planning.memory import GIB, activation_bytes_per_sample, state_bytes_lb
+from pretrain_planner.planning.memory import GIB, activation_bytes_per_sample, model_states
 from pretrain_planner.tables import units
 
 # memory-saving methods, least slowdown first (the order in which a fix is proposed)
@@ -38,14 +38,19 @@ MIN_SEQUENCE = 64
 
 
 def need_bytes(spec: ModelSpec, method: str | methods.Method, world: int, micro_batch: int = 1) -> float:
-    """The memory model's bytes per GPU (a lower bound): model states by the method's sharding and offload, plus the
-    micro-batch's activations (one block's with checkpointing)."""
+    """The memory model's bytes per GPU (a lower bound on the step's peak): the most of two instants, the first
+    micro-batch's activation peak (model states then, by the method's sharding and offload, plus the micro-batch's
+    activations: one block's with checkpointing) and the optimizer step (the states with every gradient; on one GPU
+    16 bytes a parameter where the forward holds 12)."""
     m = methods.parse(method) if isinstance(method, str) else method
     params = param_count(spec.to_dict())
     act = activation_bytes_per_sample(spec) or 0.0
     if m.checkpointing and spec.arch.get("num_hidden_layers"):
         act /= spec.arch["num_hidden_layers"]
-    return (state_bytes_lb(m.sharding, m.offload, params, world) if params else 0.0) + micro_batch * act
+    if not params:
+        return micro_batch * act
+    states = model_states(m.sharding, m.offload, params, world)
+    return max(states.at_forward() + micro_batch * act, states.at_step)
 
 
 @dataclass(frozen=True)
