@@ -153,9 +153,12 @@ def make_spec(plan: Plan, catalog: Catalog, s: Settings, folder: Path) -> tuple[
         # ZeRO cells keep bf16 (DeepSpeed's own bf16 path, fast here); the GPU run checks every precision.
         override["precision"] = f"fp32 (recipe: {recipe['precision']})"
         recipe["precision"] = "fp32"
-    if plan.compile is not None and plan.compile != spec["model"]["supports_compile"]:
-        spec["model"]["supports_compile"] = plan.compile
-        override["supports_compile"] = plan.compile
+    if plan.compile is False and spec["model"]["supports_compile"]:
+        spec["compile_model"] = False  # the model stays eager; `cstep` still compiles its optimizer step
+        override["compile_model"] = False
+    elif plan.compile and not spec["model"]["supports_compile"]:
+        spec["model"]["supports_compile"] = True
+        override["supports_compile"] = True
     return spec, override
 
 
@@ -219,7 +222,7 @@ def run_cell(plan: Plan, catalog: Catalog, s: Settings) -> dict[str, Any]:
     rec.update(
         override=override,
         spec_cell=spec["cell"],
-        supports_compile=spec["model"]["supports_compile"],
+        supports_compile=spec["model"]["supports_compile"] and spec.get("compile_model", True),  # as the cell ran
         folder=str(folder),
     )
     if reason and not plan.run_invalid:

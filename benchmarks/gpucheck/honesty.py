@@ -47,18 +47,16 @@ def _reference_loop(step, batch, env, accum: int, reps: int, sync: bool) -> dict
 
 def _measure(cfg, env, mb: int) -> dict[str, Any]:
     import torch
+    from pretrain_planner.trainer import methodbuild
     from pretrain_planner.trainer.measure import batches_for, time_steps
-    from pretrain_planner.trainer.models import build_model
-    from pretrain_planner.trainer.parallel import apply_method, build_optimizer
-    from pretrain_planner.trainer.step import TrainStep
 
     torch.manual_seed(0)
-    net, attn = build_model(cfg.model, "sdpa")
-    applied = apply_method(cfg, env, net, attn)
-    optimizer, _ = build_optimizer(cfg, env, net.parameters())
-    step = TrainStep(applied, optimizer, cfg.recipe["grad_clip"], env.device.type)
+    # the one build path (trainer/methodbuild.py), as a cell builds its step
+    built = methodbuild.build(cfg.run_spec(env), env, mb, 1, 0, attn="sdpa", lr_every_step=False,
+                              lr_schedule="constant (the timing-honesty check)")  # fmt: skip
+    step = built.step
     batch = batches_for(cfg, env, mb, 1)[0]
-    out: dict[str, Any] = {"method_settings": applied.settings}
+    out: dict[str, Any] = {"method_settings": built.settings}
     # the reference runs first, on the fresh model, as it would in the reference benchmark
     out["reference_unsynchronised"] = _reference_loop(step, batch, env, ACCUM, REPS, sync=False)
     out["reference_synchronised"] = _reference_loop(step, batch, env, ACCUM, REPS, sync=True)
@@ -83,7 +81,7 @@ def run_honesty(plan: Plan, catalog: Catalog, s: Settings) -> dict[str, Any]:
     rec: dict[str, Any] = {"label": plan.label, "plan": plan.to_json(), "status": None}
     cell = Plan(plan.label, plan.model, "fl", mb, global_batch=mb * ACCUM)
     spec, override = make_spec(cell, catalog, s, folder_of(s, plan.label))
-    spec["model"]["supports_compile"] = False  # the reference harness's "eager"
+    spec["compile_model"] = False  # the reference harness's "eager"
     spec["model"]["recipe"]["precision"] = "bf16"  # as the reference harness (the 410M recipe is fp16 + GradScaler)
     h: dict[str, Any] = {
         "model": plan.model,

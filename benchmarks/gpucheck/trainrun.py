@@ -21,18 +21,21 @@ from pretrain_planner.tables.export import MEASURED, write_plan
 from .sustain import TARGET
 
 
-def model_as_measured(catalog: Catalog, spec_model: dict[str, Any]) -> ModelSpec:
+def model_as_measured(catalog: Catalog, spec_model: dict[str, Any], compile_model: bool = True) -> ModelSpec:
     """The catalog's model with the overrides the cell ran (global batch, precision, compile), checked to be
-    exactly the spec's model: the plan trains what was measured."""
+    exactly the spec's model: the plan trains what was measured (a cell left eager, `compile_model` False, exports
+    a model that is not compiled)."""
     base = catalog.model(spec_model["name"])
     r = spec_model["recipe"]
+    compiled = bool(spec_model["supports_compile"]) and compile_model
     model = dataclasses.replace(
         base,
-        supports_compile=spec_model["supports_compile"],
+        supports_compile=compiled,
         recipe=dataclasses.replace(base.recipe, global_batch=r["global_batch"], precision=r["precision"]),
     )
-    if model.to_dict() != spec_model:
-        differ = sorted(k for k, v in model.to_dict().items() if spec_model.get(k) != v)
+    want = {**spec_model, "supports_compile": compiled}
+    if model.to_dict() != want:
+        differ = sorted(k for k, v in model.to_dict().items() if want.get(k) != v)
         raise ValueError(f"the cell's model differs from {base.name} beyond its batch, precision and compile: {differ}")
     return model
 
@@ -42,7 +45,7 @@ def export_from_cell(record: dict[str, Any], catalog: Catalog, target: Path) -> 
     the export's index fields (a README instead of a plan where the cell's settings differ from the plan's)."""
     result = record["result"]
     spec = json.loads((Path(record["folder"]) / "spec.json").read_text())
-    model = model_as_measured(catalog, spec["model"])
+    model = model_as_measured(catalog, spec["model"], spec.get("compile_model", True))
     row = {
         "model": result["model"],
         "gpu": result["gpu"],

@@ -39,6 +39,9 @@ class RunConfig:
     bench: BenchConfig
     outputs: Outputs
     threads_per_rank: int = 1
+    # free-lunch compiles the model where it supports compile; a check may leave it eager (the GPU check's CPU smoke:
+    # a CPU compile is ~40 s) while `cstep` still compiles the optimizer step (RunSpec.compile_model)
+    compile_model: bool = True
 
     @property
     def recipe(self) -> dict[str, Any]:
@@ -46,7 +49,8 @@ class RunConfig:
 
     def run_spec(self, env: Any) -> RunSpec:
         """The cell as the typed run the trainer checks and builds, on this rank's device (trainer.rank.RankEnv)."""
-        return RunSpec.of(self.model, self.gpu, self.method, self.cell.world_size, cuda=env.device.type == "cuda")
+        return RunSpec.of(self.model, self.gpu, self.method, self.cell.world_size, cuda=env.device.type == "cuda",
+                          compile_model=self.compile_model)  # fmt: skip
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> RunConfig:
@@ -59,4 +63,5 @@ class RunConfig:
             bench=BenchConfig(**section("config", "benchmark", spec["benchmark"])),
             outputs=Outputs(**spec["outputs"]),
             threads_per_rank=int(spec.get("threads_per_rank", 1)),
+            compile_model=bool(spec.get("compile_model", True)),
         )
