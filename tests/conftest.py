@@ -4,6 +4,7 @@ budget stage's configs, benchmark sweeps, the train stage's plans."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import html
 import importlib.util
@@ -332,7 +333,16 @@ def start_driver(work: Path, cfg: Path) -> subprocess.Popen:
            "--configfile", str(cfg)]  # fmt: skip
     log = open(work / "driver.log", "a")  # noqa: SIM115 - the driver outlives this function
     return subprocess.Popen(cmd, cwd=work, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+                            env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONFAULTHANDLER": "1"})  # fmt: skip
+
+
+def dump_driver_threads(driver: subprocess.Popen) -> None:
+    """A driver that did not stop when asked: SIGABRT, so its fault handler writes every thread's stack to
+    driver.log (PYTHONFAULTHANDLER) before it dies, for the failure's report."""
+    if driver.poll() is None:
+        os.kill(driver.pid, signal.SIGABRT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            driver.wait(timeout=10)
 
 
 # ---------------------------------------- benchmark sweeps through the local launcher

@@ -329,7 +329,10 @@ def test_expand_uses_the_launcher(catalog):
 def test_default_config_sweep_is_all_valid(catalog):
     cfg = schema.validate(yaml.safe_load((ROOT / "config" / "config.yaml").read_text()), "config", "config.yaml")
     planned = grid.expand(cfg, catalog, "config.yaml")
-    assert len(planned) == 2 * 1 * 1 * 2 * 2
+    sweep = cfg["sweep"]  # 2 models x 1 GPU type x 1 node count x 2 GPU counts x 3 methods (naive, fl, fl+ac)
+    assert (
+        len(planned) == 2 * 1 * 1 * 2 * 3 == len(sweep["models"]) * len(sweep["gpus_per_node"]) * len(sweep["methods"])
+    )
     assert all(p.valid for p in planned), [p.reason for p in planned if not p.valid]
     grid.check_plan(planned, "config.yaml")
 
