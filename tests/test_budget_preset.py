@@ -77,6 +77,7 @@ TINY = {
 }  # fmt: skip
 
 
+@pytest.mark.slow  # a training subprocess or gloo ranks: not in the everyday subset
 def test_tiny_size_of_the_preset_runs_end_to_end(tmp_path):
     """The preset with a tiny model (`model.base: bert-24h`: the catalog's recipe, the arch's size replaced), a
     6-second wall-clock budget, on a CPU: data, pre-training, result, summary table and loss plot."""

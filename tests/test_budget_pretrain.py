@@ -89,6 +89,7 @@ def test_validation_rotates_through_the_held_out_shards(uninterrupted):
     assert len({v["val_loss"] for v in vals}) == len(vals)
 
 
+@pytest.mark.slow  # a training subprocess or gloo ranks: not in the everyday subset
 def test_sigkill_and_resume_matches_uninterrupted(uninterrupted):
     cfg, tmp, result = uninterrupted
     b = tmp / "b"
@@ -166,6 +167,7 @@ def test_debug_launcher_runs_in_process_and_refuses_ranks(uninterrupted):
         bconfig.launch_settings(main, two, REPO)
 
 
+@pytest.mark.slow  # a training subprocess or gloo ranks: not in the everyday subset
 def test_wall_clock_counts_what_training_time_does_not(uninterrupted, monkeypatch):
     """The reference's budget is wall time from the start: start-up, validation and checkpoint writes count. With
     the fake clock (1 s a step, budget 12 s) and a checkpoint write made 1 s slower, training time still runs 12

@@ -34,6 +34,7 @@ def _spec(folder: Path, kind: str, method: str = "naive") -> dict:
                      str(folder / "steps.jsonl"))  # fmt: skip
 
 
+@pytest.mark.slow  # a training subprocess or gloo ranks: not in the everyday subset
 def test_a_local_cell_goes_submitted_running_done_with_its_job_id_and_progress(tmp_path, capfd):
     """The real local launcher: while the job runs, the record names its job and says `running` (rank 0 has
     reported), and status shows the latest progress line; at the end `done` with the result's status, the

@@ -141,6 +141,7 @@ def test_prepare_check_reports_the_pair_and_the_size(tmp_path, core, extra_mib, 
     assert "liger-kernel                 0.8.5" in proc.stdout
 
 
+@pytest.mark.slow  # a training subprocess or gloo ranks: not in the everyday subset
 def test_gpu_check_runs_a_selection(tmp_path):
     """gpu_check.py, the status sweep on its own, on the same pieces: a selected cell, its report and records."""
     out = tmp_path / "gpu_check.md"

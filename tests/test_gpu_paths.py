@@ -158,6 +158,7 @@ def test_skipped_steps_are_never_timed():
     assert all(math.isfinite(loss) for loss in timing.losses)
 
 
+@pytest.mark.slow  # a training subprocess or gloo ranks: not in the everyday subset
 def test_compile_evidence_sees_zero3_style_graph_breaks():
     """Item 11: what compilation covered, from the profiler: one whole-model graph, or many small ones when
     every submodule has a dynamo-disabled hook (as DeepSpeed ZeRO-3's parameter hooks are)."""
@@ -197,6 +198,7 @@ def test_compile_evidence_sees_zero3_style_graph_breaks():
 # ------------------------------------------------------------------------------------------ two gloo ranks
 
 
+@pytest.mark.slow  # a training subprocess or gloo ranks: not in the everyday subset
 def test_fsdp2_paths_on_two_ranks():
     """Item 8: one reduce-scatter per FSDP unit and step at accumulation 4 (four with grad_sync "every"), the
     same gradients either way; item 7: rank 1 builds a meta skeleton and gets rank 0's weights and buffers
@@ -225,6 +227,7 @@ def test_one_rank_failure_stops_every_rank():
     assert seen["seconds"] < 20
 
 
+@pytest.mark.slow  # a training subprocess or gloo ranks: not in the everyday subset
 def test_killed_rank_is_noticed():
     """Items 6/7: a rank killed by a signal (the kernel's out-of-memory killer) never announces anything; rank 0
     notices its silence and stops, naming it."""
@@ -235,6 +238,7 @@ def test_killed_rank_is_noticed():
     assert seen["seconds"] < 30
 
 
+@pytest.mark.slow  # a training subprocess or gloo ranks: not in the everyday subset
 def test_cell_survives_an_oom_before_any_collective(tmp_path):
     """Item 6 through the trainer's entry point: rank 1 runs out of memory while building (before any collective
     of that instance) at micro-batch 4; both ranks agree, rebuild the group, and time micro-batch 2 with FSDP2's
@@ -274,6 +278,7 @@ def _cell(tmp_path, method: str, fake: str) -> dict:
     return json.loads((tmp_path / "result.json").read_text())
 
 
+@pytest.mark.slow  # a training subprocess or gloo ranks: not in the everyday subset
 def test_fsdp2_falls_back_to_a_reduce_scatter_per_micro_batch(tmp_path):
     """Item 8's memory side: where the accumulated unsharded gradients of one reduce-scatter per step do not
     fit (forced: an OOM on rank 1 in any micro-batch without gradient sync), the same micro-batch is tried,
@@ -289,6 +294,7 @@ def test_fsdp2_falls_back_to_a_reduce_scatter_per_micro_batch(tmp_path):
     assert s["collectives_per_step"]["reduce_scatter"] == 3 * 2  # every micro-batch, each FSDP unit
 
 
+@pytest.mark.slow  # a training subprocess or gloo ranks: not in the everyday subset
 @pytest.mark.skipif(not HAVE_DS, reason="DeepSpeed is not installed (bash envs/setup.sh test)")
 def test_deepspeed_forgets_groups_without_release_function():
     """Item 5: after an abort + rebuild, DeepSpeed's cached groups are dropped also where

@@ -202,6 +202,7 @@ def test_a_spread_out_timing_is_timed_again_then_kept_as_noisy(tmp_path, jitter,
         assert spreads[1] <= 3.0 and result["reason"] is None and len(ttt) == 2
 
 
+@pytest.mark.slow  # a training subprocess or gloo ranks: not in the everyday subset
 def test_a_dead_rank_ends_its_peers_at_once(tmp_path):
     """Local launcher: when one rank dies, the others are ended within seconds (submitit's controller would
     wait for them, and they for the dead rank in a collective)."""

@@ -7,6 +7,8 @@ from __future__ import annotations
 import collections
 import time
 
+import pytest
+
 from .conftest import REPO, snakemake
 
 # The study's models (its scripts/plotting/training_time_tables.py), by our catalog names.
@@ -54,6 +56,7 @@ def test_valid_cells_match_the_study(paper):
     assert all(paper.catalog.model(m).supports_checkpointing for m in STUDY_MODELS)
 
 
+@pytest.mark.slow  # Snakemake's dry run of the study's grid, in a subprocess: not in the everyday subset
 def test_paper_dry_run_is_fast_and_imports_no_torch(tmp_path):
     blocker = tmp_path / "blocker" / "torch"
     blocker.mkdir(parents=True)

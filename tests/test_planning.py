@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import yaml
 
 from .conftest import REPO, snakemake, write_config
@@ -63,6 +64,7 @@ def test_non_power_of_two_per_rank_batch(tmp_path):
     _assert_refused(_dry(tmp_path, cfg), tmp_path, "tiny-gptneox", "global_batch=24", "not a power of two")
 
 
+@pytest.mark.slow  # Snakemake's dry run of a large grid, in a subprocess: not in the everyday subset
 def test_large_dry_run_is_fast_and_imports_no_torch(tmp_path):
     blocker = tmp_path / "blocker" / "torch"
     blocker.mkdir(parents=True)

@@ -26,6 +26,7 @@ from .demo_results import measured
 sys.path.insert(0, str(REPO / "benchmarks"))
 import aggregate_bench  # noqa: E402
 
+pytestmark = pytest.mark.slow  # aggregating 10,000 results and drawing every plot of four sets: ~1.5 min
 SETS = ["default sweep", "hand-made GPU set", "60 results", "10k results"]
 SLACK_PX = 1.0  # boxes that merely touch (anti-aliasing, rounding) do not count as overlapping
 

@@ -64,6 +64,7 @@ def test_throughput_record_leaves_out_warmup_and_compares():
     assert t["ratio"] == {"step_time_s": 2.0, "samples_per_s": 0.5, "tokens_per_s": 0.5}
 
 
+@pytest.mark.slow  # a training subprocess or gloo ranks: not in the everyday subset
 def test_causal_lm_run_from_plan(gpt):
     tmp, _ = gpt
     res, steps = result_of(tmp / "a"), steps_of(tmp / "a")
@@ -86,6 +87,7 @@ def test_causal_lm_run_from_plan(gpt):
     assert (tmp / "a/throughput.csv").read_text().splitlines()[0] == ",".join(record.COLUMNS)
 
 
+@pytest.mark.slow  # a training subprocess or gloo ranks: not in the everyday subset
 def test_sigkill_then_resume_gives_the_uninterrupted_losses(gpt):
     """Rank 0 SIGKILLed after step 5 (last checkpoint at step 4), rerun: it resumes at 4 and its 6 losses, learning
     rates and data are the uninterrupted run's (model, optimizer, schedule, data position, RNG restored)."""
@@ -105,6 +107,7 @@ def test_sigkill_then_resume_gives_the_uninterrupted_losses(gpt):
     assert [s.get("warmup", False) for s in got] == [True, True, False, False, True, True]
 
 
+@pytest.mark.slow  # a training subprocess or gloo ranks: not in the everyday subset
 def test_accumulation_matches_one_big_micro_batch(tmp_path):
     """16 samples as 4 x 4 accumulated micro-batches or as one micro-batch of 16 give the same update: the second
     step's loss (after one optimizer step) agrees (tiny-vit: fp32, no dropout)."""
@@ -118,6 +121,7 @@ def test_accumulation_matches_one_big_micro_batch(tmp_path):
     assert losses[4][1] != pytest.approx(losses[4][0], rel=1e-6), "the optimizer step changed the model"
 
 
+@pytest.mark.slow  # a training subprocess or gloo ranks: not in the everyday subset
 @pytest.mark.parametrize("model", ["tiny-bert", "tiny-mamba", "tiny-vit"])
 def test_every_family_trains_from_its_plan(tmp_path, model):
     """MLM through trainer/data/mlm.py, Mamba on packed text, ViT on a local image folder (.npy): not synthetic."""
