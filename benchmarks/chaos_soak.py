@@ -97,22 +97,12 @@ DRILL_S = 30.0  # seconds a budget or train run stays drillable: twice the longe
 BLOCKING = ("ctld_restart", "dbd_restart")
 
 
-def yardstick_step_s() -> float:
-    """The quickest tiny-gptneox benchmark step on this machine (one thread; tests/rank_workers.py)."""
-    from multirank import run_ranks
-
-    (rank,) = run_ranks("tests.rank_workers:tiny_step_time", 1, {"model": "tiny-gptneox"}, 300)
-    if rank["returncode"] != 0 or rank.get("timed_out"):
-        raise RuntimeError(f"measuring a step failed: {rank.get('error')}\n{rank['stderr'][-3000:]}")
-    return float(rank["result"]["step_s"])
-
-
 def sized_stages(p: Preset, step_s: float) -> Preset:
     """The preset with budget and train runs long enough to be drilled on this machine: a stage can be hit from its
     15th step to 5 before its end (Round._stage_ready), and that window lasts about DRILL_S at the yardstick's step
-    (a stage's step is of its size: 16 samples of a tiny model). A count of steps that fits one CPU is over in a
-    blink on a faster one (a fast machine's train run ended during a controller restart, undrilled); a slow one
-    keeps the preset's."""
+    (multirank.tiny_step_s; a stage's step is of its size: 16 samples of a tiny model). A count of steps that fits
+    one CPU is over in a blink on a faster one (a fast machine's train run ended during a controller restart,
+    undrilled); a slow one keeps the preset's."""
     need = 20 + math.ceil(DRILL_S / step_s)
     return dataclasses.replace(p, budget_steps=max(p.budget_steps, need), train_steps=max(p.train_steps, need))
 
@@ -840,7 +830,9 @@ def main(argv: list[str] | None = None) -> int:
 
         vocab = yaml.safe_load((REPO / "config/budget.yaml").read_text())["tokenizer"]["vocab_size"]
         train_tokenizer(sorted(str(p) for p in (REPO / "tests/data/corpus").glob("*.txt")), vocab, True, tokenizer)
-    preset = sized_stages(preset, yardstick_step_s())
+    from multirank import tiny_step_s
+
+    preset = sized_stages(preset, tiny_step_s())
     log(f"stages sized to this machine: budget {preset.budget_steps} steps, train {preset.train_steps} steps")
     reference = Round(work / "fault-free", preset, "fault-free", tokenizer)
     rounds: list[Round] = []

@@ -101,6 +101,16 @@ def run_ranks(
     return out
 
 
+def tiny_step_s() -> float:
+    """Seconds of the quickest tiny-gptneox benchmark step on this machine (micro-batch 4, one thread;
+    tests/rank_workers.py:tiny_step_time): what a run that must last some seconds is sized by, so that it lasts as
+    long on a fast CPU as on a slow one (the tests' `step_s`, the chaos soak's stage runs)."""
+    (rank,) = run_ranks("tests.rank_workers:tiny_step_time", 1, {"model": "tiny-gptneox"}, 300)
+    if rank["returncode"] != 0 or rank.get("timed_out"):
+        raise RuntimeError(f"measuring a step failed: {rank.get('error')}\n{rank['stderr'][-3000:]}")
+    return float(rank["result"]["step_s"])
+
+
 def _main(argv: list[str]) -> int:
     target, payload_path, out_path = argv
     module, fn_name = target.split(":")
