@@ -80,6 +80,55 @@ def write_config(path: Path, **sections) -> Path:
     return path
 
 
+# How the suite runs on pytest-xdist workers (pyproject's addopts, `-n 3`): most of a SLURM drill's time is waiting for
+# the scheduler, and most of an end-to-end sweep's is one rank computing, so three workers share two cores well.
+# A module's tests stay on one worker (its module fixtures, Snakemake sweeps of minutes, run once, not once per
+# worker), and the modules of the SLURM testbed run on one worker, one after the other: the drills take nodes down,
+# restart the daemons and count every job in sacct. The longest units start first (their order below; the rest
+# follows in collection order), so no worker is left with a long one at the end.
+SLURM_MODULES = ("test_slurm_faults", "test_chaos_soak", "test_slurm", "test_budget_slurm")
+FIRST_MODULES = ("test_pipeline_e2e", "test_search_e2e", "test_benchmarks_smoke", "test_deepspeed", "test_sharding",
+                 "test_budget_glue", "test_oom", "test_memory", "test_local_runs", "test_bad_env")  # fmt: skip
+SLURM_UNIT = "the SLURM testbed"
+
+
+def test_unit(nodeid: str) -> str:
+    """The unit of work a test belongs to: the SLURM testbed's modules together, else the test's module file."""
+    path = nodeid.split("::", 1)[0]
+    return SLURM_UNIT if Path(path).stem in SLURM_MODULES else path
+
+
+test_unit.__test__ = False  # a helper, not a test
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's scheduler by units of `test_unit`, the longest first (xdist's own `--dist loadgroup` reads
+    groups from the test ids, which pytest 9.2's structured ids no longer let it change)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    order = [SLURM_UNIT, *(f"tests/{m}.py" for m in FIRST_MODULES)]
+
+    class ByUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return test_unit(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            first = min(self.workqueue, key=lambda unit: order.index(unit) if unit in order else len(order))
+            self.workqueue.move_to_end(first, last=False)
+            super()._assign_work_unit(node)
+
+    return ByUnit(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test on the SLURM testbed must sit in one of SLURM_MODULES, or a worker would run it beside a drill."""
+    stray = sorted(item.nodeid for item in items if "slurm_cluster" in item.fixturenames
+                   and test_unit(item.nodeid) != SLURM_UNIT)  # fmt: skip
+    if stray:
+        raise pytest.UsageError(f"tests on the SLURM testbed outside tests/conftest.py SLURM_MODULES: {stray}")
+
+
 @pytest.fixture
 def repo() -> Path:
     return REPO

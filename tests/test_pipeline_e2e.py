@@ -273,24 +273,3 @@ def test_the_readmes_train_commands_run_on_the_sweep(sweep):
         assert result["status"] == "ok" and (out / "throughput.md").is_file(), (command, result)
         assert result["steps"] == (5 if "snakemake" in command else 20), (command, result["steps"])
     assert "Nothing to be done" not in commands[0]
-
-
-@pytest.mark.slurm
-def test_exported_launch_script_runs_under_sbatch(sweep, slurm_cluster, tmp_path):
-    """`sbatch launch.sh` as its header says, from an environment without the venv on PATH: the job runs the train
-    stage with the interpreter the plan was exported with (srun + torchrun inside the allocation)."""
-    import os
-    import subprocess
-
-    work, _, _ = sweep
-    folder = work / "results/optimal/tiny-bert/cpu/1x1"
-    out = tmp_path / "train"
-    env = {**os.environ, "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
-    env.pop("PYTHON", None)
-    proc = subprocess.run(["sbatch", "--wait", "--output", str(tmp_path / "job.out"), str(folder / "launch.sh"),
-                           "--steps", "3", "--out", str(out)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
-    log = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").is_file() else ""
-    assert proc.returncode == 0, proc.stdout + proc.stderr + log[-4000:]
-    result = json.loads((out / "result.json").read_text())
-    assert result["status"] == "ok" and result["steps"] == 3 and result["world_size"] == 1

@@ -3,6 +3,7 @@ multi-task jobs, retries after scancel, requeue, and re-attaching after the driv
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -149,6 +150,28 @@ def test_multi_node_cell_spans_both_nodes(slurm_cluster, tmp_path):
     (job,) = wait_for(lambda: sacct(since, "pp-tiny-bert-cpu-2x1-naive"), 30, "sacct")
     assert job["Partition"] == "cpu" and job["NodeList"] in ("node-[a100,h100]", "node-a100,node-h100"), job
     assert _step_tasks(job["JobID"]) == 2
+
+
+def test_exported_launch_script_runs_under_sbatch(slurm_cluster, tmp_path):
+    """`sbatch launch.sh` as its header says, from an environment without the venv on PATH: the job runs the train
+    stage with the interpreter the plan was exported with (srun + torchrun inside the allocation). The plan comes
+    from a one-cell local sweep of its own, so this test needs no other module's sweep (the tests' workers: the
+    SLURM tests run on one worker, tests/conftest.py)."""
+    cfg = write_config(tmp_path / "c.yaml", sweep={"models": ["tiny-bert"], "gpus": ["cpu"], "gpus_per_node": [1],
+                       "methods": ["naive"]}, launcher={"kind": "local"}, benchmark=bench(3))  # fmt: skip
+    proc = snakemake(tmp_path, "--cores", "2", "--configfile", str(cfg))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    folder = tmp_path / "results/optimal/tiny-bert/cpu/1x1"
+    out = tmp_path / "train"
+    env = {**os.environ, "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
+    env.pop("PYTHON", None)
+    proc = subprocess.run(["sbatch", "--wait", "--output", str(tmp_path / "job.out"), str(folder / "launch.sh"),
+                           "--steps", "3", "--out", str(out)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    log = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").is_file() else ""
+    assert proc.returncode == 0, proc.stdout + proc.stderr + log[-4000:]
+    result = json.loads((out / "result.json").read_text())
+    assert result["status"] == "ok" and result["steps"] == 3 and result["world_size"] == 1
 
 
 def test_rendezvous_port_is_outside_the_ephemeral_range():
