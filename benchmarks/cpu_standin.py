@@ -30,7 +30,10 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "workflow"))
-EMULATED = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}  # oneDNN and ATen without AVX-512
+# oneDNN and ATen without AVX-512; inductor's cache apart: its keys do not include ATen's capability, and a kernel
+# compiled under one and loaded under the other corrupts memory (seen here: malloc's "unaligned tcache chunk")
+EMULATED = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2",
+            "TORCHINDUCTOR_CACHE_DIR": str(Path(tempfile.gettempdir()) / "torchinductor-avx2")}  # fmt: skip
 MODEL = "tiny-gptneox"
 
 PLAIN = r"""
