@@ -5,6 +5,9 @@ cell on this machine (the in-process launcher), then the tables built from its r
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from pretrain_planner.launch.cell import run_cell
@@ -23,6 +26,36 @@ def test_the_probe_measures_a_plausible_rate_and_says_how():
     tflops, how = hostpeak.matmul_tflops("fp32", size=256, reps=3)
     assert 1e-4 < tflops < 50  # one CPU thread: far below a GPU, far above nothing
     assert how.startswith("measured on this host, not a datasheet") and "256x256 fp32 torch.matmul" in how
+
+
+PROBE = """
+import os, sys, torch
+os.sched_setaffinity(0, {int(sys.argv[1])}); torch.set_num_threads(1)
+from pretrain_planner.trainer import hostpeak
+print(hostpeak.matmul_tflops("fp32", size=1024, reps=5)[0])
+"""
+
+
+def test_a_neighbour_on_the_same_core_does_not_lower_the_peak():
+    """A busy loop pinned to the probe's core takes it about half the time: each 1024^3 product (tens of ms, longer
+    than the scheduler's slice) then takes twice its wall time, but not twice the CPU time it needed, by which the
+    probe times it too. Before, the peak read about half and a cell's steps timed while the core was free read as an
+    MFU above 100% (`suspect`; seen with the suite on three workers)."""
+    core = sorted(os.sched_getaffinity(0))[0]
+
+    def probe() -> float:
+        out = subprocess.run([sys.executable, "-c", PROBE, str(core)], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return float(out.stdout.split()[-1])
+
+    quiet = probe()
+    hog = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{core}}})\nwhile True: pass"])
+    try:
+        shared = probe()
+    finally:
+        hog.kill()
+        hog.wait()
+    assert shared > 0.75 * quiet, (quiet, shared)
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,11 @@ estimate and the `suspect` check, where a GPU type has its datasheet figure (con
 A few square torch.matmul of the cell's precision on the rank's own threads, timed after a warm-up; the best of
 them counts (a peak is a best case, as a datasheet's is). The result records the figure and how it was taken
 (`peak_source`), and the tables say that such an MFU is against a measured peak, not a datasheet one.
+
+A product is timed by the shorter of its wall time and the CPU time the process spent on it per thread: on a host
+shared with other work (a login node, a test suite on several workers), a neighbour that takes the core half the
+time doubles the wall time of a product but not the CPU time it needed, and a peak lowered that way would make the
+cell's steps, timed when the core was free, read as an MFU above 100% (`suspect`).
 """
 
 from __future__ import annotations
@@ -26,12 +31,14 @@ def matmul_tflops(precision: str, size: int = SIZE, reps: int = REPS) -> tuple[f
     b = torch.randn(size, size, generator=gen).to(dtype)
     for _ in range(WARMUP):
         torch.matmul(a, b)
-    best = float("inf")
+    threads, best = torch.get_num_threads(), float("inf")
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         torch.matmul(a, b)
-        best = min(best, time.perf_counter() - t0)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        best = min(best, wall, cpu / threads if cpu > 0 else wall)
     tflops = 2 * size**3 / best / 1e12
     how = (f"measured on this host, not a datasheet: best of {reps} {size}x{size} {precision} torch.matmul on "
-           f"{torch.get_num_threads()} thread(s) per rank (trainer/hostpeak.py)")  # fmt: skip
+           f"{threads} thread(s) per rank, each timed by its CPU time where neighbours slowed it "
+           "(trainer/hostpeak.py)")  # fmt: skip
     return tflops, how
