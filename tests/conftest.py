@@ -129,6 +129,20 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(f"tests on the SLURM testbed outside tests/conftest.py SLURM_MODULES: {stray}")
 
 
+@pytest.fixture(autouse=True)
+def _environment_as_it_was():
+    """Each test leaves os.environ as it found it: on an xdist worker the next test is any module's, and a variable
+    one left set (an in-process one-rank cell sets RANK, LOCAL_RANK, WORLD_SIZE for DeepSpeed) made a later one fail
+    (accelerate waited for a torchrun rendezvous). Only what changed is put back, key by key."""
+    before = dict(os.environ)
+    yield
+    for key in [k for k in os.environ if k not in before]:
+        del os.environ[key]
+    for key, value in before.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
+
+
 @pytest.fixture
 def repo() -> Path:
     return REPO
