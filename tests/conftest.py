@@ -92,18 +92,15 @@ FIRST_MODULES = ("test_pipeline_e2e", "test_search_e2e", "test_benchmarks_smoke"
 SLURM_UNIT = "the SLURM testbed"
 
 
-def test_unit(nodeid: str) -> str:
+def unit_of(nodeid: str) -> str:
     """The unit of work a test belongs to: the SLURM testbed's modules together, else the test's module file."""
     path = nodeid.split("::", 1)[0]
     return SLURM_UNIT if Path(path).stem in SLURM_MODULES else path
 
 
-test_unit.__test__ = False  # a helper, not a test
-
-
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """pytest-xdist's scheduler by units of `test_unit`, the longest first (xdist's own `--dist loadgroup` reads
+    """pytest-xdist's scheduler by units of `unit_of`, the longest first (xdist's own `--dist loadgroup` reads
     groups from the test ids, which pytest 9.2's structured ids no longer let it change)."""
     from xdist.scheduler import LoadScopeScheduling
 
@@ -111,7 +108,7 @@ def pytest_xdist_make_scheduler(config, log):
 
     class ByUnit(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return test_unit(nodeid)
+            return unit_of(nodeid)
 
         def _assign_work_unit(self, node) -> None:
             first = min(self.workqueue, key=lambda unit: order.index(unit) if unit in order else len(order))
@@ -124,7 +121,7 @@ def pytest_xdist_make_scheduler(config, log):
 def pytest_collection_modifyitems(config, items):
     """Every test on the SLURM testbed must sit in one of SLURM_MODULES, or a worker would run it beside a drill."""
     stray = sorted(item.nodeid for item in items if "slurm_cluster" in item.fixturenames
-                   and test_unit(item.nodeid) != SLURM_UNIT)  # fmt: skip
+                   and unit_of(item.nodeid) != SLURM_UNIT)  # fmt: skip
     if stray:
         raise pytest.UsageError(f"tests on the SLURM testbed outside tests/conftest.py SLURM_MODULES: {stray}")
 

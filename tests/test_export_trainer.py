@@ -14,8 +14,6 @@ from pretrain_planner.tables import export
 
 from .conftest import BIN, CATALOG, REPO
 
-DIST_ENV = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"}
-
 pytestmark = pytest.mark.slow
 HAVE_DS = __import__("importlib").util.find_spec("deepspeed") is not None
 MODEL = "tiny-gptneox"
@@ -55,10 +53,7 @@ def test_exported_arguments_drive_the_trainer(tmp_path, method, ranks):
     script = [str(REPO / "tests/hf_trainer_run.py"), str(folder), str(out), "2"]
     cmd = [sys.executable, *script] if ranks == 1 else [
         str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={ranks}", *script]  # fmt: skip
-    # a fresh shell's environment: a cell run in this process (the debug launcher) leaves RANK, LOCAL_RANK and
-    # WORLD_SIZE set for DeepSpeed, and with them accelerate takes the one-rank run for a torchrun rank
-    env = {k: v for k, v in os.environ.items() if k not in DIST_ENV}
-    env.update(PYTHONPATH=str(REPO / "workflow"), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    env = {**os.environ, "PYTHONPATH": str(REPO / "workflow"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     result = json.loads((out / "hf_result.json").read_text())
