@@ -57,6 +57,18 @@ def test_budget_run(uninterrupted):
     assert result["sparse_prediction"] and result["model_class"].endswith("WithSparsePrediction")
 
 
+def test_a_budget_of_n_fake_seconds_takes_n_steps(uninterrupted):
+    """57 / 3600 h is 57.00000000000001 s as `hours * 3600`: the run took a 58th step (CI's chaos soak: 512 steps
+    for a budget of 511)."""
+    _, tmp, _ = uninterrupted
+    (tmp / "n57").mkdir()
+    cfg = budget_cfg(tmp / "n57", train={"budget_hours": 57 / 3600, "checkpoint_every_s": None,
+                                         "finetune_checkpoints": []})  # fmt: skip
+    result = _run(cfg, tmp, "n57", threads=1)
+    assert result["stop_reason"] == "budget" and result["steps"] == 57
+    assert [s["step"] for s in _steps(tmp / "n57/run")] == list(range(1, 58))
+
+
 def test_what_checkpointing_cost_is_recorded_and_the_default_writes_only_the_last(uninterrupted):
     """Every 4 s of training: steps 4, 8, 12 and the end, their write time in the result and the summary; the default
     (null, the reference run's) writes the end's alone."""

@@ -96,6 +96,25 @@ def test_a_failing_debug_cell_records_the_error_and_its_attempts(tmp_path, capfd
     assert ", attempt 2)" in lines[1] and "no-such-family" in lines[1]
 
 
+def test_an_in_process_sharded_cell_takes_its_rank_variables_back(tmp_path, monkeypatch):
+    """A one-rank sharded cell in the driver's process (the debug launcher) starts a process group of its own and
+    sets RANK, LOCAL_RANK and WORLD_SIZE for DeepSpeed; closing it takes them back, so the driver (and whatever it
+    starts later: an HF Trainer, torchrun) sees no distributed run. Before, they stayed set."""
+    from pretrain_planner.trainer.config import RunConfig
+    from pretrain_planner.trainer.rank import close_rank, init_rank
+
+    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    cfg = RunConfig.from_spec(_spec(tmp_path / "cell", "debug", method="fl+zero2+off"))
+    env = init_rank(cfg)
+    try:
+        assert env.backend is not None and os.environ["WORLD_SIZE"] == "1"
+    finally:
+        close_rank(env)
+    assert {v: os.environ.get(v) for v in ("RANK", "LOCAL_RANK", "WORLD_SIZE")} == dict.fromkeys(
+        ("RANK", "LOCAL_RANK", "WORLD_SIZE"))  # fmt: skip
+
+
 def test_the_driver_follows_the_job_id_and_progress_and_a_reattached_job_runs_on(tmp_path):
     """What the driver's follower does each poll, with the launcher's real registry (driver.register): a job
     re-attached to that the last driver left running is running at once; a new job is submitted until rank 0's

@@ -185,7 +185,7 @@ class _Run(Training):
         self.index = json.loads(index_path.read_text())
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.budget_s = tr["budget_hours"] * 3600.0
+        self.budget_s = schedule.budget_seconds(tr["budget_hours"])
         self.clock_kind = tr["clock"]
         self.micro, self.accum = setting["micro_batch"], setting["grad_accum_steps"]
         self.global_batch = self.micro * self.accum * self.world

@@ -191,7 +191,7 @@ class _Train(Training):
     def progress(self, state: dict[str, Any]) -> float:
         if self.budget["mode"] == "steps":
             return state["step"] / self.budget["steps"]
-        return state["elapsed_s"] / (self.budget["hours"] * 3600.0)
+        return state["elapsed_s"] / schedule.budget_seconds(self.budget["hours"])
 
     def lr(self, state: dict[str, Any]) -> float:
         total = self.budget["steps"] if self.budget["mode"] == "steps" else None

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -47,6 +47,7 @@ class RankEnv:
     trials: int = 0  # guarded regions run so far (keys in the store)
     store_port: int | None = None  # the TCPStore's port: its connections survive an abort
     watch: Any = None  # watch.PeerWatch of a multi-rank run: one rank's failure ends every rank
+    env_set: list[str] = field(default_factory=list)  # variables an in-process one-rank group set
 
     @property
     def distributed(self) -> bool:
@@ -249,9 +250,10 @@ def init_rank(cfg: RunConfig) -> RankEnv:
                         "threads): run sharded cells with the local or slurm launcher"
                     )
                 env.store = torch_dist.HashStore()
-                for var in ("RANK", "LOCAL_RANK"):  # DeepSpeed reads them (a launcher would set them)
-                    os.environ.setdefault(var, "0")
-                os.environ.setdefault("WORLD_SIZE", "1")
+                for var, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+                    if var not in os.environ:  # DeepSpeed reads them (a launcher would set them); close_rank
+                        os.environ[var] = value  # takes them back
+                        env.env_set.append(var)
             env._init_group()
     return env
 
@@ -262,3 +264,6 @@ def close_rank(env: RankEnv) -> None:
     if torch_dist.is_available() and torch_dist.is_initialized():
         torch_dist.destroy_process_group()
     forget_deepspeed_groups()
+    for var in env.env_set:  # a cell run in the driver's process (the debug launcher) leaves no rank behind
+        os.environ.pop(var, None)
+    env.env_set.clear()

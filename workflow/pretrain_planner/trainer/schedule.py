@@ -16,6 +16,13 @@ import math
 from typing import Any
 
 
+def budget_seconds(hours: float) -> float:
+    """A time budget in hours as seconds, rounded to the microsecond. `hours * 3600` alone is not exact for most
+    budgets (511 / 3600 h -> 511.00000000000006 s), and a run on the fake clock (1 s steps) then takes one step
+    more than its budget holds (512 of 511: seen in CI's chaos soak); a microsecond is far below any step."""
+    return round(float(hours) * 3600.0, 6)
+
+
 def lr_factor(progress: float, warmup_fraction: float) -> float:
     """Multiplier of the peak learning rate at `progress` in [0, 1]: 0 -> 1 at warm-up's end -> 0 at 1."""
     p = min(max(progress, 0.0), 1.0)
