@@ -734,15 +734,20 @@ class Round:
 _UNINTERRUPTED: dict[str, list[dict[str, Any]]] = {}
 
 
+def _trains_as(plan: dict[str, Any]) -> dict[str, Any]:
+    """What of a plan the train stage's run depends on (train/run.py): the model and its recipe, the method and its
+    settings, the setting's size and the measured micro-batch; not the step times measured with it, which differ
+    from round to round (comparing them made every round train its plan a second time, uninterrupted)."""
+    fields = {k: plan.get(k) for k in ("model", "method", "method_settings", "nodes", "gpus_per_node")}
+    return {**fields, "micro_batch_size": (plan.get("measured") or {}).get("micro_batch_size")}
+
+
 def uninterrupted_train(chaos: Round, reference: Round) -> list[dict[str, Any]]:
     """The steps of an uninterrupted run of the plan the chaos round trained: the fault-free round's when it chose
     the same plan, else a local run of it now (2 gloo ranks on this host, the same steps and threads)."""
-    plan = json.loads(chaos.train_plan().read_text())
-    ref_plan = json.loads(reference.train_plan().read_text())
-    same = all(plan.get(k) == ref_plan.get(k) for k in ("method", "measured", "method_settings", "nodes",
-                                                        "gpus_per_node"))  # fmt: skip
-    key = json.dumps({k: plan.get(k) for k in ("method", "measured", "method_settings")}, sort_keys=True, default=str)
-    if same:
+    plan, ref_plan = (_trains_as(json.loads(r.train_plan().read_text())) for r in (chaos, reference))
+    key = json.dumps(plan, sort_keys=True, default=str)
+    if plan == ref_plan:
         return reference.steps("train")
     if key not in _UNINTERRUPTED:
         out = chaos.work.parent / f"train-uninterrupted-{len(_UNINTERRUPTED)}"

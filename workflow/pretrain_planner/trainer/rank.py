@@ -69,6 +69,13 @@ class RankEnv:
             timeout=GROUP_TIMEOUT,
             **eager_init_kwargs(self.device, self.world_size),
         )
+        if self.world_size > 1:
+            # every rank waits here until all have joined: a rank whose group is up can fail at once (a bad model
+            # config) and close its sockets while a slower peer is still inside gloo's connectFullMesh, which then
+            # fails with "Connection reset" instead of learning rank r's error from the watch (seen once, the
+            # suite on three workers with bf16 emulated: test_one_rank_failure_stops_every_rank)
+            store.set(f"joined/{self.rank}", "1")
+            store.wait([f"joined/{r}" for r in range(self.world_size)], GROUP_TIMEOUT)
 
     def abort_group(self) -> None:
         """Abort every process group of this process, so that collectives in flight here and on the peers
