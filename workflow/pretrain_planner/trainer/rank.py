@@ -213,6 +213,25 @@ def _select_device(cfg: RunConfig, local_rank: int) -> torch.device:
     return torch.device("cuda", device_index(local_rank, torch.cuda.device_count()))
 
 
+def one_rank_environment() -> list[str]:
+    """RANK, LOCAL_RANK and WORLD_SIZE of a one-rank process group started in this process, which DeepSpeed reads
+    (a launcher would set them): those not already set are set, and their names returned for `take_back`."""
+    names = []
+    for var, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+        if var not in os.environ:
+            os.environ[var] = value
+            names.append(var)
+    return names
+
+
+def take_back(names: list[str]) -> None:
+    """Unset what `one_rank_environment` set: an in-process run must not leave a distributed environment behind
+    (an HF Trainer or accelerate started later would wait for a rendezvous)."""
+    for var in names:
+        os.environ.pop(var, None)
+    names.clear()
+
+
 def init_rank(cfg: RunConfig) -> RankEnv:
     """Read the rank from submitit's environment (if launched by it) and start the process group.
 
@@ -257,10 +276,7 @@ def init_rank(cfg: RunConfig) -> RankEnv:
                         "threads): run sharded cells with the local or slurm launcher"
                     )
                 env.store = torch_dist.HashStore()
-                for var, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
-                    if var not in os.environ:  # DeepSpeed reads them (a launcher would set them); close_rank
-                        os.environ[var] = value  # takes them back
-                        env.env_set.append(var)
+                env.env_set = one_rank_environment()
             env._init_group()
     return env
 
@@ -271,6 +287,4 @@ def close_rank(env: RankEnv) -> None:
     if torch_dist.is_available() and torch_dist.is_initialized():
         torch_dist.destroy_process_group()
     forget_deepspeed_groups()
-    for var in env.env_set:  # a cell run in the driver's process (the debug launcher) leaves no rank behind
-        os.environ.pop(var, None)
-    env.env_set.clear()
+    take_back(env.env_set)  # a cell run in the driver's process (the debug launcher) leaves no rank behind

@@ -60,7 +60,7 @@ class Ranks:
             raise RuntimeError(f"launched with {self.world} tasks, the setting needs {world_size}")
         self.device = device_of(self.local_rank)
         if self.world > 1 or group_for_one:
-            from pretrain_planner.trainer.rank import eager_init_kwargs, process_group_backend
+            from pretrain_planner.trainer.rank import eager_init_kwargs, one_rank_environment, process_group_backend
 
             if self.device.type == "cuda":
                 torch.cuda.set_device(self.device)
@@ -74,10 +74,7 @@ class Ranks:
                 if torch_dist.is_initialized():
                     raise RuntimeError("a sharded method on one rank needs this process's process group: run it "
                                        "through the local or slurm launcher")  # fmt: skip
-                for var, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
-                    if var not in os.environ:  # DeepSpeed reads them; close() takes them back
-                        os.environ[var] = value
-                        self._env_set.append(var)
+                self._env_set = one_rank_environment()  # close() takes them back
                 torch_dist.init_process_group(backend, store=torch_dist.HashStore(), rank=0, world_size=1)
             self.backend = backend
 
@@ -122,15 +119,13 @@ class Ranks:
             torch_dist.barrier()
 
     def close(self) -> None:
+        from pretrain_planner.trainer.rank import forget_deepspeed_groups, take_back
+
         if self.backend is not None:
             import torch.distributed as torch_dist
 
             if torch_dist.is_initialized():
                 torch_dist.destroy_process_group()
-            from pretrain_planner.trainer.rank import forget_deepspeed_groups
-
             forget_deepspeed_groups()
             self.backend = None
-        for var in self._env_set:  # an in-process run must not leave a distributed environment behind
-            os.environ.pop(var, None)
-        self._env_set.clear()
+        take_back(self._env_set)
