@@ -317,7 +317,10 @@ def test_a_frozen_driver_is_not_replaced_here_and_steps_aside_when_another_host_
         assert "cell tiny-gptneox/cpu/1x1/naive:" not in out.split("another driver has taken over")[-1]
         assert second.wait(timeout=600) == 0, (shared.parent / "second.log").read_text()[-4000:]
         result = json.loads((cell / "result.json").read_text())
-        assert result["status"] == "ok" and result["timed_steps"] == 3 and result["hostname"] == "login2"
+        # measured by login2 while this host's orphaned rank may still have shared its cores: "noisy" is an honest
+        # outcome of that overlap (CI saw it once), the takeover is what this test checks
+        assert result["status"] in ("ok", "noisy"), result
+        assert result["timed_steps"] == 3 and result["hostname"] == "login2"
         state = json.loads((cell / "state.json").read_text())
         assert state["state"] == "done" and state["driver"]["host"] == "login2"
     finally:
