@@ -78,7 +78,7 @@ def test_node_failure_reattaches_to_the_requeued_job(slurm_cluster, tmp_path, st
     """A node goes down under a running cell: SLURM requeues the job (sacct says NODE_FAIL for a while); the
     driver waits for the same job instead of failing the cell and submitting a second one."""
     since = last_job_id()
-    run_s = 40  # still running when the node goes down, a few seconds after the cell started
+    run_s = 25  # still running when the node goes down, 3 s after the job started (start-up comes on top)
     cfg = _config(tmp_path / "c.yaml", ["tiny-gptneox"], ["a100"], timed_steps=steps_lasting(run_s, step_s))
     driver = start_driver(tmp_path, cfg)
     try:
@@ -151,19 +151,30 @@ def test_controller_down_at_submission_backs_off_and_logs_every_attempt(slurm_cl
     _one_job_per_cell(tmp_path, since)
 
 
-def test_time_limit_too_short_fails_once_naming_the_site_key(slurm_cluster, tmp_path, step_s):
-    """The USR2 warning arrives right after each (re)start: the second time-out without progress is not
-    requeued, the cell fails with the site key to raise, and Snakemake's retry does not submit it again."""
+@pytest.fixture(scope="module")
+def time_limit_sweep(slurm_cluster, tmp_path_factory, step_s):
+    """One sweep, two cells that outlast a 1-minute time limit, side by side on the two nodes (each drill waits on
+    SLURM's clock, minutes at its coarsest, so one run serves both): on a100 the USR2 warning arrives right after each
+    (re)start (signal_delay_s 90 > the limit), on h100 there is no warning before the limit (signal_delay_s 0)."""
+    work = tmp_path_factory.mktemp("time-limits")
     site = yaml.safe_load(Path(SITE).read_text())
     site["gpus"]["a100"].update(time_limit_min=1, signal_delay_s=90)
-    site_path = tmp_path / "site.yaml"
+    site["gpus"]["h100"].update(time_limit_min=1, signal_delay_s=0)
+    site_path = work / "site.yaml"
     site_path.write_text(yaml.safe_dump(site))
     since = last_job_id()
-    steps = steps_lasting(240, step_s)  # 4 x the limit: never done within it
-    cfg = _config(tmp_path / "c.yaml", ["tiny-gptneox"], ["a100"], timed_steps=steps, site=str(site_path))
-    proc = snakemake(tmp_path, "--profile", PROFILE, "--configfile", str(cfg), timeout=600)
+    steps = steps_lasting(300, step_s)  # 5 x the limit: never done within it
+    cfg = _config(work / "c.yaml", ["tiny-gptneox"], ["a100", "h100"], timed_steps=steps, site=str(site_path))
+    proc = snakemake(work, "--profile", PROFILE, "--configfile", str(cfg), timeout=600)
+    return work, since, proc
+
+
+def test_time_limit_too_short_fails_once_naming_the_site_key(time_limit_sweep):
+    """The USR2 warning arrives right after each (re)start: the second time-out without progress is not
+    requeued, the cell fails with the site key to raise, and Snakemake's retry does not submit it again."""
+    work, since, proc = time_limit_sweep
     assert proc.returncode != 0
-    text = _log(tmp_path, "tiny-gptneox/a100/1x1/naive")
+    text = _log(work, "tiny-gptneox/a100/1x1/naive")
     # the second time-out ends as requeued-without-progress, or (its USR2 came while submitit unpickled, ignored
     # by the guard) as a TIMEOUT of a job that restarts from its first step: either way refused, naming the key
     refused = "without getting further" in text or "ran into its time limit" in text
@@ -173,23 +184,16 @@ def test_time_limit_too_short_fails_once_naming_the_site_key(slurm_cluster, tmp_
     assert len(jobs) == 1, jobs  # one job, requeued once, then refused
 
 
-def test_a_cell_ending_at_its_time_limit_is_not_submitted_again(slurm_cluster, tmp_path, step_s):
+def test_a_cell_ending_at_its_time_limit_is_not_submitted_again(time_limit_sweep):
     """No warning before the limit (signal_delay_s 0; likewise a warning that arrives while the job still starts,
     before submitit's handler exists): the job ends TIMEOUT. A benchmark starts over from its first step, so a new
     job with the same limit would end the same way: the cell fails naming the site key, with one job only."""
-    site = yaml.safe_load(Path(SITE).read_text())
-    site["gpus"]["a100"].update(time_limit_min=1, signal_delay_s=0)
-    site_path = tmp_path / "site.yaml"
-    site_path.write_text(yaml.safe_dump(site))
-    since = last_job_id()
-    steps = steps_lasting(300, step_s)  # 5 x the limit: never done within it
-    cfg = _config(tmp_path / "c.yaml", ["tiny-gptneox"], ["a100"], timed_steps=steps, site=str(site_path))
-    proc = snakemake(tmp_path, "--profile", PROFILE, "--configfile", str(cfg), timeout=600)
+    work, since, proc = time_limit_sweep
     assert proc.returncode != 0
-    text = _log(tmp_path, "tiny-gptneox/a100/1x1/naive")
-    assert "(SLURM state TIMEOUT)" in text and "gpus.a100.time_limit_min" in text, text[-4000:]
+    text = _log(work, "tiny-gptneox/h100/1x1/naive")
+    assert "(SLURM state TIMEOUT)" in text and "gpus.h100.time_limit_min" in text, text[-4000:]
     assert "not submitted again" in text
-    jobs = sacct(since, "pp-tiny-gptneox-a100-1x1-naive")
+    jobs = sacct(since, "pp-tiny-gptneox-h100-1x1-naive")
     assert [j["State"] for j in jobs] == ["TIMEOUT"], jobs
 
 
