@@ -17,7 +17,7 @@ import pytest
 from pretrain_planner.launch import driver
 from pretrain_planner.launch.hostpool import HostPool, alive, start_time
 
-from .conftest import BIN, REPO, snakemake, steps_lasting, write_config
+from .conftest import BIN, REPO, bench, snakemake, steps_lasting, write_config
 
 LOCAL = str(REPO / "cluster/local")
 
@@ -134,9 +134,8 @@ def test_a_killed_drivers_measurement_is_ended_before_the_cell_is_measured_again
     time.sleep(1)
     assert alive(rank["pid"], rank["start"]), "the orphaned rank should still be running"
     assert (tmp_path / "results/.driver.json").is_file()  # a dead driver's record: not a live one
-    bench = {"warmup_steps": 1, "timed_steps": 3, "max_micro_batch": 4, "max_spread": 50}  # wiring, not noise
     write_config(cfg, sweep={"models": ["tiny-gptneox"], "gpus": ["cpu"], "methods": ["naive"]},
-                 launcher={"kind": "local"}, benchmark=bench)  # fmt: skip
+                 launcher={"kind": "local"}, benchmark=bench(3))  # fmt: skip
     assert snakemake(tmp_path, "--profile", LOCAL, "--configfile", str(cfg), "--unlock").returncode == 0
     t0 = time.time()
     proc = snakemake(tmp_path, "--profile", LOCAL, "--cores", "2", "--configfile", str(cfg))
