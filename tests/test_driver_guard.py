@@ -164,3 +164,42 @@ def test_which_executors_run_jobs():
     assert not driver.executing(Workflow(ExecMode.DEFAULT), touch)
     assert not driver.executing(Workflow(ExecMode.SUBPROCESS), local)  # a job's own Snakemake process
     assert not driver.executing(Workflow(ExecMode.DEFAULT), None)  # --unlock, --lint, --report: nothing executes
+
+
+# A stop signal landing while the main thread holds Snakemake's scheduler lock: JobScheduler.schedule holds it while
+# it selects jobs, and JobScheduler.exit_gracefully (Snakemake's SIGTERM handler, the real function here) takes it.
+STOP_SCRIPT = """
+import functools, os, signal, threading, time, types
+from snakemake.scheduling.job_scheduler import JobScheduler
+from pretrain_planner.launch import driver
+
+scheduler = types.SimpleNamespace(_lock=threading.Lock(), _open_jobs=threading.Semaphore(0), _user_kill=None)
+signal.signal(signal.SIGTERM, functools.partial(JobScheduler.exit_gracefully, scheduler))
+driver.install_stop_handlers()
+with scheduler._lock:
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.3)
+    print("stop set in the main thread:", driver.STOP.is_set(), flush=True)
+print("snakemake's handler ran:", scheduler._open_jobs.acquire(timeout=20), scheduler._user_kill, flush=True)
+try:
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(5)
+    print("no KeyboardInterrupt", flush=True)
+except KeyboardInterrupt:
+    print("Ctrl-C: KeyboardInterrupt", flush=True)
+"""
+
+
+def test_a_stop_signal_while_snakemake_holds_its_scheduler_lock_still_stops_the_driver(tmp_path):
+    """SIGTERM handled while the main thread holds the scheduler's lock: the handler set STOP at once, said what it
+    left, and Snakemake's own handler ran (the driver stops) instead of waiting for ever on its own thread (the
+    hang seen once in test_slurm_faults' SIGTERM drill); Ctrl-C still raises KeyboardInterrupt."""
+    script = tmp_path / "stop.py"
+    script.write_text(STOP_SCRIPT)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO / "workflow")})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["stop set in the main thread: True", "snakemake's handler ran: True graceful",
+                                        "Ctrl-C: KeyboardInterrupt"], proc.stdout  # fmt: skip
+    assert "stopping on request" in proc.stderr and "no job was running" in proc.stderr
+    assert proc.stderr.count("stopping on request") == 1, proc.stderr  # said once, not again at Ctrl-C

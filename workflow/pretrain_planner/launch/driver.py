@@ -19,6 +19,7 @@ import datetime as dt
 import fcntl
 import json
 import os
+import queue
 import signal
 import socket
 import sys
@@ -273,19 +274,44 @@ def stop_message() -> str:
 
 
 def install_stop_handlers() -> None:
-    """Chain a handler before Snakemake's own on SIGTERM and SIGINT (main thread only)."""
+    """Chain a handler before Snakemake's own on SIGTERM and SIGINT (main thread only).
+
+    A signal handler runs in the main thread between two bytecodes, whatever that thread holds at the moment.
+    Snakemake's SIGTERM handler (JobScheduler.exit_gracefully, 9.x) takes the scheduler's non-reentrant lock, which
+    the main thread holds while it schedules: called from the handler it waits for ever on its own thread, and the
+    driver never stops. A print to stderr from the handler can likewise land inside a write to stderr (a reentrant
+    call). So the handler itself only sets STOP (waiting cells stop at once) and queues the rest (SimpleQueue.put is
+    safe in a signal handler); the stop message and Snakemake's own handler run on a helper thread, which waits for
+    the lock like any other thread. Ctrl-C without a handler of Snakemake's still raises KeyboardInterrupt in the
+    main thread."""
     if threading.current_thread() is not threading.main_thread():
         return
+    if not _STOP_WORKER:
+        _STOP_WORKER.append(threading.Thread(target=_after_stop, name="pp-driver-stop", daemon=True))
+        _STOP_WORKER[0].start()
     for sig in (signal.SIGTERM, signal.SIGINT):
         previous = signal.getsignal(sig)
 
         def handler(signum, frame, previous=previous):
-            if not STOP.is_set():
-                STOP.set()
-                print(stop_message(), file=sys.stderr, flush=True)
-            if callable(previous):
-                previous(signum, frame)
-            elif previous == signal.SIG_DFL and signum == signal.SIGINT:
+            first = not STOP.is_set()
+            STOP.set()
+            chain = previous if callable(previous) and previous is not signal.default_int_handler else None
+            _STOP_WORK.put((first, chain, signum))
+            if previous is signal.default_int_handler or (previous == signal.SIG_DFL and signum == signal.SIGINT):
                 raise KeyboardInterrupt
 
         signal.signal(sig, handler)
+
+
+_STOP_WORK: queue.SimpleQueue = queue.SimpleQueue()
+_STOP_WORKER: list[threading.Thread] = []
+
+
+def _after_stop() -> None:
+    """What a stop signal does beyond setting STOP, off the signal handler (install_stop_handlers says why)."""
+    while True:
+        first, chain, signum = _STOP_WORK.get()
+        if first:
+            print(stop_message(), file=sys.stderr, flush=True)
+        if chain is not None:
+            chain(signum, None)
