@@ -176,6 +176,15 @@ from pretrain_planner.launch import driver
 scheduler = types.SimpleNamespace(_lock=threading.Lock(), _open_jobs=threading.Semaphore(0), _user_kill=None)
 signal.signal(signal.SIGTERM, functools.partial(JobScheduler.exit_gracefully, scheduler))
 driver.install_stop_handlers()
+driver.register("pp-cell", kind="slurm", job_id="42", what="cell")
+
+
+def cell():  # a cell waiting on its SLURM job leaves at once on STOP
+    driver.STOP.wait()
+    driver.unregister("pp-cell")
+
+
+threading.Thread(target=cell).start()
 with scheduler._lock:
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(0.3)
@@ -191,8 +200,9 @@ except KeyboardInterrupt:
 
 
 def test_a_stop_signal_while_snakemake_holds_its_scheduler_lock_still_stops_the_driver(tmp_path):
-    """SIGTERM handled while the main thread holds the scheduler's lock: the handler set STOP at once, said what it
-    left, and Snakemake's own handler ran (the driver stops) instead of waiting for ever on its own thread (the
+    """SIGTERM handled while the main thread holds the scheduler's lock: the handler set STOP at once, named the
+    SLURM job it left queued (as it was when the signal came: its cell's thread leaves at once), and Snakemake's
+    own handler ran (the driver stops) instead of waiting for ever on its own thread (the
     hang seen once in test_slurm_faults' SIGTERM drill); Ctrl-C still raises KeyboardInterrupt."""
     script = tmp_path / "stop.py"
     script.write_text(STOP_SCRIPT)
@@ -201,5 +211,6 @@ def test_a_stop_signal_while_snakemake_holds_its_scheduler_lock_still_stops_the_
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["stop set in the main thread: True", "snakemake's handler ran: True graceful",
                                         "Ctrl-C: KeyboardInterrupt"], proc.stdout  # fmt: skip
-    assert "stopping on request" in proc.stderr and "no job was running" in proc.stderr
+    assert "stopping on request" in proc.stderr and "left queued on SLURM (1)" in proc.stderr, proc.stderr
+    assert "pp-cell (job 42)" in proc.stderr, proc.stderr
     assert proc.stderr.count("stopping on request") == 1, proc.stderr  # said once, not again at Ctrl-C

@@ -257,8 +257,8 @@ def release() -> None:
 # ---------------------------------------------------------------- a prompt stop
 
 
-def stop_message() -> str:
-    jobs = active()
+def stop_message(jobs: dict[str, dict[str, Any]]) -> str:
+    """What a stop leaves of `jobs` (what active() said when the stop came)."""
     slurm = [f"{k} (job {v.get('job_id')})" for k, v in jobs.items() if v.get("kind") == "slurm" and v.get("job_id")]
     local = [f"{k} (job {v.get('job_id')})" for k, v in jobs.items() if v.get("kind") == "local" and v.get("job_id")]
     lines = ["pretrain-planner: stopping on request; waiting cells end now."]
@@ -293,10 +293,12 @@ def install_stop_handlers() -> None:
         previous = signal.getsignal(sig)
 
         def handler(signum, frame, previous=previous):
-            first = not STOP.is_set()
+            # the jobs waited for as the stop comes (a copy under the GIL, no lock): once STOP is set their threads
+            # end and leave active() before the helper thread could ask it
+            jobs = dict(_ACTIVE) if not STOP.is_set() else None
             STOP.set()
             chain = previous if callable(previous) and previous is not signal.default_int_handler else None
-            _STOP_WORK.put((first, chain, signum))
+            _STOP_WORK.put((jobs, chain, signum))
             if previous is signal.default_int_handler or (previous == signal.SIG_DFL and signum == signal.SIGINT):
                 raise KeyboardInterrupt
 
@@ -310,8 +312,8 @@ _STOP_WORKER: list[threading.Thread] = []
 def _after_stop() -> None:
     """What a stop signal does beyond setting STOP, off the signal handler (install_stop_handlers says why)."""
     while True:
-        first, chain, signum = _STOP_WORK.get()
-        if first:
-            print(stop_message(), file=sys.stderr, flush=True)
+        jobs, chain, signum = _STOP_WORK.get()
+        if jobs is not None:  # the first stop signal
+            print(stop_message(jobs), file=sys.stderr, flush=True)
         if chain is not None:
             chain(signum, None)
