@@ -875,6 +875,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "a") as fh:
         fh.write(text)
+    args.out.with_suffix(".partial.md").unlink(missing_ok=True)  # the figures so far: the report has them all now
     failed = any(r.mismatches for r in [reference, *rounds])
     if not failed and args.work is None:
         shutil.rmtree(work, ignore_errors=True)
