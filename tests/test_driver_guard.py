@@ -176,6 +176,7 @@ from pretrain_planner.launch import driver
 scheduler = types.SimpleNamespace(_lock=threading.Lock(), _open_jobs=threading.Semaphore(0), _user_kill=None)
 signal.signal(signal.SIGTERM, functools.partial(JobScheduler.exit_gracefully, scheduler))
 driver.install_stop_handlers()
+driver.install_stop_handlers()  # a second onstart changes nothing
 driver.register("pp-cell", kind="slurm", job_id="42", what="cell")
 
 

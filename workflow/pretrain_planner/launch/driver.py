@@ -291,6 +291,8 @@ def install_stop_handlers() -> None:
         _STOP_WORKER[0].start()
     for sig in (signal.SIGTERM, signal.SIGINT):
         previous = signal.getsignal(sig)
+        if getattr(previous, "pp_stop_handler", False):
+            continue  # installed already (a second onstart): chaining it again would run it off the main thread
 
         def handler(signum, frame, previous=previous):
             # the jobs waited for as the stop comes (a copy under the GIL, no lock): once STOP is set their threads
@@ -302,6 +304,7 @@ def install_stop_handlers() -> None:
             if previous is signal.default_int_handler or (previous == signal.SIG_DFL and signum == signal.SIGINT):
                 raise KeyboardInterrupt
 
+        handler.pp_stop_handler = True  # type: ignore[attr-defined]
         signal.signal(sig, handler)
 
 
@@ -316,4 +319,7 @@ def _after_stop() -> None:
         if jobs is not None:  # the first stop signal
             print(stop_message(jobs), file=sys.stderr, flush=True)
         if chain is not None:
-            chain(signum, None)
+            try:
+                chain(signum, None)
+            except BaseException as e:  # noqa: BLE001 - the helper must outlive one handler's failure
+                print(f"pretrain-planner: the stop handler before this one failed: {e!r}", file=sys.stderr, flush=True)
