@@ -286,9 +286,8 @@ def install_stop_handlers() -> None:
     main thread."""
     if threading.current_thread() is not threading.main_thread():
         return
-    if not _STOP_WORKER:
-        _STOP_WORKER.append(threading.Thread(target=_after_stop, name="pp-driver-stop", daemon=True))
-        _STOP_WORKER[0].start()
+    if _STOP_WORKER.ident is None:
+        _STOP_WORKER.start()
     for sig in (signal.SIGTERM, signal.SIGINT):
         previous = signal.getsignal(sig)
         if getattr(previous, "pp_stop_handler", False):
@@ -309,7 +308,6 @@ def install_stop_handlers() -> None:
 
 
 _STOP_WORK: queue.SimpleQueue = queue.SimpleQueue()
-_STOP_WORKER: list[threading.Thread] = []
 
 
 def _after_stop() -> None:
@@ -323,3 +321,6 @@ def _after_stop() -> None:
                 chain(signum, None)
             except BaseException as e:  # noqa: BLE001 - the helper must outlive one handler's failure
                 print(f"pretrain-planner: the stop handler before this one failed: {e!r}", file=sys.stderr, flush=True)
+
+
+_STOP_WORKER = threading.Thread(target=_after_stop, name="pp-driver-stop", daemon=True)  # started by the first install
