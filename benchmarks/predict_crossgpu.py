@@ -15,7 +15,7 @@ bands, themselves calibrated out of sample within what is left), once per kind o
   same software first): every workload left out, and with its GPU type left out too (crossgpu.leave_one_model_out).
 The error of a prediction is central / published - 1 of the seconds per token (the days to train a fixed number of
 tokens move with it); "inside" means the published figure lies inside the predicted band. Targets (issue 23): mean
-|error| <= 8%, inside >= 90%, band no wider than +-20% of the central value. No training, no torch; about three
+|error| <= 8%, inside >= 90%, band no wider than +-20% of the central value. No training, no torch; about five
 minutes on two cores. mosaicml/llm-foundry's benchmark tables are not in the evidence (the held-out acceptance set).
 """
 

@@ -220,3 +220,19 @@ def test_memory_bound_bytes_follow_the_shape():
     assert fused == pytest.approx(expect)
     fp32 = {**spec, "recipe": {**spec["recipe"], "precision": "fp32"}}
     assert stepmodel.memory_bytes_per_sample(fp32) == pytest.approx(2 * fused)
+
+
+def test_the_error_a_prediction_quotes_is_the_one_measured_held_out():
+    """The seen kind's error a prediction quotes (and its band) is that of leave_one_cell_out, which refits kappa_mem
+    and tau without the cell left out: before, the calibration kept the ones fitted with the cell in and quoted 6.8%
+    where the benchmark measured 7.8% (the band too narrow: 87% inside for a promised 90%); on these runs 5.4% against
+    9.4%."""
+    ev = evidence.public_evidence(CATALOG)
+    sources = ("nvidia-nemo-mm", "fms-fsdp", "megatron-lm-ci", "nvidia-jax-toolbox", "nvidia-dle-bert")
+    runs = [r for r in ev.runs if r.source in sources]  # A100, H100 and V100: kappa and tau move with the cell
+    quoted = crossgpu.fit(runs, CATALOG.gpus).calibration.of(crossgpu.Kind("same", True))
+    held = [h for h in crossgpu.leave_one_cell_out(runs, CATALOG.gpus) if h.estimate.kind.seen]
+    errors = [abs(h.error) for h in held]
+    assert quoted.n == len(held) >= 20
+    assert quoted.mean_abs == pytest.approx(statistics.mean(errors), rel=1e-9)
+    assert quoted.max_abs == pytest.approx(max(errors), rel=1e-9)

@@ -30,8 +30,9 @@ The band is measured, never assumed, and depends on the KIND of transfer, becaus
 differ several-fold (`Kind`): the same workload to a GPU type the evidence has measured (with other workloads, by
 other software: its effect is known) or to one it has not (no effect applies), or a stand-in workload of the same
 kind (a nearest-sized model, of the same software or of another). For each kind the fit predicts the evidence out of
-sample in the way the kind implies (a GPU type left out, kappa_mem and tau refitted without it; a workload x GPU type
-x software left out; a workload left out), the effects refitted without what is left out; the band is the 5% and 95%
+sample in the way the kind implies (a GPU type left out; a workload x GPU type x software left out, kappa_mem and
+tau refitted without either, so the error a prediction quotes is the benchmark's; a workload left out), the effects
+refitted without what is left out; the band is the 5% and 95%
 quantiles of those errors, near transfers (the nearest basis GPU type within NEAR) and far ones apart, each GPU type
 weighing as one case (its errors share its offset) and the band widened for how few types it was drawn from, and at
 prediction time widened by the weighted spread of the runs' predictions where they disagree.
@@ -467,7 +468,9 @@ def _calibrate(t: _Table, p: Params) -> Calibration:
             continue  # nothing else measured that GPU type: the unseen kind above covers it
         sel = cell[t.pairs[:, 0]] & keep[t.pairs[:, 1]]
         if sel.any():
-            add(Kind("same", True), t.transfer_errors(li, t.effects(li, keep, p.lam), p.tau, t.pairs[sel], t.dist[sel]))
+            q = _choose(t, keep) or p
+            lq = t.li(q.kappa_mem)
+            add(Kind("same", True), t.transfer_errors(lq, t.effects(lq, keep, q.lam), q.tau, t.pairs[sel], t.dist[sel]))
     # a stand-in workload (nearest-sized of the same kind, the same software first), the workload left out; its
     # stand-in's runs on every GPU type (the target's own weigh most), or (unseen) the target's GPU type left out too
     cands = _candidates(t.runs)
