@@ -47,9 +47,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # A sweep's wall time includes waiting for the host: a local CPU job holds the whole host (launch/hostpool.py), so
 # the end-to-end sweeps of the three xdist workers run their cells one at a time between them. On a 2-core host
-# without native bf16 the adaptive sweep of test_search_e2e waited 13 min behind the other workers' cells and hit
-# the old 1,200 s limit with its own work half done (CI rehearsal, 2026-12-02). The limit guards against a hang
-# only; CI's own limit (90 min) bounds the whole suite.
+# without native bf16, test_search_e2e's adaptive sweep held the host ~6 of its 20 min (it waited the rest behind
+# the other workers' cells) and hit the old 1,200 s limit with its own work half done (CI rehearsal, 2026-12-02).
+# The limit guards against a hang only; CI's own limit (90 min) bounds the whole suite.
 SWEEP_TIMEOUT_S = 2700
 
 
