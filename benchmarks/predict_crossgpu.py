@@ -17,12 +17,16 @@ The error of a prediction is central / published - 1 of the seconds per token (t
 tokens move with it); "inside" means the published figure lies inside the predicted band. Targets (issue 23): mean
 |error| <= 8%, inside >= 90%, band no wider than +-20% of the central value. No training, no torch; about five
 minutes on two cores. mosaicml/llm-foundry's benchmark tables are not in the evidence (the held-out acceptance set).
+
+Beside the Markdown, `predict_crossgpu.json` holds its figures by name: the README and the docs quote them, and
+tests/test_quoted_figures.py checks every quote against that file.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
 import statistics
 import sys
@@ -158,8 +162,22 @@ def _batch_effect(holdouts, mb: dict[str, float]) -> tuple[float, int]:
     return math.exp(slope) - 1, len(xs)
 
 
-def report() -> str:
-    """The benchmark's markdown."""
+def _figures(holdouts) -> dict[str, float]:
+    """A kind's figures as the targets table rounds them (shares, not percents)."""
+    items = _items(holdouts)
+    errs = [abs(e) for e, _i, _w in items]
+    return {"runs": len(items), "mean_abs": statistics.mean(errs), "max_abs": max(errs),
+            "inside": sum(i for _e, i, _w in items) / len(items),
+            "half_width": statistics.median(w for _e, _i, w in items)}  # fmt: skip
+
+
+def _key(kind: crossgpu.Kind) -> str:
+    """'same, seen', 'stand-in, unseen', 'stand-in, other software, seen' ..."""
+    return f"{kind.workload}, {'seen' if kind.seen else 'unseen'}"
+
+
+def report() -> tuple[str, dict]:
+    """The benchmark's markdown, and its figures by name (predict_crossgpu.json)."""
     catalog = load_catalog(REPO / "config/models.yaml", REPO / "config/gpus.yaml")
     ev = evidence.public_evidence(catalog)
     full = crossgpu.fit(ev.runs, catalog.gpus)
@@ -181,6 +199,16 @@ def report() -> str:
     floor_lines, raw_floor, model_floor, n_pairs = _floor(rated, full)
     slope, n_slope = _batch_effect(cells, mb)
     effect_sd = float(np.std(list(full.effects.values())))
+    figures: dict = {
+        "evidence": {"runs": len(ev.runs), "sources": len({r.source for r in ev.runs}),
+                     "gpu_types": len({r.gpu for r in ev.runs})},
+        "kinds": {"same, unseen": _figures(logo), "same, seen": _figures(cells),
+                  **{_key(k): _figures(by_kind[k]) for k in crossgpu.KINDS
+                     if k.workload != "same" and by_kind.get(k)}},
+        "old_mfu_transfer": {"mean_abs": statistics.mean(abs(e) for e in old), "max_abs": max(abs(e) for e in old)},
+        "floor": {"raw": raw_floor, "model": model_floor, "oracle": _oracle(rated, full)},
+        "effects": {g: math.exp(b) - 1 for g, b in full.effects.items()},
+    }  # fmt: skip
     lines = [
         "# Cross-GPU model: out-of-sample checks on the public evidence", "", __doc__.split("\n\n")[2], "",
         f"Evidence: {len(ev.runs)} usable runs of {len({r.source for r in ev.runs})} sources on "
@@ -253,9 +281,17 @@ def report() -> str:
     lines += ["", "## A GPU type measured by other software, per GPU type (each workload x GPU type x software left "
               "out)", "", HEAD.format("predicted")]  # fmt: skip
     lines += [_row(g, v) for g, v in sorted(cell_target.items())]
+    figures["seen_by_gpu"] = {g: {"runs": len(v), "mean_abs": statistics.mean(abs(e) for e, _i, _w in v),
+                                  "max_abs": max(abs(e) for e, _i, _w in v),
+                                  "inside": sum(i for _e, i, _w in v) / len(v),
+                                  "half_width": statistics.median(w for _e, _i, w in v)}
+                              for g, v in sorted(cell_target.items())}  # fmt: skip
     lines += ["", "## Headline protocol per pair of GPU types (the held-out type predicted from one other type's "
               "runs)", "", HEAD.format("from -> to")]  # fmt: skip
     lines += [_row(f"{a} -> {b}", v) for (a, b), v in sorted(by_pair.items())]
+    figures["pairs"] = {f"{a} -> {b}": {"runs": len(v), "mean_abs": statistics.mean(abs(e) for e, _i, _w in v),
+                                        "max_abs": max(abs(e) for e, _i, _w in v)}
+                        for (a, b), v in sorted(by_pair.items())}  # fmt: skip
     lines += ["", "## Headline protocol per source", "", HEAD.format("source")]
     lines += [_row(s, v) for s, v in sorted(by_source.items())]
     sub = defaultdict(list)
@@ -290,14 +326,16 @@ def report() -> str:
         "each prediction.",
         "",
     ]
-    return "\n".join(lines)
+    return "\n".join(lines), figures
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(REPO / "benchmarks/results/predict_crossgpu.md"))
     out = Path(ap.parse_args().out)
-    out.write_text(text := report())
+    text, figures = report()
+    out.write_text(text)
+    out.with_suffix(".json").write_text(json.dumps(figures, indent=1, sort_keys=True) + "\n")
     print(text)
     return 0
 

@@ -3,11 +3,13 @@ writes them), and what a plot draws: shared by the report, README and plot-layou
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
 import yaml
 from matplotlib.figure import Figure
+from pretrain_planner import sweeprecord
 from pretrain_planner.planning.flops import train_flops_per_sample
 from pretrain_planner.planning.pipeline import load, write_plan
 from pretrain_planner.report import document, study_plots
@@ -44,6 +46,7 @@ def build_demo_results(root: Path, with_plots: bool = False) -> tuple[dict[str, 
     study views, what-if, report.md, and `with_plots` the plots): (table files, plot files, the validated config)."""
     pipe = load(demo_config(), REPO, "config/config.yaml")
     write_plan(pipe, str(root / "plan.csv"))
+    sweeprecord.write(root, pipe.config, [REPO / "config/config.yaml"], REPO, workdir=root.parent)  # as the driver does
     paths = []
     for c in pipe.planned:
         if c.valid:
@@ -62,7 +65,8 @@ def build_demo_results(root: Path, with_plots: bool = False) -> tuple[dict[str, 
     study.build_study_tables(tables["cells_parquet"], extra, str(root / "study.log"), catalog,
                              config["benchmark"]["suspect_mfu"], settings)  # fmt: skip
     whatif.build_whatif(tables["cells_parquet"], extra, str(root / "whatif.log"), catalog, config["sweep"]["models"],
-                        whatif.counts_of(config), config["benchmark"]["suspect_mfu"], config["costs"])  # fmt: skip
+                        whatif.counts_of(config), config["benchmark"]["suspect_mfu"], config["costs"],
+                        named=config["whatif"]["models"])  # fmt: skip
     tables = {**tables, **extra}
     plots = {**pp_plots.plot_files(str(root / "plots")), **study_plots.plot_files(str(root / "plots/study"))}
     if with_plots:
@@ -85,3 +89,20 @@ def data_marks(ax) -> int:
 def empty_panels(fig: Figure) -> list[str]:
     """The visible axes of a figure that draw no data (an empty frame, or a panel with only a note)."""
     return [ax.get_title() or "(untitled)" for ax in fig.axes if ax.get_visible() and ax.axison and not data_marks(ax)]
+
+
+def md_tables(text: str) -> list[list[str]]:
+    """The Markdown tables of a document, each as its lines."""
+    out, current = [], []
+    for line in text.splitlines():
+        if line.startswith("|"):
+            current.append(line)
+        elif current:
+            out.append(current)
+            current = []
+    return [*out, current] if current else out
+
+
+def md_cells(line: str) -> list[str]:
+    """The cells of a Markdown table's line (an escaped `\\|` stays in its cell)."""
+    return [c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]

@@ -26,6 +26,8 @@ LIGHT = (
     "layout",
     "results",
     "runlog",
+    "sweeprecord",
+    "configfiles",
     "integrity",
     "cli",
 )
@@ -44,7 +46,7 @@ LAYERS = (
     ("train",),  # the general train stage
     ("trainer",),  # building a model with its method, the loop, measuring
     ("planning", "launch", "search", "tables", "report", "integrity"),  # torch-free: what a login node runs
-    ("schema", "layout", "results", "runlog"),  # the shared vocabulary
+    ("schema", "layout", "results", "runlog", "sweeprecord", "configfiles", "__init__"),  # the shared vocabulary
 )
 
 

@@ -216,5 +216,32 @@ def test_fit_answers_the_inverse_question(results):
     assert not any(m.startswith("tiny-") for m in rows)
     proc = run("fit", "--gpu", "a100", "--count", "4", "--days", "20", "--results", str(full), cwd=full)
     assert proc.returncode == 0, proc.stderr
-    line = next(x for x in proc.stdout.splitlines() if x.strip().startswith("pythia-1b "))
-    assert " yes " in line and "measured" in line
+    header = next(x for x in proc.stdout.splitlines() if x.startswith("| model "))
+    assert [c.strip() for c in header.strip("|").split("|")][:4] == ["model", "fits", "method", "days"]  # headers
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("| pythia-1b "))
+    assert "| yes " in line and "| measured " in line
+    assert max(len(x) for x in proc.stdout.splitlines() if x.startswith("|")) <= 120  # one table, not cut
+
+
+def test_every_command_says_what_it_does_and_what_each_option_takes(capsys):
+    """Issue 36: `--version`; each sub-command's --help opens with a description and every option has a help text;
+    a GPU type's name given to --gpus (which takes a file) says which flag takes a name."""
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.startswith("pretrain-planner ")
+    parser = cli.build_parser()
+    subs = next(a for a in parser._actions if a.dest == "command").choices
+    for name, sub in subs.items():
+        assert sub.description, name
+        missing = [a.option_strings for a in sub._actions if not a.help]
+        assert not missing, (name, missing)
+    assert cli.main(["cost", "--gpus", "a100", "--gpu", "a100", "--count", "2"]) == 1
+    err = capsys.readouterr().err
+    assert "--gpus takes a catalog file" in err and "use --gpu a100" in err
+
+
+def test_best_names_the_known_models_for_an_unknown_one(results, capsys):
+    _base, full, _bare = results
+    assert cli.main(["best", "--model", "pythia-9b", "--gpu", "a100", "--results", str(full)]) == 1
+    err = capsys.readouterr().err
+    assert "no model 'pythia-9b'" in err and "known: " in err and "pythia-1b" in err

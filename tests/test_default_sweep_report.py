@@ -18,7 +18,7 @@ from pretrain_planner.report import plots as pp_plots
 from pretrain_planner.report import study_plots
 from pretrain_planner.tables import aggregate
 
-from .demo_results import build_demo_results, empty_panels
+from .demo_results import build_demo_results, empty_panels, md_cells, md_tables
 
 WIDTH = 120
 MAX_COLUMNS = 12
@@ -43,33 +43,17 @@ def test_every_plot_of_the_default_sweep_shows_data(report):
     assert not empty, f"plots with an empty frame on the default sweep: {empty}"
 
 
-def _md_tables(text: str) -> list[list[str]]:
-    """The Markdown tables of a document: each as its lines."""
-    out, current = [], []
-    for line in text.splitlines():
-        if line.startswith("|"):
-            current.append(line)
-        elif current:
-            out.append(current)
-            current = []
-    return [*out, current] if current else out
-
-
-def _cells(line: str) -> list[str]:
-    return [c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
-
-
 def test_every_table_reads_in_a_terminal(report):
     root, tables, _, _ = report
     docs = {p.relative_to(root): p.read_text() for p in sorted(root.rglob("*.md"))}
     assert Path("report.md") in docs and Path("tables/time_to_train.md") in docs and Path("tables/whatif.md") in docs
     for name, text in docs.items():
-        for table in _md_tables(text):
-            header = _cells(table[0])
+        for table in md_tables(text):
+            header = md_cells(table[0])
             assert len(header) <= MAX_COLUMNS, (name, header)
             wide = [line for line in table if len(line) > WIDTH]
             assert not wide, (name, wide[0])
-            rows = [_cells(line) for line in table[2:]]
+            rows = [md_cells(line) for line in table[2:]]
             blank = [h for i, h in enumerate(header) if rows and not any(r[i] for r in rows)]
             assert not blank, f"{name}: columns blank in every row: {blank}"
 
@@ -80,7 +64,7 @@ def test_numbers_carry_units_and_one_rounding(report):
     md = (root / "tables/time_to_train.md").read_text()
     row = ttt.filter((pl.col("model") == "tiny-gptneox") & (pl.col("gpus_per_node") == 2)).row(0, named=True)
     days = aggregate.to_markdown(pl.DataFrame({"training_days": [row["training_days"]]})).splitlines()[2]
-    shown = _cells(days)[0]
+    shown = md_cells(days)[0]
     assert re.fullmatch(r"[\d.,]+ (d|h|min|s|ms)", shown), shown
     line = next(ln for ln in md.splitlines() if ln.startswith("| tiny-gptneox") and "| 1x2 " in ln)
     assert f" {shown} " in line and "%*" in line  # the same rounding; MFU marked as against a measured peak

@@ -39,24 +39,104 @@ def _resolve(path: str) -> Path:
     return REPO / p
 
 
-def load_config(args: argparse.Namespace) -> dict[str, Any]:
-    """--config alone (as Snakemake's --configfile: the demo sweep is not merged under it), else the demo
-    sweep config/config.yaml; validated, defaults in."""
+def _load_file_config(path: Path, source: str) -> dict[str, Any]:
+    """A config file as --config gives it: validated, the schema's defaults in (a file without `sweep:` is given a
+    placeholder: the CLI needs only the other sections of it)."""
     from pretrain_planner.schema import load_yaml, validate
 
-    path = _resolve(args.config) if args.config else _resolve(DEFAULT_CONFIG)
-    config = (load_yaml(path) if args.config or path.is_file() else {}) or {}
-    source = args.config or str(path)
+    config = (load_yaml(path) if path.is_file() or source != DEFAULT_CONFIG else {}) or {}
     if "sweep" not in config:  # no sweep at hand: only the keys the CLI needs
         config["sweep"] = {"models": ["-"], "gpus": ["-"]}
-    validate(config, "config", source)
+    return validate(config, "config", source)
+
+
+# config keys that hold paths, resolved as the sweep resolved them (relative to its working directory)
+PATH_KEYS = (("catalog", "models"), ("catalog", "gpus"), ("launcher", "site"), ("budget",), ("train", "tokenizer"))
+
+
+def _anchored(config: dict[str, Any], rec: dict[str, Any]) -> dict[str, Any]:
+    """The recorded config with its relative paths made absolute where they exist under the sweep's working
+    directory (else under its Snakefile's folder), as the pipeline resolved them (planning/pipeline.resolve)."""
+    import copy
+
+    config = copy.deepcopy(config)
+    for keys in PATH_KEYS:
+        holder = config
+        for k in keys[:-1]:
+            holder = holder.get(k) or {}
+        value = holder.get(keys[-1]) if isinstance(holder, dict) else None
+        if not isinstance(value, str) or Path(value).is_absolute():
+            continue
+        for base in (rec.get("workdir"), rec.get("basedir")):
+            if base and (Path(base) / value).exists():
+                holder[keys[-1]] = str(Path(base) / value)
+                break
+    return config
+
+
+def load_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The config to answer with, and (in args.answer_source) where it came from: the config the results folder was
+    made from (sweeprecord.py), so an answer follows the sweep the user ran.
+
+    The results folder: --results, else --config's `results`, else the last sweep run in this working directory
+    (.pretrain-planner/last-sweep.json), else config/config.yaml's. Its recorded config is used; a --config that
+    disagrees with it is an error naming both. A folder with no record (made before records, or not run yet) is
+    answered with --config, else the demo config/config.yaml, and the answer says so."""
+    from pretrain_planner import sweeprecord
+
+    given = _load_file_config(_resolve(args.config), args.config) if args.config else None
+    flag = getattr(args, "results", None)
+    pointer = None if flag or given else sweeprecord.last_sweep()
+    demo = None
+    if flag:
+        results = Path(flag)
+    elif given is not None:
+        results = Path(given["results"])
+    elif pointer is not None:
+        results = pointer
+    else:
+        demo = _load_file_config(_resolve(DEFAULT_CONFIG), DEFAULT_CONFIG)
+        results = Path(demo["results"])
+    try:
+        rec = sweeprecord.read(results)
+    except sweeprecord.RecordError as exc:
+        raise CliError(str(exc)) from None
+    if rec is not None:
+        if given is not None:
+            diff = sweeprecord.differences(given, rec["config"])
+            if diff:
+                shown = ", ".join(diff[:6]) + (f" and {len(diff) - 6} more" if len(diff) > 6 else "")
+                raise CliError(
+                    f"--config {args.config} is not the config {results} was made from: {results} was made from "
+                    f"{sweeprecord.describe(rec)}; they differ in {shown}. Leave out --config to answer with the "
+                    f"recorded one, pass --results for another results folder, or rerun the sweep with {args.config}"
+                )
+        config = _anchored(_load_recorded(rec), rec)
+        how = "; the last sweep run here" if pointer is not None else ""
+        args.answer_source = f"config of {results}/: {sweeprecord.describe(rec)}{how}"
+    else:
+        config = given if given is not None else demo or _load_file_config(_resolve(DEFAULT_CONFIG), DEFAULT_CONFIG)
+        used = args.config or DEFAULT_CONFIG
+        args.answer_source = (f"config: {used} ({results}/ has no record of its own: {results}/"
+                              f"{layout.SWEEP_CONFIG} is written when a sweep runs)")  # fmt: skip
+    config["results"] = str(results)
+    for flag_name, value, example, single in (("--models", args.models, "config/models.yaml", "--model"),
+                                              ("--gpus", args.gpus, "config/gpus.yaml", "--gpu")):  # fmt: skip
+        if value and not _resolve(value).is_file():
+            raise CliError(f"{flag_name} takes a catalog file (e.g. {example}); {value!r} is not a file"
+                           f"{f': for one name use {single} {value}' if '/' not in value else ''}")  # fmt: skip
     if args.models:
         config["catalog"]["models"] = args.models
     if args.gpus:
         config["catalog"]["gpus"] = args.gpus
-    if getattr(args, "results", None):
-        config["results"] = args.results
     return config
+
+
+def _load_recorded(rec: dict[str, Any]) -> dict[str, Any]:
+    """The recorded config validated again (a key the schema added since takes its default)."""
+    from pretrain_planner.schema import validate
+
+    return validate(rec["config"], "config", rec["path"])
 
 
 def _catalog(config: dict[str, Any], models: bool = True):
@@ -111,7 +191,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
     p = costs.price(catalog.gpus[args.gpu], args.gpu, args.nodes, gpn, args.days, catalog.base_machine_usd, years,
                     catalog.gpus_path)  # fmt: skip
     if args.json:
-        print(json.dumps(p.to_dict(), indent=1))
+        print(json.dumps({**p.to_dict(), "config_source": args.answer_source}, indent=1))
         return 0
     g = catalog.gpus[args.gpu]
     days = f", {args.days:g} days" if args.days is not None else ""
@@ -126,6 +206,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
         print(f"  cloud      {usd(p.cloud_usd):>12}   {rate if p.cloud_usd is not None else ''}".rstrip())
     for note in p.notes:
         print(f"  note: {note}")
+    print(f"  (prices: {catalog.gpus_path} and the config's costs; {args.answer_source})")
     return 0
 
 
@@ -168,6 +249,8 @@ def cmd_best(args: argparse.Namespace) -> int:
 
     config = load_config(args)
     results = _results_dir(config)
+    catalog = _catalog(config)
+    catalog.model(args.model), catalog.gpu(args.gpu)  # unknown names: the catalog's known ones
     ttt, source = _time_to_train(results, config)
     sel = ttt.filter((pl.col("model") == args.model) & (pl.col("gpu") == args.gpu))
     if args.count is not None:
@@ -197,7 +280,7 @@ def cmd_best(args: argparse.Namespace) -> int:
     folder = layout.optimal_dir(results, r["model"], r["gpu"], r["nodes"], r["gpus_per_node"])
     if args.json:
         print(json.dumps({**r, "price": p.to_dict() if p else None, "plan": str(folder) if folder.is_dir() else None,
-                          "source": source}, indent=1, default=str))  # fmt: skip
+                          "source": source, "config_source": args.answer_source}, indent=1, default=str))  # fmt: skip
         return 0
     days = _days(r["training_days"]) if r["training_days"] is not None else "days unknown (no step count)"
     print(f"{r['model']} on {r['nodes']}x{r['gpus_per_node']} {r['gpu']}: best method {r['best_method']}, {days}")
@@ -235,7 +318,7 @@ def cmd_best(args: argparse.Namespace) -> int:
         print(f"  out of memory here: needs {_need_text(o, o['method'])}; fix: {o['cheapest_fix']}")
     if folder.is_dir():
         print(f"  plan: {folder}/ (training_arguments.json, launch.sh)")
-    print(f"  (from {source})")
+    print(f"  (from {source}; {args.answer_source})")
     return 0
 
 
@@ -359,7 +442,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     predictor, source = _predictor(config, catalog, results)
     p = predictor.predict(args.model, args.gpu, args.nodes, _split(args.count, args.nodes))
     if args.json:
-        print(json.dumps({**p.to_dict(), "source": source}, indent=1))
+        print(json.dumps({**p.to_dict(), "source": source, "config_source": args.answer_source}, indent=1))
         return 0
     kind = f" from {p.evidence}" if p.evidence else ""
     print(f"PREDICTION (not a measurement): {args.model} on {args.nodes}x{p.gpus_per_node} {args.gpu}: "
@@ -384,12 +467,23 @@ def cmd_predict(args: argparse.Namespace) -> int:
         print(f"  measured here: {_days(p.measured_days)} (not used for the prediction)")
     if p.note:
         print(f"  note: {p.note}")
-    print(f"  (cells: {source})")
+    print(f"  (cells: {source}; {args.answer_source})")
     return 0
+
+
+FIT_LEGEND = (
+    "yes = measured within the days, or even the pessimistic end of the prediction is; likely = the central "
+    "prediction is; maybe = only the optimistic end (or the physics bound: the days at the `suspect` share of the "
+    "dense peak, where nothing of its kind was measured) is; no = not even that"
+)
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
     """The inverse question: what fits in --days on --count x --gpu, per catalog model (tables/whatif.fit_table)."""
+    import textwrap
+
+    import polars as pl
+
     from pretrain_planner.tables import whatif
 
     config = load_config(args)
@@ -407,25 +501,21 @@ def cmd_fit(args: argparse.Namespace) -> int:
     table = whatif.fit_table(predictor, args.gpu, args.nodes, _split(args.count, args.nodes), args.days, models,
                              measured)  # fmt: skip
     if args.json:
-        print(json.dumps({"rows": table.to_dicts(), "cells": source, "measured": measured_source}, indent=1))
+        print(json.dumps({"rows": table.to_dicts(), "cells": source, "measured": measured_source,
+                          "config_source": args.answer_source}, indent=1))  # fmt: skip
         return 0
-    print(f"What fits in {args.days:g} days on {args.nodes}x{args.count // args.nodes} {args.gpu} (the recipe's run; "
-          f"predictions are not measurements):")  # fmt: skip
-    for r in table.iter_rows(named=True):
-        if r["days"] is None:
-            print(f"  {r['model']:<20} {r['fits']:<10} {r['why']}")
-            continue
-        days = _days(r["days"]) + (
-            "" if r["basis"] == "measured" else f" [{_days(r['days_optimistic'])} - {_days(r['days_pessimistic'])}]"
-        )
-        reach = f"{units.number(r['tokens_in_time'] / 1e9)}B {r['unit']}, {units.percent(r['share_of_run'])} of the run"
-        print(f"  {r['model']:<20} {r['fits']:<10} {r['method'] or '-':<13} {days} ({r['basis']}); in "
-              f"{args.days:g} days {reach}")  # fmt: skip
-    print(f"  measured: {measured_source}; cells: {source}")
-    print(
-        "  fits: yes = even the pessimistic end is within the days (or measured so); likely = the central value is; "
-        "maybe = only the optimistic end is; no = not even that"
-    )
+    from pretrain_planner.tables import views
+    from pretrain_planner.tables.markdown import to_markdown
+
+    print(f"What fits in {args.days:g} days on {args.nodes}x{args.count // args.nodes} {args.gpu}: the recipe's run "
+          f"per model, measured or PREDICTED (predictions are not measurements)\n")  # fmt: skip
+    print(to_markdown(views.view("fit", table)))
+    other = table.filter(pl.col("basis").is_in(["bound only", "does not fit", "invalid", "no peak"]))
+    for basis, model, why in other.select("basis", "model", "why").iter_rows():
+        what = "physics bound only" if basis == "bound only" else basis
+        print(textwrap.fill(f"{model}: {what}: {why}", 120, subsequent_indent="  ", break_on_hyphens=False))
+    print(textwrap.fill(f"fits: {FIT_LEGEND}", 120, subsequent_indent="  ", break_on_hyphens=False))
+    print(f"(measured: {measured_source}; cells: {source}; {args.answer_source})")
     return 0
 
 
@@ -442,7 +532,7 @@ def _status_snapshot(args: argparse.Namespace, config: dict[str, Any], results: 
 
         pipe = load(config, REPO, args.config or DEFAULT_CONFIG)
         plan = pl.DataFrame(pipe.rows())
-        plan_source = f"{args.config or DEFAULT_CONFIG} (no {results}/plan.csv yet)"
+        plan_source = f"the config's plan, no {results}/plan.csv yet"
     summary, cells = status.sweep_status(results, plan)
     return summary, cells, plan_source
 
@@ -473,9 +563,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         return status.watch(frame, args.every)
     summary, cells, plan_source = _status_snapshot(args, config, results)
     if args.json:
-        print(json.dumps({"summary": summary.to_dicts(), "cells": cells.to_dicts()}, indent=1))
+        out = {"summary": summary.to_dicts(), "cells": cells.to_dicts(), "config_source": args.answer_source}
+        print(json.dumps(out, indent=1))
     else:
         print(status.format_status(summary, cells, str(results), plan_source))
+        print(f"({args.answer_source})")
     return 0
 
 
@@ -515,59 +607,75 @@ def cmd_train(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------- parser
 
 
+def _command(sub: Any, name: str, common: argparse.ArgumentParser, text: str) -> argparse.ArgumentParser:
+    """A sub-command whose one-line help (in `pretrain-planner --help`) is also its --help's description."""
+    return sub.add_parser(name, parents=[common], help=text, description=text)
+
+
+def _setting(p: argparse.ArgumentParser, model: bool, count_required: bool) -> None:
+    """The setting asked about: --model (where one is), --gpu, --count and --nodes. With --count optional (`best`),
+    leaving out --count or --nodes means any; else --nodes defaults to one machine."""
+    if model:
+        p.add_argument("--model", required=True, help="the model (a name in the config's catalog.models)")
+    p.add_argument("--gpu", required=True, help="the GPU type (a name in the config's catalog.gpus)")
+    if count_required:
+        p.add_argument("--count", type=_positive(int), required=True, help="number of GPUs in all")
+        p.add_argument("--nodes", type=_positive(int), default=1, help="machines the GPUs are spread over (default 1)")
+    else:
+        p.add_argument("--count", type=_positive(int), help="number of GPUs in all (default: any)")
+        p.add_argument("--nodes", type=_positive(int), help="only this many nodes (default: any)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--config", help=f"a sweep config used instead of {DEFAULT_CONFIG}, as snakemake --configfile: "
-                        "not merged over it; what it leaves out takes the schema's defaults")  # fmt: skip
-    common.add_argument("--models", help="models catalog (default: the config's catalog.models)")
-    common.add_argument("--gpus", help="GPU catalog with prices (default: the config's catalog.gpus)")
+    common.add_argument("--config", help="a sweep config, as snakemake --configfile: not merged over "
+                        f"{DEFAULT_CONFIG}; what it leaves out takes the schema's defaults (default: the config the "
+                        "results folder was made from, recorded in its config.json; a --config that differs from "
+                        "that record is an error)")  # fmt: skip
+    common.add_argument("--results", help="results folder (default: --config's `results`, else the folder of the last "
+                        "sweep run in this directory, else results/)")  # fmt: skip
+    common.add_argument("--models", help="a models catalog FILE (default: the config's catalog.models); one model's "
+                        "name goes to --model")  # fmt: skip
+    common.add_argument("--gpus", help="a GPU catalog FILE with prices (default: the config's catalog.gpus); one GPU "
+                        "type's name goes to --gpu")  # fmt: skip
     common.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser = argparse.ArgumentParser(
         prog="pretrain-planner", description="Price, look up and follow pre-training benchmark sweeps."
     )
+    from pretrain_planner import __version__
+
+    parser.add_argument("--version", action="version", version=f"pretrain-planner {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("cost", parents=[common], help="price a hypothetical: hardware, amortised, cloud")
-    p.add_argument("--gpu", required=True, help="GPU type (a name in config/gpus.yaml)")
-    p.add_argument("--count", type=_positive(int), required=True, help="number of GPUs in all")
-    p.add_argument("--nodes", type=_positive(int), default=1, help="machines the GPUs are spread over (default 1)")
+    p = _command(sub, "cost", common, "price a hypothetical: hardware, amortised and cloud cost of --count GPUs of "
+                 "--gpu (for --days)")  # fmt: skip
+    _setting(p, model=False, count_required=True)
     p.add_argument("--days", type=_positive(float), help="days of training (for the amortised and cloud cost)")
     p.add_argument("--years", type=_positive(float),
                    help="amortisation years (default: the config's costs.amortisation_years)")  # fmt: skip
     p.set_defaults(func=cmd_cost)
 
-    p = sub.add_parser("best", parents=[common], help="the best measured setting and its days")
-    p.add_argument("--model", required=True)
-    p.add_argument("--gpu", required=True)
-    p.add_argument("--count", type=_positive(int), help="number of GPUs in all (default: any)")
-    p.add_argument("--nodes", type=_positive(int), help="only this many nodes (default: any)")
-    p.add_argument("--results", help="results folder (default: the config's `results`)")
+    p = _command(sub, "best", common, "the best measured setting of --model on --gpu: its method, days, cost, and "
+                 "why nothing fits where nothing does")  # fmt: skip
+    _setting(p, model=True, count_required=False)
     p.set_defaults(func=cmd_best)
 
-    p = sub.add_parser("predict", parents=[common],
-                       help="PREDICT days and cost on a GPU type from measurements on others (yours, else "
-                            "public ones)")  # fmt: skip
-    p.add_argument("--model", required=True)
-    p.add_argument("--gpu", required=True, help="the target GPU type (a name in config/gpus.yaml)")
-    p.add_argument("--count", type=_positive(int), required=True, help="number of GPUs in all")
-    p.add_argument("--nodes", type=_positive(int), default=1, help="machines the GPUs are spread over (default 1)")
-    p.add_argument("--results", help="results folder (default: the config's `results`)")
+    p = _command(sub, "predict", common, "PREDICT days and cost on a GPU type from measurements on others (yours, "
+                 "else public ones), with the measured error of that kind of prediction")  # fmt: skip
+    _setting(p, model=True, count_required=True)
     p.set_defaults(func=cmd_predict)
 
-    p = sub.add_parser("fit", parents=[common],
-                       help="what fits in --days on --count x --gpu: per model the fastest setting measured or "
-                            "predicted, the tokens it reaches, whether the recipe's run fits")  # fmt: skip
-    p.add_argument("--gpu", required=True, help="the GPU type (a name in config/gpus.yaml)")
-    p.add_argument("--count", type=_positive(int), required=True, help="number of GPUs in all")
-    p.add_argument("--nodes", type=_positive(int), default=1, help="machines the GPUs are spread over (default 1)")
+    p = _command(sub, "fit", common, "what fits in --days on --count x --gpu: per model the fastest setting "
+                 "measured or predicted, the tokens it reaches, whether the recipe's run fits")  # fmt: skip
+    _setting(p, model=False, count_required=True)
     p.add_argument("--days", type=_positive(float), required=True, help="the time you have, days")
     p.add_argument("--model", action="append", help="only this model (repeatable; default: every catalog model "
                                                     "with a step count)")  # fmt: skip
-    p.add_argument("--results", help="results folder (default: the config's `results`)")
     p.set_defaults(func=cmd_fit)
 
-    p = sub.add_parser("status", parents=[common], help="where the sweep stands, per GPU type")
-    p.add_argument("--results", help="results folder (default: the config's `results`)")
+    p = _command(
+        sub, "status", common, "where the sweep stands, per GPU type: done / running / failed cells and GPU-hours"
+    )
     p.add_argument("--watch", action="store_true",
                    help="refresh a table of done / running / pending cells per GPU type and the live cells' progress "
                         "until nothing runs or waits (Ctrl-C to leave)")  # fmt: skip
@@ -578,7 +686,7 @@ def build_parser() -> argparse.ArgumentParser:
         "run an exported plan for real (local / SLURM / debug); the config's `train:` section gives the "
         "defaults of --steps, --time-budget-h, --data, --tokenizer, --device"
     )
-    p = sub.add_parser("train", parents=[common], help=train_help, description=train_help)
+    p = _command(sub, "train", common, train_help)
     p.add_argument("--plan", required=True, help="results/optimal/{model}/{gpu}/{N}x{G}/ (or its plan.json)")
     p.add_argument("--launcher", choices=["local", "slurm", "debug"], help="default: the config's launcher.kind")
     p.add_argument("--site", help="the SLURM site file (default: the config's launcher.site)")
@@ -600,7 +708,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=["auto", "cpu"],
                    help="cpu: a GPU plan on CPU processes (default: the config's train.device)")  # fmt: skip
     p.add_argument("--threads", type=_positive(int), default=1, help="cores for the run's ranks on this host")
-    p.add_argument("--results", help="results folder (default: the config's `results`)")
     p.set_defaults(func=cmd_train)
     return parser
 
@@ -614,3 +721,8 @@ def main(argv: list[str] | None = None) -> int:
     except (CliError, ConfigError, FileNotFoundError) as exc:  # a failed train job raises (see its log)
         print(f"pretrain-planner {args.command}: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # `pretrain-planner fit ... | head`: the reader has what it wanted
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
+        return 0

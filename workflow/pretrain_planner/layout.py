@@ -5,6 +5,7 @@ planner, the launcher, the search, the tables, the CLI, the trainer's loop and t
 
     results/
       plan.csv                                   every cell of the sweep, valid or not
+      config.json                                the config the sweep ran with (sweeprecord.py: what the CLI reads)
       cells/{model}/{gpu}/{N}x{G}/{method}/      one cell: result.json, steps.jsonl, cell.log, state.json ...
       search/{model}/{gpu}/{N}x{G}/              the adaptive search's rounds: round{k}.json, search.json
       tables/ plots/ report.md                   the aggregation
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 PLAN = "plan.csv"
+SWEEP_CONFIG = "config.json"  # sweeprecord.py: the config the folder was made from
 CELLS = "cells"
 SEARCH = "search"
 TABLES = "tables"

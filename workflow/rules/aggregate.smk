@@ -85,18 +85,6 @@ rule whatif:
     log:
         pp_layout.log(RESULTS, "whatif.log"),
     params:
-        models=PP.config["sweep"]["models"],
-        counts=pp_whatif.counts_of(PP.config),
-        suspect_mfu=PP.config["benchmark"]["suspect_mfu"],
-        costs=PP.config.get("costs", {}),
+        settings=pp_whatif.rule_settings(PP.config, PP.catalog),  # checked at parse time (the dry run)
     run:
-        pp_whatif.build_whatif(
-            input.cells,
-            dict(output.items()),
-            log[0],
-            PP.catalog,
-            params.models,
-            params.counts,
-            params.suspect_mfu,
-            params.costs,
-        )
+        pp_whatif.build_whatif(input.cells, dict(output.items()), log[0], PP.catalog, **params.settings)

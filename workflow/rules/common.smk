@@ -26,6 +26,7 @@ def _prepare(executing):
     for line in pp_integrity.repair(RESULTS, [c.path for c in PP.cells], move=executing):
         print(line, file=sys.stderr)
     if executing:
+        pp_pipeline.record_sweep(PP, workflow.configfiles, workflow.basedir)
         for folder in pp_local.end_all_orphans(RESULTS):
             print(f"pretrain-planner: ended a job an earlier driver left running in {folder}", file=sys.stderr)
 

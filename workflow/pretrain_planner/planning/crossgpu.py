@@ -30,12 +30,12 @@ The band is measured, never assumed, and depends on the KIND of transfer, becaus
 differ several-fold (`Kind`): the same workload to a GPU type the evidence has measured (with other workloads, by
 other software: its effect is known) or to one it has not (no effect applies), or a stand-in workload of the same
 kind (a nearest-sized model, of the same software or of another). For each kind the fit predicts the evidence out of
-sample in the way the kind implies (a GPU type left out; a workload x GPU type x software left out, kappa_mem and
-tau refitted without either, so the error a prediction quotes is the benchmark's; a workload left out), the effects
-refitted without what is left out; the band is the 5% and 95%
-quantiles of those errors, near transfers (the nearest basis GPU type within NEAR) and far ones apart, each GPU type
-weighing as one case (its errors share its offset) and the band widened for how few types it was drawn from, and at
-prediction time widened by the weighted spread of the runs' predictions where they disagree.
+sample in the way the kind implies (a GPU type left out; a workload x GPU type x software left out; a workload left
+out, and with it each of its GPU types), kappa_mem, tau and the effects refitted without what is left out, so that
+the error a prediction quotes is the benchmark's; the band is the 5% and 95% quantiles of those errors, near
+transfers (the nearest basis GPU type within NEAR) and far ones apart, each GPU type weighing as one case (its errors
+share its offset) and the band widened for how few types it was drawn from, and at prediction time widened by the
+weighted spread of the runs' predictions where they disagree.
 benchmarks/predict_crossgpu.py judges the whole procedure, band included, on data left out of all of it.
 
 (A third term, elementwise arithmetic at the vector fp32 rate, fitted the evidence better and predicted GPU types
@@ -438,11 +438,27 @@ def _candidates(runs: Sequence[Run]) -> dict[tuple[str, str], tuple[str, float, 
     return out
 
 
-def _calibrate(t: _Table, p: Params) -> Calibration:
-    """Out-of-sample errors of every kind on the table, with `p` fixed and the effects refitted without what is left
-    out (see the module docstring), and the band of each kind from them."""
-    li = t.li(p.kappa_mem)
+def _calibrate(t: _Table) -> Calibration:
+    """Out-of-sample errors of every kind on the table, kappa_mem, tau, lambda and the effects refitted without what
+    is left out, as `fit` of what is left would (the benchmark's leave_one_* do exactly that), so that the error a
+    prediction quotes is the one measured held out (the parameters fitted on everything would have seen what each
+    case leaves out); and the band of each kind."""
     errors: dict[Kind, list[_Error]] = defaultdict(list)
+    fitted: dict[bytes, tuple[Params, np.ndarray, np.ndarray]] = {}
+
+    def refit(keep: np.ndarray) -> tuple[Params, np.ndarray, np.ndarray]:
+        """The parameters chosen on the runs `keep` selects, their memory-bound shares and the effects fitted on those
+        runs; with no pair left to choose on, fit's defaults and no effects (a workload's stand-in cases of several
+        software share one mask: chosen once)."""
+        key = keep.tobytes()
+        if key not in fitted:
+            q = _choose(t, keep)
+            if q is None:
+                fitted[key] = (Params(), t.li(Params().kappa_mem), np.full(len(t.gpus), np.nan))
+            else:
+                lq = t.li(q.kappa_mem)
+                fitted[key] = (q, lq, t.effects(lq, keep, q.lam))
+        return fitted[key]
 
     def add(kind: Kind, got) -> None:
         targets, u, nearest, spread = got
@@ -456,9 +472,7 @@ def _calibrate(t: _Table, p: Params) -> Calibration:
         sel = (t.pg[t.pairs[:, 0]] == g) & keep[t.pairs[:, 1]]
         if not sel.any():
             continue
-        q = _choose(t, keep) or p
-        lq = t.li(q.kappa_mem)
-        b = t.effects(lq, keep, q.lam)  # NaN for g: no correction to it
+        q, lq, b = refit(keep)  # b is NaN for g: no correction to it
         add(Kind("same", False), t.transfer_errors(lq, b, q.tau, t.pairs[sel], t.dist[sel]))
     # the same workload x GPU type x software left out, the GPU type's effect from other software's runs
     for m, gpu, sw in sorted(set(zip(t.model, t.gpu, t.software, strict=True))):
@@ -468,9 +482,8 @@ def _calibrate(t: _Table, p: Params) -> Calibration:
             continue  # nothing else measured that GPU type: the unseen kind above covers it
         sel = cell[t.pairs[:, 0]] & keep[t.pairs[:, 1]]
         if sel.any():
-            q = _choose(t, keep) or p
-            lq = t.li(q.kappa_mem)
-            add(Kind("same", True), t.transfer_errors(lq, t.effects(lq, keep, q.lam), q.tau, t.pairs[sel], t.dist[sel]))
+            q, lq, b = refit(keep)
+            add(Kind("same", True), t.transfer_errors(lq, b, q.tau, t.pairs[sel], t.dist[sel]))
     # a stand-in workload (nearest-sized of the same kind, the same software first), the workload left out; its
     # stand-in's runs on every GPU type (the target's own weigh most), or (unseen) the target's GPU type left out too
     cands = _candidates(t.runs)
@@ -487,11 +500,11 @@ def _calibrate(t: _Table, p: Params) -> Calibration:
             bs = bases[keep[bases]]
             if not len(bs):
                 continue
-            b = t.effects(li, keep, p.lam)
+            q, lq, b = refit(keep)
             seen = np.isfinite(b[t.pg[tg]])
             pairs = np.array([(i, j) for i in tg for j in bs], int)
             dist = np.abs(t.feat[pairs[:, 0]] - t.feat[pairs[:, 1]]).sum(1)
-            got = t.transfer_errors(li, b, p.tau, pairs, dist)
+            got = t.transfer_errors(lq, b, q.tau, pairs, dist)
             for flag in (True, False):
                 rows = np.isin(got[0], tg[seen == flag])
                 if rows.any():
@@ -587,7 +600,7 @@ def fit(runs: Sequence[Run], gpus: Mapping[str, Any]) -> CrossGpu:
         return model
     b = t.effects(t.li(params.kappa_mem), np.ones(len(t.y), bool), params.lam)
     effects = {g: float(x) for g, x in zip(t.gpus, b, strict=True) if np.isfinite(x)}
-    return CrossGpu(gpus, params, _calibrate(t, params), effects)
+    return CrossGpu(gpus, params, _calibrate(t), effects)
 
 
 # ------------------------------------------------------------------------------------------- checks out of sample

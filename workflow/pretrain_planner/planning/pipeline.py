@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pretrain_planner import layout
+from pretrain_planner import layout, sweeprecord
 from pretrain_planner import search as pp_search
 from pretrain_planner.launch.request import driver_cores
 from pretrain_planner.planning import grid
@@ -204,6 +204,13 @@ def load(
     config: dict[str, Any], basedir: str | Path, source: str = "config", sources: list[tuple[str, Any]] | None = None
 ) -> Pipeline:
     """Validate config (defaults filled in place), load the catalog, expand and check the plan."""
+    if isinstance(config, dict) and "sweep" not in config:
+        sets = ", ".join(f"`{k}:`" for k in config) or "nothing"
+        raise ConfigError(
+            f"{source}: no `sweep:` section (it sets {sets}): a sweep config names what to measure (sweep.models, "
+            'sweep.gpus; README, "Your own sweep"); a file of extra settings such as config/adaptive.yaml goes '
+            f"after a sweep's: --configfile my-sweep.yaml {source}"
+        )
     validate(config, "config", source)
     cat = config["catalog"]
     models, gpus = resolve(cat["models"], basedir), resolve(cat["gpus"], basedir)
@@ -240,3 +247,11 @@ def write_plan(pipeline: Pipeline, out_csv: str) -> None:
     for row in pipeline.rows():
         writer.writerow(row)
     atomic_write_text(out_csv, buf.getvalue())
+
+
+def record_sweep(
+    pipeline: Pipeline, configfiles: list[Any], basedir: str | Path, workdir: str | Path | None = None
+) -> None:
+    """Before a sweep runs: its config recorded in the results folder (sweeprecord.py), so that `pretrain-planner`
+    answers about these results with the config they were made from."""
+    sweeprecord.write(pipeline.results, pipeline.config, configfiles, basedir, workdir)

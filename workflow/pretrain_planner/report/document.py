@@ -210,7 +210,10 @@ def _study(links: Links) -> list[str]:
     """The study's views (tables/study.py) and the what-if predictions, each with its paragraph."""
     if "days_optimal_csv" not in links.tables or not Path(links.tables["days_optimal_csv"]).is_file():
         return []
-    md = ["## The study's views\n", " ".join(paragraphs("study_views")) + "\n"]
+    from pretrain_planner.tables.study import sweep_line  # what this sweep's views show: the captions say no sweep's
+
+    cells = pl.read_parquet(links.tables["cells_parquet"])
+    md = ["## The study's views\n", " ".join([*paragraphs("study_views"), sweep_line(cells)]) + "\n"]
     for name in ("days_optimal", "days_naive", "optimal_settings"):
         md.append(links.described(name))
     md.append(Path(links.tables["days_optimal_md"]).read_text().split("\n\n", 2)[-1])
@@ -222,7 +225,12 @@ def _study(links: Links) -> list[str]:
     claims = Path(links.tables["study_claims_md"]).read_text().split("\n\n", 2)[-1]
     md += [claims, "### What the study's numbers mean\n", " ".join(paragraphs("study_reading")) + "\n"]
     if "whatif_csv" in links.tables and Path(links.tables["whatif_csv"]).is_file():
-        md += ["## What-if: GPU types you do not own (predictions)\n", links.described("whatif"), *links.plot("whatif")]
+        from pretrain_planner.tables.whatif import read_error_sentence  # the figures of this run's fit, generated
+
+        error = read_error_sentence(links.tables["whatif_md"]) if "whatif_md" in links.tables else None
+        said = [f"{error} Every kind of transfer's error: {links.table('whatif')}.\n"] if error else []
+        md += ["## What-if: GPU types you do not own (predictions)\n", links.described("whatif"), *said,
+               *links.plot("whatif")]  # fmt: skip
     return md
 
 

@@ -6,6 +6,7 @@ labels' lengths, an explanatory figure instead of a blank one when there is noth
 from __future__ import annotations
 
 import math
+import textwrap
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -26,7 +27,7 @@ from pretrain_planner.report.plots import (
 )
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.tables import units
-from pretrain_planner.tables.study import _round_days, read_study_table, setting_label
+from pretrain_planner.tables.study import _round_days, read_study_table, setting_label, stand_in_line
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -190,21 +191,28 @@ def _in_mean(df: pl.DataFrame) -> pl.DataFrame:
 
 
 def figure_speedups(spd: pl.DataFrame, stats: pl.DataFrame) -> Figure:
-    """Left: mean speed-up over naive of the analytic estimate and the optimal method. Right: mean speed-up over the
-    worst memory-saving method of its median, optimal and free-lunch alone. Each over the rows with `in_mean` (the
-    study's: its Pythia models; more than one GPU on the right)."""
-    fig = _canvas(10, 4.2)
+    """Left: mean speed-up over naive of the analytic estimate and the optimal (the fastest fl-based method, the
+    study's: labelled so, since it can be slower than naive). Right: mean speed-up over the worst memory-saving method
+    of its median, best and free-lunch alone. Each over the rows with `in_mean` (the study's: its Pythia models; more
+    than one GPU on the right). Where the averaged rows ran on the `cpu` stand-in, a line under the bars says why
+    free-lunch wins little there (study.stand_in_line)."""
+    line = stand_in_line(_in_mean(spd))
+    note = textwrap.fill(line, 130) if line else ""
+    height = 4.2 + 0.14 * (note.count("\n") + 1) if note else 4.2
+    fig = _canvas(10, height)
     axes = fig.subplots(1, 2)
-    _margins(fig, 0.8, 0.2, 0.5, 0.6)
+    _margins(fig, 0.8, 0.2, height - 3.6, 0.6)
     fig.subplots_adjust(wspace=0.3)
     panels = [
         (axes[0], _in_mean(spd), {"analytic": "speedup_analytic", "naive": "speedup_naive",
-                                  "optimal": "speedup_optimal"},
+                                  "optimal\n(fastest fl-based)": "speedup_optimal"},
          "over naive", "no setting of the averaged models\nwith naive, optimal and analytic times"),
-        (axes[1], _in_mean(stats), {"worst": None, "median": "speedup_median", "optimal": "speedup_optimal",
-                                    "free-lunch": "speedup_free_lunch"}, "over the worst memory-saving",
+        (axes[1], _in_mean(stats), {"worst": None, "median": "speedup_median", "best": "speedup_optimal",
+                                    "free-lunch\nalone": "speedup_free_lunch"}, "over the worst memory-saving",
          "no memory-saving method ran on more than one GPU\nfor the averaged models (add e.g. fl+ac)"),
     ]  # fmt: skip
+    if note:
+        fig.text(0.5, 0.1 / height, note, ha="center", va="bottom", fontsize=7)
     for ax, df, cols, what, empty in panels:
         ax.set_title(f"mean speed-up {what} (n={df.height})", fontsize=9)
         if df.is_empty():
@@ -220,7 +228,7 @@ def figure_speedups(spd: pl.DataFrame, stats: pl.DataFrame) -> Figure:
             ax.text(i, v, units.times(v), ha="center", va="bottom", fontsize=7)
         ax.margins(y=0.15)
     fig.suptitle(f"{STUDY_PLOTS['speedups'][1]}: means over the rows marked in_mean", fontsize=10,
-                 y=1 - 0.1 / 4.2, va="top")  # fmt: skip
+                 y=1 - 0.1 / height, va="top")  # fmt: skip
     return fig
 
 
@@ -261,15 +269,19 @@ def figure_memory_saving(ms: pl.DataFrame) -> Figure:
 
 def figure_whatif(w: pl.DataFrame) -> Figure:
     """One bar per prediction (central days), the optimistic-pessimistic band as an error bar, the measurement of
-    the same setting (where there is one) as a black dot."""
+    the same setting (where there is one) as a black dot. The bars follow whatif.csv's rows, which tables/whatif.py
+    writes in the order a reader asks (`reading_order`): every setting of the swept models and of those the config
+    names (whatif.models), each model's ranked by days, then each other model's fastest, then the rest; the first
+    MAX_BARS with days are drawn, and the title says so (sorted by name, the swept models were never reached)."""
     from matplotlib.lines import Line2D
 
     title = STUDY_PLOTS["whatif"][1] + " (PREDICTIONS; dot: measured)"
-    shown = w.filter(pl.col("days_optimistic").is_not_null()).sort("model", "gpu", "world_size", "nodes")
+    title += "\nthe swept and named models first, each ranked by days; then each other model's fastest"
+    shown = w.filter(pl.col("days_optimistic").is_not_null())
     n = shown.height
     if n > MAX_BARS:
         shown = shown.head(MAX_BARS)
-        title += f"\n(first {MAX_BARS} of {n}; all in tables/whatif.csv)"
+        title += f"\n(the first {MAX_BARS} of {n}; all in tables/whatif.csv)"
     if shown.is_empty():
         return _empty_figure(title, "no prediction: see tables/whatif.md for why", "days to train", "")
     rows = list(shown.iter_rows(named=True))
@@ -279,10 +291,11 @@ def figure_whatif(w: pl.DataFrame) -> Figure:
               for r in rows]  # fmt: skip
     left = 0.4 + CHAR_IN * max(len(x) for x in labels)
     right = _legend_width("", kinds)
-    fig = _canvas(max(left + 6 + right, 0.4 + TITLE_CHAR_IN * 0.9 * len(title.split("\n")[0])),
-                  min(60, 1.4 + 0.2 * max(4, len(rows))))  # fmt: skip
+    lines = title.split("\n")
+    fig = _canvas(max(left + 6 + right, 0.4 + TITLE_CHAR_IN * 0.9 * max(len(x) for x in lines)),
+                  min(60, 1.2 + 0.2 * len(lines) + 0.2 * max(4, len(rows))))  # fmt: skip
     ax = fig.subplots()
-    _margins(fig, left, right, 0.55, 0.7 if "\n" in title else 0.45)
+    _margins(fig, left, right, 0.55, 0.25 + 0.2 * len(lines))
     per, unit = units.duration_unit([r["days_central"] or r["days_optimistic"] for r in rows])
     central = [(r["days_central"] or r["days_optimistic"]) / per for r in rows]
     lo = [max(0.0, c - r["days_optimistic"] / per) for c, r in zip(central, rows, strict=True)]

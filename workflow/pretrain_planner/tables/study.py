@@ -22,7 +22,11 @@ settings (training_time_tables.py); GPU-days of the original run vs ours (gpu_da
 optimal (training_time_avg.py); the memory-saving gain (optimal_memory_saving_speedups.py); worst / median / optimal /
 free-lunch step per setting (mem_saving_methods.py); training FLOPs per model (model_flops.py); and the study's
 headline numbers through our `suspect` check. Only cells that ran (`ok`, not suspect) count, as in time_to_train.
-Imports no torch.
+
+The CSVs keep the study's column names (the plots read them); the Markdown is written as the main tables are
+(tables/views.py `study_*`: the reader's headers and units, an averaged view's mean row labelled `mean`), with notes
+under each table: what the mean averages and, where the optimal is slower than naive, why (on the `cpu` stand-in,
+`on_stand_in`, free-lunch has little to win: the stand-in's result, not a finding about GPUs). Imports no torch.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from __future__ import annotations
 import textwrap
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import polars as pl
 
@@ -40,13 +44,29 @@ from pretrain_planner.planning.families import FAMILIES
 from pretrain_planner.planning.flops import mfu, param_count, suspect, train_flops_per_sample
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.schema import ConfigError, section
-from pretrain_planner.tables import units
-from pretrain_planner.tables.aggregate import GROUP
+from pretrain_planner.tables import units, views
+from pretrain_planner.tables.aggregate import GROUP, MD_ROWS
 from pretrain_planner.tables.markdown import WIDTH, to_markdown
 
 STUDY_TABLES = ("days_naive", "days_optimal", "optimal_settings", "gpu_days", "speedups", "memory_saving",
                 "step_time_stats", "model_flops", "study_claims")  # fmt: skip
+PIVOTS = ("days_naive", "days_optimal")  # model x setting: every column after the model a value, no view
 DASH = "—"
+# The GPU type whose ranks are CPU processes (trainer/rank.py `_select_device`; config/gpus.yaml): the demo's
+# stand-in for a GPU, where the free-lunch methods have little to win (STAND_IN_WHY)
+STAND_IN_GPU = "cpu"
+STAND_IN_WHY = (
+    'On the `cpu` stand-in (each "GPU" one CPU process) free-lunch has little to win: TF32 does not exist on a CPU '
+    "and torch.compile and SDPA attention pay off for GPU kernels, so the optimal (the fastest fl-based method) "
+)
+STAND_IN_SLOWER = "is slower than naive in {slower} of its {settings} settings here: the stand-in's result, not a " \
+    "finding about GPUs."  # fmt: skip
+STAND_IN_NOT_SLOWER = "gains little or nothing over naive there: its speed-ups are the stand-in's, not a finding " \
+    "about GPUs."  # fmt: skip
+GPU_SLOWER = (
+    "On GPU types the optimal is slower than naive in {slower} of {settings} settings: naive is faster there, and "
+    "the study's optimal takes the fl-based methods only (time_to_train has the fastest of every method)."
+)
 
 # The study's models in the order its tables list them (training_time_tables.py: Pythia by size, RoBERTa, Mamba,
 # ConvNeXt, ViT); the families it does not have sit beside their nearest (BERT-like encoders after RoBERTa).
@@ -75,31 +95,31 @@ INTROS = {
     '(whole days from 10 on, as the study\'s; "3.2 d" below; hours or minutes under a day; a dash where naive did '
     "not run or fit).",
     "days_optimal": "Days to train with the study's optimal setting, model x (GPU type, nodes x GPUs), as its optimal "
-    "table: the fastest **free-lunch** method that ran, with or without checkpointing, sharding or offload (naive "
-    "and e.g. naive+ac are not candidates; time_to_train has the fastest of every method). Whole days from 10 on, as "
-    'the study\'s; "3.2 d" below; hours or minutes under a day; a dash where nothing fits.',
-    "optimal_settings": "The study's optimal setting (the fastest free-lunch method) of each model x GPU type x count: "
-    "method (checkpointing, sharding, offload), micro-batch (MBS) and accumulation steps (GAS), as the study's table "
-    "of optimal settings.",
+    "table: the fastest **fl-based** (free-lunch) method that ran, with or without checkpointing, sharding or offload "
+    "(naive and e.g. naive+ac are not candidates; time_to_train has the fastest of every method). Whole days from 10 "
+    'on, as the study\'s; "3.2 d" below; hours or minutes under a day; a dash where nothing fits.',
+    "optimal_settings": "The study's optimal setting (the fastest fl-based method) of each model x GPU type x count: "
+    "the method, its parts (ac: activation checkpointing; sharding; offload), micro-batch x accumulation steps (the "
+    "study's MBS and GAS), MFU and days, as the study's table of optimal settings.",
     "gpu_days": "GPU-days of the original training run (as its authors reported it; config/models.yaml; every catalog "
-    "model with a record) beside ours "
-    "as the study computes it: {gpus} x the days of the optimal setting on {setting} (`study.gpu_days_*`), blank "
-    "where that setting was not measured or nothing fits on it.",
-    "speedups": "Per setting, the speed-up over `naive` of the analytic estimate (100% of the dense peak) and of the "
-    "optimal (free-lunch) method, as the study's training_time_avg. The mean (last row) is over the rows with "
-    "`in_mean`: {families} models with all three times, every GPU count (the study averages its Pythia models).",
-    "memory_saving": "Per setting, (free-lunch only - best memory-saving method) / free-lunch-only days, memory-saving "
-    "meaning free-lunch with checkpointing, sharding or offload: what they gain over free-lunch alone; negative "
-    "where they cost time. The mean (last row) is over the rows with `in_mean`: {families} models on more than one "
-    "GPU, as the study's figure by model; `in_count_mean` marks the rows of its figure by GPU count (every count).",
-    "step_time_stats": "Per setting, the worst, median and best step of the memory-saving methods (free-lunch with "
-    "checkpointing, sharding or offload) that ran, and the best free-lunch-only step, as the study's comparison of "
-    "memory-saving methods (speed-ups over the worst). The mean (last row) is over the rows with `in_mean`: "
-    "{families} models on more than one GPU, as the study's figure.",
+    "model with a record) beside ours as the study computes it: {gpus} x the days of the optimal setting on {setting} "
+    "(`study.gpu_days_*`), blank where that setting was not measured or nothing fits on it.",
+    "speedups": "Per setting with a naive time, the speed-up over `naive` of the analytic estimate (100% of the dense "
+    "peak) and of the optimal (the fastest fl-based method), as the study's training_time_avg; the last row is the "
+    "study's mean, over {families} models with all three times on every GPU count (the study averages its Pythia "
+    "models).",
+    "memory_saving": "Per setting, what the memory-saving methods (free-lunch with checkpointing, sharding or "
+    "offload) gain over free-lunch alone: (free-lunch only - best memory-saving) / free-lunch-only days, negative "
+    "where they cost time, as the study's optimal_memory_saving_speedups; the last row is the mean of its figure by "
+    "model ({families} models on more than one GPU).",
+    "step_time_stats": "Per setting, the worst step of the memory-saving methods (free-lunch with checkpointing, "
+    "sharding or offload) that ran, and the speed-ups over it of their median and best and of free-lunch alone, as "
+    "the study's comparison of memory-saving methods; the last row is the mean over {families} models on more than "
+    "one GPU, as the study's figure.",
     "model_flops": "Training FLOPs per model of the catalog: the closed form per sample x global batch x steps "
     "(model FLOPs only: no recomputation), with what the study's counter said where it differs.",
     "study_claims": "The study's headline numbers through the `suspect` check our cells get: the MFU each implies "
-    "against the datasheet's dense peak (and the study's own analytic peak), beside our optimal (free-lunch) "
+    "against the datasheet's dense peak (and the study's own analytic peak), beside our optimal (fastest fl-based) "
     "measurement of the same setting if any.",
 }
 
@@ -107,8 +127,8 @@ INTROS = {
 _STRING = {"model", "gpu", "best_method", "sharding", "ours_setting", "ours_method", "original_source",
            "free_lunch_method", "memory_saving_method", "optimal_method", "family", "study_counter_note",
            "suspect_reason", "source", "status", "method", "why", "basis", "note",
-           "evidence", "rests_on", "sources", "transfer", "model_error"}  # fmt: skip
-_BOOL = {"free_lunch", "checkpointing", "offload", "in_sweep", "suspect", "in_mean", "in_count_mean"}
+           "evidence", "rests_on", "sources", "transfer", "model_error", "peak_kind"}  # fmt: skip
+_BOOL = {"free_lunch", "checkpointing", "offload", "in_sweep", "suspect", "in_mean", "in_count_mean", "stand_in"}
 _INT = {"nodes", "gpus_per_node", "world_size", "micro_batch_size", "grad_accum_steps", "original_gpus",
         "memory_saving_methods", "global_batch", "recipe_steps", "micro_batch"}  # fmt: skip
 
@@ -154,6 +174,61 @@ def _kind(slug: str) -> str:
     if m.free_lunch:
         return "memory-saving" if saving else "free-lunch"
     return "other" if saving else "naive"
+
+
+def on_stand_in(df: pl.DataFrame) -> pl.Expr:
+    """Whether a cell ran as CPU processes, the `cpu` stand-in: its GPU type is `cpu` (the trainer's rule), its
+    dense peak was measured on the host (`peak_kind`: only a CPU rank measures one), or its device was a CPU
+    (`device_name`, e.g. with `benchmark.device: cpu`). What free-lunch gains there says nothing about GPUs."""
+    expr = pl.col("gpu") == STAND_IN_GPU
+    if "peak_kind" in df.columns:
+        expr = expr | (pl.col("peak_kind") == "measured").fill_null(False)
+    if "device_name" in df.columns:
+        expr = expr | pl.col("device_name").str.starts_with("CPU").fill_null(False)
+    return expr
+
+
+def stand_in_settings(cells: pl.DataFrame) -> pl.DataFrame:
+    """Per setting (GROUP): `stand_in`, whether any of its cells ran on the stand-in."""
+    if cells.is_empty():
+        return pl.DataFrame(schema={**{c: cells.schema[c] for c in GROUP}, "stand_in": pl.Boolean})
+    return cells.group_by(GROUP).agg(on_stand_in(cells).any().alias("stand_in"))
+
+
+def optimal_notes(spd: pl.DataFrame) -> list[str]:
+    """What the optimal's speed-ups over naive (`speedups`) say: on the stand-in, why they say nothing about GPUs
+    (and how often its optimal is slower than naive); on GPUs, where naive is the faster and why the optimal is
+    still the fl-based one."""
+    if spd.is_empty() or "stand_in" not in spd.columns:
+        return []
+    both = spd.filter(pl.col("speedup_optimal").is_not_null())
+    notes = []
+    for stand, in_kind in ((True, both.filter(pl.col("stand_in"))), (False, both.filter(~pl.col("stand_in")))):
+        slower = in_kind.filter(pl.col("speedup_optimal") < 1).height
+        if stand and in_kind.height:
+            verdict = STAND_IN_SLOWER if slower else STAND_IN_NOT_SLOWER
+            notes.append(STAND_IN_WHY + verdict.format(slower=slower, settings=in_kind.height))
+        elif not stand and slower:
+            notes.append(GPU_SLOWER.format(slower=slower, settings=in_kind.height))
+    return notes
+
+
+def stand_in_line(spd: pl.DataFrame) -> str | None:
+    """The speed-ups plot's line under its bars where the rows it averages (`speedups` rows) ran on the `cpu`
+    stand-in: why free-lunch wins little there, and that a mean optimal under 1x is the stand-in's, not the GPUs'.
+    None where no row did."""
+    if spd.is_empty():
+        return None
+    flag = pl.col("stand_in").fill_null(False) if "stand_in" in spd.columns else pl.col("gpu") == STAND_IN_GPU
+    stand = spd.filter(flag)
+    if stand.is_empty():
+        return None
+    mean = spd["speedup_optimal"].drop_nulls().mean() if "speedup_optimal" in spd.columns else None
+    under = mean is not None and float(mean) < 1  # type: ignore[arg-type]
+    what = "the optimal under 1x is" if under else "these speed-ups are"
+    return (f'{stand.height} of {spd.height} averaged settings ran on the cpu stand-in (each "GPU" one CPU '
+            f"process): free-lunch has little to win on a CPU (no TF32; compile and SDPA pay off on GPUs), so {what} "
+            "the stand-in's result, not a finding about GPUs")  # fmt: skip
 
 
 def ran(cells: pl.DataFrame) -> pl.DataFrame:
@@ -253,7 +328,8 @@ def days_pivot(
 
 
 def optimal_settings(best: pl.DataFrame, catalog: Catalog | None = None) -> pl.DataFrame:
-    """The study's table of optimal settings (from `optimal`): the method's parts, micro-batch and accumulation."""
+    """The study's table of optimal settings (from `optimal`): the method's parts, micro-batch and accumulation; its
+    MFU (against a measured peak where `peak_kind` says so) and whether it ran on the stand-in."""
     parts = {s: methods.parse(s) for s in best["method"].unique().to_list()}
 
     def part(attr: str, dtype: type[pl.DataType], fill: Any = None) -> pl.Expr:
@@ -264,8 +340,14 @@ def optimal_settings(best: pl.DataFrame, catalog: Catalog | None = None) -> pl.D
         *GROUP, "world_size", "best_method", part("free_lunch", pl.Boolean),
         part("checkpointing", pl.Boolean), part("sharding", pl.String, ""),
         part("offload", pl.Boolean), "micro_batch_size", "grad_accum_steps", "training_days",
+        _col(best, "mfu", pl.Float64), _col(best, "peak_kind", pl.String), on_stand_in(best).alias("stand_in"),
     )  # fmt: skip
     return study_sort(out, catalog)
+
+
+def _col(df: pl.DataFrame, name: str, dtype: type[pl.DataType]) -> pl.Expr:
+    """Column `name`, null where the cells table has none (a hand-made table)."""
+    return pl.col(name) if name in df.columns else pl.lit(None, dtype=dtype).alias(name)
 
 
 def recorded_models(catalog: Catalog | None) -> list[str]:
@@ -305,32 +387,44 @@ def gpu_days(best: pl.DataFrame, models: list[str], catalog: Catalog | None, stu
 
 def speedups(cells: pl.DataFrame, best: pl.DataFrame, catalog: Catalog | None, families: list[str]) -> pl.DataFrame:
     """Per setting with a naive time: the speed-ups over naive of the analytic estimate (the optimal cell's: TF32 for
-    fp32 recipes, as the study's) and of the study's optimal method; `in_mean`: a model of `families` with all three
-    times (the study's inner join of its Pythia sweeps)."""
+    fp32 recipes, as the study's) and of the study's optimal method (which one: `optimal_method`); `stand_in`: the
+    setting ran on the `cpu` stand-in, where free-lunch has nothing to win; `in_mean`: a model of `families` with all
+    three times (the study's inner join of its Pythia sweeps)."""
     naive = ran(cells).filter(pl.col("method") == "naive")
     naive = naive.select(*GROUP, "world_size", pl.col("training_days").alias("days_naive"))
-    opt = best.select(*GROUP, "analytic_days", pl.col("training_days").alias("days_optimal"))
-    out = naive.join(opt, on=GROUP, how="left").select(
+    opt = best.select(*GROUP, "analytic_days", pl.col("training_days").alias("days_optimal"),
+                      pl.col("method").alias("optimal_method"))  # fmt: skip
+    out = naive.join(opt, on=GROUP, how="left").join(stand_in_settings(cells), on=GROUP, how="left").select(
         *GROUP, "world_size", "days_naive", "analytic_days", "days_optimal",
         (pl.col("days_naive") / pl.col("analytic_days")).alias("speedup_analytic"),
         pl.lit(1.0).alias("speedup_naive"),
         (pl.col("days_naive") / pl.col("days_optimal")).alias("speedup_optimal"),
+        "optimal_method", pl.col("stand_in").fill_null(False),
     )  # fmt: skip
+    later = ["optimal_method", "stand_in"]  # after the columns the CSV had before them
     if out.is_empty():
-        return out.with_columns(pl.lit(None, dtype=pl.Boolean).alias("in_mean"))
+        return out.with_columns(pl.lit(None, dtype=pl.Boolean).alias("in_mean")).select(pl.exclude(later), *later)
     complete = pl.col("speedup_analytic").is_not_null() & pl.col("speedup_optimal").is_not_null()
-    return study_sort(out.with_columns((_averaged(out, catalog, families) & complete).alias("in_mean")), catalog)
+    out = out.with_columns((_averaged(out, catalog, families) & complete).alias("in_mean"))
+    return study_sort(out.select(pl.exclude(later), *later), catalog)
 
 
-def _with_mean(df: pl.DataFrame, label_col: str, cols: list[str], what: str) -> pl.DataFrame:
-    """The table with a last row, the mean of `cols` over the rows with `in_mean` (for the Markdown only: the CSV
-    keeps one row per setting), labelled with how many rows and which (`what`)."""
+MEAN = "mean"  # the model of an averaged view's last row
+
+
+def _with_mean(df: pl.DataFrame, label_col: str, cols: list[str], what: str) -> tuple[pl.DataFrame, list[str]]:
+    """(the table with a last row, the mean of `cols` over the rows with `in_mean`, labelled plainly `mean`; the
+    note under the Markdown table saying how many rows it averages and which, `what`). For the Markdown only: the
+    CSV keeps one row per setting."""
     if df.is_empty():
-        return df
+        return df, []
     used = df.filter(pl.col("in_mean").fill_null(False))
-    mean = {c: None for c in df.columns} | {label_col: f"mean of {used.height} ({what})"}
+    mean = {c: None for c in df.columns} | {label_col: MEAN}
     mean |= {c: used[c].drop_nulls().mean() for c in cols}
-    return pl.concat([df.cast({label_col: pl.String}), pl.DataFrame([mean], schema=df.schema)], how="vertical")
+    rows = f"{used.height} row" + ("" if used.height == 1 else "s")
+    note = f"{MEAN} (last row): over the {rows} marked `in mean`, {what}."
+    framed = pl.concat([df.cast({label_col: pl.String}), pl.DataFrame([mean], schema=df.schema)], how="vertical")
+    return framed, [note]
 
 
 def _per_setting(ok: pl.DataFrame, kind: str, value: str = "step_time_s") -> pl.DataFrame:
@@ -455,10 +549,20 @@ def study_claims(catalog: Catalog | None, best: pl.DataFrame, limit: float) -> p
     return pl.DataFrame(rows, schema=schema)
 
 
+class StudyTable(NamedTuple):
+    """One study view: `csv`, every column unrounded (what the plots read); `md`, the rows its Markdown shows (the
+    CSV's, and an averaged view's mean row); `notes`, the lines under the Markdown table (what the mean averages,
+    what the stand-in's speed-ups mean, where the GPU-days setting is)."""
+
+    csv: pl.DataFrame
+    md: pl.DataFrame
+    notes: tuple[str, ...] = ()
+
+
 def build_all(
     cells: pl.DataFrame, catalog: Catalog | None, limit: float, study: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """Every study table in memory: name -> DataFrame, or (csv, md) where the Markdown differs."""
+) -> dict[str, StudyTable]:
+    """Every study table in memory: name -> StudyTable."""
     study = study_settings(study)
     families = study["average_families"]
     what = f"{', '.join(families)} models"
@@ -468,19 +572,39 @@ def build_all(
     spd = speedups(cells, best, catalog, families)
     ms = memory_saving(cells, catalog, families)
     stats = step_time_stats(cells, catalog, families)
+    gd = gpu_days(best, [*settings["model"].unique().to_list(), *recorded_models(catalog)], catalog, study)
+    claims = study_claims(catalog, best, limit)
+    on_optimal = optimal_notes(spd)
+    spd_md, spd_mean = _with_mean(spd, "model", ["speedup_analytic", "speedup_naive", "speedup_optimal"],
+                                  f"{what} with all three times, every GPU count")  # fmt: skip
+    ms_md, ms_mean = _with_mean(ms, "model", ["gain"], f"{what} on more than one GPU (the study's figure by model)")
+    stats_md, stats_mean = _with_mean(stats, "model", ["speedup_median", "speedup_optimal", "speedup_free_lunch"],
+                                      f"{what} on more than one GPU")  # fmt: skip
+    fl_based = ("optimal (fl-based): the fastest fl-based method that ran, the study's optimal (free-lunch, with or "
+                "without checkpointing, sharding or offload; never naive), its days and which method.")  # fmt: skip
+    over_worst = ("median, best, fl only: the speed-up over the worst step of the memory-saving methods (free-lunch "
+                  "with checkpointing, sharding or offload) of the median one, the best one and free-lunch alone; "
+                  "methods: how many memory-saving methods ran.")  # fmt: skip
+    counted = "in count mean: the rows of the study's figure by GPU count (the averaged models on every count)."
+    sources = sorted(set(gd["original_source"].drop_nulls().to_list()))
+    where = setting_label(study["gpu_days_gpu"], study["gpu_days_nodes"], study["gpu_days_gpus_per_node"])
+    gd_notes = [f"ours: the optimal (fastest fl-based) setting on {where} (`study.gpu_days_*`), its GPUs x days.",
+                *(f"original runs: {s}." for s in sources)]  # fmt: skip
+    claim_notes = [f"{r['model']} on {units.layout(1, r['world_size'])} {r['gpu']}: {r['source']}."
+                   for r in claims.iter_rows(named=True)]  # fmt: skip
+    days_naive = days_pivot(settings, naive, "training_days", catalog)
+    days_optimal = days_pivot(settings, best, "training_days", catalog)
     return {
-        "days_naive": days_pivot(settings, naive, "training_days", catalog),
-        "days_optimal": days_pivot(settings, best, "training_days", catalog),
-        "optimal_settings": optimal_settings(best, catalog),
-        "gpu_days": gpu_days(best, [*settings["model"].unique().to_list(), *recorded_models(catalog)], catalog, study),
-        "speedups": (spd, _with_mean(spd, "model", ["speedup_analytic", "speedup_naive", "speedup_optimal"],
-                                     f"{what} with all three times, every GPU count")),
-        "memory_saving": (ms, _with_mean(ms, "model", ["gain"], f"{what} on more than one GPU")),
-        "step_time_stats": (stats, _with_mean(stats, "model", ["speedup_median", "speedup_optimal",
-                                                                "speedup_free_lunch"],
-                                              f"{what} on more than one GPU")),
-        "model_flops": model_flops(catalog, set(cells["model"].to_list())),
-        "study_claims": study_claims(catalog, best, limit),
+        "days_naive": StudyTable(*days_naive),
+        "days_optimal": StudyTable(*days_optimal, tuple(on_optimal)),
+        "optimal_settings": StudyTable(optimal_settings(best, catalog), optimal_settings(best, catalog)),
+        "gpu_days": StudyTable(gd, gd, tuple(gd_notes)),
+        "speedups": StudyTable(spd, spd_md, (fl_based, *spd_mean, *on_optimal)),
+        "memory_saving": StudyTable(ms, ms_md, (*ms_mean, counted)),
+        "step_time_stats": StudyTable(stats, stats_md, (over_worst, *stats_mean)),
+        "model_flops": StudyTable(model_flops(catalog, set(cells["model"].to_list())),
+                                  model_flops(catalog, set(cells["model"].to_list()))),
+        "study_claims": StudyTable(claims, claims, tuple(claim_notes)),
     }  # fmt: skip
 
 
@@ -494,6 +618,54 @@ def intro(name: str, study: dict[str, Any] | None = None) -> str:
     )  # fmt: skip
 
 
+def markdown_body(name: str, table: StudyTable, max_rows: int = MD_ROWS) -> str:
+    """Study table `name` as Markdown, as the main tables are written (tables/aggregate.markdown_body): a pivot as
+    it is (a setting per column), the others through their view (tables/views.py `study_*`: the reader's columns,
+    with units); then the view's footnotes and the table's notes."""
+    if name in PIVOTS:
+        body = to_markdown(table.md, max_rows=max_rows, keys=1)
+        marks: list[str] = []
+    else:
+        view = name if name.startswith("study_") else f"study_{name}"
+        keys = 3 if views.VIEWS[view][:3] == views.STUDY_KEY else 1
+        body = to_markdown(views.view(view, table.md), max_rows=max_rows, keys=keys)
+        marks = views.footnotes(view, table.md)
+    notes = [
+        *(textwrap.fill(n, WIDTH) for n in marks),
+        *(textwrap.fill(n, WIDTH, initial_indent="- ", subsequent_indent="  ") for n in table.notes),
+    ]
+    return body + ("\n" + "\n".join(notes) + "\n" if notes else "")
+
+
+def sweep_line(cells: pl.DataFrame) -> str:
+    """One sentence on the sweep the study's views show, from its cells: how many settings (and how many of them on
+    the `cpu` stand-in) and the methods of each of the study's sets that ran (report.md, after the views' caption,
+    which describes no sweep)."""
+    settings = cells.filter(pl.col("valid")).select(GROUP).unique().height
+    ok = ran(cells)
+    stand = ok.filter(on_stand_in(ok)).select(GROUP).unique().height
+    kinds = {k: sorted(ok.filter(pl.col("kind") == k)["method"].unique().to_list())
+             for k in ("naive", "free-lunch", "memory-saving")}  # fmt: skip
+    labels = {"naive": "naive", "free-lunch": "free-lunch only", "memory-saving": "memory-saving"}
+    said = "; ".join(f"{label}: {', '.join(f'`{m}`' for m in kinds[k]) or 'none'}" for k, label in labels.items())
+    where = f", {stand} of them on the `cpu` stand-in" if stand else ""
+    empty = " (so the memory-saving views have no rows)" if not kinds["memory-saving"] else ""
+    return f"This sweep: {settings} settings{where}; the methods that ran, {said}{empty}."
+
+
+TITLES = {
+    "days_naive": "Days to train: naive",
+    "days_optimal": "Days to train: the study's optimal (fastest fl-based)",
+    "optimal_settings": "The study's optimal settings",
+    "gpu_days": "GPU-days: the original run vs ours",
+    "speedups": "Speed-ups over naive",
+    "memory_saving": "Memory-saving gain over free-lunch",
+    "step_time_stats": "Step times of the memory-saving methods",
+    "model_flops": "Training FLOPs per model",
+    "study_claims": "The study's headline numbers",
+}
+
+
 def build_study_tables(
     cells_parquet: str,
     out: dict[str, str],
@@ -501,19 +673,16 @@ def build_study_tables(
     catalog: Catalog | None,
     suspect_mfu: float,
     study: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The `study_tables` rule: every study table to CSV + Markdown (the intro, then the table)."""
+) -> dict[str, StudyTable]:
+    """The `study_tables` rule: every study table to CSV + Markdown (the intro, then the table and its notes)."""
     t0 = time.perf_counter()
     study = study_settings(study, catalog)
     tables = build_all(pl.read_parquet(cells_parquet), catalog, suspect_mfu, study)
-    for name, value in tables.items():
-        csv, md = value if isinstance(value, tuple) else (value, value)
+    for name, table in tables.items():
         Path(out[f"{name}_csv"]).parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out[f"{name}_csv"], csv.write_csv())
-        title = name.replace("_", " ").capitalize()
-        text = textwrap.fill(intro(name, study), WIDTH)
-        keys = 1 if name in ("days_naive", "days_optimal") else None  # a pivot: every column after the model a value
-        atomic_write_text(out[f"{name}_md"], f"# {title}\n\n{text}\n\n{to_markdown(md, max_rows=2000, keys=keys)}")
-    sizes = {n: (v[0] if isinstance(v, tuple) else v).height for n, v in tables.items()}
+        atomic_write_text(out[f"{name}_csv"], table.csv.write_csv())
+        text = textwrap.fill(f"{intro(name, study)} Every column, unrounded: {name}.csv beside this file.", WIDTH)
+        atomic_write_text(out[f"{name}_md"], f"# {TITLES[name]}\n\n{text}\n\n{markdown_body(name, table)}")
+    sizes = {n: t.csv.height for n, t in tables.items()}
     atomic_write_text(log_path, f"study tables {sizes} ({time.perf_counter() - t0:.2f} s)\n")
     return tables

@@ -162,26 +162,139 @@ def _band(lo: str, hi: str, r: Row, writer: Callable[[Any], str]) -> str:
     return f"{writer(a)} - {writer(b)}" if b is not None else f">= {writer(a)}"
 
 
-def _whatif_basis(r: Row) -> str:
-    if r.get("status") == "predicted":
-        return str(r.get("basis") or "")
-    if r.get("status") == "bound only":
-        return "physics bound only (the `suspect` share of the dense peak): no measurement of its kind to transfer"
-    return str(r.get("why") or "")
+def _reach(r: Row) -> str:
+    """'142B tokens (47%)': what the days reach at the setting's pace, and that share of the recipe's run."""
+    if r.get("tokens_in_time") is None:
+        return ""
+    share = f" ({units.percent(r['share_of_run'])})" if r.get("share_of_run") is not None else ""
+    return f"{units.number(r['tokens_in_time'] / 1e9)}B {r.get('unit') or 'tokens'}{share}"
 
 
-VIEWS["whatif"] = [
-    *KEY,
-    ("status", _text("status")),
-    ("evidence", _text("evidence")),
-    ("transfer", _text("transfer")),
+def _fit_days(r: Row) -> str:
+    if r.get("days") is not None:
+        return _blank(units.days(r["days"]))
+    return f">= {units.days(r['days_optimistic'])}" if r.get("days_optimistic") is not None else ""
+
+
+def _fit_band(r: Row) -> str:
+    return _band("days_optimistic", "days_pessimistic", r, units.days) if r.get("days") is not None else ""
+
+
+FIT_BASIS = {"public evidence": "public runs", "bound only": "physics bound"}
+# `pretrain-planner fit`: per model, whether the recipe's run fits in the days (tables/whatif.fit_table)
+VIEWS["fit"] = [
+    ("model", _text("model")),
+    ("fits", _text("fits")),
     ("method", _text("method")),
-    ("days", lambda r: _blank(units.days(r.get("days_central") or r.get("days_optimistic")))),
-    ("band", lambda r: _band("days_optimistic", "days_pessimistic", r, units.days)),
-    ("measured", _unit("measured_days", units.days)),
-    ("amortised cost", lambda r: _band("amortised_usd_optimistic", "amortised_usd_pessimistic", r, units.usd)),
-    ("rests on / why", _whatif_basis),
+    ("days", _fit_days),
+    ("band", _fit_band),
+    ("basis", lambda r: FIT_BASIS.get(r.get("basis") or "", r.get("basis") or "")),
+    ("reaches (of the run)", _reach),
 ]
+
+
+# ------------------------------------------------------------------ the study's views (tables/study.py)
+# Their CSVs keep the study's column names; these are what a reader sees. An averaged view's last row is its mean,
+# model "mean" with no GPU type or count (what it averages is said under the table).
+
+
+def _study_gpus(r: Row) -> str:
+    return _gpus(r) if r.get("nodes") is not None else ""
+
+
+def _yes(key: str) -> Callable[[Row], str]:
+    return lambda r: "yes" if r.get(key) else ""
+
+
+def _yes_no(key: str) -> Callable[[Row], str]:
+    return lambda r: "" if r.get(key) is None else "yes" if r[key] else "no"
+
+
+def _days_of(days: str, method: str) -> Callable[[Row], str]:
+    """'1.4 min (fl+ac)': a setting's days and the method that took them."""
+    return lambda r: "" if r.get(days) is None else f"{units.days(r[days])} ({r.get(method) or '?'})"
+
+
+def _share_of(share: str, peak: str) -> Callable[[Row], str]:
+    return lambda r: "" if r.get(share) is None else f"{units.percent(r[share])} of {units.number(r.get(peak))} TFLOP/s"
+
+
+def _original_run(r: Row) -> str:
+    """'64 x 3 d': the GPUs and days of a model's original training run, as its authors reported them."""
+    return "" if r.get("original_gpus") is None else f"{r['original_gpus']:,} x {units.days(r.get('original_days'))}"
+
+
+def _batch_steps(r: Row) -> str:
+    """'1,024 x 143,000': the recipe's global batch and steps (blank for a time-budgeted recipe)."""
+    return "" if r.get("recipe_steps") is None else f"{r['global_batch']:,} x {r['recipe_steps']:,}"
+
+
+STUDY_KEY: list[Column] = [("model", _text("model")), ("GPU", _text("gpu")), ("GPUs", _study_gpus)]
+VIEWS["study_optimal_settings"] = [
+    *STUDY_KEY,
+    ("optimal method", _text("best_method")),
+    ("ac", _yes_no("checkpointing")),  # activation checkpointing, the method grammar's `ac`
+    ("sharding", lambda r: r.get("sharding") or ("no" if r.get("best_method") else "")),
+    ("offload", _yes_no("offload")),
+    ("mb x accum", _micro),
+    ("MFU", _mfu),
+    ("days", _unit("training_days", units.days)),
+]
+VIEWS["study_gpu_days"] = [
+    ("model", _text("model")),
+    ("original run", _original_run),
+    ("original GPU-days", lambda r: _blank(units.number(r.get("original_gpu_days"), 3))),
+    ("our method", _text("ours_method")),
+    ("our days", _unit("ours_days", units.days)),
+    ("our GPU-days", lambda r: _blank(units.number(r.get("ours_gpu_days"), 3))),
+    ("ours / original", _unit("ours_over_original", units.times)),
+]
+VIEWS["study_speedups"] = [
+    *STUDY_KEY,
+    ("naive", _unit("days_naive", units.days)),
+    ("optimal (fl-based)", _days_of("days_optimal", "optimal_method")),
+    ("analytic vs naive", _unit("speedup_analytic", units.times)),
+    ("optimal vs naive", _unit("speedup_optimal", units.times)),
+    ("in mean", _yes("in_mean")),
+]
+VIEWS["study_memory_saving"] = [
+    *STUDY_KEY,
+    ("free-lunch only", _days_of("days_free_lunch", "free_lunch_method")),
+    ("best memory-saving", _days_of("days_memory_saving", "memory_saving_method")),
+    ("gain", _unit("gain", units.percent)),
+    ("in mean", _yes("in_mean")),
+    ("in count mean", _yes("in_count_mean")),
+]
+VIEWS["study_step_time_stats"] = [
+    *STUDY_KEY,
+    ("methods", _text("memory_saving_methods")),
+    ("worst step", _unit("worst_s", units.step)),
+    ("median", _unit("speedup_median", units.times)),
+    ("best", _unit("speedup_optimal", units.times)),
+    ("best method", _text("optimal_method")),
+    ("fl only", _unit("speedup_free_lunch", units.times)),
+    ("in mean", _yes("in_mean")),
+]
+VIEWS["study_model_flops"] = [
+    ("model", _text("model")),
+    ("family", _text("family")),
+    ("in sweep", _yes("in_sweep")),
+    ("FLOPs / sample", _unit("flops_per_sample", units.sci)),
+    ("batch x steps", _batch_steps),
+    ("FLOPs to train", _unit("training_flops", units.sci)),
+    ("note", _text("study_counter_note")),
+]
+VIEWS["study_claims"] = [
+    ("model", _text("model")),
+    ("GPU", _text("gpu")),
+    ("GPUs", lambda r: units.layout(1, r["world_size"])),  # the study's sweep had one node
+    ("study's days", _unit("study_days", units.days)),
+    ("implied MFU", _share_of("implied_mfu", "peak_tflops")),
+    ("at the study's peak", _share_of("implied_mfu_study_peak", "study_peak_tflops")),
+    ("suspect", lambda r: (r.get("suspect_reason") or "yes") if r.get("suspect") else "no"),
+    ("our days", _unit("ours_days", units.days)),
+]
+
 
 FOOTNOTES = {
     "mfu_measured": "* MFU against the dense peak MEASURED on the host (a matrix-multiply probe of the cell's "

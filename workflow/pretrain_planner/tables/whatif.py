@@ -25,9 +25,16 @@ the optimistic end and the most at the pessimistic one. The method assumed is th
 (planning/memory.py: model-state lower bound plus the micro-batch's activations) lets fit the target: of the methods
 measured (your cells), or, from public evidence, the least-communicating data-parallel method (fl, ZeRO / FSDP sharding,
 checkpointing; no offload) at the largest micro-batch that fits. A method measured out of memory on a GPU with at least
-the target's memory at that count does not fit. With no evidence at all, or a GPU type without the step model's rates
-(the `cpu` stand-in), only the physics bound is given: the days at the `suspect` limit of the target's peak. Imports no
-torch.
+the target's memory at that count does not fit. With no evidence of the model's family or kind within STAND_IN_RATIO of
+its size, or a target without the step model's rates, only the physics bound is given: the days at the `suspect` limit
+of the target's peak, and why (the nearest model measured, how many times larger or smaller). Cells measured on a GPU
+type without those rates (the `cpu` stand-in) cannot be moved to a GPU and are not used; each prediction of their
+model says so in its `note`.
+
+whatif.csv has every prediction with every column, its rows in the order a reader asks (`reading_order`: the swept
+models and those the config's `whatif.models` names, each ranked by days, then the other models); whatif.md answers
+that question first (`whatif_markdown`): the measured error of this run's fit, each lead model's settings in one table
+that fits 120 columns with its reasons said once, then each other model's fastest setting. Imports no torch.
 """
 
 from __future__ import annotations
@@ -45,17 +52,21 @@ import polars as pl
 from pretrain_planner.planning import evidence as pp_evidence
 from pretrain_planner.planning import grid, methods, stepmodel
 from pretrain_planner.planning.catalog import Catalog, ModelSpec
-from pretrain_planner.planning.crossgpu import NEAR, STAND_IN_RATIO, CrossGpu, Estimate, fit, stand_in
+from pretrain_planner.planning.crossgpu import NEAR, STAND_IN_RATIO, CrossGpu, Estimate, Kind, fit, stand_in
 from pretrain_planner.planning.evidence import HERE, Evidence, Run, Work
 from pretrain_planner.planning.flops import param_count, tokens_per_sample, train_flops_per_sample
 from pretrain_planner.planning.memory import GIB
 from pretrain_planner.results import atomic_write_text
+from pretrain_planner.schema import ConfigError, section
 from pretrain_planner.tables import costs as pp_costs
-from pretrain_planner.tables import memfix, views
-from pretrain_planner.tables.markdown import WIDTH, to_markdown
+from pretrain_planner.tables import memfix
+from pretrain_planner.tables.markdown import WIDTH
+from pretrain_planner.tables.markdown import table as to_table
 from pretrain_planner.tables.study import ran, study_settings
 from pretrain_planner.tables.units import days as days_text
 from pretrain_planner.tables.units import gib as gib_text
+from pretrain_planner.tables.units import number as number_text
+from pretrain_planner.tables.units import usd as usd_text
 
 BUS_EFFICIENCY = 0.25  # no multi-GPU cell measured: the pessimistic all-reduce runs at this share of the datasheet
 OWN, PUBLIC = "your cells", "public evidence"
@@ -76,17 +87,15 @@ COLUMNS = {
     "amortised_usd_pessimistic": pl.Float64, "note": pl.String,
 }  # fmt: skip
 INTRO = (
-    "PREDICTIONS, not measurements: days and cost of each model on every catalog GPU type and count, transferred "
-    "from measurements on other GPU types: your own cells where there are some (`evidence` = your cells), else the "
-    "public throughput evidence shipped with the planner (`evidence` = public evidence; `sources` names the "
-    "publications, `rests_on` the rows of workflow/pretrain_planner/data/evidence/public_throughput.csv). The "
-    "cross-GPU model moves a step by the GPU's measured matmul rate and memory bandwidth and the per-GPU effects the "
-    "evidence shows; `transfer` says what kind of transfer a row is (the same model or a stand-in, to a GPU type the "
-    "evidence measured or not) and `model_error` (CSV) the measured error of that kind, out of sample. "
-    "`measured_days` shows the setting's own measurement where there is one (never used for its prediction). Here: "
-    "the central days (bound only: the optimistic end), the band from optimistic to pessimistic; every column (the "
-    "sources, the rows, the method's reason) is in whatif.csv."
+    "PREDICTIONS, not measurements: the days to train and the cost of a model on the catalog's GPU types at the "
+    "sweep's counts, moved from measurements on other GPU types (your cells, else the public throughput evidence "
+    "shipped with the planner) by each type's measured matmul rate and memory bandwidth and the per-GPU effects the "
+    "evidence shows. A setting's own measurement is never used for its prediction (`measured` shows it beside)."
 )
+ERROR_LEAD = "Measured error of this run's cross-GPU model"  # opens the sentence report.md reads back (error_sentence)
+BOUND = ": the physics bound only"  # a bound-only `why`: its reason, then this
+# a model's rows in whatif.md and whatif.csv, in this order (each ranked by days)
+STATUS_RANK = {"predicted": 0, "bound only": 1, "does not fit": 2, "invalid": 3, "no peak": 4}
 
 
 @dataclass
@@ -250,6 +259,65 @@ class Predictor:
     def _rated(self, run: Run) -> bool:
         return self.model.rates(run.gpu, run.precision, run.tf32) is not None
 
+    def _lacks(self, gpu: str, precision: str, tf32: bool = True) -> str:
+        """What the catalog does not give GPU type `gpu` of the two rates the cross-GPU model moves a step by:
+        "no matmul rate and no memory bandwidth" (the `cpu` stand-in)."""
+        g = self.catalog.gpus[gpu]
+        key = stepmodel.precision_key(g, precision, tf32)
+        missing = [what for what, known in (("matmul rate", g.matmul_tflops.get(key) or g.peak_tflops.get(key)),
+                                            ("memory bandwidth", g.memory_gb_s)) if not known]  # fmt: skip
+        return "no " + " and no ".join(missing) if missing else f"no {key} rate"
+
+    def unused_cells(self, model: str) -> str:
+        """Why the cells measured here of `model` on a GPU type without the step model's rates (the `cpu` stand-in)
+        are not used (a step cannot be moved from it); "" when there are none. README's "your cells" promise is
+        only kept where the cross-GPU model can move them, so each prediction that skips some says so."""
+        gpus = sorted({run.gpu for run, _c, _m in self.own.get(model, []) if not self._rated(run)})
+        if not gpus:
+            return ""
+        run0 = {run.gpu: run for run, _c, _m in self.own[model]}
+        lacks = "; ".join(f"{g} has {self._lacks(g, run0[g].precision, run0[g].tf32)}" for g in gpus)
+        return (f"your cells of {model} on {', '.join(gpus)} are not used: {lacks} in {self.catalog.gpus_path}, "
+                "which the cross-GPU model moves a step by")  # fmt: skip
+
+    def nearest_of_kind(self, spec: ModelSpec, gpu: str) -> tuple[str, float] | None:
+        """The measured model nearest in size to `spec` of its family (your cells on other GPU types, public runs)
+        or of its kind (public workloads of its task and formula, any software), at any size ratio: (its name, its
+        parameters / the model's). What `basis` would have used, were it within STAND_IN_RATIO."""
+        size = max(param_count(spec.to_dict()) or 1.0, 1.0)
+        own = {m for m, rs in self.own.items() if any(r.gpu != gpu and self._rated(r) for r, _c, _m in rs)}
+        pool: list[tuple[float, bool, str]] = []
+        for m in sorted(own | set(self.public_by_model)):
+            if m == spec.name:
+                continue
+            runs = self.public_by_model.get(m)
+            family = m in self.catalog.models and self.catalog.models[m].family == spec.family
+            kind = bool(runs) and runs[0].kind == spec.task and runs[0].formula == (spec.kind.formula or "")
+            if family or kind:
+                d = abs(math.log(max(self._params(m), 1.0) / size))
+                pool.append((round(d, 2), not family, m))  # as near (within 1%): its family's first, as `basis`
+        if not pool:
+            return None
+        _d, _other, near = min(pool)
+        return near, max(self._params(near), 1.0) / size
+
+    def bound_reason(self, spec: ModelSpec, gpu: str) -> str:
+        """Why a prediction of `spec` on `gpu` is the physics bound only, true to the case: the target has no rates,
+        or nothing of the model's family or kind was measured, or the nearest is beyond STAND_IN_RATIO in size
+        (named, with how many times larger or smaller)."""
+        precision = spec.recipe.precision
+        if not self.model.rates(gpu, precision):
+            return (f"{gpu} has {self._lacks(gpu, precision)} in {self.catalog.gpus_path}, which the cross-GPU model "
+                    "moves a step by")  # fmt: skip
+        near = self.nearest_of_kind(spec, gpu)
+        if near is None:
+            return (f"no measurement of {spec.name}, its family ({spec.family}) or its kind ({spec.task} "
+                    f"{spec.kind.formula}) on another GPU type with the step model's rates")  # fmt: skip
+        name, ratio = near
+        times = f"{number_text(ratio)}x larger" if ratio >= 1 else f"{number_text(1 / ratio)}x smaller"
+        return (f"no measurement of {spec.name}, its family or its kind within {STAND_IN_RATIO:g}x of its size "
+                f"(nearest: {name}, {times})")  # fmt: skip
+
     # ---------------------------------------------------------------------------------------- pieces
 
     def _fits(self, model: str, slug: str, gpu: str, world: int) -> tuple[bool, str]:
@@ -345,12 +413,11 @@ class Predictor:
             return p
         flops = per_sample * r.global_batch
         basis = self.basis(spec, gpu) if self.model.rates(gpu, r.precision) else None
+        p.note = self.unused_cells(model)
         if basis is None:
             p.status = "bound only"
-            lacks = "" if self.model.rates(gpu, r.precision) else f" ({gpu} has no memory bandwidth in the catalog)"
-            p.why = ("no measurement of this model, its family or its kind on another GPU type with the step model's "
-                     f"rates{lacks}: the physics bound only (the days at {self.limit:.0%} of {gpu}'s dense peak, the "
-                     "`suspect` limit); no pessimistic end")  # fmt: skip
+            p.why = (f"{self.bound_reason(spec, gpu)}: the physics bound only (the days at {self.limit:.0%} of {gpu}'s "
+                     "dense peak, the `suspect` limit); no pessimistic end")  # fmt: skip
             p.days_optimistic = r.steps * flops / (world * peak * 1e12 * self.limit) / 86400
             self._price(p)
             return p
@@ -406,7 +473,7 @@ class Predictor:
                  f"{' (' + str(g.memory_gib) + ' GiB)' if g.memory_gib else ''} at micro-batch {best.mb}; compute "
                  f"from {p.basis} on {', '.join(sorted({b.gpu for b, _t, _w in best.estimate.basis}))}")  # fmt: skip
         if refused:
-            p.note = "does not fit: " + "; ".join(refused)
+            p.note = "; ".join(x for x in (p.note, "does not fit: " + "; ".join(refused)) if x)
         self._price(p)
         return p
 
@@ -483,14 +550,13 @@ def fit_table(predictor: Predictor, gpu: str, nodes: int, gpus_per_node: int, da
                        method=m.get("best_method"), days=m["training_days"], why="measured here")  # fmt: skip
         elif (p := predictor.predict(name, gpu, nodes, gpus_per_node)).status == "bound only":
             step = None
-            why = f"at least {days_text(p.days_optimistic)} (the physics bound only: no evidence of its kind)"
-            row.update(fits="no" if p.days_optimistic > days else "bound only", basis=p.status,
-                       days_optimistic=p.days_optimistic, why=why)  # fmt: skip
+            row.update(fits="no" if p.days_optimistic > days else "maybe", basis=p.status,
+                       days_optimistic=p.days_optimistic, why=predictor.bound_reason(spec, gpu))  # fmt: skip
         else:
             central = p.days_central
             step = central * 86400 / spec.recipe.steps if central and spec.recipe.steps else None
             row.update(fits=_verdict(days, p.days_optimistic, p.days_central, p.days_pessimistic) if central else
-                       p.status, basis=p.evidence or p.status, method=p.method, days=central,
+                       "no", basis=p.evidence or p.status, method=p.method, days=central,
                        days_optimistic=p.days_optimistic, days_pessimistic=p.days_pessimistic, why=p.why,
                        rests_on=p.rests_on)  # fmt: skip
         if step:
@@ -533,6 +599,288 @@ def counts_of(config: dict[str, Any]) -> list[tuple[int, int]]:
     return sorted(counts, key=lambda c: (c[0] * c[1], c[0]))
 
 
+def whatif_settings(given: dict[str, Any] | None, catalog: Catalog | None = None) -> dict[str, Any]:
+    """The config's `whatif` section over the schema's defaults, checked: the models it names must be in the catalog
+    (a typo would silently lead with nothing)."""
+    out = section("config", "whatif", given)
+    unknown = [m for m in out["models"] if catalog is not None and m not in catalog.models]
+    if unknown:
+        raise ConfigError(f"config whatif.models: {unknown} not in {catalog.models_path} ({', '.join(catalog.models)})")
+    return out
+
+
+# ---------------------------------------------------------------------------------------- the reading order
+
+
+def _days_of(r: dict[str, Any]) -> float:
+    """A row's days for ranking: the central, else the optimistic end (a bound), else none (last)."""
+    d = r["days_central"] if r.get("days_central") is not None else r.get("days_optimistic")
+    return math.inf if d is None else d
+
+
+def _rank(r: dict[str, Any]) -> tuple[int, float, int, str]:
+    return STATUS_RANK.get(r["status"], len(STATUS_RANK)), _days_of(r), r["world_size"], r["gpu"]
+
+
+def _by_model(table: pl.DataFrame) -> dict[str, list[dict[str, Any]]]:
+    """model -> its rows ranked: predicted by days, then bound only, then does not fit, invalid, no peak."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in table.iter_rows(named=True):
+        out.setdefault(r["model"], []).append(r)
+    return {m: sorted(rows, key=_rank) for m, rows in out.items()}
+
+
+def reading_order(table: pl.DataFrame, lead: list[str]) -> pl.DataFrame:
+    """The rows in the order a reader asks: every setting of each `lead` model (the swept ones, then those the config
+    names), each model's ranked (`_by_model`); then the fastest setting of each other model, those models ranked by
+    it; then the rest of theirs, model by model. whatif.csv is written so, and the what-if plot draws its first
+    rows: the plot is handed the CSV only, so the order is how it knows what leads."""
+    rows = _by_model(table)
+    first = [m for m in dict.fromkeys(lead) if m in rows]
+    others = sorted((m for m in rows if m not in first), key=lambda m: (_rank(rows[m][0]), m))
+    ordered = [r for m in first for r in rows[m]] + [rows[m][0] for m in others]
+    ordered += [r for m in others for r in rows[m][1:]]
+    return pl.DataFrame(ordered, schema=table.schema)
+
+
+# ---------------------------------------------------------------------------------------- whatif.md
+
+
+def error_sentence(predictor: Predictor) -> str:
+    """The fitted model's out-of-sample error of the same model's transfer, to a GPU type the evidence did not and
+    did measure: the figures of this run (report.md states them from here, never typed into a caption)."""
+    cal = predictor.model.calibration
+
+    def said(kind: Kind, where: str) -> str:
+        e = cal.of(kind)
+        if not e.n or e.mean_abs is None or e.max_abs is None:
+            return f"to {where} not measured (too few cases in the evidence)"
+        return f"to {where} {e.mean_abs:.1%} mean ({e.max_abs:.0%} worst, {e.n} runs)"
+
+    unseen = said(Kind("same", False), "a GPU type absent from the evidence")
+    seen = said(Kind("same", True), "one it measured")
+    return (f"{ERROR_LEAD}, out of sample on the public evidence, for the same model moved {unseen} and {seen}; a "
+            "stand-in model's transfer has its own.")  # fmt: skip
+
+
+def read_error_sentence(whatif_md: str | Path) -> str | None:
+    """The error sentence of a written whatif.md (its paragraph opening with ERROR_LEAD), on one line; None when the
+    file or the paragraph is missing (a what-if of an older version)."""
+    path = Path(whatif_md)
+    if not path.is_file():
+        return None
+    for paragraph in path.read_text(encoding="utf-8").split("\n\n"):
+        if paragraph.startswith(ERROR_LEAD):
+            return " ".join(paragraph.split())
+    return None
+
+
+def _fill(text: str, width: int = WIDTH, **kw: Any) -> str:
+    """textwrap.fill that keeps a name whole (tiny-gptneox, fl+ac+zero2, a100-40gb-pcie are not broken)."""
+    return textwrap.fill(text, width, break_on_hyphens=False, break_long_words=False, **kw)
+
+
+def _days_band(r: dict[str, Any]) -> str:
+    """'14 d (12 - 17 d)': the central days and the band, the unit written once where both ends share it;
+    '>= 1.2 ms' for a bound; the status for a row without days."""
+    if r["status"] == "bound only" and r.get("days_optimistic") is not None:
+        return f">= {days_text(r['days_optimistic'])}"
+    if r.get("days_central") is None:
+        return r["status"]
+    lo, hi = days_text(r["days_optimistic"]), days_text(r["days_pessimistic"])
+    lo_n, _, lo_u = lo.rpartition(" ")
+    band = f"{lo_n} - {hi}" if hi.endswith(" " + lo_u) else f"{lo} - {hi}"
+    return f"{days_text(r['days_central'])} ({band})"
+
+
+def _rests_on(r: dict[str, Any]) -> str:
+    """'public: same, seen, near': the evidence (your cells or public) and the kind of transfer in three words."""
+    if r["status"] == "bound only":
+        return "physics bound only"
+    if r["status"] != "predicted":
+        return ""
+    t = r.get("transfer") or ""
+    what = "other-sw" if "other software" in t else "stand-in" if t.startswith("stand-in") else "same"
+    seen = "unseen" if "unmeasured GPU type" in t else "seen"
+    near = "near" if "(near)" in t else "far" if "(far)" in t else ""
+    who = {OWN: "yours", PUBLIC: "public"}.get(r.get("evidence") or "", r.get("evidence") or "")
+    return f"{who}: " + ", ".join(x for x in (what, seen, near) if x)
+
+
+def _cost(r: dict[str, Any]) -> str:
+    lo, hi = r.get("amortised_usd_optimistic"), r.get("amortised_usd_pessimistic")
+    if lo is None:
+        return ""
+    return f"{usd_text(lo)} - {usd_text(hi)}" if hi is not None else f">= {usd_text(lo)}"
+
+
+def _measured(r: dict[str, Any]) -> str:
+    return "" if r.get("measured_days") is None else days_text(r["measured_days"])
+
+
+def _setting(r: dict[str, Any]) -> str:
+    return f"{r['nodes']}x{r['gpus_per_node']}"
+
+
+def _width(columns: list[str], rows: list[list[str]]) -> int:
+    """The characters of a Markdown table's line (markdown.table's padding)."""
+    return 1 + sum(max([len(c), 3, *(len(r[i]) for r in rows)]) + 3 for i, c in enumerate(columns))
+
+
+def _compact(columns: list[tuple[str, Any]], rows: list[dict[str, Any]], optional: tuple[str, ...]) -> str:
+    """A Markdown table of `rows` by `columns` (header, row -> text) that fits WIDTH, so that it is never cut into
+    blocks: a column empty in every row is left out, then `optional` ones (last first) while a line is too wide."""
+    texts = {h: [fn(r) for r in rows] for h, fn in columns}
+    keep = [h for h, _ in columns if any(texts[h])]
+    for h in reversed(optional):
+        if _width(keep, [[texts[c][i] for c in keep] for i in range(len(rows))]) <= WIDTH:
+            break
+        if h in keep:
+            keep.remove(h)
+    return to_table(keep, [[texts[c][i] for c in keep] for i in range(len(rows))], keys=1).rstrip("\n")
+
+
+def _dnf_kinds(whys: list[str]) -> str:
+    kinds = {"memory model": "the memory model's lower bound at micro-batch 1 passes the GPU's memory",
+             "out of memory measured": "measured out of memory on a GPU type with as much memory",
+             "sharding on one GPU": "sharding on one GPU"}  # fmt: skip
+    found = [text for key, text in kinds.items() if any(key in w for w in whys)]
+    return "; ".join(found) or "no measured method fits"
+
+
+def _grouped(rows: list[dict[str, Any]]) -> str:
+    """'rtx3090 (1x1, 1x2), a6000 (1x1)': the settings of some rows, by GPU type."""
+    by: dict[str, list[str]] = {}
+    for r in sorted(rows, key=lambda r: (r["world_size"], r["nodes"])):
+        by.setdefault(r["gpu"], []).append(_setting(r))
+    return ", ".join(f"{g} ({', '.join(s)})" for g, s in by.items())
+
+
+def _model_section(predictor: Predictor, model: str, rows: list[dict[str, Any]], why: str) -> list[str]:
+    """One lead model: what its rows rest on and why some do not predict, said once; its rows ranked by days."""
+    n = {s: sum(r["status"] == s for r in rows) for s in STATUS_RANK}
+    said_as = {"bound only": "the physics bound only", "does not fit": "do not fit", "no peak": "without a peak"}
+    counts = ", ".join(f"{k} {said_as.get(s, s)}" for s, k in n.items() if k)
+    said = [f"{len(rows)} settings ({counts})."]
+    bases = list(dict.fromkeys(r["basis"] for r in rows if r["status"] == "predicted" and r["basis"]))
+    if bases:
+        said.append(f"Predicted from {'; '.join(bases)}.")
+    bound = list(dict.fromkeys(r["why"].split(BOUND)[0] for r in rows if r["status"] == "bound only"))
+    if bound:
+        said.append(f"The physics bound only (the days at the `suspect` share of the dense peak): {'; '.join(bound)}.")
+    unused = predictor.unused_cells(model)
+    if unused:
+        said.append(unused[0].upper() + unused[1:] + ".")
+    dnf = [r for r in rows if r["status"] == "does not fit"]
+    if dnf:
+        said.append(f"Does not fit ({_dnf_kinds([r['why'] for r in dnf])}; each method's need in whatif.csv `why`): "
+                    f"{_grouped(dnf)}.")  # fmt: skip
+    for status in ("invalid", "no peak"):
+        for reason in dict.fromkeys(r["why"] for r in rows if r["status"] == status):
+            said.append(f"{status.capitalize()}: {reason} ({_grouped([r for r in rows if r['why'] == reason])}).")
+    shown = [r for r in rows if r["status"] in ("predicted", "bound only")]
+    columns = [("GPU", lambda r: r["gpu"]), ("GPUs", _setting), ("method", lambda r: r["method"] or ""),
+               ("days (band)", _days_band), ("rests on", _rests_on), ("amortised cost", _cost),
+               ("measured", _measured)]  # fmt: skip
+    md = [f"### {model} ({why})", "", _fill(" ".join(said), WIDTH), ""]
+    if shown:
+        md.append(_compact(columns, shown, ("amortised cost",)))
+    return md
+
+
+def _others_section(predictor: Predictor, rows: dict[str, list[dict[str, Any]]], lead: list[str]) -> list[str]:
+    """The other catalog models the evidence reaches: each one's fastest predicted setting, ranked by it; and the
+    real catalog models it does not reach, each with why."""
+    others = sorted((m for m in rows if m not in lead), key=lambda m: (_rank(rows[m][0]), m))
+    fastest = [rows[m][0] for m in others if rows[m][0]["status"] == "predicted"]
+    md: list[str] = []
+    if fastest:
+        total = sum(len(rows[m]) for m in others)
+        predicted = sum(r["status"] == "predicted" for m in others for r in rows[m])
+        md += ["## Other catalog models the evidence reaches", "",
+               _fill(f"Each model's fastest predicted setting, the models ranked by it ({predicted} of their "
+                             f"{total} settings are predicted; all of them in whatif.csv). Name a model in the "
+                             "config's `whatif.models` to see each of its settings above.", WIDTH), "",
+               _compact([("model", lambda r: r["model"]),
+                         ("fastest setting", lambda r: f"{_setting(r)} {r['gpu']}, {r['method']}"),
+                         ("days (band)", _days_band), ("rests on", _rests_on), ("amortised cost", _cost)], fastest,
+                        ("amortised cost",))]  # fmt: skip
+    rated = [g for g, spec in predictor.catalog.gpus.items() if spec.peak_tflops]
+    unreached = [(n, spec) for n, spec in predictor.catalog.models.items()
+                 if n not in rows and not n.startswith("tiny-") and spec.recipe.steps]  # fmt: skip
+    if unreached and rated:
+        md += ["", "Catalog models the evidence does not reach (the physics bound only; `pretrain-planner predict` "
+               "gives it):", ""]  # fmt: skip
+        for name, spec in unreached:
+            gpu = next((g for g in rated if predictor.model.rates(g, spec.recipe.precision)), rated[0])
+            md.append(_fill(f"- {name}: {predictor.bound_reason(spec, gpu)}", WIDTH, subsequent_indent="  "))
+    return md
+
+
+def _cost_notes(table: pl.DataFrame) -> str:
+    """The cost notes of every row, said once: the GPU types without a price, then any other note."""
+    notes: dict[str, None] = {}
+    for note in table["note"].drop_nulls():
+        if "cost: " in note:
+            for part in note.split("cost: ", 1)[1].split("; "):
+                notes[part] = None
+    unpriced: dict[str, list[str]] = defaultdict(list)
+    rest = []
+    for n in notes:
+        if n.startswith("no price_usd for ") and " in " in n:
+            gpu, path = n[len("no price_usd for ") :].split(" in ", 1)
+            unpriced[path].append(gpu)
+        else:
+            rest.append(n)
+    said = [f"no price_usd in {path} for {', '.join(gpus)}: no cost shown" for path, gpus in unpriced.items()]
+    return _fill("Costs: " + "; ".join([*said, *rest]) + ".", WIDTH) if said or rest else ""
+
+
+def whatif_markdown(predictor: Predictor, table: pl.DataFrame, swept: list[str], named: list[str]) -> str:
+    """whatif.md: the question a user asks first. The intro and the model's measured error by kind of transfer;
+    each swept and named model's settings ranked by days, in one table of at most WIDTH characters; each other model
+    the evidence reaches by its fastest setting; the reasons said once per model, not as numbered notes; every column
+    and row in whatif.csv."""
+    rows = _by_model(table)
+    lead = [m for m in dict.fromkeys([*swept, *named]) if m in rows]
+    years = predictor.costs["amortisation_years"]
+    intro = _fill(f"{INTRO} The cross-GPU model: {predictor.model.params.describe()}.", WIDTH)
+    kinds = [_fill(line, WIDTH, initial_indent="- ", subsequent_indent="  ")
+             for line in predictor.model.calibration.lines()]  # fmt: skip
+    legend = (
+        "One row per setting (a catalog GPU type with a dense peak, a count): the predicted ones ranked by their "
+        "central days (the band: optimistic - pessimistic), then the physics bound only (`>=`), then what does not "
+        "fit (said under the model). `rests on`: your cells (yours) or the public evidence (public), and the kind of "
+        "transfer: the same model or a stand-in of its kind (other-sw: from another software's runs), to a GPU type "
+        f"the evidence measured (seen) or not (unseen), from a near or a far one. `amortised cost`: the hardware over "
+        f"{years:g} years for the band's days."
+    )  # fmt: skip
+    md = ["# What-if (predictions)", "", intro, "", _fill(error_sentence(predictor), WIDTH), "",
+          "By kind of transfer (each kind's band is its 5%-95% errors):", "", *kinds, ""]  # fmt: skip
+    if lead:
+        md += ["## " + ("The swept and named models" if any(m not in swept for m in lead) else "The swept models"),
+               "", _fill(legend, WIDTH), ""]  # fmt: skip
+        for m in lead:
+            md += [*_model_section(predictor, m, rows[m], "swept" if m in swept else "named in whatif.models"), ""]
+    md += _others_section(predictor, rows, lead)
+    costs = _cost_notes(table)
+    full = (f"The full table, every column and every row ({table.height}: the sources, the evidence rows, the "
+            "method's reasons, the measured error of each row's kind, the notes), is whatif.csv.")  # fmt: skip
+    md += ["", *([costs, ""] if costs else []), _fill(full, WIDTH)]
+    return "\n".join(md).rstrip("\n") + "\n"
+
+
+def rule_settings(config: dict[str, Any], catalog: Catalog) -> dict[str, Any]:
+    """What the `whatif` rule passes to build_whatif from the sweep's config (a change of any re-predicts)."""
+    return {
+        "models": list(config["sweep"]["models"]),
+        "counts": counts_of(config),
+        "suspect_mfu": config["benchmark"]["suspect_mfu"],
+        "costs_config": config.get("costs", {}),
+        "named": whatif_settings(config.get("whatif"), catalog)["models"],
+    }
+
+
 def build_whatif(
     cells_parquet: str,
     out: dict[str, str],
@@ -543,22 +891,21 @@ def build_whatif(
     suspect_mfu: float,
     costs_config: dict[str, Any] | None = None,
     with_evidence_models: bool = True,
+    named: list[str] | None = None,
 ) -> pl.DataFrame:
-    """The `whatif` rule: tables/whatif.{csv,md} (the sweep's models and, `with_evidence_models`, every catalog
-    model the public evidence reaches)."""
+    """The `whatif` rule: tables/whatif.{csv,md} of the sweep's models (`models`), those the config names
+    (`named`: whatif.models) and, `with_evidence_models`, every catalog model the public evidence reaches. The CSV
+    has every row and column, in the reading order (`reading_order`); the .md leads with the swept and named."""
     t0 = time.perf_counter()
     predictor = Predictor(pl.read_parquet(cells_parquet), catalog, suspect_mfu, costs_config)
-    if with_evidence_models:
-        models = [*models, *evidence_models(predictor)]
-    table = whatif_table(predictor, models, counts)
+    named = [m for m in named or [] if m in catalog.models]
+    lead = [*models, *named]
+    every = [*lead, *evidence_models(predictor)] if with_evidence_models else lead
+    table = reading_order(whatif_table(predictor, every, counts), lead)
     Path(out["whatif_csv"]).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out["whatif_csv"], table.write_csv())
+    atomic_write_text(out["whatif_md"], whatif_markdown(predictor, table, models, named))
     error = predictor.model.calibration.describe()
-    kinds = "\n".join(f"- {line}" for line in predictor.model.calibration.lines())
-    intro = textwrap.fill(f"{INTRO} The cross-GPU model: {predictor.model.params.describe()}.", WIDTH)
-    body = to_markdown(views.view("whatif", table), max_rows=2000, keys=3)
-    atomic_write_text(out["whatif_md"], f"# What-if (predictions)\n\n{intro}\n\nIts measured error by kind of "
-                      f"transfer:\n\n{kinds}\n\n{body}")  # fmt: skip
     by = dict(table.group_by("status").len().sort("status").rows())
     atomic_write_text(log_path, f"whatif: {table.height} rows {by}; {len(predictor.public.runs)} public runs "
                                 f"({len(predictor.public.skipped)} rows not usable); {error} "
