@@ -118,3 +118,56 @@ def test_a_docs_transcript_is_what_the_command_prints(tmp_path, command, shown):
     assert shown
     for line in shown:
         assert _words(line) in printed, (line, proc.stdout[-3000:])
+
+
+# ------------------------------------------------------------------ the other benchmarks the docs quote
+
+
+def _table(path: str, after: str = "") -> list[dict[str, str]]:
+    """The first Markdown table of a result file (after the line starting with `after`), as rows by header."""
+    from .demo_results import md_cells, md_tables
+
+    text = (REPO / path).read_text()
+    if after:
+        text = text[text.index(after) :]
+    lines = md_tables(text)[0]
+    header = md_cells(lines[0])
+    return [dict(zip(header, md_cells(line), strict=True)) for line in lines[2:]]
+
+
+def test_the_search_robustness_figures_are_the_benchmarks():
+    rows = _table("benchmarks/results/search_robustness.md")
+    share = lambda col: [float(r[col].split()[0]) for r in rows]  # noqa: E731
+    worst = [float(m) for r in rows for v in r.values() for m in re.findall(r"worst \+(\d+\.\d)%", v)]
+    grid = share("study grid (128 settings)")
+    said = (f"for at most {max(share('everything fits')):.2f} of the hours where everything fits, "
+            f"{max(share('only memory-saving fits')):.2f} where only memory-saving methods fit and "
+            f"{max(share('only offload fits')):.2f} where only offload fits (the tests assert 0.2 / 0.25 / 0.3); over "
+            f"the whole study grid {min(grid) * 100:.0f}-{max(grid):.0%} of the hours, the worst pick "
+            f"{max(worst):.1f}% slower")  # fmt: skip
+    assert _words(said) in _words((REPO / "docs/adaptive-search.md").read_text()), said
+
+
+def test_the_checkpoint_cost_figures_are_the_benchmarks():
+    text = (REPO / "benchmarks/results/checkpoint_cost.md").read_text()
+    size = re.search(r"(\d+\.\d+) GB \(written", text).group(1)
+    plain, synced = (float(x) for x in re.findall(r"median (\d+\.\d+) s", text)[:2])
+    rates = sorted(float(x) for x in re.findall(r"\), (\d+\.\d+) GB/s", text)[:2])
+    n, slow, fast = re.search(r"(\d+) checkpoints, (\d+) s without fsync .* (\d+) s with", text).groups()
+    shares = sorted(float(x) for x in re.findall(r"\((\d+\.\d+)%", text)[:2])
+    said = (
+        f"is {size} GB and took {min(plain, synced):.0f}-{max(plain, synced):.0f} s on this project's VM disk "
+        f"({rates[0]:.2f}-{rates[1]:.2f} GB/s); every 1,800 s (this stage's old default) that is {n} checkpoints, "
+        f"{int(fast) / 60:.0f}-{int(slow) / 60:.0f} minutes of the 24 hours ({shares[0]:.1f}-{shares[1]:.1f}%)"
+    )
+    assert _words(said) in _words((REPO / "docs/budget.md").read_text()), said
+
+
+def test_the_cpu_stand_in_figures_are_the_benchmarks():
+    rows = [r for r in _table("benchmarks/results/cpu_standin.md") if r["bf16"] == "emulated"]
+    step = {r["pipeline precision"]: float(r["pipeline step (ms)"]) for r in rows}
+    said = f"autocast ran a tiny GPT-NeoX step {step['bf16'] / step['fp32']:.1f}x slower than fp32 here"
+    spread = [float(r["p90/p10 within a run (median)"]) for r in _table("benchmarks/results/spread.md", "## after")]
+    quiet = f"a quiet 2-core CPU host shows {min(spread):.2f}-{max(spread):.2f}, `benchmarks/results/spread.md`"
+    text = _words((REPO / "docs/cluster.md").read_text())
+    assert _words(said) in text and _words(quiet) in text, (said, quiet)

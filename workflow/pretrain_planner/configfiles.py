@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 LOADER = "snakemake.common.configfile"  # Snakemake 9's module of load_configfile (cli.py and settings import it)
+# one line (site runs a .pth line starting with `import`); silent where the package is gone (uninstalled)
 PTH_LINE = (
     "import sys; (sys.argv[:1] and sys.argv[0].rsplit('/', 1)[-1] == 'snakemake' or sys.orig_argv[1:3] == "
-    "['-m', 'snakemake']) and __import__('pretrain_planner.configfiles').configfiles.install()"
+    "['-m', 'snakemake']) and exec('try:\\n from pretrain_planner.configfiles import install\\n install()\\n"
+    "except ImportError:\\n pass')"
 )
 
 
