@@ -51,3 +51,50 @@ def test_accepted_values_stay_one_header_line_each(tmp_path):
     assert "srun --unbuffered" in body and "--kill-on-bad-exit=1" in body  # one failed task ends the step
     # every header line before the first blank line: nothing split off the header
     assert script.split("\n\n")[1].splitlines()[0] == "# Parameters"
+
+
+def _plan(tmp_path, site: dict, nodes: list[int], gpus_per_node: list[int], gpus: tuple[str, ...] = ("a100",)):
+    """The plan of a tiny sweep on the slurm launcher with `site` as its site file (in process: a dry run's)."""
+    from pretrain_planner.planning.pipeline import load
+
+    from .conftest import REPO
+
+    path = tmp_path / "site.yaml"
+    path.write_text(yaml.safe_dump(site))
+    config = {"sweep": {"models": ["tiny-gptneox"], "gpus": list(gpus), "nodes": nodes, "gpus_per_node": gpus_per_node,
+                        "methods": ["naive"]}, "launcher": {"kind": "slurm", "site": str(path)}}  # fmt: skip
+    return {(p.cell.nodes, p.cell.gpus_per_node): p.reason for p in load(config, REPO).planned}
+
+
+def test_a_cell_larger_than_its_partition_is_refused_at_plan_time(tmp_path):
+    """Issue 37: a cell asking more nodes than its partition allows, or more GPUs per node than its nodes have, is
+    invalid in the plan (the dry run), naming the partition, the limit and the site key; with the limits left out it
+    is planned as before (nothing known to check)."""
+    site = {"gpus": {"a100": {"partition": "gpu", "gres_type": "a100", "max_nodes": 2, "gpus_per_node": 4}}}
+    plan = _plan(tmp_path, site, [1, 2, 4], [4, 8])
+    assert plan[(1, 4)] is None and plan[(2, 4)] is None
+    assert plan[(4, 4)] == (f"partition gpu allows at most 2 node(s) per job ({tmp_path / 'site.yaml'}: "
+                            "gpus.a100.max_nodes); the cell asks 4")  # fmt: skip
+    assert "a node of partition gpu has at most 4 GPU(s) of this type" in plan[(1, 8)]
+    assert "gpus.a100.gpus_per_node); the cell asks 8 per node" in plan[(1, 8)]
+    unchecked = _plan(tmp_path, {"gpus": {"a100": {"partition": "gpu", "gres_type": "a100"}}}, [1, 2], [8])
+    assert set(unchecked.values()) == {None}
+
+
+def test_a_plan_with_nothing_its_partition_can_hold_stops_the_dry_run(tmp_path):
+    site = {"gpus": {"a100": {"partition": "gpu", "max_nodes": 1}}}
+    with pytest.raises(ConfigError, match="(?s)has no valid cell.*partition gpu allows at most 1 node"):
+        _plan(tmp_path, site, [2], [1])
+
+
+def test_a_scheduler_that_cannot_be_asked_names_what_to_set(tmp_path):
+    """ask_scheduler with no controller to ask (no scontrol here, or the daemon down): the dry run stops, naming
+    the site keys that would make the question unnecessary."""
+    from pretrain_planner.planning import site as pp_site
+
+    path = tmp_path / "site.yaml"
+    path.write_text(yaml.safe_dump({"ask_scheduler": True, "gpus": {"a100": {"partition": "gpu"}}}))
+    loaded = load_site(path, ["a100"])
+    nowhere = lambda cmd: pp_site._run([str(tmp_path / "no-such-bin" / cmd[0]), *cmd[1:]])  # noqa: E731
+    with pytest.raises(ConfigError, match="could not be asked for partition gpu's limits.*gpus.a100.max_nodes"):
+        pp_site.resolve_limits(loaded, run=nowhere)

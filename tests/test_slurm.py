@@ -186,3 +186,29 @@ def test_rendezvous_port_is_outside_the_ephemeral_range():
     assert len(set(ports)) == len(ports)  # consecutive jobs (which run at once) never share one
     assert rendezvous_port("375") == rendezvous_port("375")
     assert all(p > 5000 for p in (rendezvous_port(str(j), (1024, 5000)) for j in range(100)))
+
+
+def test_the_plan_asks_the_scheduler_what_a_partition_holds(slurm_cluster, tmp_path):
+    """Issue 37: with `ask_scheduler: true` the dry run reads each partition's limits from the controller (no job
+    submitted): partition a100 has one node with 2 x gpu:a100, so its 2-node and 4-per-node cells are invalid, named
+    with what scontrol and sinfo said; cpu spans two nodes, so a 2-node cell there stays in the plan."""
+    import yaml
+    from pretrain_planner.planning.pipeline import load
+
+    from .conftest import REPO
+
+    site = yaml.safe_load(Path(SITE).read_text())
+    site["ask_scheduler"] = True
+    (tmp_path / "site.yaml").write_text(yaml.safe_dump(site))
+    since = last_job_id()
+    sweep = {"models": ["tiny-gptneox"], "gpus": ["a100", "cpu"], "nodes": [1, 2], "gpus_per_node": [2, 4],
+             "methods": ["naive"]}  # fmt: skip
+    config = {"sweep": sweep, "launcher": {"kind": "slurm", "site": str(tmp_path / "site.yaml")}}
+    plan = {(p.cell.gpu, p.cell.nodes, p.cell.gpus_per_node): p.reason for p in load(config, REPO).planned}
+    assert plan[("a100", 1, 2)] is None
+    assert plan[("a100", 2, 2)].startswith("partition a100 allows at most 1 node(s) per job (scontrol show partition "
+                                           "a100: MaxNodes=UNLIMITED, TotalNodes=1")  # fmt: skip
+    assert "a node of partition a100 has at most 2 GPU(s)" in plan[("a100", 1, 4)]
+    assert "sinfo -N -p a100 -o %G: at most 2 gpu:a100 per node" in plan[("a100", 1, 4)]
+    assert plan[("cpu", 2, 2)] is None and plan[("cpu", 2, 4)] is None  # no GPU request: GPUs per node not checked
+    assert last_job_id() == since  # nothing submitted

@@ -16,7 +16,7 @@ from pretrain_planner import search as pp_search
 from pretrain_planner.launch.request import driver_cores
 from pretrain_planner.planning import grid
 from pretrain_planner.planning.catalog import Catalog, load_catalog
-from pretrain_planner.planning.site import load_site
+from pretrain_planner.planning.site import load_site, resolve_limits, within_limits
 from pretrain_planner.planning.spec import cell_spec
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.schema import ConfigError, load_yaml, non_defaults, validate
@@ -216,10 +216,11 @@ def load(
     models, gpus = resolve(cat["models"], basedir), resolve(cat["gpus"], basedir)
     catalog = load_catalog(models, gpus).with_prices(config["costs"].get("prices"), source)
     planned = grid.expand(config, catalog, source)
-    grid.check_plan(planned, source)
     site = None
     if config["launcher"]["kind"] == "slurm":
         site = load_site(resolve(config["launcher"]["site"], basedir), config["sweep"]["gpus"], source)
+        planned = within_limits(planned, resolve_limits(site))
+    grid.check_plan(planned, source)
     return Pipeline(config, catalog, planned, site, sources)
 
 

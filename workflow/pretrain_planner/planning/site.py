@@ -1,11 +1,19 @@
-"""The SLURM site file: which partition, GPU request, account ... each GPU type gets. Imports no torch."""
+"""The SLURM site file: which partition, GPU request, account ... each GPU type gets, and what its partition allows
+(nodes per job, GPUs per node), checked at plan time. Imports no torch."""
 
 from __future__ import annotations
 
+import re
+import subprocess
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from pretrain_planner.planning.grid import PlannedCell
 from pretrain_planner.schema import ConfigError, load_yaml, validate
+
+LIMITS = ("max_nodes", "gpus_per_node")  # what a partition allows, per GPU type (site file, else the scheduler)
 
 
 def load_site(
@@ -23,9 +31,93 @@ def load_site(
         )
     return {
         "poll_max_s": data["poll_max_s"],
+        "ask_scheduler": data["ask_scheduler"],
         "gpus": {g: {**defaults, **(data["gpus"][g] or {})} for g in gpu_types},
         "path": str(path),
     }
+
+
+Runner = Callable[[list[str]], str]  # a command's stdout (the scheduler's CLI), or OSError / CalledProcessError
+
+
+def _run(cmd: list[str]) -> str:
+    return subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=30).stdout
+
+
+def partition_limits(partition: str | None, gres_type: str | None, gpu_request: str, run: Runner = _run) -> dict:
+    """What a partition allows a job, asked of the scheduler (no job submitted): `max_nodes` (its MaxNodes, else the
+    nodes it has), `gpus_per_node` (the most GPUs of `gres_type` one of its nodes has; None for a request without
+    GPUs) and `how` (the commands and the values read). The default partition where `partition` is None."""
+    out = run(["scontrol", "show", "partition", "-o", *([partition] if partition else [])])
+    lines = [dict(re.findall(r"(\w+)=(\S*)", line)) for line in out.splitlines() if "PartitionName=" in line]
+    found = [f for f in lines if (f.get("PartitionName") == partition if partition else f.get("Default") == "YES")]
+    if not found:
+        raise ConfigError(f"scontrol show partition: no partition {partition or '(the default)'}")
+    f = found[0]
+    name = f["PartitionName"]
+    total = int(f["TotalNodes"]) if f.get("TotalNodes", "").isdigit() else None
+    most = int(f["MaxNodes"]) if f.get("MaxNodes", "").isdigit() else None
+    max_nodes = min(x for x in (total, most) if x is not None) if (total or most) else None
+    how = f"scontrol show partition {name}: MaxNodes={f.get('MaxNodes')}, TotalNodes={f.get('TotalNodes')}"
+    gpus = None
+    if gpu_request != "none":
+        counts = []
+        for node_gres in run(["sinfo", "-h", "-N", "-p", name, "-o", "%G"]).split():
+            n = 0
+            for kind, count in re.findall(r"gpu(?::([^:(,]+))?:(\d+)", node_gres):
+                if not gres_type or kind == gres_type:
+                    n += int(count)
+            counts.append(n)
+        gpus = max(counts, default=0)
+        how += f"; sinfo -N -p {name} -o %G: at most {gpus} gpu{':' + gres_type if gres_type else ''} per node"
+    return {"max_nodes": max_nodes, "gpus_per_node": gpus, "how": how, "partition": name}
+
+
+def resolve_limits(site: dict[str, Any], run: Runner = _run) -> dict[str, Any]:
+    """The site with each GPU type's limits known where they can be (`limits` and `limits_how`): the site file's
+    values, and with `ask_scheduler` those it leaves null from the scheduler (one question per partition)."""
+    asked: dict[tuple, dict] = {}
+    for gpu, settings in site["gpus"].items():
+        limits = {k: settings.get(k) for k in LIMITS}
+        how = {k: f"{site['path']}: gpus.{gpu}.{k}" for k in LIMITS if limits[k] is not None}
+        if site.get("ask_scheduler") and any(v is None for v in limits.values()):
+            key = (settings.get("partition"), settings.get("gres_type"), settings["gpu_request"])
+            if key not in asked:
+                try:
+                    asked[key] = partition_limits(*key, run=run)
+                except (OSError, subprocess.SubprocessError) as exc:
+                    raise ConfigError(
+                        f"{site['path']}: ask_scheduler: true, but the scheduler could not be asked for partition "
+                        f"{key[0] or '(default)'}'s limits ({exc}); set gpus.{gpu}.max_nodes and gpus_per_node in "
+                        "the site file, or ask_scheduler: false"
+                    ) from exc
+            for k in LIMITS:
+                if limits[k] is None and asked[key][k] is not None:
+                    limits[k], how[k] = asked[key][k], asked[key]["how"]
+        settings["limits"], settings["limits_how"] = limits, how
+    return site
+
+
+def limit_reason(settings: dict[str, Any], nodes: int, gpus_per_node: int) -> str | None:
+    """Why a cell of `nodes` x `gpus_per_node` cannot run on its partition (resolve_limits' values), else None."""
+    limits, how = settings.get("limits") or {}, settings.get("limits_how") or {}
+    part = settings.get("partition") or "(the default partition)"
+    if limits.get("max_nodes") is not None and nodes > limits["max_nodes"]:
+        return (f"partition {part} allows at most {limits['max_nodes']} node(s) per job ({how['max_nodes']}); the "
+                f"cell asks {nodes}")  # fmt: skip
+    if limits.get("gpus_per_node") is not None and gpus_per_node > limits["gpus_per_node"]:
+        return (f"a node of partition {part} has at most {limits['gpus_per_node']} GPU(s) of this type "
+                f"({how['gpus_per_node']}); the cell asks {gpus_per_node} per node")  # fmt: skip
+    return None
+
+
+def within_limits(planned: list[PlannedCell], site: dict[str, Any]) -> list[PlannedCell]:
+    """The plan with each valid cell that its partition cannot hold made invalid, with the limit and its source."""
+    out = []
+    for p in planned:
+        why = limit_reason(site["gpus"][p.cell.gpu], p.cell.nodes, p.cell.gpus_per_node) if p.valid else None
+        out.append(replace(p, reason=why) if why else p)
+    return out
 
 
 def gpu_settings(site: dict[str, Any], gpu: str) -> dict[str, Any]:
