@@ -53,7 +53,8 @@ def test_cost(tmp_path):
     assert data["gpu_hours"] == pytest.approx(4 * 3 * 24)
 
 
-def test_cost_in_process(capsys):
+def test_cost_in_process(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no results/ here: the demo config prices it, whatever sweep ran in the checkout
     assert cli.main(["cost", "--gpu", "h100", "--count", "4", "--days", "8", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["hardware_usd"] == 127_500 and round(data["amortised_usd"]) == 559

@@ -212,3 +212,42 @@ def test_the_plan_asks_the_scheduler_what_a_partition_holds(slurm_cluster, tmp_p
     assert "sinfo -N -p a100 -o %G: at most 2 gpu:a100 per node" in plan[("a100", 1, 4)]
     assert plan[("cpu", 2, 2)] is None and plan[("cpu", 2, 4)] is None  # no GPU request: GPUs per node not checked
     assert last_job_id() == since  # nothing submitted
+
+
+MULTI = ("naive", "naive+fsdp-full")  # the multi-node path: DDP's all-reduce, FSDP2's all-gather / reduce-scatter
+
+
+@pytest.fixture(scope="module")
+def multi_node(slurm_cluster, tmp_path_factory):
+    """One sweep of 2x1 and 2x2 cells on the two-node partition `multi` (the `l40s` type of the testbed)."""
+    work = tmp_path_factory.mktemp("multi")
+    since = last_job_id()
+    cfg = _config(work / "c.yaml", {"models": ["tiny-gptneox"], "gpus": ["l40s"], "nodes": [2],
+                                    "gpus_per_node": [1, 2], "methods": list(MULTI)})  # fmt: skip
+    proc = snakemake(work, "--profile", PROFILE, "--configfile", str(cfg))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return work, since
+
+
+@pytest.mark.parametrize("gpn", [1, 2])
+@pytest.mark.parametrize("method", MULTI)
+def test_a_multi_node_cell_is_one_job_over_both_nodes_with_its_ranks_placed(multi_node, method, gpn):
+    """Issue 37: a 2 x G cell is one SLURM job spanning node-mn0 and node-mn1, one task per rank, the ranks meeting
+    through SLURM's environment; its result records each rank's node, the layout, and its step split into
+    collectives and compute, the 'interconnect' named as the loopback it is on one machine."""
+    work, since = multi_node
+    (r,) = [x for x in cell_results(work) if x["method"] == method and x["gpus_per_node"] == gpn]
+    assert r["status"] == "ok" and r["nodes"] == 2 and r["world_size"] == 2 * gpn, r
+    (job,) = wait_for(lambda: sacct(since, f"pp-tiny-gptneox-l40s-2x{gpn}-{method}"), 30, "sacct")
+    assert job["Partition"] == "multi" and job["NodeList"] == "node-mn[0-1]", job
+    assert f"gres/gpu:l40s={2 * gpn}" in job["AllocTRES"], job
+    assert _step_tasks(job["JobID"]) == 2 * gpn
+    split = r["step_split"]
+    assert split["nodes"] == {"node-mn0": list(range(gpn)), "node-mn1": list(range(gpn, 2 * gpn))}, split
+    assert sorted(d["node"] for d in r["devices"]["ranks"]) == sorted(["node-mn0", "node-mn1"] * gpn)
+    assert split["interconnect"].startswith("loopback: every rank on host"), split["interconnect"]
+    assert "2 SLURM node(s)" in split["interconnect"]
+    assert 0 < split["collective_s"] < r["step_time_s"] and split["syncs_per_step"] >= 1
+    assert split["compute_s"] == pytest.approx(r["step_time_s"] - split["collective_s"])
+    settings = r["method_settings"]
+    assert settings["parallel"] == ("fsdp2" if "fsdp" in method else "ddp"), settings.get("parallel")

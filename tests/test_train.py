@@ -171,9 +171,10 @@ def test_cli_train_debug_launcher(tmp_path, capsys):
     assert result_of(out)["steps"] == 2 and (out / "launch.log").is_file()
 
 
-def test_cli_train_takes_the_configs_train_section(tmp_path, capsys):
+def test_cli_train_takes_the_configs_train_section(tmp_path, capsys, monkeypatch):
     """Issue 27: `pretrain-planner train` reads the config's `train:` section as the train rule does (its steps here);
-    a flag given wins."""
+    a flag given wins. (In a folder of its own: a results/ of another sweep where it runs would refuse this config.)"""
+    monkeypatch.chdir(tmp_path)
     write_plan(tmp_path / "plan", "tiny-vit")
     cfg = write_config(tmp_path / "c.yaml", sweep={"models": ["tiny-vit"], "gpus": ["cpu"]}, train={"steps": 3})
     for args, steps in (([], 3), (["--steps", "2"], 2)):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Bring up a real single-host SLURM test cluster (Debian 12 slurm-wlm 22.05, as root,
-# no systemd needed): munge + MariaDB + slurmdbd + slurmctld + two virtual slurmd nodes
-# (node-a100, node-h100) with fake typed GPUs. Adapted from shared/notes/slurm-on-one-host.md.
+# no systemd needed): munge + MariaDB + slurmdbd + slurmctld + four virtual slurmd nodes with fake
+# typed GPUs: node-a100 and node-h100 (a partition each, and `cpu` over both), and node-mn0 / node-mn1
+# (partition `multi`: two nodes x 2 l40s, the multi-node cells' layout). docs/cluster.md draws it.
 #
 # Idempotent: if the cluster from an earlier run is healthy this exits 0 in well under a
 # second; if it is only partly up (or its config is stale) it is torn down and rebuilt.
@@ -21,8 +22,8 @@ DB_PORT=${SLURM_TESTBED_DB_PORT:-3306}
 # SLURM_CONF from the env before its inner srun, which then can't find a config elsewhere.
 CONF_DIR=/etc/slurm
 HOST=$(hostname -s)
-NODES=(node-a100 node-h100)
-PORTS=(6817 6819 17001 17002 "$DB_PORT")   # ctld, dbd, slurmd x2, MariaDB
+NODES=(node-a100 node-h100 node-mn0 node-mn1)
+PORTS=(6817 6819 17001 17002 17003 17004 "$DB_PORT")   # ctld, dbd, slurmd x4, MariaDB
 
 T0=$(date +%s%N)
 log() { echo "[slurm-up +$(( ($(date +%s%N) - T0) / 1000000 ))ms] $*"; }
@@ -121,7 +122,7 @@ GresTypes=gpu
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=127.0.0.1
 AccountingStoragePort=6819
-AccountingStorageTRES=gres/gpu,gres/gpu:a100,gres/gpu:h100
+AccountingStorageTRES=gres/gpu,gres/gpu:a100,gres/gpu:h100,gres/gpu:l40s
 JobAcctGatherType=jobacct_gather/linux
 JobCompType=jobcomp/none
 InactiveLimit=0
@@ -132,9 +133,12 @@ SlurmdTimeout=30
 Waittime=0
 NodeName=node-a100 NodeHostname=$HOST NodeAddr=127.0.0.1 Port=17001 CPUs=4 RealMemory=8000 Features=a100 Gres=gpu:a100:2 State=UNKNOWN
 NodeName=node-h100 NodeHostname=$HOST NodeAddr=127.0.0.1 Port=17002 CPUs=4 RealMemory=8000 Features=h100 Gres=gpu:h100:2 State=UNKNOWN
+NodeName=node-mn0 NodeHostname=$HOST NodeAddr=127.0.0.1 Port=17003 CPUs=4 RealMemory=8000 Features=l40s Gres=gpu:l40s:2 State=UNKNOWN
+NodeName=node-mn1 NodeHostname=$HOST NodeAddr=127.0.0.1 Port=17004 CPUs=4 RealMemory=8000 Features=l40s Gres=gpu:l40s:2 State=UNKNOWN
 PartitionName=cpu  Nodes=node-a100,node-h100 Default=YES MaxTime=INFINITE State=UP
 PartitionName=a100 Nodes=node-a100 MaxTime=INFINITE State=UP
 PartitionName=h100 Nodes=node-h100 MaxTime=INFINITE State=UP
+PartitionName=multi Nodes=node-mn0,node-mn1 MaxTime=INFINITE State=UP
 EOF
 }
 
@@ -145,6 +149,8 @@ render_gres_conf() {
 AutoDetect=off
 NodeName=node-a100 Name=gpu Type=a100 File=$ROOT/dev/nvidia[0-1]
 NodeName=node-h100 Name=gpu Type=h100 File=$ROOT/dev/nvidia[2-3]
+NodeName=node-mn0 Name=gpu Type=l40s File=$ROOT/dev/nvidia[4-5]
+NodeName=node-mn1 Name=gpu Type=l40s File=$ROOT/dev/nvidia[6-7]
 EOF
 }
 
@@ -160,10 +166,10 @@ healthy() {
   cmp -s <(render_slurmdbd_conf) "$CONF_DIR/slurmdbd.conf" || return 1
   munge -n 2>/dev/null | unmunge >/dev/null 2>&1 || return 1
   scontrol ping 2>/dev/null | grep -q 'is UP' || return 1
-  # Both nodes usable. Busy nodes (mixed/allocated/completing) count as healthy too:
+  # Every node usable. Busy nodes (mixed/allocated/completing) count as healthy too:
   # someone may be running jobs on the cluster, and rebuilding would kill them.
   states=$(sinfo -h -N -o '%N %T' 2>/dev/null | sort -u) || return 1
-  [ "$(awk '{print $1}' <<<"$states" | sort -u | tr '\n' ' ')" = "node-a100 node-h100 " ] || return 1
+  [ "$(awk '{print $1}' <<<"$states" | sort -u | tr '\n' ' ')" = "$(printf '%s\n' "${NODES[@]}" | sort | tr '\n' ' ')" ] || return 1
   awk '$2 !~ /^(idle|mixed|allocated|completing)$/ {bad=1} END {exit bad}' <<<"$states" || return 1
   sacct -n -X -o JobID -S now-1minutes >/dev/null 2>&1 || return 1
 }
@@ -196,7 +202,8 @@ rm -rf "$ROOT/state" "$ROOT/mysql"      # fresh cluster every bring-up (jobs, DB
 # Keep the previous bring-up's logs (one generation) for post-mortems; start clean ones.
 if [ -d "$ROOT/log" ]; then rm -rf "$ROOT/log.prev"; mv "$ROOT/log" "$ROOT/log.prev"; fi
 # SlurmdSpoolDir must exist beforehand ("Domain socket directory ... No such file").
-install -d "$ROOT"/{state/ctld,state/d/node-a100,state/d/node-h100,log,run,dev} "$CONF_DIR"
+install -d "$ROOT"/{state/ctld,log,run,dev} "$CONF_DIR"
+for n in "${NODES[@]}"; do install -d "$ROOT/state/d/$n"; done
 
 # munge on its default socket /run/munge/munge.socket.2, so slurm needs no AuthInfo=socket
 # (moving it would need AuthInfo in both confs *and* AccountingStoragePass=<socket>).
@@ -224,7 +231,7 @@ for n in "${NODES[@]}"; do
 done
 
 # Fake GPUs: char devices with NVIDIA's major 195. task/none means nothing opens them.
-for i in 0 1 2 3; do
+for i in 0 1 2 3 4 5 6 7; do
   [ -c "$ROOT/dev/nvidia$i" ] || { rm -f "$ROOT/dev/nvidia$i"; mknod "$ROOT/dev/nvidia$i" c 195 "$i"; }
 done
 
@@ -267,7 +274,7 @@ done
 # shellcheck disable=SC2016  # expanded by the inner bash on every poll, on purpose
 wait_for 60 bash -c '[ "$(sinfo -h -N -o %T | sort -u)" = idle ]' ||
   die "nodes not idle: $(sinfo -h -N -o '%N %T' | sort -u | tr '\n' ' '); see $ROOT/log/slurmd-*.log"
-log "slurmd x2 up, nodes idle"
+log "slurmd x${#NODES[@]} up, nodes idle"
 
 # Smoke test: one srun per GPU partition, then wait until accounting has both as
 # COMPLETED (the first job after start takes ~4 s to reach sacct).
@@ -276,6 +283,8 @@ for g in a100 h100; do
   jid=$(srun -Q -p "$g" --gres="gpu:$g:1" -t 1 printenv SLURM_JOB_ID)
   jobs+=("$jid")
 done
+jid=$(srun -Q -p multi -N 2 --ntasks-per-node=1 --gres=gpu:l40s:1 -t 1 printenv SLURM_JOB_ID | head -n 1)
+jobs+=("$jid")
 log "smoke srun done (jobs ${jobs[*]})"
 joblist=$(IFS=,; echo "${jobs[*]}")
 wait_for 60 bash -c "[ \"\$(sacct -X -n -P -j $joblist -o State | grep -c '^COMPLETED\$')\" -eq ${#jobs[@]} ]" ||

@@ -32,7 +32,10 @@ def problem(path: str | Path) -> str | None:
 
     p = Path(path)
     if not p.exists():
-        return f"--configfile {path}: no such file (looked in {os.getcwd()}){_near(p)}"
+        target = p.suffix not in (".yaml", ".yml") or p.parts[:1] == ("results",)
+        hint = ("; --configfile takes every word after it up to the next option: give a target before it, e.g. "
+                f"snakemake {path} --configfile my-sweep.yaml") if target else ""  # fmt: skip
+        return f"--configfile {path}: no such file (looked in {os.getcwd()}){_near(p)}{hint}"
     if p.is_dir():
         return f"--configfile {path}: is a folder, not a config file (a YAML file such as my-sweep.yaml)"
     try:

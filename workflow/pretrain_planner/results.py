@@ -67,7 +67,8 @@ RESULT_FIELDS: dict[str, str] = {
     "submitit_job_id": "str",
     "wall_time_s": "float",
     "started_at": "str",
-    "devices": "json",  # where every rank ran: the cores and GPUs it held (hostpool.py), threads, host
+    "devices": "json",  # where every rank ran: the cores and GPUs it held (hostpool.py), threads, host, SLURM node
+    "step_split": "json",  # a multi-rank step's collectives vs compute and the ranks' layout (trainer/collectives.py)
     "finished_at": "str",
 }
 

@@ -70,7 +70,8 @@ def rendezvous_port(job_id: str, port_range: tuple[int, int] | None = None) -> i
 def observe_rank() -> dict[str, Any]:
     """Where this rank runs, as the operating system and the scheduler see it."""
     out: dict[str, Any] = {
-        "rank": global_rank(), "local_rank": _local_rank(), "host": socket.gethostname(), "pid": os.getpid(),
+        "rank": global_rank(), "local_rank": _local_rank(), "host": socket.gethostname(),
+        "node": os.environ.get("SLURMD_NODENAME"), "pid": os.getpid(),
         "cpus": sorted(os.sched_getaffinity(0)), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     }  # fmt: skip
     for var in ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "GPU_DEVICE_ORDINAL"):

@@ -18,7 +18,7 @@ from pretrain_planner.planning.catalog import GpuSpec
 from pretrain_planner.planning.flops import mfu, train_flops_per_sample
 from pretrain_planner.planning.settings import has_attention
 from pretrain_planner.results import write_result, write_steps
-from pretrain_planner.trainer import hostpeak, kernels, methodbuild
+from pretrain_planner.trainer import collectives, hostpeak, kernels, methodbuild
 from pretrain_planner.trainer.config import RunConfig
 from pretrain_planner.trainer.measure import batches_for, measure, percentile
 from pretrain_planner.trainer.oom import FakeOom
@@ -114,6 +114,7 @@ def measure_cell(cfg: RunConfig, env: RankEnv) -> tuple[dict[str, Any], list[dic
     settings["timing_spreads"] = measured.spreads
     result["method_settings"] = settings
     result.update(_throughput(cfg, env, step, timing, settings))
+    result["step_split"] = collectives.step_split(cfg, env, timing.median, mb)  # every rank: it is a collective
     step.close()
     accum = cfg.recipe["global_batch"] // cfg.cell.world_size // mb
     spreads = " then ".join(f"{x:.2f}" for x in measured.spreads)
