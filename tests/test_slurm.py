@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import (
+    BIN,
     PROFILE,
     SITE,
     bench,
@@ -138,20 +139,6 @@ def test_killed_driver_reattaches_without_resubmitting(slurm_cluster, tmp_path):
     assert {j["JobID"] for j in jobs} == {r["slurm_job_id"] for r in results}
 
 
-def test_multi_node_cell_spans_both_nodes(slurm_cluster, tmp_path):
-    """A 2-node cell is one job with one task per node; DDP's all-reduce runs across the nodes."""
-    since = last_job_id()
-    cfg = _config(tmp_path / "c.yaml", {"models": ["tiny-bert"], "gpus": ["cpu"], "nodes": [2], "gpus_per_node": [1]})
-    proc = snakemake(tmp_path, "--profile", PROFILE, "--configfile", str(cfg))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    (result,) = cell_results(tmp_path)
-    assert result["status"] == "ok" and result["world_size"] == 2 and result["nodes"] == 2
-    assert result["method_settings"]["parallel"] == "ddp"
-    (job,) = wait_for(lambda: sacct(since, "pp-tiny-bert-cpu-2x1-naive"), 30, "sacct")
-    assert job["Partition"] == "cpu" and job["NodeList"] in ("node-[a100,h100]", "node-a100,node-h100"), job
-    assert _step_tasks(job["JobID"]) == 2
-
-
 def test_exported_launch_script_runs_under_sbatch(slurm_cluster, tmp_path):
     """`sbatch launch.sh` as its header says, from an environment without the venv on PATH: the job runs the train
     stage with the interpreter the plan was exported with (srun + torchrun inside the allocation). The plan comes
@@ -251,3 +238,55 @@ def test_a_multi_node_cell_is_one_job_over_both_nodes_with_its_ranks_placed(mult
     assert split["compute_s"] == pytest.approx(r["step_time_s"] - split["collective_s"])
     settings = r["method_settings"]
     assert settings["parallel"] == ("fsdp2" if "fsdp" in method else "ddp"), settings.get("parallel")
+
+
+def test_the_exported_two_node_plan_runs_under_sbatch(multi_node):
+    """Issue 37: `sbatch launch.sh` of the 2 x 1 plan the multi-node sweep exported runs its training as its header
+    says: one torchrun per node via srun, the rendezvous at the first node of SLURM_JOB_NODELIST; both nodes train."""
+    work, _ = multi_node
+    folder = work / "results/optimal/tiny-gptneox/l40s/2x1"
+    out = work / "train-2x1"
+    env = {**os.environ, "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
+    env.pop("PYTHON", None)
+    since = last_job_id()
+    proc = subprocess.run(["sbatch", "--wait", "--partition", "multi", "--output", str(work / "train.out"),
+                           str(folder / "launch.sh"), "--steps", "3", "--device", "cpu", "--out", str(out)],
+                          cwd=work, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    log = (work / "train.out").read_text() if (work / "train.out").is_file() else ""
+    assert proc.returncode == 0, proc.stdout + proc.stderr + log[-4000:]
+    result = json.loads((out / "result.json").read_text())
+    assert result["status"] == "ok" and result["steps"] == 3, result
+    assert result["world_size"] == 2 and result["nodes"] == 2, result
+    (job,) = wait_for(lambda: sacct(since, "pp-train-tiny-gptneox-l40s-2x1"), 30, "sacct")
+    assert job["NodeList"] == "node-mn[0-1]" and job["State"] == "COMPLETED", job
+    assert _step_tasks(job["JobID"]) == 2  # one torchrun per node
+
+
+def test_the_train_stage_on_two_nodes_requeues_and_resumes_with_a_continuous_step_log(multi_node, step_s):
+    """Issue 37: `pretrain-planner train` of the exported 2 x 1 plan (in the sweep's folder: its recorded config,
+    the slurm launcher, CPU ranks) is one job over both nodes; the pre-emption signal makes it checkpoint and requeue
+    itself, and the requeued job resumes: one job, every step once, in order."""
+    work, _ = multi_node
+    since = last_job_id()
+    out = work / "train-stage-2x1"
+    steps = out / "run/steps.jsonl"
+    cmd = [str(BIN / "pretrain-planner"), "train", "--plan", "results/optimal/tiny-gptneox/l40s/2x1",
+           "--steps", str(steps_lasting(15, step_s)), "--out", str(out)]  # fmt: skip
+    with open(work / "train-stage.log", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=work, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    name = "pp-train-tiny-gptneox-l40s-2x1"
+    try:
+        job = wait_for(lambda: [j for j in sacct(since, name) if j["State"] == "RUNNING"], 180, "the train job")[0]
+        wait_for(lambda: steps.is_file() and len(steps.read_text().splitlines()) > 5, 180, "training to start")
+        subprocess.run(["scancel", "--signal", "USR2", job["JobID"]], check=True)
+        assert proc.wait(timeout=600) == 0, (work / "train-stage.log").read_text()[-5000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    result = json.loads((out / "result.json").read_text())
+    assert result["world_size"] == 2 and result["nodes"] == 2 and result["slurm_job_id"] == job["JobID"], result
+    jobs = wait_for(lambda: [j for j in sacct(since, name) if j["State"] == "COMPLETED"], 30, "sacct to see it end")
+    assert len(sacct(since, name)) == 1 and jobs[0]["NodeList"] == "node-mn[0-1]", jobs
+    got = [json.loads(ln)["step"] for ln in steps.read_text().splitlines()]
+    assert got == list(range(1, len(got) + 1)) and len(got) == result["steps"]  # resumed: none lost, none repeated

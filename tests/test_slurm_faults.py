@@ -229,3 +229,78 @@ def test_second_driver_is_refused_and_sigterm_leaves_jobs_queued(slurm_cluster, 
     proc = snakemake(tmp_path, "--profile", PROFILE, "--configfile", str(cfg), timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     _one_job_per_cell(tmp_path, since)
+
+
+def _two_node_cell(path: Path, step_s: float, run_s: float) -> Path:
+    """A 2 x 1 naive cell on the testbed's two-node partition (`l40s` on `multi`) that times for about `run_s`."""
+    return write_config(
+        path,
+        sweep={"models": ["tiny-gptneox"], "gpus": ["l40s"], "nodes": [2], "gpus_per_node": [1], "methods": ["naive"]},
+        launcher={"kind": "slurm", "site": SITE},
+        benchmark=bench(steps_lasting(run_s, step_s)),
+    )
+
+
+TWO_NODE = "pp-tiny-gptneox-l40s-2x1-naive"
+
+
+def test_a_node_lost_under_a_two_node_cell_requeues_it_and_one_job_delivers(slurm_cluster, tmp_path, step_s):
+    """Issue 37: the second node of a running 2-node cell goes down: SLURM requeues the job, the driver waits for
+    the same job (no second submission), and when the node is back exactly that job delivers the result."""
+    since = last_job_id()
+    run_s = 15
+    driver = start_driver(tmp_path, _two_node_cell(tmp_path / "c.yaml", step_s, run_s))
+    try:
+        job = wait_for(lambda: [j for j in sacct(since, TWO_NODE) if j["State"] == "RUNNING"], 180, "the cell")[0]
+        time.sleep(3)
+        subprocess.run(["scontrol", "update", "nodename=node-mn1", "state=down", "reason=drill"], check=True)
+        wait_for(lambda: int(_scontrol(job["JobID"]).get("Restarts", "0")) >= 1, 60, "SLURM to requeue the job")
+        time.sleep(5)
+        subprocess.run(["scontrol", "update", "nodename=node-mn1", "state=resume"], capture_output=True)
+        assert driver.wait(timeout=300 + 2 * run_s) == 0, (tmp_path / "driver.log").read_text()[-5000:]
+    finally:
+        subprocess.run(["scontrol", "update", "nodename=node-mn1", "state=resume"], capture_output=True)
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+    (result,) = _one_job_per_cell(tmp_path, since)
+    assert result["slurm_job_id"] == job["JobID"] and result["nodes"] == 2
+    assert set(result["step_split"]["nodes"]) == {"node-mn0", "node-mn1"}
+    assert "requeued 1 time(s)" in _log(tmp_path, "tiny-gptneox/l40s/2x1/naive")
+
+
+def test_a_rank_killed_on_the_second_node_stops_every_rank_and_the_cell_is_rerun(slurm_cluster, tmp_path, step_s):
+    """Issue 37: SIGKILL of the rank on node-mn1 while the 2-node cell times: every rank of the job is gone within a
+    bounded time (no peer left waiting in a collective), the job FAILED, and the cell is measured again by a new
+    job as any failed cell is (Snakemake's retry), which delivers."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from chaos_soak import environ, processes, rank_pid
+
+    since = last_job_id()
+    driver = start_driver(tmp_path, _two_node_cell(tmp_path / "c.yaml", step_s, 20))
+    try:
+        job = wait_for(lambda: [j for j in sacct(since, TWO_NODE) if j["State"] == "RUNNING"], 180, "the cell")[0]
+        pid = wait_for(lambda: rank_pid(job["JobID"], 1), 120, "rank 1 to start")
+        assert environ(pid).get("SLURMD_NODENAME") == "node-mn1"
+        wait_for(lambda: "timing micro-batch" in _log(tmp_path, "tiny-gptneox/l40s/2x1/naive"), 180, "the timing")
+        t0 = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+
+        def ranks_left() -> list[int]:
+            return [p for p in processes() if environ(p).get("SLURM_JOB_ID") == job["JobID"]]
+
+        wait_for(lambda: not ranks_left(), 120, "every rank of the job to stop")
+        stopped_s = time.monotonic() - t0
+        print(f"every rank of job {job['JobID']} stopped {stopped_s:.1f} s after rank 1 was killed")
+        assert stopped_s < 60
+        assert driver.wait(timeout=600) == 0, (tmp_path / "driver.log").read_text()[-5000:]
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+    jobs = wait_for(lambda: [j for j in sacct(since, TWO_NODE) if j["State"] != "RUNNING"][1:] and
+                    sacct(since, TWO_NODE), 90, "sacct")  # fmt: skip
+    states = {j["JobID"]: j["State"] for j in jobs}
+    assert states[job["JobID"]] == "FAILED" and list(states.values()).count("COMPLETED") == 1, states
+    (result,) = cell_results(tmp_path)
+    assert result["status"] == "ok" and result["slurm_job_id"] != job["JobID"]
