@@ -201,7 +201,8 @@ def test_the_plan_asks_the_scheduler_what_a_partition_holds(slurm_cluster, tmp_p
     assert last_job_id() == since  # nothing submitted
 
 
-MULTI = ("naive", "naive+fsdp-full")  # the multi-node path: DDP's all-reduce, FSDP2's all-gather / reduce-scatter
+# the multi-node path: DDP's all-reduce, FSDP2's all-gather / reduce-scatter, DeepSpeed ZeRO-3's partitions
+MULTI = ("naive", "naive+fsdp-full", "naive+zero3")
 
 
 @pytest.fixture(scope="module")
@@ -210,7 +211,7 @@ def multi_node(slurm_cluster, tmp_path_factory):
     work = tmp_path_factory.mktemp("multi")
     since = last_job_id()
     cfg = _config(work / "c.yaml", {"models": ["tiny-gptneox"], "gpus": ["l40s"], "nodes": [2],
-                                    "gpus_per_node": [1, 2], "methods": list(MULTI)})  # fmt: skip
+                                    "gpus_per_node": [1, 2], "methods": [*MULTI, "naive+hsdp"]})  # fmt: skip
     proc = snakemake(work, "--profile", PROFILE, "--configfile", str(cfg))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return work, since
@@ -237,7 +238,23 @@ def test_a_multi_node_cell_is_one_job_over_both_nodes_with_its_ranks_placed(mult
     assert 0 < split["collective_s"] < r["step_time_s"] and split["syncs_per_step"] >= 1
     assert split["compute_s"] == pytest.approx(r["step_time_s"] - split["collective_s"])
     settings = r["method_settings"]
-    assert settings["parallel"] == ("fsdp2" if "fsdp" in method else "ddp"), settings.get("parallel")
+    expected = "fsdp2" if "fsdp" in method else "deepspeed" if "zero" in method else "ddp"
+    assert settings["parallel"] == expected, settings.get("parallel")
+
+
+def test_hybrid_sharding_runs_on_two_nodes_as_a_replica_per_node(multi_node):
+    """Issue 37: a 2 x 2 `naive+hsdp` cell runs FSDP2 on a 2-D mesh (replicate over the two nodes, shard over each
+    node's two ranks) as one job over both nodes; its 2 x 1 cell is invalid in the plan (nothing to shard within a
+    node), with the reason."""
+    work, _ = multi_node
+    (r,) = [x for x in cell_results(work) if x["method"] == "naive+hsdp"]
+    assert r["status"] == "ok" and (r["nodes"], r["gpus_per_node"]) == (2, 2), r
+    mesh = r["method_settings"]["fsdp"]["mesh"]
+    assert mesh["shape"] == [2, 2] and mesh["dims"] == ["replicate", "shard"], mesh
+    assert r["method_settings"]["fsdp_policy"]["mesh"] == {"replicate": 2, "shard": 2}
+    assert r["step_split"]["nodes"] == {"node-mn0": [0, 1], "node-mn1": [2, 3]}
+    plan = (work / "results/plan.csv").read_text()
+    assert "naive+hsdp" in plan and "hsdp shards among a node's GPUs and replicates across nodes" in plan
 
 
 def test_the_exported_two_node_plan_runs_under_sbatch(multi_node):

@@ -145,9 +145,16 @@ def _catalog(config: dict[str, Any], models: bool = True):
     gpus_path = _resolve(config["catalog"]["gpus"])
     prices = (config.get("costs") or {}).get("prices")  # the sweep's own prices over the catalog's (the demo's cpu)
     if models:
-        return load_catalog(_resolve(config["catalog"]["models"]), gpus_path).with_prices(prices)
-    gpus, base = load_gpus(gpus_path)
-    return Catalog({}, gpus, base, config["catalog"]["models"], str(gpus_path)).with_prices(prices)
+        catalog = load_catalog(_resolve(config["catalog"]["models"]), gpus_path).with_prices(prices)
+    else:
+        gpus, base = load_gpus(gpus_path)
+        catalog = Catalog({}, gpus, base, config["catalog"]["models"], str(gpus_path)).with_prices(prices)
+    launcher = config.get("launcher") or {}
+    if launcher.get("kind") == "slurm" and launcher.get("site"):  # the site's network, as the sweep's plan had it
+        from pretrain_planner.planning.site import read_site
+
+        catalog = catalog.with_network(read_site(_resolve(launcher["site"])))
+    return catalog
 
 
 def _results_dir(config: dict[str, Any]) -> Path:

@@ -118,6 +118,8 @@ class GpuSpec:
     price_usd: float | None
     cloud_usd_per_gpu_hour: float | None
     interconnect_gb_s: float | None = None  # datasheet GPU-to-GPU bandwidth (the what-if predictor's ratio)
+    inter_node_gbit_s: float | None = None  # network to other nodes per GPU and direction (reference system / site)
+    network_note: str | None = None  # where inter_node_gbit_s comes from when a site file gave it
     bf16_host: str | None = None  # `bf16: host` (the `cpu` stand-in): how this host's support was decided
     memory_gb_s: float | None = None  # datasheet memory bandwidth (the step model's memory-bound work)
     matmul_tflops: dict[str, float] = field(default_factory=dict)  # measured achievable dense matmul, by precision
@@ -181,6 +183,19 @@ class Catalog:
             gpus[name] = replace(gpus[name], **keys, price_note=note)
         return replace(self, gpus=gpus)
 
+    def with_network(self, site: dict[str, Any] | None) -> Catalog:
+        """The catalog with the site file's network (`inter_node_gbit_s` of each GPU type it maps) over
+        config/gpus.yaml's reference-system default: what a multi-node prediction's bus crosses the nodes at."""
+        if not site:
+            return self
+        gpus = dict(self.gpus)
+        for name, settings in site["gpus"].items():
+            given = settings.get("inter_node_gbit_s")
+            if given and name in gpus:
+                note = f"inter_node_gbit_s from {site['path']} (gpus.{name})"
+                gpus[name] = replace(gpus[name], inter_node_gbit_s=float(given), network_note=note)
+        return replace(self, gpus=gpus)
+
 
 def _model(name: str, raw: dict, source: str) -> ModelSpec:
     r = raw["recipe"]
@@ -240,6 +255,7 @@ def _gpu(name: str, g: dict[str, Any]) -> GpuSpec:
         price_usd=g.get("price_usd"),
         cloud_usd_per_gpu_hour=g.get("cloud_usd_per_gpu_hour"),
         interconnect_gb_s=g.get("interconnect_gb_s"),
+        inter_node_gbit_s=g.get("inter_node_gbit_s"),
         bf16_host=bf16_host,
         memory_gb_s=g.get("memory_gb_s"),
         matmul_tflops=dict(g.get("matmul_tflops", {})),

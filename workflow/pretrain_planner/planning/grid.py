@@ -126,7 +126,7 @@ def invalid_reason(cell: Cell, model: ModelSpec, gpu: GpuSpec, launcher: str, ca
         )
     if method.sharding and world == 1 and not method.offload:
         return f"{method.sharding} shards across GPUs: needs more than 1 GPU (or offload)"
-    why = RunSpec(model, gpu, method, world).reason(catalog.models_path)
+    why = RunSpec(model, gpu, method, world, nodes=cell.nodes).reason(catalog.models_path)
     if why:
         return why
     if launcher in ("local", "debug") and cell.nodes > 1:

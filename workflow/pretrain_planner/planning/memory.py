@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 from pretrain_planner.planning.catalog import ModelSpec
 from pretrain_planner.planning.flops import param_count, tokens_per_sample
-from pretrain_planner.planning.methods import SHARDING_ENGINE, SHARDING_LEVEL, Method, parse
+from pretrain_planner.planning.methods import HYBRID, SHARDING_ENGINE, SHARDING_LEVEL, Method, parse
 from pretrain_planner.planning.settings import attention_for, compiles
 
 GIB = 2**30
@@ -96,11 +96,13 @@ class StateBytes:
 
 
 def model_states(
-    sharding: str | None, offload: bool, params: float, world: int, precision: str | None = None
+    sharding: str | None, offload: bool, params: float, world: int, precision: str | None = None, nodes: int = 1
 ) -> StateBytes:
     """The engine's model states per rank (module docstring: the table); `precision` the recipe's (None:
-    unknown, the least of any)."""
-    p, w, b = float(params), max(1, world), width(precision)
+    unknown, the least of any). Hybrid sharding (hsdp) divides them among a node's ranks only (world / `nodes`):
+    as fsdp-full there; with `nodes` unknown (1) among every rank, still a lower bound."""
+    p, b = float(params), width(precision)
+    w = max(1, world // max(1, nodes)) if sharding in HYBRID else max(1, world)
     engine, level = SHARDING_ENGINE.get(sharding or ""), SHARDING_LEVEL.get(sharding or "", 0)
     adam = ADAM_B * p
     if engine is None:  # one GPU or DDP: fp32 weights (autocast casts per op), gradient_as_bucket_view buckets
@@ -224,7 +226,13 @@ def largest_micro_batch(
 
 
 def predicted_micro_batch(
-    model: ModelSpec, method: Method | str, world: int, memory_gib: float, top: int, per_rank_batch: int | None = None
+    model: ModelSpec,
+    method: Method | str,
+    world: int,
+    memory_gib: float,
+    top: int,
+    per_rank_batch: int | None = None,
+    nodes: int = 1,
 ) -> int | None:
     """The largest micro-batch `method` can fit on `world` GPUs of `memory_gib` GiB by the lower bounds (an upper
     bound of what fits; 0: none); None when the model has no formula."""
@@ -232,7 +240,7 @@ def predicted_micro_batch(
     params, act = param_count(model.to_dict()), activation_bytes_per_sample(model, m)
     if params is None or act is None:
         return None
-    states = model_states(m.sharding, m.offload, params, world, model.recipe.precision)
+    states = model_states(m.sharding, m.offload, params, world, model.recipe.precision, nodes)
     return largest_micro_batch(states, act, memory_gib * GIB, top, per_rank_batch)
 
 

@@ -26,11 +26,17 @@ SHARDING = {
     "zero3": "DeepSpeed ZeRO-3 (optimizer state + gradients + parameters sharded)",
     "fsdp-grad": "FSDP2, gradients and optimizer state sharded, parameters kept after forward",
     "fsdp-full": "FSDP2, full sharding (parameters resharded after forward)",
+    "hsdp": (
+        "FSDP2 hybrid sharding (HSDP): full sharding among a node's GPUs, one replica per node; gradients "
+        "reduce-scattered inside a node and all-reduced across nodes"
+    ),
 }
 # how much each sharding divides across the ranks (1 optimizer state, 2 + gradients, 3 + parameters), by which
 # engine, and DeepSpeed's ZeRO stage: read by the memory model, the search, the trainer and the export
-SHARDING_LEVEL = {"zero1": 1, "zero2": 2, "fsdp-grad": 2, "zero3": 3, "fsdp-full": 3}
-SHARDING_ENGINE = {"zero1": "zero", "zero2": "zero", "zero3": "zero", "fsdp-grad": "fsdp", "fsdp-full": "fsdp"}
+SHARDING_LEVEL = {"zero1": 1, "zero2": 2, "fsdp-grad": 2, "zero3": 3, "fsdp-full": 3, "hsdp": 3}
+SHARDING_ENGINE = {"zero1": "zero", "zero2": "zero", "zero3": "zero", "fsdp-grad": "fsdp", "fsdp-full": "fsdp",
+                   "hsdp": "fsdp"}  # fmt: skip
+HYBRID = ("hsdp",)  # shard among a node's ranks only (their number divides the states), replicate across nodes
 ZERO_STAGE = {s: level for s, level in SHARDING_LEVEL.items() if SHARDING_ENGINE[s] == "zero"}
 OFFLOAD = {"off": "offload optimizer state (and ZeRO-3/FSDP parameters) to CPU memory"}
 # Free-lunch extras (need the `fl` base; grid.invalid_reason says where else they are meaningless)

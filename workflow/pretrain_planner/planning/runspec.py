@@ -12,7 +12,7 @@ from typing import Any
 
 from pretrain_planner.planning import families
 from pretrain_planner.planning.catalog import GpuSpec, ModelSpec
-from pretrain_planner.planning.methods import Method, parse
+from pretrain_planner.planning.methods import HYBRID, Method, parse
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,12 @@ class RunSpec:
     cuda: bool | None = None  # the ranks run on CUDA devices (None: every GPU type but the `cpu` stand-in)
     compile_dynamic: bool | None = False  # torch.compile's `dynamic` (None: automatic, for data-dependent shapes)
     compile_model: bool = True  # free-lunch compiles the model (a stage may leave it eager: the budget on CPU)
+    nodes: int = 1  # machines the ranks are spread over (hybrid sharding shards within one, replicates across them)
+
+    @property
+    def shard_ranks(self) -> int:
+        """The ranks a sharded state is divided among: every rank, or a node's for hybrid sharding."""
+        return self.world_size // max(1, self.nodes) if self.method.sharding in HYBRID else self.world_size
 
     @classmethod
     def of(cls, model: dict[str, Any], gpu: dict[str, Any], method: str | Method, world_size: int = 1,
@@ -46,6 +52,10 @@ class RunSpec:
         by the trainer where the job runs (trainer/methodbuild.py adds what only the host can tell).
         `models_path`: the catalog file a reason about the model names."""
         method, model = self.method, self.model
+        if method.sharding in HYBRID and (self.nodes < 2 or self.shard_ranks < 2):
+            return (f"{method.sharding} shards among a node's GPUs and replicates across nodes: it needs 2 or more "
+                    f"nodes of 2 or more GPUs each (here {self.nodes} x {self.world_size // max(1, self.nodes)}; "
+                    "fsdp-full shards over every GPU)")  # fmt: skip
         if method.offload and not method.sharding:
             return "offload needs a sharding method (zero1/2/3, fsdp-grad, fsdp-full)"
         if method.checkpointing and not model.supports_checkpointing:

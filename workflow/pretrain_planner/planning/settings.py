@@ -27,7 +27,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from pretrain_planner.planning.families import FAMILIES
-from pretrain_planner.planning.methods import SHARDING_ENGINE, ZERO_STAGE, Method
+from pretrain_planner.planning.methods import HYBRID, SHARDING_ENGINE, ZERO_STAGE, Method
 from pretrain_planner.planning.runspec import RunSpec
 from pretrain_planner.schema import ConfigError
 
@@ -172,16 +172,19 @@ def grad_sync_of(method_settings: dict[str, Any] | None) -> str | None:
     return (ms.get("fsdp_policy") or {}).get("grad_sync") or (ms.get("fsdp") or {}).get("grad_sync")
 
 
-def fsdp_policy(method: Method, model: dict[str, Any], cuda: bool, grad_sync: str | None) -> dict[str, Any] | None:
-    """FSDP2's policy for fsdp-grad / fsdp-full (None otherwise). Mixed precision casts the parameters to the
+def fsdp_policy(
+    method: Method, model: dict[str, Any], cuda: bool, grad_sync: str | None, mesh: list[int] | None = None
+) -> dict[str, Any] | None:
+    """FSDP2's policy for fsdp-grad / fsdp-full / hsdp (None otherwise). Mixed precision casts the parameters to the
     recipe's dtype with fp32 gradient reduction, except compiled on a CPU (inductor's C++ backend fails on bf16
-    parameters): autocast over fp32 parameters there."""
+    parameters): autocast over fp32 parameters there. `mesh`: hsdp's [nodes, ranks per node] (replicate, shard)."""
     if SHARDING_ENGINE.get(method.sharding or "") != "fsdp":
         return None
     dtype = AUTOCAST[model["recipe"]["precision"]]
     policy = dtype is not None and not (compiles(method, model) and not cuda)
     return {
-        "reshard_after_forward": method.sharding == "fsdp-full",
+        "reshard_after_forward": method.sharding in ("fsdp-full", "hsdp"),
+        "mesh": {"replicate": mesh[0], "shard": mesh[1]} if method.sharding in HYBRID and mesh else None,
         "mixed_precision": {"param_dtype": dtype, "reduce_dtype": "float32"} if policy else None,
         "cpu_offload": method.offload,
         "pin_memory": bool(method.offload and cuda),
@@ -207,7 +210,7 @@ def resolve(spec: RunSpec, micro_batch: int, accum: int, grad_sync: str | None =
         parallel = "fsdp2"
     else:
         parallel = "ddp" if world_size > 1 else "single"
-    fsdp = fsdp_policy(m, model, cuda, grad_sync)
+    fsdp = fsdp_policy(m, model, cuda, grad_sync, [spec.nodes, spec.shard_ranks])
     autocast = None if engine == "zero" or (fsdp and fsdp["mixed_precision"]) else AUTOCAST[precision]
     if precision != "fp16":
         scaler = None

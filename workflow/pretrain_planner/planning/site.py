@@ -16,25 +16,31 @@ from pretrain_planner.schema import ConfigError, load_yaml, validate
 LIMITS = ("max_nodes", "gpus_per_node")  # what a partition allows, per GPU type (site file, else the scheduler)
 
 
+def read_site(path: str | Path) -> dict[str, Any]:
+    """The site file validated, every GPU type it maps with its full settings (the schema filled the defaults every
+    key a GPU type may leave out): what the CLI's predictions read (the network of `inter_node_gbit_s`)."""
+    data = validate(load_yaml(path), "site", path)
+    return {
+        "poll_max_s": data["poll_max_s"],
+        "ask_scheduler": data["ask_scheduler"],
+        "gpus": {g: {**data["defaults"], **(v or {})} for g, v in data["gpus"].items()},
+        "path": str(path),
+    }
+
+
 def load_site(
     path: str | Path, gpu_types: list[str], source: str = "config", key: str = "sweep.gpus"
 ) -> dict[str, Any]:
     """Validate the site file and resolve every GPU type of the sweep to its full settings."""
-    data = validate(load_yaml(path), "site", path)
-    defaults = data["defaults"]  # the schema filled every key a GPU type may leave out
-    missing = [g for g in gpu_types if g not in data["gpus"]]
+    site = read_site(path)
+    missing = [g for g in gpu_types if g not in site["gpus"]]
     if missing:
         raise ConfigError(
             f"{path}: gpus: no entry for GPU type(s) {', '.join(map(repr, missing))} used in {source} {key}; "
-            f"mapped: {', '.join(data['gpus']) or 'none'}. Add e.g.\n  gpus:\n    {missing[0]}: "
+            f"mapped: {', '.join(site['gpus']) or 'none'}. Add e.g.\n  gpus:\n    {missing[0]}: "
             f"{{partition: <partition>, gres_type: {missing[0]}}}"
         )
-    return {
-        "poll_max_s": data["poll_max_s"],
-        "ask_scheduler": data["ask_scheduler"],
-        "gpus": {g: {**defaults, **(data["gpus"][g] or {})} for g in gpu_types},
-        "path": str(path),
-    }
+    return {**site, "gpus": {g: site["gpus"][g] for g in gpu_types}}
 
 
 Runner = Callable[[list[str]], str]  # a command's stdout (the scheduler's CLI), or OSError / CalledProcessError

@@ -15,6 +15,10 @@ A step (per GPU) = compute + communication + offload:
   (a ring's reduce-scatter and all-gather) over the bus: one sync per step unsharded, one per micro-batch sharded
   (the gradients are reduced as they are made), FULL_SHARD_VOLUME x at full sharding (the parameters are gathered
   again for the backward). A volume measured or transferred for one model and method is rescaled by `sync_bytes`.
+  On several nodes (`comm_seconds`) the ring leaves each node once per ring, so a node's network carries the same
+  bytes a rank sends: the bus runs at the slower of the GPU-to-GPU link and the node's network (the job's GPUs in a
+  node x the network bandwidth per GPU); hybrid sharding (`hsdp`) reduce-scatters and gathers inside a node and
+  all-reduces only each rank's shard across nodes (2 (n - 1) / n of the gradients per node, once per sync).
 - offload = the CPU optimizer over the rank's shard (CPU_ADAM_B per parameter over the CPU-Adam bandwidth) + the
   parameters fetched over PCIe (FETCH_B per parameter) every micro-batch at full sharding.
 
@@ -64,24 +68,35 @@ class Features:
     fetches: float  # parameter fetches over PCIe per step
     mb: int
     slug: str = ""
+    hybrid: bool = False  # shards inside a node, replicates across nodes (methods.HYBRID)
 
 
-def features(
-    family: str, ac: bool, level: int, sharded: bool, offload: bool, mb: int, batch: int, world: int, slug: str = ""
+def features(  # fmt: skip
+    family: str,
+    ac: bool,
+    level: int,
+    sharded: bool,
+    offload: bool,
+    mb: int,
+    batch: int,
+    world: int,
+    slug: str = "",
+    hybrid: bool = False,
 ) -> Features:
     """A method's step (sharding `level`: 0 none .. 3 full) at micro-batch `mb` of a per-rank `batch`."""
     accum = max(1, batch // mb)
     syncs = 0.0 if world == 1 else (accum if sharded else 1) * (FULL_SHARD_VOLUME if level >= 3 else 1.0)
     cpu = (1 / world if sharded else 1.0) if offload else 0.0
-    return Features(family, ac, syncs, cpu, float(accum) if offload and level >= 3 else 0.0, mb, slug)
+    return Features(family, ac, syncs, cpu, float(accum) if offload and level >= 3 else 0.0, mb, slug, hybrid)
 
 
 def of_method(slug: str, mb: int, batch: int, world: int) -> Features:
     """`features` of a method slug (methods.py grammar)."""
-    from pretrain_planner.planning.methods import parse
+    from pretrain_planner.planning.methods import HYBRID, parse
 
     m = parse(slug)
-    return features(m.base, m.checkpointing, m.sharding_level, bool(m.sharding), m.offload, mb, batch, world, slug)
+    return features(m.base, m.checkpointing, m.sharding_level, bool(m.sharding), m.offload, mb, batch, world, slug,
+                    m.sharding in HYBRID)  # fmt: skip
 
 
 def allreduce_bytes(params: float, world: int) -> float:
@@ -92,6 +107,24 @@ def allreduce_bytes(params: float, world: int) -> float:
 def sync_bytes(f: Features, params: float, world: int) -> float:
     """A step's communication volume per GPU."""
     return f.syncs * allreduce_bytes(params, world)
+
+
+def comm_seconds(
+    f: Features, params: float, nodes: int, gpus_per_node: int, link_b_s: float, network_b_s: float | None
+) -> float:
+    """A step's communication seconds per GPU on `nodes` x `gpus_per_node`: `link_b_s` the GPU-to-GPU bandwidth in a
+    node per direction, `network_b_s` the network's per GPU to other nodes (None on one node, or unknown: the link's).
+    A flat collective over every rank crosses the nodes at the job's GPUs of a node x `network_b_s` at most; `hsdp`
+    shards inside a node (its volume over the link) and all-reduces across nodes (over the network)."""
+    world = nodes * gpus_per_node
+    if world == 1 or not f.syncs:
+        return 0.0
+    node_b_s = gpus_per_node * network_b_s if nodes > 1 and network_b_s else None
+    if f.hybrid and nodes > 1:
+        inside = f.syncs * allreduce_bytes(params, gpus_per_node) / link_b_s
+        across = f.syncs / FULL_SHARD_VOLUME * allreduce_bytes(params, nodes) / (node_b_s or link_b_s)
+        return inside + across
+    return sync_bytes(f, params, world) / min(link_b_s, node_b_s or link_b_s)
 
 
 def compute_units(f: Features, batch: int) -> float:

@@ -102,7 +102,7 @@ def settings_for(
     applied them); `recorded`: the cell's method_settings, for what only the measurement decides (FSDP2's
     gradient synchronisation)."""
     world = int(row["nodes"]) * int(row["gpus_per_node"])
-    spec = RunSpec(model, gpu, methods.parse(row["best_method"]), world)
+    spec = RunSpec(model, gpu, methods.parse(row["best_method"]), world, nodes=int(row["nodes"]))
     return resolve(spec, int(row["micro_batch_size"]), int(row["grad_accum_steps"]), grad_sync_of(recorded)).as_dict()
 
 
@@ -131,6 +131,10 @@ def not_expressible(model: ModelSpec, settings: dict[str, Any]) -> list[dict[str
     if settings["cudnn_benchmark"]:
         add("cudnn_benchmark", "set torch.backends.cudnn.benchmark = True in the training script")
     policy = settings["fsdp_policy"]
+    if policy and policy.get("mesh"):
+        add("hsdp", "the Trainer's FSDP2 config shards over every GPU; hybrid sharding (a replica per node) needs "
+            f"accelerate's ParallelismConfig(dp_replicate_size={policy['mesh']['replicate']}, "
+            f"dp_shard_size={policy['mesh']['shard']}) in the training script")  # fmt: skip
     if policy and policy["grad_sync"] == "every":
         add("fsdp grad_sync", "the measurement reduce-scattered gradients on every micro-batch (the unsharded "
             "accumulation did not fit); accelerate synchronises at the accumulation boundary only")  # fmt: skip

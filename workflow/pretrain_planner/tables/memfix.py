@@ -37,7 +37,9 @@ GPUS_PER_NODE = 8  # a larger count is spread over nodes of this many
 MIN_SEQUENCE = 64
 
 
-def need_bytes(spec: ModelSpec, method: str | methods.Method, world: int, micro_batch: int = 1) -> float:
+def need_bytes(
+    spec: ModelSpec, method: str | methods.Method, world: int, micro_batch: int = 1, nodes: int = 1
+) -> float:
     """The memory model's bytes per GPU (a lower bound on the step's peak): the most of two instants, the first
     micro-batch's activation peak (model states then, by the method's sharding and offload, plus the micro-batch's
     activations: one block's with checkpointing) and the optimizer step (the states with every gradient; on one GPU
@@ -49,7 +51,7 @@ def need_bytes(spec: ModelSpec, method: str | methods.Method, world: int, micro_
         act /= spec.arch["num_hidden_layers"]
     if not params:
         return micro_batch * act
-    states = model_states(m.sharding, m.offload, params, world)
+    states = model_states(m.sharding, m.offload, params, world, nodes=nodes)
     return max(states.at_forward() + micro_batch * act, states.at_step)
 
 

@@ -15,8 +15,10 @@ A step is the step model's (planning/stepmodel.py, shared with the adaptive sear
   the multi-GPU cell takes beyond 1/w of the same method's one-GPU step);
 - communication: a measured split scaled by the step's all-reduce volume (`stepmodel.sync_bytes`: the parameter
   count, the ring's (w - 1) / w, one sync per step unsharded or per micro-batch sharded, 1.5x at full sharding) and
-  by the ratio of the datasheet interconnects (`interconnect_gb_s`); with none measured, that volume at the
-  datasheet bandwidth per direction (optimistic) .. BUS_EFFICIENCY of it (pessimistic).
+  by the bandwidths of the two layouts (`stepmodel.comm_seconds`: the datasheet GPU link `interconnect_gb_s` and, on
+  several nodes, the network per GPU `inter_node_gbit_s`, config/gpus.yaml's reference system or the site file's);
+  with none measured, the step model at those bandwidths (optimistic) .. BUS_EFFICIENCY of them (pessimistic), an
+  unknown network spanning 5 GB/s .. the link (the row's note says which).
 
 The band: the cross-GPU model's 5%-95% out-of-sample errors of the prediction's KIND of transfer around the central
 compute (crossgpu.Kind: the same model or a stand-in, of the same software or another, to a GPU type the evidence
@@ -75,6 +77,7 @@ OWN, PUBLIC = "your cells", "public evidence"
 PUBLIC_METHODS = (
     "fl", "fl+zero1", "fl+zero2", "fl+fsdp-grad", "fl+zero3", "fl+fsdp-full",
     "fl+ac", "fl+ac+zero1", "fl+ac+zero2", "fl+ac+fsdp-grad", "fl+ac+zero3", "fl+ac+fsdp-full",
+    "fl+hsdp", "fl+ac+hsdp",  # several nodes only (grid.invalid_reason)
 )  # fmt: skip
 
 COLUMNS = {
@@ -182,10 +185,12 @@ class Predictor:
         one = {(r["model"], r["gpu"], r["method"]): r["step_time_s"]
                for r in ok.filter(pl.col("world_size") == 1).iter_rows(named=True)}  # fmt: skip
         self.own: dict[str, list[tuple[Run, float | None, int | None]]] = defaultdict(list)  # model -> (run, comm, mb)
+        self.own_nodes: dict[str, int] = {}  # a measured cell's run id -> its nodes (its layout's bandwidths)
         for r in ok.iter_rows(named=True):
             got = self._own_run(r, one.get((r["model"], r["gpu"], r["method"])))
             if got:
                 self.own[r["model"]].append(got)
+                self.own_nodes[got[0].id] = int(r["nodes"])
         self.oom: dict[tuple[str, str, int], list[str]] = defaultdict(list)  # (model, method, world) -> GPU types
         for m, g, s, w in cells.filter(pl.col("status") == "oom").select("model", "gpu", "method", "world_size").rows():
             self.oom[(m, s, w)].append(g)
@@ -320,7 +325,7 @@ class Predictor:
 
     # ---------------------------------------------------------------------------------------- pieces
 
-    def _fits(self, model: str, slug: str, gpu: str, world: int) -> tuple[bool, str]:
+    def _fits(self, model: str, slug: str, gpu: str, world: int, nodes: int = 1) -> tuple[bool, str]:
         spec, g = self.catalog.model(model), self.catalog.gpu(gpu)
         m = methods.parse(slug)
         if m.sharding and world == 1 and not m.offload:
@@ -330,58 +335,93 @@ class Predictor:
                 mem = self.catalog.gpus[gg].memory_gib if gg in self.catalog.gpus else None
                 if mem and g.memory_gib and mem >= g.memory_gib:
                     return False, f"out of memory measured on {world} x {gg} ({mem:g} GiB)"
-        need = self._need(spec, m, world, 1)
+        need = self._need(spec, m, world, 1, nodes)
         if g.memory_gib and need > g.memory_gib * GIB:
             return False, f"memory model: at least {gib_text(need / GIB)} per GPU > {g.memory_gib:g} GiB"
         return True, ""
 
-    def _need(self, spec: ModelSpec, m: methods.Method, world: int, mb: int) -> float:
+    def _need(self, spec: ModelSpec, m: methods.Method, world: int, mb: int, nodes: int = 1) -> float:
         """The memory model's bytes per GPU at micro-batch `mb` (tables/memfix.py: its one use of the memory model)."""
-        return memfix.need_bytes(spec, m, world, mb)
+        return memfix.need_bytes(spec, m, world, mb, nodes)
 
-    def _largest_mb(self, spec: ModelSpec, slug: str, gpu: str, world: int) -> int:
+    def _largest_mb(self, spec: ModelSpec, slug: str, gpu: str, world: int, nodes: int = 1) -> int:
         """The largest power-of-two micro-batch (up to the per-GPU batch) the memory model lets fit; 0 = none."""
         per_rank = spec.recipe.global_batch // world
         cap = self.catalog.gpu(gpu).memory_gib
         if not cap:
             return per_rank
         m, mb = methods.parse(slug), per_rank
-        while mb >= 1 and self._need(spec, m, world, mb) > cap * GIB:
+        while mb >= 1 and self._need(spec, m, world, mb, nodes) > cap * GIB:
             mb //= 2
         return mb
 
+    def _link(self, gpu: str, nodes: int) -> tuple[float | None, float | None]:
+        """(GPU-to-GPU link per direction, network per GPU to other nodes), bytes/s, as the catalog (and the site
+        file) give them: None where unknown; the network only on several nodes."""
+        g = self.catalog.gpus.get(gpu)
+        link = g.interconnect_gb_s / 2 * 1e9 if g and g.interconnect_gb_s else None
+        net = g.inter_node_gbit_s / 8 * 1e9 if g and g.inter_node_gbit_s and nodes > 1 else None
+        return link, net
+
+    def _comm_model(self, slug: str, mb: int, params: float, per_rank: int, gpu: str, nodes: int, world: int,
+                    efficiency: float = 1.0) -> float | None:  # fmt: skip
+        """The step model's communication seconds at the catalog's bandwidths (x `efficiency`); None where the link
+        is unknown, or the network of a multi-node layout."""
+        link, net = self._link(gpu, nodes)
+        if link is None or (nodes > 1 and net is None):
+            return None
+        f = stepmodel.of_method(slug, mb, per_rank, world)
+        return stepmodel.comm_seconds(f, params, nodes, world // nodes, link * efficiency,
+                                      net * efficiency if net else None)  # fmt: skip
+
     def _comm(self, spec: ModelSpec, slug: str, mb: int, gpu: str, world: int,
-              measured: list[tuple[Run, float | None, int | None]]) -> tuple[float, float, float]:  # fmt: skip
-        """(optimistic, central, pessimistic) communication seconds per step on the target: measured splits scaled by
-        the step model's volume (parameters, sharding, syncs) and the interconnects, else the volume at the datasheet
-        bandwidth .. BUS_EFFICIENCY of it."""
+              measured: list[tuple[Run, float | None, int | None]],
+              nodes: int = 1) -> tuple[float, float, float]:  # fmt: skip
+        """(optimistic, central, pessimistic) communication seconds per step on the target's layout: measured splits
+        scaled by the step model (volume: parameters, sharding, syncs; bandwidths: the GPU link and, on several
+        nodes, the network), else the step model at the catalog's bandwidths .. BUS_EFFICIENCY of them. An unknown
+        link or network spans the search's bus range instead (Ethernet class .. NVLink 5)."""
         if world == 1:
             return 0.0, 0.0, 0.0
+        from pretrain_planner.search.timemodel import BUS_B_S
+
         per_rank = spec.recipe.global_batch // world
         params = param_count(spec.to_dict()) or 0.0
-        volume = stepmodel.sync_bytes(stepmodel.of_method(slug, mb, per_rank, world), params, world)
-        bw_t = self.catalog.gpu(gpu).interconnect_gb_s
+        f = stepmodel.of_method(slug, mb, per_rank, world)
+        target = self._comm_model(slug, mb, params, per_rank, gpu, nodes, world)
         got = []
         for run, comm, mb_src in measured:
             if run.world == 1 or comm is None or run.gpu == gpu or run.method != slug:
                 continue
             src = self.catalog.models[run.model]
             src_rank = src.recipe.global_batch // run.world
-            src_volume = stepmodel.sync_bytes(stepmodel.of_method(slug, mb_src or src_rank, src_rank, run.world),
-                                              param_count(src.to_dict()) or 0.0, run.world)  # fmt: skip
-            bw_s = self.catalog.gpus[run.gpu].interconnect_gb_s
+            src_mb = mb_src or src_rank
+            src_nodes = self.own_nodes.get(run.id, 1)
+            source = self._comm_model(slug, src_mb, param_count(src.to_dict()) or 0.0, src_rank, run.gpu, src_nodes,
+                                      run.world)  # fmt: skip
+            if source and target:
+                got.append(comm * target / source)
+                continue
+            # a bandwidth unknown: the volume ratio alone (the same bus)
+            src_f = stepmodel.of_method(slug, src_mb, src_rank, run.world)
+            src_volume = stepmodel.sync_bytes(src_f, param_count(src.to_dict()) or 0.0, run.world)
             if src_volume > 0:
-                got.append(comm * volume / src_volume * (bw_s / bw_t if bw_s and bw_t else 1.0))
+                got.append(comm * stepmodel.sync_bytes(f, params, world) / src_volume)
         if got:
             return min(got), sorted(got)[len(got) // 2], max(got)
-        from pretrain_planner.search.timemodel import BUS_B_S
-
-        fast = (bw_t / 2 * 1e9) if bw_t else float(BUS_B_S[-1])  # per direction
-        slow = fast * BUS_EFFICIENCY if bw_t else float(BUS_B_S[0])
-        return volume / fast, volume / math.sqrt(fast * slow), volume / slow
+        link, net = self._link(gpu, nodes)
+        fast_link, slow_link = (link, link * BUS_EFFICIENCY) if link else (float(BUS_B_S[-1]), float(BUS_B_S[0]))
+        if nodes > 1:  # the network: the catalog's (or the site's) .. BUS_EFFICIENCY of it; unknown: the link .. 5 GB/s
+            fast_net, slow_net = (net, net * BUS_EFFICIENCY) if net else (fast_link, float(BUS_B_S[0]))
+        else:
+            fast_net = slow_net = None
+        gpn = world // nodes
+        fast = stepmodel.comm_seconds(f, params, nodes, gpn, fast_link, fast_net)
+        slow = stepmodel.comm_seconds(f, params, nodes, gpn, slow_link, slow_net)
+        return fast, math.sqrt(fast * slow), slow
 
     def _step(self, spec: ModelSpec, slug: str, gpu: str, world: int, mb: int, basis: list[Run],
-              measured: list[tuple[Run, float | None, int | None]]) -> Step | None:  # fmt: skip
+              measured: list[tuple[Run, float | None, int | None]], nodes: int = 1) -> Step | None:  # fmt: skip
         work = _work(spec, slug)
         est = self.model.estimate(basis, work, gpu) if work else None
         if est is None:
@@ -390,7 +430,7 @@ class Predictor:
         units = spec.recipe.global_batch // world * _units(spec) * (1 + stepmodel.RECOMPUTE_SHARE if m.checkpointing
                                                                       else 1)  # fmt: skip
         compute = (est.low * units, est.central * units, est.high * units)
-        return Step(slug, mb, compute, self._comm(spec, slug, mb, gpu, world, measured), est)
+        return Step(slug, mb, compute, self._comm(spec, slug, mb, gpu, world, measured, nodes), est)
 
     # ---------------------------------------------------------------------------------------- predict
 
@@ -431,13 +471,13 @@ class Predictor:
                 if run.gpu != gpu and self._rated(run):
                     by_method[run.method].append(run)
             for slug, runs in sorted(by_method.items()):
-                fits, why = self._fits(model, slug, gpu, world)
+                fits, why = self._fits(model, slug, gpu, world, nodes)
                 if not fits:
                     refused.append(f"{slug}: {why}")
                     continue
                 mbs = [mb for run, _c, mb in measured if run.method == slug and mb]
                 mb = min(max(mbs) if mbs else r.global_batch // world, r.global_batch // world)
-                step = self._step(spec, slug, gpu, world, mb, runs, measured)
+                step = self._step(spec, slug, gpu, world, mb, runs, measured, nodes)
                 if step:
                     options.append(step)
         else:
@@ -446,12 +486,12 @@ class Predictor:
                 cell = grid.Cell(model, gpu, nodes, gpus_per_node, slug)
                 if grid.invalid_reason(cell, spec, g, "slurm", self.catalog):
                     continue
-                fits, why = self._fits(model, slug, gpu, world)
-                mb = self._largest_mb(spec, slug, gpu, world) if fits else 0
+                fits, why = self._fits(model, slug, gpu, world, nodes)
+                mb = self._largest_mb(spec, slug, gpu, world, nodes) if fits else 0
                 if not fits or mb < 1:
                     refused.append(f"{slug}: {why or 'the memory model fits no micro-batch'}")
                     continue
-                step = self._step(spec, slug, gpu, world, mb, runs, [])
+                step = self._step(spec, slug, gpu, world, mb, runs, [], nodes)
                 if step:
                     options.append(step)
         if not options:
@@ -474,8 +514,21 @@ class Predictor:
                  f"from {p.basis} on {', '.join(sorted({b.gpu for b, _t, _w in best.estimate.basis}))}")  # fmt: skip
         if refused:
             p.note = "; ".join(x for x in (p.note, "does not fit: " + "; ".join(refused)) if x)
+        if nodes > 1:
+            p.note = "; ".join(x for x in (p.note, self.network_note(gpu)) if x)
         self._price(p)
         return p
+
+    def network_note(self, gpu: str) -> str:
+        """Where a multi-node prediction's network bandwidth comes from (the site file, else config/gpus.yaml's
+        reference system), or that it is unknown and what the prediction spans instead."""
+        g = self.catalog.gpus[gpu]
+        if not g.inter_node_gbit_s:
+            return (f"network to other nodes unknown (no inter_node_gbit_s for {gpu} in {self.catalog.gpus_path} or "
+                    "the site file): its communication spans 5 GB/s (Ethernet class) .. the GPU link")  # fmt: skip
+        where = g.network_note or (f"{self.catalog.gpus_path}'s reference system; your site's: the site file's "
+                                   "inter_node_gbit_s")  # fmt: skip
+        return f"network {g.inter_node_gbit_s:g} Gb/s per GPU to other nodes ({where})"
 
     def _price(self, p: Prediction) -> None:
         base, years = self.catalog.base_machine_usd, self.costs["amortisation_years"]
@@ -878,6 +931,8 @@ def rule_settings(config: dict[str, Any], catalog: Catalog) -> dict[str, Any]:
         "suspect_mfu": config["benchmark"]["suspect_mfu"],
         "costs_config": config.get("costs", {}),
         "named": whatif_settings(config.get("whatif"), catalog)["models"],
+        # the site file's network over the catalog's (a change of it re-predicts the multi-node rows)
+        "network": {g: spec.inter_node_gbit_s for g, spec in catalog.gpus.items() if spec.network_note},
     }
 
 
@@ -892,10 +947,13 @@ def build_whatif(
     costs_config: dict[str, Any] | None = None,
     with_evidence_models: bool = True,
     named: list[str] | None = None,
+    network: dict[str, float] | None = None,
 ) -> pl.DataFrame:
     """The `whatif` rule: tables/whatif.{csv,md} of the sweep's models (`models`), those the config names
     (`named`: whatif.models) and, `with_evidence_models`, every catalog model the public evidence reaches. The CSV
-    has every row and column, in the reading order (`reading_order`); the .md leads with the swept and named."""
+    has every row and column, in the reading order (`reading_order`); the .md leads with the swept and named.
+    `network`: the site file's inter_node_gbit_s the catalog already carries (a rule parameter, so that a change
+    of it reruns the rule; logged)."""
     t0 = time.perf_counter()
     predictor = Predictor(pl.read_parquet(cells_parquet), catalog, suspect_mfu, costs_config)
     named = [m for m in named or [] if m in catalog.models]
@@ -908,6 +966,7 @@ def build_whatif(
     error = predictor.model.calibration.describe()
     by = dict(table.group_by("status").len().sort("status").rows())
     atomic_write_text(log_path, f"whatif: {table.height} rows {by}; {len(predictor.public.runs)} public runs "
-                                f"({len(predictor.public.skipped)} rows not usable); {error} "
+                                f"({len(predictor.public.skipped)} rows not usable); {error}; the site's network "
+                                f"{network or 'not given (config/gpus.yaml defaults)'} "
                                 f"({time.perf_counter() - t0:.2f} s)\n")  # fmt: skip
     return table

@@ -171,7 +171,9 @@ class _Train(Training):
     def build(self) -> None:
         """The plan's method on the plan's model, GPU and recipe values, as a benchmark cell builds it."""
         o, plan = self.o, self.plan
-        spec = RunSpec.of(self.model, plan["gpu"], self.method, self.world, cuda=self.device.type == "cuda")
+        nodes = int(plan["nodes"]) if self.world == int(plan["nodes"]) * int(plan["gpus_per_node"]) else 1
+        spec = RunSpec.of(self.model, plan["gpu"], self.method, self.world, cuda=self.device.type == "cuda",
+                          nodes=nodes)  # fmt: skip
         sched = self.recipe.get("schedule") or TASKS[self.task].default_schedule
         self.build_method(
             spec, "plan.json method", o["seed"], grad_sync=grad_sync_of(plan.get("method_settings")),

@@ -50,7 +50,7 @@ class RunConfig:
     def run_spec(self, env: Any) -> RunSpec:
         """The cell as the typed run the trainer checks and builds, on this rank's device (trainer.rank.RankEnv)."""
         return RunSpec.of(self.model, self.gpu, self.method, self.cell.world_size, cuda=env.device.type == "cuda",
-                          compile_model=self.compile_model)  # fmt: skip
+                          compile_model=self.compile_model, nodes=self.cell.nodes)  # fmt: skip
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> RunConfig:

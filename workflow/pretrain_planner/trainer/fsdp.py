@@ -86,7 +86,16 @@ def shard(
     full = dict(net.state_dict()) if env.distributed and not skeleton else None
     if skeleton and not env.distributed:
         raise ValueError("a model built on the meta device needs rank 0 of a multi-rank run to get its weights")
-    mesh = init_device_mesh(env.device.type, (env.world_size,))
+    hybrid = policy.get("mesh")  # hsdp: a 2-D mesh, a replica per node (dim 0), sharded among its ranks (dim 1)
+    if hybrid:
+        if hybrid["replicate"] * hybrid["shard"] != env.world_size:
+            raise ValueError(f"hsdp's mesh {hybrid} does not cover the {env.world_size} ranks")
+        mesh = init_device_mesh(env.device.type, (hybrid["replicate"], hybrid["shard"]),
+                                mesh_dim_names=("replicate", "shard"))  # fmt: skip
+        shape = [hybrid["replicate"], hybrid["shard"]]
+    else:
+        mesh = init_device_mesh(env.device.type, (env.world_size,))
+        shape = [env.world_size]
     candidates = blocks(net)
     tied = _tied_outside(net, candidates)
     found = [(n, m) for n, m in candidates if n not in tied]
@@ -112,7 +121,11 @@ def shard(
             "root": root,
             "wrap_rule": "modules named in the model's _no_split_modules, and its GradientCheckpointingLayers; "
             "then the root",
-            "mesh": {"device_type": env.device.type, "shape": [env.world_size]},
+            "mesh": {
+                "device_type": env.device.type,
+                "shape": shape,
+                "dims": ["replicate", "shard"] if hybrid else ["shard"],
+            },
             "mixed_precision": (
                 {"param_dtype": str(autocast_dtype).replace("torch.", ""), "reduce_dtype": "float32"}
                 if use_policy

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from pretrain_planner.planning.methods import SHARDING_ENGINE
 from pretrain_planner.planning.runspec import RunSpec
 from pretrain_planner.planning.settings import resolve
 from pretrain_planner.trainer import kernels, zero
@@ -215,7 +216,7 @@ def build(
     attn_req = attn if attn is not None and m.free_lunch and not m.flash_attn else s.attn_implementation
     fused_ce = kernels.fused_ce_impl(m, env.device)
     # FSDP2 on several ranks: rank 0 builds the weights on the CPU, the others a skeleton (trainer.fsdp)
-    meta = bool(m.sharding and m.sharding.startswith("fsdp") and env.distributed and env.rank != 0)
+    meta = bool(m.sharding and SHARDING_ENGINE[m.sharding] == "fsdp" and env.distributed and env.rank != 0)
     model = spec.model.to_dict()
     if fake_oom is not None:
         fake_oom.at_build(micro, env.rank)

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from pretrain_planner.planning.methods import Method
+from pretrain_planner.planning.methods import SHARDING_ENGINE, Method
 from pretrain_planner.planning.settings import Settings
 from pretrain_planner.trainer.rank import RankEnv, Unsupported
 
@@ -105,7 +105,7 @@ def apply_method(method: Method, s: Settings, env: RankEnv, net: torch.nn.Module
     """naive / free-lunch, activation checkpointing, DDP or FSDP2 (DeepSpeed: see zero.build_step)."""
     from pretrain_planner.trainer.evidence import Probe
 
-    if method.sharding and not method.sharding.startswith("fsdp"):
+    if method.sharding and SHARDING_ENGINE[method.sharding] != "fsdp":
         raise ValueError(f"{method.sharding} is applied by trainer.zero, not apply_method")
     autocast_dtype = common_setup(s, env, net)
     compiled = s.compile
