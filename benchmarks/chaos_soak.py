@@ -13,7 +13,10 @@ stopped and started again (`ctld_restart`, `dbd_restart`); `scancel` (`scancel`)
 (`requeue`) of a random job; SIGKILL of one rank other than 0 inside a multi-rank job (`rank_kill`); a finished
 cell's result.json cut in half while the sweep runs (`truncate`). A fault waits for what it needs (a running job,
 a multi-rank job, a finished cell); the budget and train jobs are picked first while they run, so both stages are
-drilled in every round. Runs are sized by what they must show, not by steps that fit this CPU.
+drilled in every round. The sweep also has 2-node cells (MULTI_GPU, l40s, on the testbed's partition `multi`: 2 x 1
+and 2 x 2, each one job over both nodes; the other partitions' max_nodes is 1): every round kills the last rank (on
+the second node) of one running 2-node cell and takes the second node of one down (issue 37). Runs are sized by what
+they must show, not by steps that fit this CPU.
 
 After each round (the workflow finished, then one more run of the same command, as a user would after a fault):
 - `sacct`: exactly one COMPLETED job per cell, budget and train job name; every other job of the round is one a
@@ -61,7 +64,9 @@ from pretrain_planner.results import parse_result  # noqa: E402
 SITE = REPO / "tests/data/site-testbed.yaml"
 PROFILE = REPO / "cluster/slurm"
 DAEMON = REPO / "cluster/testbed/daemon.sh"
-NODES = ("node-a100", "node-h100")
+NODES = ("node-a100", "node-h100", "node-mn0", "node-mn1")
+MULTI_GPU = "l40s"  # the GPU type of the testbed's two-node partition `multi` (tests/data/site-testbed.yaml)
+MULTI_FAULTS = ("rank_kill", "node_down")  # what every round does to a running 2-node cell (issue 37)
 KINDS = ("driver_kill", "driver_term", "node_down", "ctld_restart", "dbd_restart", "scancel", "requeue", "rank_kill",
          "truncate")  # fmt: skip
 # what a fault leaves in accounting for the job it hit, when it took effect
@@ -74,7 +79,7 @@ TRAIN_JOB = "pp-train-{}-{}-{}x{}".format(*TRAIN_SETTING)  # the train stage's r
 @dataclass
 class Preset:
     models: list[str]
-    gpus: list[str]
+    gpus: list[str]  # one-node cells; MULTI_GPU's cells are also 2-node (the sweep's nodes [1, 2])
     gpus_per_node: list[int]
     methods: list[str]
     budget_steps: int  # fake-clock steps of the budget pre-training (1 s each), checkpointed every 10 or 1/12 of them
@@ -86,9 +91,9 @@ class Preset:
 
 
 PRESETS = {
-    "short": Preset(["tiny-gptneox"], ["a100", "h100", "cpu"], [1, 2], ["naive"], 120, 60, 9, 0, (4, 12), 1),
-    "long": Preset(["tiny-gptneox", "tiny-bert", "tiny-vit", "tiny-mamba", "tiny-convnext"], ["a100", "h100", "cpu"],
-                   [1, 2], ["naive", "fl"], 300, 150, 40, 30, (8, 30)),
+    "short": Preset(["tiny-gptneox"], ["a100", "cpu", MULTI_GPU], [1, 2], ["naive"], 120, 60, 9, 0, (4, 12), 1),
+    "long": Preset(["tiny-gptneox", "tiny-bert", "tiny-vit", "tiny-mamba", "tiny-convnext"],
+                   ["a100", "cpu", MULTI_GPU], [1, 2], ["naive", "fl"], 300, 150, 40, 30, (8, 30)),
 }  # fmt: skip
 
 
@@ -127,6 +132,16 @@ def run(cmd: list[str], timeout: float = 60, check: bool = False) -> subprocess.
 def scontrol_job(job_id: str) -> dict[str, str]:
     out = run(["scontrol", "show", "job", "-o", str(job_id)]).stdout
     return dict(tok.split("=", 1) for tok in out.split() if "=" in tok)
+
+
+def hosts(nodelist: str) -> list[str]:
+    """The nodes of a SLURM node list ("node-mn[0-1]" -> node-mn0, node-mn1), in order."""
+    if not nodelist or nodelist in ("None", "(null)"):
+        return []
+    if "[" not in nodelist and "," not in nodelist:
+        return [nodelist]
+    out = run(["scontrol", "show", "hostnames", nodelist]).stdout.split()
+    return out or [nodelist]
 
 
 def squeue(since: int) -> list[dict[str, str]]:
@@ -214,6 +229,7 @@ class Round:
         self.faults: list[Fault] = []
         self.skipped: collections.Counter = collections.Counter()
         self.drilled: dict[str, str] = {}  # budget / train job name -> the fault that hit its stage
+        self.multi_drilled: dict[str, str] = {}  # MULTI_FAULTS kind -> the 2-node cell's job it hit ("name id")
         self.restarts = 0
         self.failed_runs = 0
         self.since = last_job_id()
@@ -238,10 +254,15 @@ class Round:
         )  # fmt: skip
         budget["train"]["validation"].update(every=0.5, dense_first=0.0, dense_last=0.0)
         (self.work / "budget.yaml").write_text(yaml.safe_dump(budget))
+        # the testbed's site, each one-node partition's limit said: only MULTI_GPU's cells span two nodes
+        site = yaml.safe_load(SITE.read_text())
+        for gpu, settings in site["gpus"].items():
+            settings["max_nodes"] = 2 if gpu == MULTI_GPU else 1
+        (self.work / "site.yaml").write_text(yaml.safe_dump(site))
         cfg = {
-            "sweep": {"models": p.models, "gpus": p.gpus, "nodes": [1], "gpus_per_node": p.gpus_per_node,
+            "sweep": {"models": p.models, "gpus": p.gpus, "nodes": self.nodes, "gpus_per_node": p.gpus_per_node,
                       "methods": p.methods},
-            "launcher": {"kind": "slurm", "site": str(SITE)},
+            "launcher": {"kind": "slurm", "site": str(self.work / "site.yaml")},
             "benchmark": {"warmup_steps": 1, "timed_steps": 3, "max_micro_batch": 4, "device": "cpu", "max_spread": 50},
             "budget": str(self.work / "budget.yaml"),
             "train": {"steps": p.train_steps, "checkpoint_every_min": 0.02, "device": "cpu"},
@@ -249,6 +270,10 @@ class Round:
         path = self.work / "config.yaml"
         path.write_text(yaml.safe_dump(cfg, sort_keys=False))
         return path
+
+    @property
+    def nodes(self) -> list[int]:
+        return [1, 2] if MULTI_GPU in self.preset.gpus else [1]
 
     @property
     def targets(self) -> list[str]:
@@ -280,23 +305,40 @@ class Round:
     def cells(self) -> list[str]:
         p = self.preset
         return [
-            f"{m}/{g}/1x{n}/{meth}" for m in p.models for g in p.gpus for n in p.gpus_per_node for meth in p.methods
-        ]
+            f"{m}/{g}/{n}x{k}/{meth}" for m in p.models for g in p.gpus for n in self.nodes
+            for k in p.gpus_per_node for meth in p.methods if n == 1 or g == MULTI_GPU
+        ]  # fmt: skip
 
     def job_names(self) -> set[str]:
         names = {"pp-" + c.replace("/", "-") for c in self.cells()}
         return names | {BUDGET_JOB, TRAIN_JOB}
 
     # -- faults
-    def _running(self, multi: bool = False) -> list[dict[str, str]]:
+    def _running(self, multi: bool = False, nodes: int = 1) -> list[dict[str, str]]:
+        """Running jobs of the round (`multi`: of 2 ranks or more; `nodes`: on at least that many nodes)."""
         out = []
         for j in squeue(self.since):
             if j["state"] != "RUNNING":
                 continue
             if multi and int(scontrol_job(j["id"]).get("NumTasks", "1")) < 2:
                 continue
+            if len(hosts(j["nodes"])) < nodes:
+                continue
             out.append(j)
         return out
+
+    def multi_due(self) -> str | None:
+        """The MULTI_FAULTS kind a running 2-node cell should get now: each once a round, the first while such a cell
+        runs that no fault hit yet."""
+        due = [k for k in MULTI_FAULTS if k not in self.multi_drilled]
+        if not due or not self.nodes[1:]:
+            return None
+        return due[0] if self._unhit_multi() else None
+
+    def _unhit_multi(self) -> dict[str, str] | None:
+        """A running 2-node job no fault has hit."""
+        hit = {f.target for f in self.faults} | {j for f in self.faults for j in f.jobs}
+        return next((j for j in self._running(nodes=2) if j["id"] not in hit), None)
 
     STAGES = ("pp-budget", "pp-train")
 
@@ -344,7 +386,8 @@ class Round:
             time.sleep(0.5)
         return None
 
-    def inject(self, kind: str, rng: random.Random) -> Fault | None:
+    def inject(self, kind: str, rng: random.Random, multi: bool = False) -> Fault | None:
+        """Inject one fault of `kind` (`multi`: rank_kill / node_down into a running 2-node cell)."""
         at = time.time() - self.t0
         if kind in ("driver_kill", "driver_term"):
             if not self.driver_alive():
@@ -379,18 +422,23 @@ class Round:
             path.write_bytes(data[: len(data) // 2])
             return Fault(kind, at, target=cell, note=f"{len(data)} -> {len(data) // 2} bytes")
         if kind == "node_down":
-            job = self._wait_for(lambda: self._stage_first(self._running(), rng))
+            if multi:  # a 2-node cell: its second node
+                job = self._wait_for(self._unhit_multi)
+            else:
+                job = self._wait_for(lambda: self._stage_first(self._running(), rng))
             if job is None:
                 return None
-            node = job["nodes"] if job["nodes"] in NODES else rng.choice(NODES)
-            hit = [j["id"] for j in self._running() if j["nodes"] == node]
+            on = hosts(job["nodes"])
+            node = on[-1] if on and on[-1] in NODES else rng.choice(NODES)
+            hit = [j["id"] for j in self._running() if node in hosts(j["nodes"])]
             run(["scontrol", "update", f"nodename={node}", "state=down", "reason=chaos-soak"], check=True)
             end = time.time() + 40
             while time.time() < end and any(int(scontrol_job(i).get("Restarts", "0")) < 1 for i in hit):
                 time.sleep(1)
             time.sleep(rng.uniform(1, 5))
             run(["scontrol", "update", f"nodename={node}", "state=resume"])
-            return Fault(kind, at, target=node, name=job["name"], jobs=hit)
+            return Fault(kind, at, target=node, name=job["name"], jobs=hit,
+                         note=f"under job {job['id']} on {job['nodes']}")  # fmt: skip
         if kind in ("scancel", "requeue"):
             job = self._wait_for(lambda: self._stage_first(self._running(), rng))
             if job is None:
@@ -401,23 +449,25 @@ class Round:
         if kind == "rank_kill":
 
             def victim():
-                jobs = self._running(multi=True)
+                jobs = [j for j in [self._unhit_multi()] if j] if multi else self._running(multi=True)
                 jobs.sort(key=lambda j: not (j["name"].startswith(self.STAGES) and self._stage_ready(j["name"])))
                 for j in jobs:
-                    pid = rank_pid(j["id"], 1)
+                    last = int(scontrol_job(j["id"]).get("NumTasks", "2")) - 1  # on the last node of a 2-node job
+                    pid = rank_pid(j["id"], last)
                     if pid:
-                        return j, pid
+                        return j, last, pid
                 return None
 
             got = self._wait_for(victim)
             if got is None:
                 return None
-            (job, pid) = got
+            (job, rank, pid) = got
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 return None
-            return Fault(kind, at, target=job["id"], name=job["name"], note=f"rank 1 pid {pid}")
+            where = environ(pid).get("SLURMD_NODENAME") or "?"
+            return Fault(kind, at, target=job["id"], name=job["name"], note=f"rank {rank} pid {pid} on {where}")
         raise ValueError(kind)
 
     def _cell_done(self, cell: str) -> bool:
@@ -453,8 +503,11 @@ class Round:
                                         or bool(missing))  # fmt: skip
             # the budget and train stages are drilled in every round: a job fault for each, once it checkpointed
             drill = rng is not None and self.unhit_stage() is not None
-            if (more and time.time() >= next_at) or drill:
-                if drill:
+            multi = None if rng is None or drill else self.multi_due()
+            if (more and time.time() >= next_at) or drill or multi:
+                if multi:
+                    kind = multi
+                elif drill:
                     kind = rng.choice(["rank_kill", "requeue", "scancel", "node_down", "driver_kill"])
                     if kind == "driver_kill":  # the stage's job runs on while its driver is away and is re-attached
                         self.drilled[self.unhit_stage()["name"]] = "driver_kill"
@@ -466,7 +519,7 @@ class Round:
                         continue
                     kind = order.pop()
                 try:
-                    fault = self.inject(kind, rng)
+                    fault = self.inject(kind, rng, multi=bool(multi))
                 except Exception as exc:  # noqa: BLE001 - a fault the soak could not inject is a finding
                     self.mismatches.append(f"{kind}: could not inject: {type(exc).__name__}: {exc}")
                     fault = None
@@ -476,6 +529,8 @@ class Round:
                     self.faults.append(fault)
                     if fault.name.startswith(self.STAGES):
                         self.drilled.setdefault(fault.name, fault.kind)
+                    if multi:
+                        self.multi_drilled[kind] = f"{fault.name} ({fault.note})"
                     log(f"{self.label}: fault {len(self.faults)}: {fault.kind} {fault.target} {fault.name} "
                         f"{fault.note}".rstrip())  # fmt: skip
                 next_at = time.time() + rng.uniform(*self.preset.gap_s)
@@ -603,6 +658,9 @@ class Round:
             for stage in (BUDGET_JOB, TRAIN_JOB):
                 if stage not in self.drilled:
                     self.mismatches.append(f"{stage} was not hit by any fault: its stage was not drilled")
+            for kind in MULTI_FAULTS if self.nodes[1:] else ():
+                if kind not in self.multi_drilled:
+                    self.mismatches.append(f"no {kind} hit a running 2-node cell: the multi-node path was not drilled")
         per_name = collections.Counter(len(v) for k, v in by_name.items() if k in expected)
         self.figures = {
             "cells": len(self.cells()),
@@ -612,6 +670,7 @@ class Round:
             "faults": dict(collections.Counter(f.kind for f in self.faults)),
             "skipped": dict(self.skipped),
             "stage_drills": dict(self.drilled),
+            "multi_drills": dict(self.multi_drilled),
             "driver_restarts": self.restarts,
             "failed_driver_runs": self.failed_runs,
             "mismatches": len(self.mismatches),
@@ -775,27 +834,30 @@ def report(args: argparse.Namespace, reference: Round, rounds: list[Round], tota
     mism = sum(r.figures["mismatches"] for r in rounds) + reference.figures["mismatches"]
     chaos_s = sum(r.wall_s for r in rounds)
     p = reference.preset
+    two_node = (f", and {MULTI_GPU} x 2x{p.gpus_per_node} (each one job over the two nodes of partition multi)"
+                if MULTI_GPU in p.gpus else "")  # fmt: skip
     lines = [
         f"\n## {args.preset} soak, {dt.datetime.now():%Y-%m-%d %H:%M}, commit {rev}, seed {args.seed}\n",
         f"`{' '.join(sys.argv)}` on the cluster/testbed SLURM ({os.cpu_count()} cores, shared).\n",
         f"- cells: {rounds[0].figures['cells']} per round ({', '.join(p.models)} x {', '.join(p.gpus)} x "
-        f"1x{p.gpus_per_node} x {', '.join(p.methods)}), plus a budget pre-training ({p.budget_steps} steps, 2 ranks) "
-        f"and a train-stage run ({p.train_steps} steps, 2 ranks)",
+        f"1x{p.gpus_per_node}{two_node} x {', '.join(p.methods)}), plus a budget pre-training ({p.budget_steps} "
+        f"steps, 2 ranks) and a train-stage run ({p.train_steps} steps, 2 ranks)",
         f"- rounds under faults: {len(rounds)}; wall time under faults {chaos_s / 60:.1f} min; fault-free run "
         f"{reference.wall_s / 60:.1f} min; whole soak {total_s / 60:.1f} min",
         f"- faults injected: {sum(faults.values())} ({', '.join(f'{k} {v}' for k, v in sorted(faults.items()))})",
         f"- result mismatches: {mism}",
         "",
         "| round | wall (min) | faults by kind | skipped (no target) | jobs per name (jobs: names) | "
-        "failed attempts, each from a fault | budget / train drilled by | driver restarts | failed driver runs | "
-        "mismatches |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "failed attempts, each from a fault | budget / train drilled by | 2-node cells drilled by | driver restarts | "
+        "failed driver runs | mismatches |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in [reference, *rounds]:
         f = r.figures
         lines.append(
             f"| {r.label} | {r.wall_s / 60:.1f} | {_kv(f['faults'])} | {_kv(f['skipped'])} | {_kv(f['jobs_per_name'])} "
-            f"| {_kv(f['failed_attempts_accounted'])} | {_kv(f['stage_drills'])} | {f['driver_restarts']} "
+            f"| {_kv(f['failed_attempts_accounted'])} | {_kv(f['stage_drills'])} | {_kv(f['multi_drills'])} "
+            f"| {f['driver_restarts']} "
             f"| {f['failed_driver_runs']} "
             f"| {f['mismatches']} |"
         )
