@@ -98,3 +98,15 @@ def test_a_scheduler_that_cannot_be_asked_names_what_to_set(tmp_path):
     nowhere = lambda cmd: pp_site._run([str(tmp_path / "no-such-bin" / cmd[0]), *cmd[1:]])  # noqa: E731
     with pytest.raises(ConfigError, match="could not be asked for partition gpu's limits.*gpus.a100.max_nodes"):
         pp_site.resolve_limits(loaded, run=nowhere)
+
+
+def test_a_cell_asking_more_time_than_its_partition_runs_a_job_is_refused(tmp_path):
+    """Issue 38: a partition's MaxTime (site key max_time_h) shorter than the cells' time_limit_min would leave
+    every cell pending for ever (PartitionTimeLimit): invalid in the plan, naming both."""
+    short = {"gpus": {"a100": {"partition": "debug", "max_time_h": 1, "time_limit_min": 90}}}
+    with pytest.raises(ConfigError) as err:  # the plan's only cell: nothing to run, and why
+        _plan(tmp_path, short, [1], [1])
+    assert (f"partition debug runs a job at most 60 min ({tmp_path / 'site.yaml'}: gpus.a100.max_time_h); the cell "
+            "asks 90 min (time_limit_min): it would wait in the queue for ever") in str(err.value)  # fmt: skip
+    roomy = {"gpus": {"a100": {"partition": "debug", "max_time_h": 2, "time_limit_min": 90}}}
+    assert set(_plan(tmp_path, roomy, [1], [1]).values()) == {None}

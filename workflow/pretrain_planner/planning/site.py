@@ -10,10 +10,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from pretrain_planner.planning.calendar import max_time_hours
 from pretrain_planner.planning.grid import PlannedCell
 from pretrain_planner.schema import ConfigError, load_yaml, validate
 
-LIMITS = ("max_nodes", "gpus_per_node")  # what a partition allows, per GPU type (site file, else the scheduler)
+# what a partition allows, per GPU type (site file, else the scheduler): nodes per job, GPUs per node, a job's hours
+LIMITS = ("max_nodes", "gpus_per_node", "max_time_h")
 
 
 def read_site(path: str | Path) -> dict[str, Any]:
@@ -64,7 +66,9 @@ def partition_limits(partition: str | None, gres_type: str | None, gpu_request: 
     total = int(f["TotalNodes"]) if f.get("TotalNodes", "").isdigit() else None
     most = int(f["MaxNodes"]) if f.get("MaxNodes", "").isdigit() else None
     max_nodes = min(x for x in (total, most) if x is not None) if (total or most) else None
-    how = f"scontrol show partition {name}: MaxNodes={f.get('MaxNodes')}, TotalNodes={f.get('TotalNodes')}"
+    max_time = max_time_hours(f["MaxTime"]) if f.get("MaxTime") else None
+    how = (f"scontrol show partition {name}: MaxNodes={f.get('MaxNodes')}, TotalNodes={f.get('TotalNodes')}, "
+           f"MaxTime={f.get('MaxTime')}")  # fmt: skip
     gpus = None
     if gpu_request != "none":
         counts = []
@@ -76,7 +80,7 @@ def partition_limits(partition: str | None, gres_type: str | None, gpu_request: 
             counts.append(n)
         gpus = max(counts, default=0)
         how += f"; sinfo -N -p {name} -o %G: at most {gpus} gpu{':' + gres_type if gres_type else ''} per node"
-    return {"max_nodes": max_nodes, "gpus_per_node": gpus, "how": how, "partition": name}
+    return {"max_nodes": max_nodes, "gpus_per_node": gpus, "max_time_h": max_time, "how": how, "partition": name}
 
 
 def resolve_limits(site: dict[str, Any], run: Runner = _run) -> dict[str, Any]:
@@ -94,8 +98,8 @@ def resolve_limits(site: dict[str, Any], run: Runner = _run) -> dict[str, Any]:
                 except (OSError, subprocess.SubprocessError) as exc:
                     raise ConfigError(
                         f"{site['path']}: ask_scheduler: true, but the scheduler could not be asked for partition "
-                        f"{key[0] or '(default)'}'s limits ({exc}); set gpus.{gpu}.max_nodes and gpus_per_node in "
-                        "the site file, or ask_scheduler: false"
+                        f"{key[0] or '(default)'}'s limits ({exc}); set gpus.{gpu}.max_nodes, gpus_per_node and "
+                        "max_time_h in the site file, or ask_scheduler: false"
                     ) from exc
             for k in LIMITS:
                 if limits[k] is None and asked[key][k] is not None:
@@ -114,6 +118,10 @@ def limit_reason(settings: dict[str, Any], nodes: int, gpus_per_node: int) -> st
     if limits.get("gpus_per_node") is not None and gpus_per_node > limits["gpus_per_node"]:
         return (f"a node of partition {part} has at most {limits['gpus_per_node']} GPU(s) of this type "
                 f"({how['gpus_per_node']}); the cell asks {gpus_per_node} per node")  # fmt: skip
+    asks = settings.get("time_limit_min")
+    if limits.get("max_time_h") is not None and asks and asks > limits["max_time_h"] * 60:
+        return (f"partition {part} runs a job at most {limits['max_time_h'] * 60:g} min ({how['max_time_h']}); the "
+                f"cell asks {asks} min (time_limit_min): it would wait in the queue for ever")  # fmt: skip
     return None
 
 
