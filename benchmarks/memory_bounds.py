@@ -13,7 +13,7 @@ and the H200 peaks.
 2. `--measure`: the bytes every engine of the trainer holds on 2 gloo ranks on CPU (and 1 rank where the method runs
    on one GPU), walked tensor by tensor at four instants of a step (tests/memory_workers.py), against the bound at
    the same instant; on CPU offloaded bytes are on the same device, so the bound there is GPU + host.
-3. The H200 peaks (tests/data/h200_memory_peaks.yaml, from ../shared/reference/measurements.md): the largest
+3. The H200 peaks (tests/data/h200_memory_peaks.yaml: this project's measurements, 2026-11-29): the largest
    micro-batch the bound lets fit on one H200 is never smaller than the one measured to fit, and the bound at the
    measured micro-batch never exceeds the measured peak.
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/predict_holdout.py [--out benchmarks/results/predict_holdout.md]
 
-The study publishes Pythia-1B's days on three GPU types (papers.md A: 4 x A100 17.57 days, the repository README;
+The study publishes Pythia-1B's days on three GPU types (Khandelwal 2024: 4 x A100 17.57 days, the repository README;
 4 x H100 8 days and 2 x RTX 3090 108 days, the paper). Each is written as a measured cell (its MFU implied by the
 days); each in turn is left out and predicted from the other two (the cross-GPU model of planning/crossgpu.py, fitted
 on the public evidence; these cells take precedence over it); the error is (predicted - published) / published. The

@@ -1,5 +1,6 @@
-"""Budget stage: config/budget-24h.yaml is the published recipe (papers.md B, the reference's README), read from
-the catalog's bert-24h and overridden by the preset only; a tiny size of it runs end to end on a CPU."""
+"""Budget stage: config/budget-24h.yaml is the published recipe (Izsak et al. 2021, its reference code's
+README), read from the catalog's bert-24h and overridden by the preset only; a tiny size of it runs end to end on a
+CPU."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """The catalog: config/models.yaml and config/gpus.yaml load, hold the studies' facts, and bad files fail clearly.
 
-Facts are checked against /work/shared/reference/papers.md (A = "$100K or 100 Days", B = the 24-hour BERT).
+Facts are checked against the two papers (A = Khandelwal et al. 2024, "$100K or 100 Days"; B = Izsak et al.
+2021, the 24-hour BERT) as docs/methods.md "Facts and their sources" quotes them.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def test_unknown_names_raise_config_error_naming_the_file(catalog):
         catalog.gpu("b200")
 
 
-# ------------------------------------------------------------------------------------------ model facts (papers.md A)
+# ------------------------------------------------------------------------------ model facts (Khandelwal et al. 2024)
 
 PYTHIA = {
     # name: (hidden, layers, heads, lr)
@@ -204,7 +205,7 @@ def test_vit_facts(catalog):
 
 
 def test_bert_24h_facts(catalog):
-    """papers.md B: the 24-hour BERT recipe."""
+    """Izsak et al. 2021: the 24-hour BERT recipe."""
     spec = catalog.model("bert-24h")
     a, r = spec.arch, spec.recipe
     assert spec.task == "masked_lm"

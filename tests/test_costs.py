@@ -1,4 +1,5 @@
-"""Cost arithmetic against the "$100K" study's figures (reference/papers.md A, "Costs"), and the Pareto front."""
+"""Cost arithmetic against the "$100K" study's figures (Khandelwal et al. 2024, "Costs"; docs/methods.md quotes
+them), and the Pareto front."""
 
 from __future__ import annotations
 

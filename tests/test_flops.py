@@ -1,5 +1,5 @@
 """The FLOPs formula behind MFU, checked against torch's FLOP counter on tiny models and against
-reference/measurements.md for Pythia-1B.
+the H200 measurements for Pythia-1B (workflow/pretrain_planner/data/evidence/sources.md, here-h200).
 
 torch.utils.flop_counter counts matrix products, convolutions and the fused SDPA kernels of CUDA; the
 CPU flash-attention kernel (`_scaled_dot_product_flash_attention_for_cpu`) has no formula there, so the
@@ -118,14 +118,14 @@ def test_mamba_formula_counts_the_projections(tmp_path):
 
 
 def test_pythia_1b_per_token(catalog):
-    """reference/measurements.md: Pythia-1B costs about 6.26 GFLOP per token to train."""
+    """The H200 measurements (sources.md here-h200): Pythia-1B costs about 6.26 GFLOP per token to train."""
     model = catalog.model("pythia-1b").to_dict()
     per_token = train_flops_per_sample(model) / 2048
     assert per_token == pytest.approx(6.26e9, rel=0.01)
 
 
 def test_pythia_1b_parameters_past_the_input_embedding(catalog):
-    """The formula's 6 x params term: 908.8M parameters past the input embedding (measurements.md)."""
+    """The formula's 6 x params term: 908.8M parameters past the input embedding (sources.md here-h200)."""
     model = catalog.model("pythia-1b").to_dict()
     with torch.device("meta"):
         net, _ = build_model(model, "sdpa")
@@ -206,7 +206,8 @@ def test_every_catalog_model_has_a_closed_form(catalog):
 
 
 def test_convnext_xl_closed_form(catalog):
-    """papers.md: ConvNeXt-XL is ~3.66e11 training FLOPs per 224-px sample (torch's counter says ~1.09e12)."""
+    """Khandelwal et al. 2024: ConvNeXt-XL is ~3.66e11 training FLOPs per 224-px sample (torch's counter says
+    ~1.09e12)."""
     spec = catalog.model("convnext-xlarge-22k").to_dict()
     macs, stem = convnext_macs_by_hand(spec["arch"], 224)
     assert train_flops_per_sample(spec) == pytest.approx(6 * macs - 2 * stem)  # the stem has no input gradient
@@ -266,8 +267,8 @@ def test_every_family_against_an_independent_closed_form(catalog, name, expected
 
 
 def test_the_study_headlines_through_the_suspect_check(catalog):
-    """papers.md A: Pythia-1B on 4 x A100 in 17.57 days implies ~99% of the A100's dense bf16 peak; on 2 x RTX 3090
-    in 108 days more than 100% of the 3090's. Our cells would mark both `suspect` (the schema's 85%)."""
+    """Khandelwal et al. 2024: Pythia-1B on 4 x A100 in 17.57 days implies ~99% of the A100's dense bf16 peak; on
+    2 x RTX 3090 in 108 days more than 100% of the 3090's. Our cells would mark both `suspect` (the schema's 85%)."""
     from pretrain_planner.planning.flops import suspect
     from pretrain_planner.schema import default
 

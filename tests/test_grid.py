@@ -1,4 +1,4 @@
-"""The grid: cells, their paths, and the "$100K" study's validity rules (papers.md A), one test per rule."""
+"""The grid: cells, their paths, and the "$100K" study's validity rules (Khandelwal et al. 2024), one test per rule."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@
     ZeRO-2's plus the whole 16-bit gradients stage 1 keeps).
 (b) The bytes the trainer's engines really hold, walked tensor by tensor on gloo ranks on CPU at four instants of a
     step (tests/memory_workers.py): the bound at each instant never exceeds them.
-(c) The H200 peaks of ../shared/reference/measurements.md (tests/data/h200_memory_peaks.yaml, with the source):
+(c) The H200 peaks this project measured (tests/data/h200_memory_peaks.yaml, with the source):
     the largest micro-batch the bound lets fit is never smaller than the one measured to fit, and the bound at
     the measured micro-batch never exceeds the measured peak.
 Plus the activations' lower bound per sample against the tensors a forward saves for backward (CPU).

@@ -80,7 +80,7 @@ def test_pythia_parameter_counts(catalog, name):
     assert _count(net) == pytest.approx(PYTHIA_TOTAL[name], rel=0.001)
     if name not in ("pythia-6.9b", "pythia-12b"):  # same vocabulary as the checkpoints: exact
         assert _count(net) == PYTHIA_TOTAL[name]
-    if name == "pythia-1b":  # reference/measurements.md: 908.8M past the input embedding
+    if name == "pythia-1b":  # sources.md here-h200: 908.8M past the input embedding
         past = _count(net) - net.get_input_embeddings().weight.numel()
         assert past == pytest.approx(908.8e6, rel=0.001)
 
@@ -113,7 +113,7 @@ def test_vit_large_in21k_parameters(catalog):
 
 
 def test_bert_24h_is_pre_layernorm_bert_large_with_sparse_prediction(catalog):
-    """papers.md B: BERT-large shape, pre-LayerNorm, MLM only, sparse prediction."""
+    """Izsak et al. 2021: BERT-large shape, pre-LayerNorm, MLM only, sparse prediction."""
     net = _meta(catalog, "bert-24h")
     assert isinstance(net, tf.RobertaPreLayerNormForMaskedLM)  # pre-LN; no NSP head
     assert type(net).__name__.endswith("WithSparsePrediction")

@@ -1,4 +1,4 @@
-"""config/paper.yaml reproduces the "$100K or 100 Days" grid (reference/papers.md A) and plans offline in
+"""config/paper.yaml reproduces the "$100K or 100 Days" grid (Khandelwal et al. 2024) and plans offline in
 seconds, without torch: 9 models x 4 GPU types x 1/2/4/8 GPUs x 25 methods = 3,600 cells, of which the
 study's validity rules leave 2,952 (the study: "about 2,950 settings benchmarked")."""
 
@@ -43,7 +43,7 @@ def test_valid_cells_match_the_study(paper):
     planned = paper.planned
     assert len(planned) == 9 * 4 * 4 * 25
     valid = [p for p in planned if p.valid]
-    assert len(valid) == 2952  # papers.md A: "about 2,950 settings benchmarked"
+    assert len(valid) == 2952  # Khandelwal et al. 2024: "about 2,950 settings benchmarked"
     per_count = collections.Counter(p.cell.gpus_per_node for p in valid)
     # per model and GPU type: 13 methods on 1 GPU, 23 on 2/4/8 GPUs
     assert per_count == {1: 13 * 36, 2: 23 * 36, 4: 23 * 36, 8: 23 * 36}

@@ -170,7 +170,8 @@ def test_public_evidence_predicts_before_anything_is_measured():
         rows = {r["row_id"]: r for r in csv.DictReader(f)}
     named = re.findall(r"\b(r\d{4})\b", p.rests_on)
     assert named and all("Pythia-1B" in rows[i]["model"] and rows[i]["gpu_type"] != "h100" for i in named)
-    # within reach of what measurements.md says 4 x H100 need at the H200's throughput (about 11.9 days)
+    # within reach of what the H200 measurements (sources.md here-h200) say 4 x H100 need at the H200's throughput
+    # (about 11.9 days)
     assert p.days_optimistic < 11.9 * 1.3 and p.days_pessimistic > 11.9
 
 

@@ -5,7 +5,7 @@
 # apt-get update, no apt-get install), so CI can call it unconditionally.
 set -euo pipefail
 
-# Same list as the recipe in shared/notes/slurm-on-one-host.md. --no-install-recommends
+# Debian's slurm-wlm daemons, client and accounting database for a cluster on one host. --no-install-recommends
 # matters: with recommends, slurm-wlm drags in ~40 unneeded packages (rocm-smi, hdf5, ...).
 PKGS=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server bindfs)  # bindfs: tests/test_bad_env.py (a second "host"'s view)
 

@@ -12,7 +12,7 @@ from pretrain_planner.results import atomic_savefig, atomic_write_text
 from pretrain_planner.trainer.steplog import read_jsonl
 
 # The reference's 24-hour run, for the result's comparison: ~23k optimizer steps at batch 4096, about 95M sequences.
-# From the issue brief (issue 18); not in shared/reference/papers.md - unverified.
+# From the issue brief (issue 18); not in either paper's text - unverified.
 REFERENCE_RUN = {"hours": 24.0, "steps": 23_000, "global_batch": 4096, "sequences": 95_000_000,
                  "source": "issue 18 (~23k steps at batch 4096, about 95M sequences, in 24 h); unverified"}  # fmt: skip
 

@@ -1,6 +1,6 @@
 """Training FLOPs per sample: the one declared formula behind MFU and the analytic estimate.
 
-Transformers (Kaplan et al. / the PaLM appendix, as in reference/measurements.md): a token costs
+Transformers (Kaplan et al. / the PaLM appendix, as data/evidence/sources.md here-h200 uses it): a token costs
 6 x (matmul parameters it passes through, LM head included, input embedding excluded) for forward +
 backward, plus 12 x layers x hidden x context for attention scores and values. Causal attention is counted
 in full, deliberately (issue 14): the PaLM appendix, Megatron and torch.utils.flop_counter count it so, and
