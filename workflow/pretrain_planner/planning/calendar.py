@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from pretrain_planner.schema import ConfigError
 
@@ -110,8 +110,6 @@ class Calendar:
         return (self.first_wait.hours or 0.0) + self.segments.wall_h + again
 
     def finish(self, start: datetime) -> datetime | None:
-        from datetime import timedelta
-
         return None if self.hours is None else start + timedelta(hours=self.hours)
 
 

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 from pretrain_planner.planning.catalog import ModelSpec
 from pretrain_planner.planning.flops import param_count, tokens_per_sample
-from pretrain_planner.planning.methods import HYBRID, SHARDING_ENGINE, SHARDING_LEVEL, Method, parse
+from pretrain_planner.planning.methods import SHARDING_ENGINE, SHARDING_LEVEL, Method, parse, shard_ranks
 from pretrain_planner.planning.settings import attention_for, compiles
 
 GIB = 2**30
@@ -102,7 +102,7 @@ def model_states(
     unknown, the least of any). Hybrid sharding (hsdp) divides them among a node's ranks only (world / `nodes`):
     as fsdp-full there; with `nodes` unknown (1) among every rank, still a lower bound."""
     p, b = float(params), width(precision)
-    w = max(1, world // max(1, nodes)) if sharding in HYBRID else max(1, world)
+    w = shard_ranks(sharding, world, nodes)
     engine, level = SHARDING_ENGINE.get(sharding or ""), SHARDING_LEVEL.get(sharding or "", 0)
     adam = ADAM_B * p
     if engine is None:  # one GPU or DDP: fp32 weights (autocast casts per op), gradient_as_bucket_view buckets

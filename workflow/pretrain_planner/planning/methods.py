@@ -37,6 +37,14 @@ SHARDING_LEVEL = {"zero1": 1, "zero2": 2, "fsdp-grad": 2, "zero3": 3, "fsdp-full
 SHARDING_ENGINE = {"zero1": "zero", "zero2": "zero", "zero3": "zero", "fsdp-grad": "fsdp", "fsdp-full": "fsdp",
                    "hsdp": "fsdp"}  # fmt: skip
 HYBRID = ("hsdp",)  # shard among a node's ranks only (their number divides the states), replicate across nodes
+
+
+def shard_ranks(sharding: str | None, world: int, nodes: int = 1) -> int:
+    """The ranks a sharded state is divided among: every rank, or a node's for hybrid sharding (`nodes` unknown, 1:
+    every rank, a lower bound on the bytes)."""
+    return max(1, world // max(1, nodes)) if sharding in HYBRID else max(1, world)
+
+
 ZERO_STAGE = {s: level for s, level in SHARDING_LEVEL.items() if SHARDING_ENGINE[s] == "zero"}
 OFFLOAD = {"off": "offload optimizer state (and ZeRO-3/FSDP parameters) to CPU memory"}
 # Free-lunch extras (need the `fl` base; grid.invalid_reason says where else they are meaningless)

@@ -16,7 +16,7 @@ from pretrain_planner import search as pp_search
 from pretrain_planner.launch.request import driver_cores
 from pretrain_planner.planning import grid
 from pretrain_planner.planning.catalog import Catalog, load_catalog
-from pretrain_planner.planning.site import load_site, read_site, resolve_limits, within_limits
+from pretrain_planner.planning.site import for_gpus, read_site, resolve_limits, within_limits
 from pretrain_planner.planning.spec import cell_spec
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.schema import ConfigError, load_yaml, non_defaults, validate
@@ -218,9 +218,10 @@ def load(
     planned = grid.expand(config, catalog, source)
     site = None
     if config["launcher"]["kind"] == "slurm":
-        site = load_site(resolve(config["launcher"]["site"], basedir), config["sweep"]["gpus"], source)
+        mapped = read_site(resolve(config["launcher"]["site"], basedir))
+        site = for_gpus(mapped, config["sweep"]["gpus"], source)
         planned = within_limits(planned, resolve_limits(site))
-        catalog = catalog.with_network(read_site(site["path"]))  # every type it maps: the what-if predicts them all
+        catalog = catalog.with_network(mapped)  # every type the site maps: the what-if predicts them all
     grid.check_plan(planned, source)
     return Pipeline(config, catalog, planned, site, sources)
 

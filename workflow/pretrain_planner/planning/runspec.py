@@ -12,7 +12,7 @@ from typing import Any
 
 from pretrain_planner.planning import families
 from pretrain_planner.planning.catalog import GpuSpec, ModelSpec
-from pretrain_planner.planning.methods import HYBRID, Method, parse
+from pretrain_planner.planning.methods import HYBRID, Method, parse, shard_ranks
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class RunSpec:
     @property
     def shard_ranks(self) -> int:
         """The ranks a sharded state is divided among: every rank, or a node's for hybrid sharding."""
-        return self.world_size // max(1, self.nodes) if self.method.sharding in HYBRID else self.world_size
+        return shard_ranks(self.method.sharding, self.world_size, self.nodes)
 
     @classmethod
     def of(cls, model: dict[str, Any], gpu: dict[str, Any], method: str | Method, world_size: int = 1,

@@ -34,11 +34,15 @@ def load_site(
     path: str | Path, gpu_types: list[str], source: str = "config", key: str = "sweep.gpus"
 ) -> dict[str, Any]:
     """Validate the site file and resolve every GPU type of the sweep to its full settings."""
-    site = read_site(path)
+    return for_gpus(read_site(path), gpu_types, source, key)
+
+
+def for_gpus(site: dict[str, Any], gpu_types: list[str], source: str = "config", key: str = "sweep.gpus") -> dict:
+    """`read_site`'s site narrowed to the GPU types a sweep uses; one it does not map is an error naming the file."""
     missing = [g for g in gpu_types if g not in site["gpus"]]
     if missing:
         raise ConfigError(
-            f"{path}: gpus: no entry for GPU type(s) {', '.join(map(repr, missing))} used in {source} {key}; "
+            f"{site['path']}: gpus: no entry for GPU type(s) {', '.join(map(repr, missing))} used in {source} {key}; "
             f"mapped: {', '.join(site['gpus']) or 'none'}. Add e.g.\n  gpus:\n    {missing[0]}: "
             f"{{partition: <partition>, gres_type: {missing[0]}}}"
         )

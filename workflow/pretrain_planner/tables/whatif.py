@@ -363,16 +363,13 @@ class Predictor:
         net = g.inter_node_gbit_s / 8 * 1e9 if g and g.inter_node_gbit_s and nodes > 1 else None
         return link, net
 
-    def _comm_model(self, slug: str, mb: int, params: float, per_rank: int, gpu: str, nodes: int, world: int,
-                    efficiency: float = 1.0) -> float | None:  # fmt: skip
-        """The step model's communication seconds at the catalog's bandwidths (x `efficiency`); None where the link
-        is unknown, or the network of a multi-node layout."""
+    def _comm_model(self, f: stepmodel.Features, params: float, gpu: str, nodes: int, world: int) -> float | None:
+        """The step model's communication seconds of step `f` at the catalog's bandwidths; None where the link is
+        unknown, or the network of a multi-node layout."""
         link, net = self._link(gpu, nodes)
         if link is None or (nodes > 1 and net is None):
             return None
-        f = stepmodel.of_method(slug, mb, per_rank, world)
-        return stepmodel.comm_seconds(f, params, nodes, world // nodes, link * efficiency,
-                                      net * efficiency if net else None)  # fmt: skip
+        return stepmodel.comm_seconds(f, params, nodes, world // nodes, link, net)
 
     def _comm(self, spec: ModelSpec, slug: str, mb: int, gpu: str, world: int,
               measured: list[tuple[Run, float | None, int | None]],
@@ -388,23 +385,21 @@ class Predictor:
         per_rank = spec.recipe.global_batch // world
         params = param_count(spec.to_dict()) or 0.0
         f = stepmodel.of_method(slug, mb, per_rank, world)
-        target = self._comm_model(slug, mb, params, per_rank, gpu, nodes, world)
+        target = self._comm_model(f, params, gpu, nodes, world)
         got = []
         for run, comm, mb_src in measured:
             if run.world == 1 or comm is None or run.gpu == gpu or run.method != slug:
                 continue
             src = self.catalog.models[run.model]
             src_rank = src.recipe.global_batch // run.world
-            src_mb = mb_src or src_rank
-            src_nodes = self.own_nodes.get(run.id, 1)
-            source = self._comm_model(slug, src_mb, param_count(src.to_dict()) or 0.0, src_rank, run.gpu, src_nodes,
-                                      run.world)  # fmt: skip
+            src_f = stepmodel.of_method(slug, mb_src or src_rank, src_rank, run.world)
+            src_params = param_count(src.to_dict()) or 0.0
+            source = self._comm_model(src_f, src_params, run.gpu, self.own_nodes.get(run.id, 1), run.world)
             if source and target:
                 got.append(comm * target / source)
                 continue
             # a bandwidth unknown: the volume ratio alone (the same bus)
-            src_f = stepmodel.of_method(slug, src_mb, src_rank, run.world)
-            src_volume = stepmodel.sync_bytes(src_f, param_count(src.to_dict()) or 0.0, run.world)
+            src_volume = stepmodel.sync_bytes(src_f, src_params, run.world)
             if src_volume > 0:
                 got.append(comm * stepmodel.sync_bytes(f, params, world) / src_volume)
         if got:

@@ -87,15 +87,11 @@ def shard(
     if skeleton and not env.distributed:
         raise ValueError("a model built on the meta device needs rank 0 of a multi-rank run to get its weights")
     hybrid = policy.get("mesh")  # hsdp: a 2-D mesh, a replica per node (dim 0), sharded among its ranks (dim 1)
-    if hybrid:
-        if hybrid["replicate"] * hybrid["shard"] != env.world_size:
-            raise ValueError(f"hsdp's mesh {hybrid} does not cover the {env.world_size} ranks")
-        mesh = init_device_mesh(env.device.type, (hybrid["replicate"], hybrid["shard"]),
-                                mesh_dim_names=("replicate", "shard"))  # fmt: skip
-        shape = [hybrid["replicate"], hybrid["shard"]]
-    else:
-        mesh = init_device_mesh(env.device.type, (env.world_size,))
-        shape = [env.world_size]
+    shape = [hybrid["replicate"], hybrid["shard"]] if hybrid else [env.world_size]
+    if hybrid and hybrid["replicate"] * hybrid["shard"] != env.world_size:
+        raise ValueError(f"hsdp's mesh {hybrid} does not cover the {env.world_size} ranks")
+    dims = ["replicate", "shard"] if hybrid else ["shard"]
+    mesh = init_device_mesh(env.device.type, tuple(shape), mesh_dim_names=tuple(dims) if hybrid else None)
     candidates = blocks(net)
     tied = _tied_outside(net, candidates)
     found = [(n, m) for n, m in candidates if n not in tied]
@@ -121,11 +117,7 @@ def shard(
             "root": root,
             "wrap_rule": "modules named in the model's _no_split_modules, and its GradientCheckpointingLayers; "
             "then the root",
-            "mesh": {
-                "device_type": env.device.type,
-                "shape": shape,
-                "dims": ["replicate", "shard"] if hybrid else ["shard"],
-            },
+            "mesh": {"device_type": env.device.type, "shape": shape, "dims": dims},
             "mixed_precision": (
                 {"param_dtype": str(autocast_dtype).replace("torch.", ""), "reduce_dtype": "float32"}
                 if use_policy
