@@ -32,6 +32,7 @@ rule all:
         tables=list(TABLES.values()),
         plots=list(PLOTS.values()),
         study=list(STUDY_TABLES.values()) + list(WHATIF.values()) + list(STUDY_PLOTS.values()),
+        calendar=list(CALENDAR.values()) + list(CALENDAR_PLOTS.values()),
         optimal=OPTIMAL,
         report=REPORT,
     default_target: True

@@ -98,7 +98,7 @@ def write_config(path: Path, **sections) -> Path:
 # worker), and the modules of the SLURM testbed run on one worker, one after the other: the drills take nodes down,
 # restart the daemons and count every job in sacct. The longest units start first (their order below; the rest
 # follows in collection order), so no worker is left with a long one at the end.
-SLURM_MODULES = ("test_slurm_faults", "test_chaos_soak", "test_slurm", "test_budget_slurm")
+SLURM_MODULES = ("test_slurm_faults", "test_chaos_soak", "test_slurm", "test_budget_slurm", "test_calendar_slurm")
 FIRST_MODULES = ("test_pipeline_e2e", "test_search_e2e", "test_benchmarks_smoke", "test_deepspeed", "test_sharding",
                  "test_budget_glue", "test_oom", "test_memory", "test_local_runs", "test_bad_env")  # fmt: skip
 SLURM_UNIT = "the SLURM testbed"
@@ -579,3 +579,9 @@ def plain_text(text: str) -> str:
     """Text without markup (HTML tags, Markdown's and reStructuredText's), whitespace collapsed."""
     text = html.unescape(re.sub(r"<[^>]+>", "", text))
     return " ".join(re.sub(r"[`*]", "", text).split())
+
+
+def scontrol_job(job_id: str) -> dict[str, str]:
+    """`scontrol show job` of one job as its key=value fields."""
+    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True).stdout
+    return dict(tok.split("=", 1) for tok in out.split() if "=" in tok)

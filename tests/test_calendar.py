@@ -3,7 +3,7 @@ finish date, and SLURM's words for both (a partition's MaxTime, `sbatch --test-o
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import pytest
 from pretrain_planner.planning.calendar import (
@@ -81,3 +81,151 @@ def test_sbatch_test_only_gives_the_expected_start():
     none = expected_start("sbatch: error: Batch job submission failed: Requested node configuration is not available",
                           now)  # fmt: skip
     assert none.hours is None and "Requested node configuration" in none.how
+
+
+# ------------------------------------------------------------------ the calendar table (tables/calendar.py)
+
+import polars as pl  # noqa: E402
+from pretrain_planner.planning.catalog import load_catalog  # noqa: E402
+from pretrain_planner.planning.queue import ask_start, asking_command  # noqa: E402
+from pretrain_planner.tables import views  # noqa: E402
+from pretrain_planner.tables.calendar import Site, calendar_table, settings_of  # noqa: E402
+
+from .conftest import REPO  # noqa: E402
+
+NOW = datetime(2026, 12, 3, 12, 0, 0)
+CATALOG = load_catalog(REPO / "config/models.yaml", REPO / "config/gpus.yaml")
+
+
+def _ttt(*rows):
+    """time_to_train rows: (model, gpu, nodes, gpus_per_node, method, training_days, step_time_s)."""
+    cols = ["model", "gpu", "nodes", "gpus_per_node", "best_method", "training_days", "step_time_s"]
+    return pl.DataFrame([dict(zip(cols, r, strict=True)) for r in rows])
+
+
+def _cells(*rows):
+    """cells rows: (model, gpu, nodes, gpus_per_node, method, startup_s)."""
+    cols = ["model", "gpu", "nodes", "gpus_per_node", "method", "startup_s"]
+    return pl.DataFrame([dict(zip(cols, r, strict=True)) for r in rows])
+
+
+def _site(**a100):
+    base = {"partition": "a100", "constraint": None, "gpu_request": "gres", "gres_type": "a100", "account": None,
+            "qos": None, "reservation": None, "time_limit_min": 24 * 60, "cpus_per_gpu": 8, "mem_per_gpu_gb": None,
+            "signal_delay_s": 120, "extra_sbatch": {}, "setup": [], "requeue_wait_h": None, "checkpoint_gb_s": 1.0,
+            "limits": {}}  # fmt: skip
+    return {"path": "site.yaml", "poll_max_s": 60, "gpus": {"a100": {**base, **a100}, "h100": {**base,
+            "partition": "h100", "gres_type": "h100"}}}  # fmt: skip
+
+
+def _scheduler(starts: dict[str, str | None]):
+    """A scheduler's answers to `sbatch --test-only` per partition: its start time, or None (a refusal)."""
+    asked = []
+
+    def ask(cmd):
+        asked.append(cmd)
+        part = next(a.split("=", 1)[1] for a in cmd if a.startswith("--partition="))
+        if starts.get(part) is None:
+            return 1, "sbatch: error: Batch job submission failed: Requested node configuration is not available"
+        return 0, f"sbatch: Job 77 to start at {starts[part]} using 8 processors on nodes n1 in partition {part}"
+
+    return ask, asked
+
+
+def test_locally_the_calendar_is_the_compute_and_one_start_up_said_as_such():
+    table = calendar_table(settings_of(_ttt(("pythia-160m", "cpu", 1, 1, "fl", 2.0, 0.5)),
+                                       _cells(("pythia-160m", "cpu", 1, 1, "fl", 90.0))),
+                           CATALOG, Site(None, 1.0, "measured here", None, NOW))  # fmt: skip
+    (r,) = table.to_dicts()
+    assert r["segments"] == 1 and r["first_wait_h"] == 0.0 and "local processes" in r["wait_basis"]
+    assert r["restart_loss_h"] == pytest.approx(90 / 3600)  # one start-up, no checkpoint read or write
+    assert r["calendar_days"] == pytest.approx(2.0 + 90 / 86400)
+    assert "local processes: no queue" in r["note"] and r["finishes_first"]
+    assert r["expected_finish"] == (NOW + timedelta(days=2.0, seconds=90)).isoformat(timespec="minutes")
+
+
+def test_on_slurm_a_training_is_cut_into_jobs_and_the_scheduler_asked_for_the_jobs_exact_request():
+    ask, asked = _scheduler({"a100": "2026-12-03T15:00:00"})
+    site = Site(_site(requeue_wait_h=1.0), 1.0, "measured", ask, NOW)
+    ttt, cells = (
+        _ttt(("pythia-1b", "a100", 1, 8, "fl+zero2", 3.0, 1.0)),
+        _cells(("pythia-1b", "a100", 1, 8, "fl+zero2", 120.0)),
+    )
+    table = calendar_table(settings_of(ttt, cells), CATALOG, site)
+    (r,) = table.to_dicts()
+    (cmd,) = asked
+    assert cmd[:2] == ["sbatch", "--test-only"] and cmd[-2:] == ["--wrap", "true"]
+    for flag in ("--partition=a100", "--nodes=1", "--ntasks-per-node=8", "--gres=gpu:a100:8", f"--time={24 * 60}",
+                 "--cpus-per-task=8"):  # fmt: skip
+        assert flag in cmd, (flag, cmd)
+    ckpt_s = r["checkpoint_gib"] * 2**30 / 1e9  # at 1 GB/s
+    assert r["checkpoint_gib"] == pytest.approx(14 * CATALOG_PARAMS("pythia-1b") / 2**30)  # ZeRO: + 16-bit weights
+    assert r["segments"] == 4  # 72 h of compute in jobs of 24 h less the warning, a start-up and a read
+    assert r["first_wait_h"] == pytest.approx(3.0) and r["requeue_wait_h"] == pytest.approx(1.0)
+    lost_h = (4 * 120 + 3 * 2 * ckpt_s) / 3600
+    assert r["restart_loss_h"] == pytest.approx(lost_h)
+    assert r["calendar_days"] * 24 == pytest.approx(3.0 + 72 + lost_h + 3 * 1.0)
+    assert r["expected_start"] == "2026-12-03T15:00"
+
+
+def CATALOG_PARAMS(model):
+    from pretrain_planner.planning.flops import param_count
+
+    return param_count(CATALOG.model(model).to_dict())
+
+
+def test_the_setting_that_finishes_first_may_not_be_the_fastest_and_the_table_says_why():
+    """8 a100 compute in 2 days but wait 3 days for the partition; 8 h100... the same model on the free h100
+    partition computes in 2.5 days and starts now: it finishes first, and the note names the a100's wait."""
+    ask, _ = _scheduler({"a100": "2026-12-06T12:00:00", "h100": "2026-12-03T12:00:00"})
+    site = Site(_site(), 1.0, "measured", ask, NOW)
+    ttt = _ttt(("pythia-160m", "a100", 1, 8, "fl", 2.0, 0.2), ("pythia-160m", "h100", 1, 8, "fl", 2.5, 0.3))
+    cells = _cells(("pythia-160m", "a100", 1, 8, "fl", 60.0), ("pythia-160m", "h100", 1, 8, "fl", 60.0))
+    rows = {r["gpu"]: r for r in calendar_table(settings_of(ttt, cells), CATALOG, site).to_dicts()}
+    assert rows["h100"]["finishes_first"] and not rows["a100"]["finishes_first"]
+    assert rows["a100"]["compute_days"] < rows["h100"]["compute_days"]
+    assert "finishes first although 1x8 a100 (fl) computes faster" in rows["h100"]["note"]
+    assert "it waits 72 h to start, this 0 h" in rows["h100"]["note"]
+
+
+def test_a_wait_the_scheduler_does_not_estimate_is_unknown_and_so_is_the_finish():
+    ask, _ = _scheduler({"a100": None})
+    site = Site(_site(), 1.0, "measured", ask, NOW)
+    table = calendar_table(settings_of(_ttt(("pythia-160m", "a100", 1, 8, "fl", 2.0, 0.2)),
+                                       _cells(("pythia-160m", "a100", 1, 8, "fl", 60.0))), CATALOG, site)  # fmt: skip
+    (r,) = table.to_dicts()
+    assert r["first_wait_h"] is None and r["calendar_days"] is None and r["expected_finish"] == "unknown"
+    assert "Requested node configuration is not available" in r["wait_basis"]
+    assert r["expected_start"] == "wait unknown" and r["segments"] == 3  # the arithmetic is still shown
+    (shown,) = views.view("calendar", table).to_dicts()
+    assert shown["first wait"] == "wait unknown" and shown["calendar"] == "" and shown["finish"] == "unknown"
+
+
+def test_a_restart_that_was_not_measured_is_not_priced_as_free():
+    """Results older than the start-up record: no cell measured one, so the calendar is unknown, not compute only;
+    a cell that has none takes the median of those that do, and says so."""
+    site = Site(None, 1.0, "measured", None, NOW)
+    ttt, cells = _ttt(("pythia-160m", "cpu", 1, 1, "fl", 2.0, 0.5)), _cells(("pythia-160m", "cpu", 1, 1, "fl", None))
+    (r,) = calendar_table(settings_of(ttt, cells), CATALOG, site).to_dicts()
+    assert r["calendar_days"] is None and r["segments"] is None and "no start-up measured" in r["note"]
+    ttt = _ttt(("pythia-160m", "cpu", 1, 1, "fl", 2.0, 0.5), ("pythia-160m", "cpu", 1, 2, "fl", 1.0, 0.3))
+    cells = _cells(("pythia-160m", "cpu", 1, 1, "fl", 30.0), ("pythia-160m", "cpu", 1, 2, "fl", None))
+    rows = {r["gpus_per_node"]: r for r in calendar_table(settings_of(ttt, cells), CATALOG, site).to_dicts()}
+    assert "median of the sweep's cells" in rows[2]["restart_basis"] and rows[2]["restart_s"] == pytest.approx(
+        30.0 + rows[2]["checkpoint_s"]
+    )
+
+
+def test_a_train_stage_budget_is_its_own_row():
+    site = Site(_site(time_limit_min=60, signal_delay_s=600), 1.0, "measured", None, NOW)
+    (r,) = calendar_table(settings_of(_ttt(("pythia-160m", "a100", 1, 8, "fl", None, 0.2)),
+                                      _cells(("pythia-160m", "a100", 1, 8, "fl", 60.0)),
+                                      {"time_budget_hours": 2.0, "steps": None}), CATALOG, site).to_dicts()  # fmt: skip
+    assert r["run"] == "train stage" and r["compute_days"] == pytest.approx(2 / 24)
+    assert r["segments"] == 3  # 2 h in jobs of 60 min warned 10 min early: 60 - 10 - 1 - read = ~48.9 min each
+    assert r["wait_basis"] == "the scheduler was not asked" and r["calendar_days"] is None
+
+
+def test_the_scheduler_unreachable_is_an_unknown_wait():
+    w, cmd = ask_start(_site()["gpus"]["a100"], 1, 2, "x", lambda c: (127, "FileNotFoundError: sbatch"), NOW)
+    assert w.hours is None and "not reachable" in w.how and cmd == asking_command(_site()["gpus"]["a100"], 1, 2, "x")

@@ -246,3 +246,59 @@ def test_best_names_the_known_models_for_an_unknown_one(results, capsys):
     assert cli.main(["best", "--model", "pythia-9b", "--gpu", "a100", "--results", str(full)]) == 1
     err = capsys.readouterr().err
     assert "no model 'pythia-9b'" in err and "known: " in err and "pythia-1b" in err
+
+
+@pytest.fixture(scope="module")
+def timed(tmp_path_factory):
+    """The GPU set's results with each cell's measured start-up (result.json `startup`), tables built."""
+    base = tmp_path_factory.mktemp("timed")
+    rows = [{**r, "startup": {"total_s": 120.0, "process_start": "proc"}} if r["status"] == "ok" else r
+            for r in gpu_set_results()]  # fmt: skip
+    plan, paths = write_set(base, rows)
+    aggregate.build_tables(plan, paths, aggregate.table_files(str(base / "tables")), str(base / "log"), CATALOG, COSTS)
+    return base
+
+
+def test_fit_by_a_date_puts_each_model_on_the_calendar(timed):
+    """Issue 38: `fit --by DATE` ranks what finishes by then: pythia-1b's measured 17.57 days plus its start-up
+    (locally: no queue, one job) finishes by a date 30 days out, not by one 10 days out (its compute alone is
+    longer: `no`, not `unknown`); the finish is now + compute + the measured start-up."""
+    from datetime import datetime, timedelta
+
+    later = (datetime.now() + timedelta(days=30)).date().isoformat()
+    proc = run("fit", "--gpu", "a100", "--count", "4", "--by", later, "--json", "--results", str(timed), cwd=timed)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    rows = {r["model"]: r for r in out["rows"]}
+    one_b = rows["pythia-1b"]
+    assert one_b["basis"] == "measured" and one_b["by"] == "yes" and one_b["compute_days"] == pytest.approx(17.57)
+    finish = datetime.fromisoformat(one_b["finish"])
+    assert abs((finish - datetime.now() - timedelta(days=17.57, seconds=120)).total_seconds()) < 120
+    assert [r["by"] for r in out["rows"]] == sorted((r["by"] for r in out["rows"]),
+                                                    key=["yes", "unknown", "no"].index)  # fmt: skip
+    soon = (datetime.now() + timedelta(days=10)).date().isoformat()
+    proc = run("fit", "--gpu", "a100", "--count", "4", "--by", soon, "--json", "--results", str(timed), cwd=timed)
+    assert {r["model"]: r for r in json.loads(proc.stdout)["rows"]}["pythia-1b"]["by"] == "no"
+    text = run("fit", "--gpu", "a100", "--count", "4", "--by", later, "--results", str(timed), cwd=timed).stdout
+    assert f"What finishes by {later}T00:00 on 1x4 a100" in text and "| pythia-1b " in text
+
+
+@pytest.mark.parametrize(("by", "says"), [("2020-01-01", "not in the future"), ("1/3/2027", "is not a date")])
+def test_fit_by_a_past_or_malformed_date_is_refused(timed, by, says):
+    proc = run("fit", "--gpu", "a100", "--count", "4", "--by", by, "--results", str(timed), cwd=timed)
+    assert proc.returncode == 1 and says in proc.stderr, proc.stderr
+    both = run("fit", "--gpu", "a100", "--count", "4", "--by", "2099-01-01", "--days", "3", cwd=timed)
+    assert both.returncode == 2 and "not allowed with argument" in both.stderr
+
+
+def test_when_answers_with_the_measured_setting_or_a_prediction_said_so(timed):
+    """`when` on a measured setting: its compute measured, one local job with its measured start-up, a finish; on a
+    GPU type not measured: the what-if's PREDICTED days, the restart from the median of the cells measured."""
+    proc = run("when", "--model", "pythia-1b", "--gpu", "a100", "--count", "4", "--results", str(timed), cwd=timed)
+    assert proc.returncode == 0, proc.stderr
+    assert "compute: 18 d - measured (time_to_train)" in proc.stdout, proc.stdout
+    assert "segments: 1 (one job, no time limit)" in proc.stdout and "local processes: no queue" in proc.stdout
+    assert "start-up measured" in proc.stdout and "finish: 20" in proc.stdout
+    other = run("when", "--model", "pythia-1b", "--gpu", "h200", "--count", "4", "--results", str(timed), cwd=timed)
+    assert other.returncode == 0, other.stderr
+    assert "PREDICTED (not measured)" in other.stdout and "median of the sweep's cells" in other.stdout, other.stdout

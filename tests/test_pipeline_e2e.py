@@ -273,3 +273,33 @@ def test_the_readmes_train_commands_run_on_the_sweep(sweep):
         assert result["status"] == "ok" and (out / "throughput.md").is_file(), (command, result)
         assert result["steps"] == (5 if "snakemake" in command else 20), (command, result["steps"])
     assert "Nothing to be done" not in commands[0]
+
+
+def test_the_calendar_of_a_local_sweep_is_compute_and_measured_restarts(sweep):
+    """Issue 38, local processes: calendar.md has every setting of time_to_train and its train-stage run (this
+    sweep's train.steps x the measured step), each one segment with no queue, its restart the start-up its cell
+    measured (never zero); `pretrain-planner when` on one of them says the same, and report.md shows the timeline."""
+    import subprocess
+
+    work, _, _ = sweep
+    cal = pl.read_csv(work / "results/tables/calendar.csv")
+    ttt = pl.read_csv(work / "results/tables/time_to_train.csv")
+    assert cal.filter(pl.col("run") == "recipe").height == ttt.filter(pl.col("training_days").is_not_null()).height
+    assert cal.filter(pl.col("run") == "train stage").height == ttt.height  # train.steps: 5
+    for r in cal.to_dicts():
+        assert r["segments"] == 1 and r["first_wait_h"] == 0 and r["wait_basis"].startswith("local processes"), r
+        assert r["restart_s"] > 0 and r["restart_basis"].startswith("start-up measured"), r
+        assert r["calendar_days"] == pytest.approx(r["compute_days"] + r["restart_loss_h"] / 24), r
+    assert cal.group_by("model", "run").agg(pl.col("finishes_first").sum())["finishes_first"].to_list() == [1] * (
+        cal.select("model", "run").unique().height)  # fmt: skip
+    md = (work / "results/tables/calendar.md").read_text()
+    assert "Queue: local processes: no queue" in md and "none (local)" in md
+    report = (work / "results/report.md").read_text()
+    assert "## When will it finish?" in report and "calendar_timeline.png" in report
+    assert (work / "results/plots/calendar_timeline.png").stat().st_size > 10_000
+    r = ttt.row(0, named=True)
+    proc = subprocess.run([str(BIN / "pretrain-planner"), "when", "--model", r["model"], "--gpu", r["gpu"], "--count",
+                           str(r["nodes"] * r["gpus_per_node"])], cwd=work, capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "compute: " in proc.stdout and "measured" in proc.stdout and "local processes: no queue" in proc.stdout
+    assert "segments: 1 (one job, no time limit)" in proc.stdout and "finish: " in proc.stdout

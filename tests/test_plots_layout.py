@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import polars as pl
@@ -16,9 +17,9 @@ import yaml
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.transforms import Bbox
+from pretrain_planner.report import calendar_plot, study_plots
 from pretrain_planner.report import plots as pp_plots
-from pretrain_planner.report import study_plots
-from pretrain_planner.tables import aggregate, study, whatif
+from pretrain_planner.tables import aggregate, calendar, study, whatif
 
 from .conftest import CATALOG, COSTS, INVALID, REPO, gpu_set_results, write_set
 from .demo_results import measured
@@ -49,6 +50,10 @@ def _tables(root: Path, plan: str, paths: list[str]) -> dict[str, str]:
     counts = sorted(set(cells.select("nodes", "gpus_per_node").rows()))
     whatif.build_whatif(out["cells_parquet"], extra, str(root / "whatif.log"), CATALOG,
                         sorted(set(cells["model"].to_list())), counts, 0.85, COSTS)  # fmt: skip
+    extra |= calendar.table_files(str(root / "tables"))
+    local = SimpleNamespace(site=None, catalog=CATALOG)  # local processes: what the calendar rule reads of a pipeline
+    calendar.build_calendar({"time_to_train": out["time_to_train_csv"], "cells": out["cells_parquet"]}, extra,
+                            str(root / "calendar.log"), local, {"steps": 20})  # fmt: skip
     return {**out, **extra}
 
 
@@ -69,7 +74,9 @@ def sets(tmp_path_factory) -> dict[str, dict[str, str]]:
 @pytest.fixture(scope="module")
 def figures(sets) -> dict[tuple[str, str], Figure]:
     return {(name, key): fig for name, tables in sets.items()
-            for key, fig in {**pp_plots.figures(tables, COSTS), **study_plots.figures(tables)}.items()}  # fmt: skip
+            for key, fig in {**pp_plots.figures(tables, COSTS), **study_plots.figures(tables),
+                             "calendar": calendar_plot.figure_calendar(calendar.read_calendar(
+                                 tables["calendar_csv"]))}.items()}  # fmt: skip
 
 
 def text_boxes(fig: Figure) -> list[tuple[str, Bbox]]:
@@ -125,7 +132,7 @@ def outside(fig: Figure, boxes: list[tuple[str, Bbox]]) -> list[str]:
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("key", [*pp_plots.PLOTS, *study_plots.STUDY_PLOTS])
+@pytest.mark.parametrize("key", [*pp_plots.PLOTS, *study_plots.STUDY_PLOTS, *calendar_plot.CALENDAR_PLOTS])
 @pytest.mark.parametrize("name", SETS)
 def test_no_text_overlaps_or_leaves_the_canvas(figures, name, key):
     fig = figures[(name, key)]
@@ -135,7 +142,7 @@ def test_no_text_overlaps_or_leaves_the_canvas(figures, name, key):
     assert not problems, f"{key} on the {name}: {len(problems)} problems:\n" + "\n".join(problems[:20])
 
 
-@pytest.mark.parametrize("key", [*pp_plots.PLOTS, *study_plots.STUDY_PLOTS])
+@pytest.mark.parametrize("key", [*pp_plots.PLOTS, *study_plots.STUDY_PLOTS, *calendar_plot.CALENDAR_PLOTS])
 @pytest.mark.parametrize("name", SETS)
 def test_content_fills_the_canvas(figures, name, key):
     """No wide blank band: what is drawn spans the canvas but for at most 15% or half an inch each way."""

@@ -36,6 +36,7 @@ RUNS = {
     ".venv/bin/pretrain-planner status": "here",
     ".venv/bin/pretrain-planner status --watch": "here",
     ".venv/bin/pretrain-planner cost --gpu a100 --count 4 --days 17.57": "here",
+    ".venv/bin/pretrain-planner when --model tiny-gptneox --gpu cpu --count 2": "here",
     ".venv/bin/pretrain-planner predict --model pythia-1b --gpu h100 --count 4": "here",
     ".venv/bin/pretrain-planner fit --gpu a100 --count 4 --days 14": "here",
     ".venv/bin/snakemake -n --profile cluster/local --configfile my-sweep.yaml": "here",
@@ -109,6 +110,9 @@ def test_the_readme_command_runs(checkout, command):
     if "best" in command:
         assert proc.stdout.startswith("tiny-gptneox on 1x2 cpu: best method ")
         assert "MFU" in proc.stdout and "measured on the host" in proc.stdout and "NOMINAL" in proc.stdout
+    if " when " in command:  # the demo's cells measured their start-up: a finish date, on local processes
+        assert "compute: " in proc.stdout and "measured" in proc.stdout, proc.stdout
+        assert "segments: 1 (one job, no time limit)" in proc.stdout and "finish: 20" in proc.stdout, proc.stdout
 
 
 def test_the_cli_help_says_what_the_readme_says():

@@ -20,6 +20,7 @@ from .conftest import (
     cell_results,
     last_job_id,
     sacct,
+    scontrol_job,
     snakemake,
     start_driver,
     steps_lasting,
@@ -46,11 +47,19 @@ def _step_tasks(job_id: str) -> int:
     return max((int(n) for jid, n in (ln.split("|") for ln in out.splitlines()) if n.strip() and "." in jid), default=0)
 
 
-def test_default_sweep_lands_on_each_gpu_partition(slurm_cluster, tmp_path):
+@pytest.fixture(scope="module")
+def partitions_sweep(slurm_cluster, tmp_path_factory):
+    """tiny-bert 1x1 and 1x2 on a100 and h100: one job per cell on each GPU type's partition."""
+    work = tmp_path_factory.mktemp("partitions")
     since = last_job_id()
-    cfg = _config(tmp_path / "c.yaml", {"models": ["tiny-bert"], "gpus_per_node": [1, 2]})
-    proc = snakemake(tmp_path, "--profile", PROFILE, "--configfile", str(cfg))
+    cfg = _config(work / "c.yaml", {"models": ["tiny-bert"], "gpus_per_node": [1, 2]})
+    proc = snakemake(work, "--profile", PROFILE, "--configfile", str(cfg))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return work, cfg, since, proc
+
+
+def test_default_sweep_lands_on_each_gpu_partition(partitions_sweep):
+    tmp_path, _, since, proc = partitions_sweep
     assert "partition a100: 2 cells" in proc.stderr  # the plan summary
     results = cell_results(tmp_path)
     assert len(results) == 4 and all(r["status"] == "ok" for r in results), results
@@ -67,6 +76,65 @@ def test_default_sweep_lands_on_each_gpu_partition(slurm_cluster, tmp_path):
         if r["world_size"] == 2:  # two tasks, and DDP's gradient all-reduce ran across them
             assert _step_tasks(job["JobID"]) == 2
             assert r["method_settings"]["parallel"] == "ddp"
+
+
+def _calendar(work: Path) -> list[dict]:
+    import polars as pl
+
+    return pl.read_csv(work / "results/tables/calendar.csv").to_dicts()
+
+
+def test_the_calendar_asks_the_scheduler_and_a_blocked_partition_starts_after_its_blocker(partitions_sweep):
+    """Issue 38: the sweep's calendar.md asked `sbatch --test-only` for each setting (nothing submitted: a100 and h100
+    free, a wait of ~0). A blocker then holds both a100 GPUs for 10 minutes: asked again, every a100 setting is
+    expected to start when the blocker ends (the scheduler's own estimate, its EndTime), h100 still at once, so h100
+    finishes first; `pretrain-planner when` says the same, the wait's source named."""
+    work, cfg, _, _ = partitions_sweep
+    rows = _calendar(work)
+    assert {(r["gpu"], r["gpus_per_node"]) for r in rows if r["run"] == "recipe"} == {
+        ("a100", 1), ("a100", 2), ("h100", 1), ("h100", 2)}  # fmt: skip
+    for r in rows:
+        assert r["wait_basis"].startswith(f"sbatch --test-only on {r['gpu']}: expected start"), r
+        assert r["first_wait_h"] * 3600 < 120 and r["restart_s"] > 0 and r["segments"] >= 1, r
+    before = last_job_id()
+    hold = ["sbatch", "--parsable", "-p", "a100", "--gres=gpu:a100:2", "--time=10", "-J", "pp-blocker"]
+    blocker = subprocess.run([*hold, "--wrap", "sleep 600"], capture_output=True, text=True, check=True)
+    job = blocker.stdout.strip().split(";")[0]
+    try:
+        wait_for(lambda: scontrol_job(job).get("JobState") == "RUNNING", 60, "the blocker to run")
+        end = scontrol_job(job)["EndTime"]
+        proc = snakemake(work, "--profile", PROFILE, "--configfile", str(cfg), "--forcerun", "calendar",
+                         "results/tables/calendar.csv")  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        after = _calendar(work)
+        when = subprocess.run([str(BIN / "pretrain-planner"), "when", "--model", "tiny-bert", "--gpu", "a100",
+                               "--count", "1"], cwd=work, capture_output=True, text=True)  # fmt: skip
+        assert last_job_id() == int(job) and int(job) == before + 1  # asking submitted nothing
+    finally:
+        subprocess.run(["scancel", job], check=False)
+    from datetime import datetime
+
+    blocked_until = datetime.fromisoformat(end)
+    for r in after:
+        start = datetime.fromisoformat(r["expected_start"])
+        if r["gpu"] == "a100":
+            assert abs((start - blocked_until).total_seconds()) <= 90, (r, end)
+            assert r["first_wait_h"] * 60 > 5 and not r["finishes_first"], r
+        else:
+            assert r["first_wait_h"] * 3600 < 120, r
+            assert r["finishes_first"] == (r["gpus_per_node"] == _fastest(after, r)), r
+    assert when.returncode == 0, when.stderr
+    (line,) = [ln for ln in when.stdout.splitlines() if ln.strip().startswith("start:")]
+    shown = datetime.fromisoformat(line.split("start:")[1].split(" - ")[0].strip())
+    assert abs((shown - blocked_until).total_seconds()) <= 90 + 60, (end, when.stdout)  # shown to the minute
+    assert "sbatch --test-only on a100: expected start" in line and "compute: " in when.stdout, when.stdout
+    assert "measured" in when.stdout, when.stdout
+
+
+def _fastest(rows: list[dict], r: dict) -> int:
+    """The h100 layout that finishes first for r's model and run (both start at once: the shorter calendar)."""
+    mine = [x for x in rows if x["gpu"] == "h100" and x["model"] == r["model"] and x["run"] == r["run"]]
+    return min(mine, key=lambda x: x["calendar_days"])["gpus_per_node"]
 
 
 def test_cancelled_cell_is_retried_preempted_and_timed_out_cells_requeue(slurm_cluster, tmp_path, step_s):

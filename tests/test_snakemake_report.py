@@ -10,6 +10,7 @@ import re
 import pytest
 from docutils.core import publish_parts
 from pretrain_planner.report import document
+from pretrain_planner.report.calendar_plot import CALENDAR_PLOTS
 from pretrain_planner.report.plots import PLOTS
 from pretrain_planner.report.study_plots import STUDY_PLOTS
 from pretrain_planner.tables.aggregate import TABLE_NAMES
@@ -19,7 +20,8 @@ from .conftest import plain_text as _plain
 from .conftest import snakemake, write_config
 
 CAPTIONED = [*TABLE_NAMES, *(stem for stem, _ in PLOTS.values()), *STUDY_TABLES, "whatif",
-             *(stem for stem, _ in STUDY_PLOTS.values()), "study_views", "study_reading"]  # fmt: skip
+             *(stem for stem, _ in STUDY_PLOTS.values()), "study_views", "study_reading", "calendar",
+             "calendar_timeline"]  # fmt: skip
 
 
 @pytest.mark.parametrize("stem", [*CAPTIONED, "workflow"])
@@ -73,8 +75,8 @@ def test_html_report_after_a_sweep(tmp_path):
     assert "downloading" not in log.lower()  # the report's JavaScript and styles ship with Snakemake: offline
     page = (tmp_path / "report.html").read_text()
     results, categories = _embedded(page, "results"), _embedded(page, "categories")
-    tables = {f"results/tables/{n}.csv": n for n in TABLE_NAMES}
-    plots = {f"results/plots/{stem}.png": stem for stem, _ in PLOTS.values()}
+    tables = {f"results/tables/{n}.csv": n for n in [*TABLE_NAMES, "calendar"]}
+    plots = {f"results/plots/{stem}.png": stem for stem, _ in {**PLOTS, **CALENDAR_PLOTS}.values()}
     study = {f"results/tables/study/{n}.csv": n for n in STUDY_TABLES} | {"results/tables/whatif.csv": "whatif"}
     study |= {f"results/plots/study/{stem}.png": stem for stem, _ in STUDY_PLOTS.values()}
     assert set(results) == set(tables) | set(plots) | set(study)

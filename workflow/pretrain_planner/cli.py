@@ -4,7 +4,8 @@ see where a sweep stands. Reads config files and results only; imports no torch.
   pretrain-planner cost --gpu a100 --count 4 --days 17.57
   pretrain-planner best --model pythia-1b --gpu a100 --count 4 [--results results]
   pretrain-planner predict --model pythia-1b --gpu h100 --count 4
-  pretrain-planner fit --gpu a100 --count 4 --days 14
+  pretrain-planner fit --gpu a100 --count 4 --days 14   (or --by 2027-03-01)
+  pretrain-planner when --model pythia-1b --gpu a100 --count 8
   pretrain-planner status [--results results] [--watch [--every 2]]
   pretrain-planner train --plan results/optimal/tiny-gptneox/cpu/1x1 [--launcher local|slurm|debug] [--steps N]
 """
@@ -505,8 +506,12 @@ def cmd_fit(args: argparse.Namespace) -> int:
         measured, measured_source = _time_to_train(results, config)
     except CliError:
         measured, measured_source = None, f"nothing measured in {results}"
-    table = whatif.fit_table(predictor, args.gpu, args.nodes, _split(args.count, args.nodes), args.days, models,
+    by = _by_date(args.by) if args.by else None
+    days = args.days if by is None else (by - by.now()).total_seconds() / 86400
+    table = whatif.fit_table(predictor, args.gpu, args.nodes, _split(args.count, args.nodes), days, models,
                              measured)  # fmt: skip
+    if by is not None:
+        return _fit_by(args, config, catalog, results, table, by, f"measured: {measured_source}; cells: {source}")
     if args.json:
         print(json.dumps({"rows": table.to_dicts(), "cells": source, "measured": measured_source,
                           "config_source": args.answer_source}, indent=1))  # fmt: skip
@@ -523,6 +528,169 @@ def cmd_fit(args: argparse.Namespace) -> int:
         print(textwrap.fill(f"{model}: {what}: {why}", 120, subsequent_indent="  ", break_on_hyphens=False))
     print(textwrap.fill(f"fits: {FIT_LEGEND}", 120, subsequent_indent="  ", break_on_hyphens=False))
     print(f"(measured: {measured_source}; cells: {source}; {args.answer_source})")
+    return 0
+
+
+def _calendar_site(config: dict[str, Any], gpus: list[str]):
+    """(tables.calendar.Site of the config's launcher, how the answer's parts were known): on SLURM the site file's
+    settings of `gpus` and the scheduler asked; locally no queue. The checkpoint rate is measured on the results
+    folder's file system unless the site file gives it."""
+    from datetime import datetime
+
+    from pretrain_planner.planning.calendar import disk_write_rate
+    from pretrain_planner.planning.pipeline import resolve
+    from pretrain_planner.planning.queue import run_sbatch
+    from pretrain_planner.planning.site import load_site
+    from pretrain_planner.tables.calendar import Site
+
+    launcher = config["launcher"]
+    site = None
+    if launcher["kind"] == "slurm":
+        site = load_site(resolve(launcher["site"], REPO), gpus, "the config", "launcher.site")
+    rate, how = disk_write_rate(str(_results_dir(config)))
+    return Site(site, rate, how, run_sbatch if site else None, datetime.now())
+
+
+def _when_settings(args: argparse.Namespace, config: dict[str, Any], catalog, results: Path):
+    """The settings `when` prices: those measured for --model / --gpu / --count (and --nodes), else the what-if's
+    prediction for --nodes (default 1) x the rest; and where the compute days came from."""
+    import polars as pl
+
+    from pretrain_planner.tables.calendar import Setting, settings_of
+
+    try:
+        ttt, source = _time_to_train(results, config)
+        cells, _ = _cells_or_none(results, catalog)
+    except CliError:
+        ttt, source, cells = None, f"nothing measured in {results}", None
+    if ttt is not None:
+        mine = ttt.filter((pl.col("model") == args.model) & (pl.col("gpu") == args.gpu)
+                          & (pl.col("nodes") * pl.col("gpus_per_node") == args.count)
+                          & pl.col("training_days").is_not_null())  # fmt: skip
+        if args.nodes:
+            mine = mine.filter(pl.col("nodes") == args.nodes)
+        if mine.height:
+            return [s for s in settings_of(mine, cells) if s.run == "recipe"], f"measured: {source}"
+    nodes = args.nodes or 1
+    predictor, cells_source = _predictor(config, catalog, results)
+    p = predictor.predict(args.model, args.gpu, nodes, _split(args.count, nodes))
+    if p.days_central is None:
+        raise CliError(f"{args.model} on {nodes}x{args.count // nodes} {args.gpu}: not measured here ({source}) and "
+                       f"no prediction: {p.status}: {p.why or p.note or ''}")  # fmt: skip
+    _, median = _startup_median(cells)
+    basis = (f"PREDICTED (not measured): {p.days_optimistic:.3g} .. {p.days_pessimistic or float('nan'):.3g} days, "
+             f"central {p.days_central:.3g}; measured error of that kind {p.model_error}")  # fmt: skip
+    start_basis = "the median of the sweep's cells" if median is not None else "not measured"
+    return [Setting(args.model, args.gpu, nodes, p.gpus_per_node, p.method or "?", p.days_central * 24, basis,
+                    startup_s=median, startup_basis=start_basis)], f"predicted: cells {cells_source}"  # fmt: skip
+
+
+def _startup_median(cells):
+    from pretrain_planner.tables.calendar import startup_of
+
+    return startup_of(cells) if cells is not None else ({}, None)
+
+
+def cmd_when(args: argparse.Namespace) -> int:
+    """If submitted now, when does it finish (tables/calendar.py): compute, segments, restarts, queue waits."""
+    from pretrain_planner.tables.calendar import price, rank
+
+    config = load_config(args)
+    results = _results_dir(config)
+    catalog = _catalog(config)
+    catalog.model(args.model), catalog.gpu(args.gpu)
+    _split(args.count, args.nodes or 1)
+    settings, source = _when_settings(args, config, catalog, results)
+    where = _calendar_site(config, [args.gpu])
+    rows = rank([price(s, catalog, where) for s in settings])
+    if args.json:
+        print(json.dumps({"rows": rows, "source": source, "checkpoint_rate": where.measured_how,
+                          "config_source": args.answer_source}, indent=1, default=str))  # fmt: skip
+        return 0
+    now = where.now.isoformat(timespec="minutes")
+    for r in rows:
+        print(f"{r['model']} on {r['nodes']}x{r['gpus_per_node']} {r['gpu']} ({r['method']}), if submitted now "
+              f"({now}):")  # fmt: skip
+        print(f"  compute: {_days(r['compute_days'])} - {r['compute_basis']}")
+        if r["segments"] is None:
+            print(f"  finish: unknown - {r['note']}")
+            continue
+        limit = f"jobs of at most {r['job_limit_h'] * 60:g} min" if r["job_limit_h"] else "one job, no time limit"
+        print(f"  segments: {r['segments']} ({limit}), {units.duration_s(r['restart_loss_h'] * 3600)} lost to "
+              f"restarts - restart {units.duration_s(r['restart_s'])}: {r['restart_basis']}")  # fmt: skip
+        start = r["expected_start"].replace("T", " ")
+        print(f"  start: {start} - {r['wait_basis']}")
+        if r["requeue_wait_h"] is not None:
+            print(f"  each requeued job waits {units.duration_s(r['requeue_wait_h'] * 3600)}")
+        finish = r["expected_finish"].replace("T", " ")
+        print(f"  finish: {finish}" + (f" ({_days(r['calendar_days'])} of calendar time)" if r["calendar_days"]
+                                       is not None else " (a wait it needs is unknown)"))  # fmt: skip
+        if r["note"]:
+            print(f"  note: {r['note']}")
+    print(f"  (compute {source}; {args.answer_source})")
+    return 0
+
+
+def _by_date(text: str):
+    """--by: a date (2027-03-01, the start of that day) or a date and time, local, in the future."""
+    from datetime import datetime
+
+    try:
+        by = datetime.fromisoformat(text)
+    except ValueError:
+        raise CliError(f"--by {text!r} is not a date: write it as YYYY-MM-DD (e.g. 2027-03-01) or "
+                       "YYYY-MM-DDTHH:MM") from None  # fmt: skip
+    if by <= datetime.now():
+        raise CliError(f"--by {text}: that is not in the future (now {datetime.now().isoformat(timespec='minutes')})")
+    return by
+
+
+def _fit_by(args: argparse.Namespace, config: dict[str, Any], catalog, results: Path, table, by, sources: str) -> int:
+    """`fit --by DATE`: each model's fastest setting (measured, else predicted) put on the calendar
+    (tables/calendar.py: segments, restarts, the queue asked of the scheduler), ranked by when it finishes."""
+    from pretrain_planner.tables.calendar import Setting, price
+
+    cells, _ = _cells_or_none(results, catalog)
+    keyed, median = _startup_median(cells)
+    where = _calendar_site(config, [args.gpu])
+    gpn = args.count // args.nodes
+    out = []
+    for r in table.iter_rows(named=True):
+        row = {"model": r["model"], "method": r["method"], "basis": r["basis"], "compute_days": r["days"],
+               "finish": None, "by": "unknown", "why": None}  # fmt: skip
+        if r["days"] is None or not r["method"]:
+            row["why"] = r["why"] or "no compute days"
+            out.append(row)
+            continue
+        start = keyed.get((r["model"], args.gpu, args.nodes, gpn, r["method"]))
+        basis = "measured" if start is not None else "the median of the sweep's cells"
+        s = Setting(r["model"], args.gpu, args.nodes, gpn, r["method"], r["days"] * 24, r["basis"],
+                    startup_s=start if start is not None else median, startup_basis=basis)  # fmt: skip
+        cal = price(s, catalog, where)
+        row["finish"] = cal["expected_finish"]
+        left = (by - where.now).total_seconds() / 86400
+        if cal["calendar_days"] is not None:
+            row["by"] = "yes" if cal["calendar_days"] <= left else "no"
+        elif r["days"] > left:  # the compute alone is longer: no wait or restart can make it
+            row["by"] = "no"
+        row["why"] = cal["note"] if cal["calendar_days"] is None else (
+            f"{cal['segments']} segment(s); start {cal['expected_start']} ({cal['wait_basis']})")  # fmt: skip
+        out.append(row)
+    order = {"yes": 0, "unknown": 1, "no": 2}
+    out.sort(key=lambda x: (order[x["by"]], x["finish"] if x["finish"] not in (None, "unknown") else "~",
+                            x["compute_days"] if x["compute_days"] is not None else float("inf")))
+    if args.json:
+        print(json.dumps({"by": by.isoformat(), "rows": out, "sources": sources,
+                          "config_source": args.answer_source}, indent=1, default=str))  # fmt: skip
+        return 0
+    from pretrain_planner.tables.markdown import table as md_table
+
+    print(f"What finishes by {by.isoformat(timespec='minutes')} on {args.nodes}x{gpn} {args.gpu}, if submitted now "
+          f"({where.now.isoformat(timespec='minutes')}): compute measured or PREDICTED, then segments, restarts and "
+          "the queue wait (tables/calendar.py)\n")  # fmt: skip
+    cols = ["model", "method", "basis", "compute_days", "finish", "by", "why"]
+    print(md_table(cols, [[x[c] for c in cols] for x in out], keys=1))
+    print(f"({sources}; checkpoint rate {where.measured_how}; {args.answer_source})")
     return 0
 
 
@@ -675,10 +843,23 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "fit", common, "what fits in --days on --count x --gpu: per model the fastest setting "
                  "measured or predicted, the tokens it reaches, whether the recipe's run fits")  # fmt: skip
     _setting(p, model=False, count_required=True)
-    p.add_argument("--days", type=_positive(float), required=True, help="the time you have, days")
+    until = p.add_mutually_exclusive_group(required=True)
+    until.add_argument("--days", type=_positive(float), help="the time you have, days of compute")
+    until.add_argument("--by", help="a date (YYYY-MM-DD): what finishes by then in calendar time, if submitted now "
+                                    "(segments, restarts, the queue wait asked of the scheduler)")  # fmt: skip
     p.add_argument("--model", action="append", help="only this model (repeatable; default: every catalog model "
                                                     "with a step count)")  # fmt: skip
     p.set_defaults(func=cmd_fit)
+
+    p = _command(sub, "when", common, "if submitted now, when does training --model on --count x --gpu finish: "
+                 "compute days (measured, else PREDICTED), segments under the site's time limit, restarts, the queue "
+                 "wait asked of the scheduler (sbatch --test-only, nothing submitted)")  # fmt: skip
+    p.add_argument("--model", required=True, help="the model (a name in the config's catalog.models)")
+    p.add_argument("--gpu", required=True, help="the GPU type (a name in the config's catalog.gpus)")
+    p.add_argument("--count", type=_positive(int), required=True, help="number of GPUs in all")
+    p.add_argument("--nodes", type=_positive(int),
+                   help="machines the GPUs are spread over (default: every layout measured, else 1)")  # fmt: skip
+    p.set_defaults(func=cmd_when)
 
     p = _command(
         sub, "status", common, "where the sweep stands, per GPU type: done / running / failed cells and GPU-hours"

@@ -69,6 +69,9 @@ RESULT_FIELDS: dict[str, str] = {
     "started_at": "str",
     "devices": "json",  # where every rank ran: the cores and GPUs it held (hostpool.py), threads, host, SLURM node
     "step_split": "json",  # a multi-rank step's collectives vs compute and the ranks' layout (trainer/collectives.py)
+    # what one restart of the setting costs before it trains: process start -> rank up, model build, method wrapping,
+    # data, compile, their total_s and the rule they were taken by (trainer/startup.py); None: an older result
+    "startup": "json",
     "finished_at": "str",
 }
 

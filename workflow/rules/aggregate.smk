@@ -1,4 +1,4 @@
-# Every cell's result -> polars tables (cells, time_to_train, feasibility, costs, pareto, problems),
+# Every cell's result -> polars tables (cells, time_to_train, feasibility, costs, pareto, problems, calendar),
 # then the plan of each setting's fastest method as Trainer arguments and a launch script.
 
 import pretrain_planner.report.document as pp_document
@@ -6,10 +6,12 @@ import pretrain_planner.tables.export as pp_export
 import pretrain_planner.tables.study as pp_study
 import pretrain_planner.planning.evidence as pp_evidence
 import pretrain_planner.tables.whatif as pp_whatif
+import pretrain_planner.tables.calendar as pp_calendar
 
 OPTIMAL = f"{RESULTS}/{pp_layout.OPTIMAL}"
 STUDY_TABLES = pp_study.table_files(f"{RESULTS}/{pp_layout.STUDY}")
 WHATIF = pp_whatif.table_files(f"{RESULTS}/{pp_layout.TABLES}")
+CALENDAR = pp_calendar.table_files(f"{RESULTS}/{pp_layout.TABLES}")
 
 
 rule aggregate:
@@ -88,3 +90,19 @@ rule whatif:
         settings=pp_whatif.rule_settings(PP.config, PP.catalog),  # checked at parse time (the dry run)
     run:
         pp_whatif.build_whatif(input.cells, dict(output.items()), log[0], PP.catalog, **params.settings)
+
+
+rule calendar:
+    input:
+        time_to_train=TABLES["time_to_train_csv"],
+        cells=TABLES["cells_parquet"],
+        models=PP.catalog.models_path,
+        gpus=PP.catalog.gpus_path,
+    output:
+        **pp_document.for_report(CALENDAR, "Tables"),
+    log:
+        pp_layout.log(RESULTS, "calendar.log"),
+    params:
+        train=PP.config["train"],
+    run:
+        pp_calendar.build_calendar(dict(input.items()), dict(output.items()), log[0], PP, params.train)

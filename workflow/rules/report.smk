@@ -4,9 +4,11 @@
 
 import pretrain_planner.report.document as pp_document
 import pretrain_planner.report.study_plots as pp_study_plots
+import pretrain_planner.report.calendar_plot as pp_calendar_plot
 
 REPORT = f"{RESULTS}/{pp_layout.REPORT}"
 STUDY_PLOTS = pp_study_plots.plot_files(f"{RESULTS}/{pp_layout.STUDY_PLOTS}")
+CALENDAR_PLOTS = pp_calendar_plot.plot_files(f"{RESULTS}/{pp_layout.PLOTS}")
 
 
 report: "../report/workflow.rst"
@@ -37,12 +39,24 @@ rule study_plots:
         pp_study_plots.make_plots(dict(input.items()), dict(output.items()), log[0])
 
 
+rule calendar_plot:
+    input:
+        calendar=CALENDAR["calendar_csv"],
+    output:
+        **pp_document.for_report(CALENDAR_PLOTS, "Plots"),
+    log:
+        pp_layout.log(RESULTS, "calendar_plot.log"),
+    run:
+        pp_calendar_plot.make_plot(input.calendar, dict(output.items()), log[0])
+
+
 rule report:
     input:
         tables=list(TABLES.values()),
         plots=list(PLOTS.values()),
         study=list(STUDY_TABLES.values()) + list(WHATIF.values()),
         study_plots=list(STUDY_PLOTS.values()),
+        calendar=list(CALENDAR.values()) + list(CALENDAR_PLOTS.values()),
         optimal=OPTIMAL,
     output:
         report=REPORT,
@@ -52,8 +66,8 @@ rule report:
         costs=PP.config.get("costs", {}),
     run:
         pp_document.write_report(
-            {**TABLES, **STUDY_TABLES, **WHATIF},
-            {**PLOTS, **STUDY_PLOTS},
+            {**TABLES, **STUDY_TABLES, **WHATIF, **CALENDAR},
+            {**PLOTS, **STUDY_PLOTS, **CALENDAR_PLOTS},
             input.optimal,
             output.report,
             log[0],

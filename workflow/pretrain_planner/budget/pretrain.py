@@ -50,7 +50,7 @@ from pretrain_planner.planning.runspec import RunSpec, device_gpu
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.runlog import fingerprint
 from pretrain_planner.train.run import Training
-from pretrain_planner.trainer import schedule
+from pretrain_planner.trainer import schedule, startup
 from pretrain_planner.trainer.data.shards import validation_loss, validation_shards
 from pretrain_planner.trainer.loop import Loop
 from pretrain_planner.trainer.models import build_model
@@ -138,12 +138,14 @@ def _pretrain(
     model folder and a result JSON. `kill_at_step` (testing) sends `kill_signal` to this process after that
     step: SIGKILL is a crash; SIGTERM/SIGUSR1 (pre-emption) end the run with a checkpoint and SystemExit."""
     t_start = time.perf_counter()  # the wall clock starts here: building, loading, validation, writes all count
+    clock = startup.Clock(own=startup.own_process(), fallback="pretrain")  # the start-up phases' (trainer/startup.py)
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
-    run = _Run(cfg, Path(index_path), Path(run_dir), log, threads, t_start)
+    run = _Run(cfg, Path(index_path), Path(run_dir), log, threads, t_start, clock)
     run.build()
     run.resume_or_start()
+    run.note_start()
     run.loop.run(kill_at_step, kill_signal)
     return run.finish(Path(out_model), out_result)
 
@@ -165,7 +167,14 @@ class _Run(Training):
     folder and the result."""
 
     def __init__(
-        self, cfg: dict[str, Any], index_path: Path, run_dir: Path, log, threads: int | None, t_start: float
+        self,
+        cfg: dict[str, Any],
+        index_path: Path,
+        run_dir: Path,
+        log,
+        threads: int | None,
+        t_start: float,
+        clock: startup.Clock | None = None,
     ) -> None:
         """Ranks (process group), log, index and the run's sizes and fingerprint."""
         self.t_start = t_start
@@ -180,7 +189,7 @@ class _Run(Training):
             raise RuntimeError(f"{setting['world_size']} ranks: run the pre-training through the local or slurm "
                                "launcher")  # fmt: skip
         method = parse(setting["method"], "train.method")
-        super().__init__(setting["world_size"], lambda local: _device(tr, local), method, log)
+        super().__init__(setting["world_size"], lambda local: _device(tr, local), method, log, clock)
         self.data_dir, self.index_path = index_path.parent, index_path
         self.index = json.loads(index_path.read_text())
         self.run_dir = run_dir
@@ -208,7 +217,7 @@ class _Run(Training):
         self.amp_dtype = self.built.autocast_dtype
         self.plain: list[torch.nn.Module] = []  # an unsharded model to save a sharded one's weights from
         tr = self.tr
-        self.data = masked_lm_shards(self.index_path, self.cfg["seed"], self.mdict, {})
+        self.data = self.time_data(lambda: masked_lm_shards(self.index_path, self.cfg["seed"], self.mdict, {}))
         self.val_points = schedule.validation_points(tr["validation"])
         self.ft_points = sorted(tr["finetune_checkpoints"])
         self.start_loop(
@@ -402,14 +411,15 @@ class _Run(Training):
     def _result(self, out_model: Path) -> dict[str, Any]:
         """The result JSON: steps, time, stop reason, the setting and method, throughput and losses."""
         state, tr, mdict, gb = self.state, self.tr, self.mdict, self.global_batch
-        loss_first, loss_last = loss_ends([r["loss"] for r in read_jsonl(self.loop.steps_path)])
+        steps = read_jsonl(self.loop.steps_path)
+        loss_first, loss_last = loss_ends([r["loss"] for r in steps])
         result = {
             "model": mdict["name"], "family": mdict["family"], "device": str(self.device), "precision": tr["precision"],
             "steps": state["step"], "budget_s": self.budget_s, "clock": self.clock_kind,
             "elapsed_s": self._elapsed(state), "train_s": state["elapsed_s"], "wall_s": state["wall_s"],
             "validation_s": state["val_s"], "stop_reason": state["stop"], "micro_batch": self.micro,
             "checkpoint_every_s": tr["checkpoint_every_s"], "checkpoints": state.get("checkpoints", 0),
-            "checkpoint_s": state.get("checkpoint_s", 0.0),
+            "checkpoint_s": state.get("checkpoint_s", 0.0), **self.loop.restart_costs(steps),
             "sequences": state["step"] * gb, "tokens": state["step"] * gb * self.index["seq_len"],
             "reference": reference_comparison(state["step"], state["step"] * gb, self.budget_s),
             "grad_accum_steps": self.accum, "world_size": self.world, "global_batch": gb, "setting": self.setting,

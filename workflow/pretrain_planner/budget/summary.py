@@ -37,8 +37,15 @@ def checkpoint_note(result: dict[str, Any]) -> str:
                "none during the run (the reference's: its README run's --num_epochs_between_checkpoints 10000 is "
                "never reached in 24 hours), one at the end and one on a pre-emption signal")  # fmt: skip
     n, secs = result.get("checkpoints", 0), result.get("checkpoint_s", 0.0)
-    return (f"Checkpoints: {cadence}. {n} written, {secs:.3g} s of wall time ({100 * secs / result['budget_s']:.2g}% "
+    note = (f"Checkpoints: {cadence}. {n} written, {secs:.3g} s of wall time ({100 * secs / result['budget_s']:.2g}% "
             "of the budget; every rank waits while rank 0 writes).")  # fmt: skip
+    ck, up = result.get("checkpoint") or {}, result.get("startup") or {}
+    if ck.get("bytes") is not None and ck.get("write_s") is not None:  # what a restart costs (result.json)
+        read = f", a resume's read {ck['read_s']:.3g} s" if ck.get("read_s") is not None else ""
+        note += f" One checkpoint: {ck['bytes'] / 1e6:.3g} MB, {ck['write_s']:.3g} s to write{read}."
+    if up.get("total_s") is not None:
+        note += f" The last start cost {up['total_s']:.3g} s before it trained (result.json `startup`)."
+    return note
 
 
 def write_summary(result: dict[str, Any], out_dir: Path) -> None:

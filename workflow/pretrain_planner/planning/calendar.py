@@ -1,9 +1,11 @@
 """Calendar time on a shared cluster (issue 38): what a training of D compute-hours becomes when a partition's jobs
 may run at most L hours and each job waits in a queue.
 
-- Segments: n = ceil(D / (L - checkpoint - restart)) jobs; every job pays a start-up (`restart_s`: process start
-  to the first step) and every job but the last ends with a checkpoint write (`checkpoint_s`), so the run's wall
-  time is D + n x restart + (n - 1) x checkpoint. A limit no longer than one restart and one checkpoint trains
+- Segments: n = ceil(D / (L - max(checkpoint, warning) - restart - read)) jobs; every job pays a start-up
+  (`restart_s`: process start to the first steady step), every job but the first reads the checkpoint (`read_s`)
+  and every job but the last ends with a checkpoint write (`checkpoint_s`) when the warning signal comes
+  (`margin_s`, the site's signal_delay_s before the limit), so the run's wall time is
+  D + n x restart + (n - 1) x (checkpoint + read). A limit no longer than one restart and one checkpoint trains
   nothing: an error naming the partition, not an infinite count.
 - Calendar: the wait for the first job + the segments' wall time + (n - 1) x the wait to start again (the same
   estimate unless the site file gives `requeue_wait_h`). A wait the scheduler did not estimate is unknown, and so is
@@ -24,6 +26,13 @@ from datetime import datetime, timedelta
 from pretrain_planner.schema import ConfigError
 
 
+def _hours(h: float) -> str:
+    """3 significant digits in hours, or in minutes / seconds under one (a tiny model's start-up is seconds)."""
+    if h >= 1:
+        return f"{h:.3g} h"
+    return f"{h * 60:.3g} min" if h * 60 >= 1 else f"{h * 3600:.3g} s"
+
+
 @dataclass(frozen=True)
 class Segments:
     """A training cut into jobs of at most `limit_h` hours (None: one job, no limit)."""
@@ -34,11 +43,21 @@ class Segments:
     restart_s: float
     count: int
     partition: str | None = None
+    read_s: float = 0.0
+    margin_s: float = 0.0
 
     @property
     def lost_h(self) -> float:
-        """Hours not spent training: a start-up per job, a checkpoint write per job but the last."""
-        return (self.count * self.restart_s + (self.count - 1) * self.checkpoint_s) / 3600
+        """Hours not spent training: a start-up per job, a checkpoint write per job but the last and a checkpoint
+        read per job but the first."""
+        return (self.count * self.restart_s + (self.count - 1) * (self.checkpoint_s + self.read_s)) / 3600
+
+    @property
+    def trained_per_job_h(self) -> float | None:
+        """The training time of a full job (None: no limit)."""
+        if self.limit_h is None:
+            return None
+        return (self.limit_h * 3600 - max(self.checkpoint_s, self.margin_s) - self.restart_s - self.read_s) / 3600
 
     @property
     def wall_h(self) -> float:
@@ -48,8 +67,8 @@ class Segments:
     def text(self) -> str:
         """E.g. "30 segments, 9.5 h lost to restarts"."""
         if self.count == 1:
-            return f"1 segment, {self.lost_h:.2g} h of start-up"
-        return f"{self.count} segments, {self.lost_h:.3g} h lost to restarts"
+            return f"1 segment, {_hours(self.lost_h)} of start-up"
+        return f"{self.count} segments, {_hours(self.lost_h)} lost to restarts"
 
 
 def segments(
@@ -59,23 +78,30 @@ def segments(
     restart_s: float,
     partition: str | None = None,
     where: str = "",
+    read_s: float = 0.0,
+    margin_s: float = 0.0,
 ) -> Segments:
     """The segments of `compute_h` hours of training on a partition whose jobs run at most `limit_h` hours (`where`:
-    where the limit comes from, for the error)."""
-    if compute_h < 0 or checkpoint_s < 0 or restart_s < 0:
-        raise ValueError(f"negative time: compute {compute_h} h, checkpoint {checkpoint_s} s, restart {restart_s} s")
+    where the limit comes from, for the error); `read_s` a checkpoint read, `margin_s` how long before the limit
+    the job is warned (it stops training then; its checkpoint write takes the longer of the two)."""
+    if min(compute_h, checkpoint_s, restart_s, read_s, margin_s) < 0:
+        raise ValueError(f"negative time: compute {compute_h} h, checkpoint {checkpoint_s} s, restart {restart_s} s, "
+                         f"read {read_s} s, warning {margin_s} s")  # fmt: skip
     if limit_h is None:
-        return Segments(compute_h, None, checkpoint_s, restart_s, 1, partition)
-    usable_s = limit_h * 3600 - checkpoint_s - restart_s
+        return Segments(compute_h, None, checkpoint_s, restart_s, 1, partition, read_s, margin_s)
+    usable_s = limit_h * 3600 - max(checkpoint_s, margin_s) - restart_s - read_s
     if usable_s <= 0:
         name = f"partition {partition}" if partition else "the partition"
+        warned = f", warned {margin_s:.0f} s before it" if margin_s > checkpoint_s else ""
         raise ConfigError(
-            f"{name}'s time limit of {limit_h * 60:g} min{f' ({where})' if where else ''} is no longer than one "
-            f"start-up ({restart_s:.0f} s) and one checkpoint write ({checkpoint_s:.0f} s): no job on it can train. "
-            "Use a partition with a longer limit, or a setting whose state checkpoints faster."
+            f"{name}'s time limit of {limit_h * 60:g} min{f' ({where})' if where else ''}{warned} is no longer than "
+            f"one start-up ({restart_s:.0f} s{f' and a checkpoint read of {read_s:.0f} s' if read_s else ''}) and one "
+            f"checkpoint write "
+            f"({checkpoint_s:.0f} s): no job on it can train. Use a partition with a longer limit (time_limit_min), "
+            "a shorter signal_delay_s, or a setting whose state checkpoints faster."
         )
-    return Segments(compute_h, limit_h, checkpoint_s, restart_s, max(1, math.ceil(compute_h * 3600 / usable_s)),
-                    partition)  # fmt: skip
+    count = max(1, math.ceil(compute_h * 3600 / usable_s - 1e-9))
+    return Segments(compute_h, limit_h, checkpoint_s, restart_s, count, partition, read_s, margin_s)
 
 
 @dataclass(frozen=True)
@@ -149,3 +175,72 @@ def expected_start(output: str, now: datetime, how: str = "sbatch --test-only") 
         return Wait(None, f"{how}: no expected start ({line[:160]})")
     start = datetime.fromisoformat(m.group(1))
     return Wait(max(0.0, (start - now).total_seconds() / 3600), f"{how}: expected start {m.group(1)}")
+
+
+def requeue_wait(settings: dict, first: Wait) -> Wait:
+    """The wait of a requeued job: the site's `requeue_wait_h` where it gives one, else the first job's again."""
+    if settings.get("requeue_wait_h") is not None:
+        where = f"{settings['site']}: " if settings.get("site") else ""
+        return Wait(float(settings["requeue_wait_h"]), f"{where}gpus.{settings.get('gpu_type', '?')}.requeue_wait_h")
+    return Wait(first.hours, f"the first job's wait again ({first.how})")
+
+
+def training_calendar(
+    compute_h: float,
+    settings: dict | None,
+    restart_s: float,
+    checkpoint_s: float,
+    read_s: float,
+    first_wait: Wait,
+) -> Calendar:
+    """The calendar of a training of `compute_h` hours run as the train stage runs it: on SLURM (`settings`: the
+    GPU type's site settings, site.gpu_settings) each job asks the site's `time_limit_min`, is warned
+    `signal_delay_s` before it, checkpoints and is requeued; locally (`settings` None) one process, no queue."""
+    if settings is None:
+        return Calendar(segments(compute_h, None, checkpoint_s, restart_s, read_s=read_s), NO_QUEUE, NO_QUEUE)
+    where = f"{settings.get('site') or 'site file'}: gpus.{settings.get('gpu_type', '?')}.time_limit_min"
+    seg = segments(compute_h, settings["time_limit_min"] / 60, checkpoint_s, restart_s, settings.get("partition"),
+                   where, read_s, float(settings.get("signal_delay_s") or 0))  # fmt: skip
+    return Calendar(seg, first_wait, requeue_wait(settings, first_wait))
+
+
+# The checkpoint of a training (trainer/loop.py: the method's full state dicts): fp32 weights (4 bytes per
+# parameter: the trainer keeps fp32 weights under bf16/fp16 autocast) and Adam's two fp32 moments (8); DeepSpeed's
+# ZeRO also writes its 16-bit module weights (2) beside its fp32 master partitions.
+CHECKPOINT_BYTES_PER_PARAM = 12
+ZERO_EXTRA_BYTES_PER_PARAM = 2
+
+
+def checkpoint_bytes(params: float, zero: bool = False) -> float:
+    """Bytes of a training's checkpoint of a model of `params` parameters (a lower bound: buffers, the loss
+    scaler and the data position are small beside them)."""
+    return params * (CHECKPOINT_BYTES_PER_PARAM + (ZERO_EXTRA_BYTES_PER_PARAM if zero else 0))
+
+
+WRITE_PROBE_BYTES = 64 * 2**20
+
+
+def disk_write_rate(folder: str, nbytes: int = WRITE_PROBE_BYTES) -> tuple[float, str]:
+    """(GB/s, how) of a write of `nbytes` into `folder` made durable (fsync), as a checkpoint's is: the file
+    system the runs write their checkpoints to. The file is removed."""
+    import os
+    import time
+
+    folder = os.path.abspath(folder)
+    while not os.path.isdir(folder):  # not made yet (a CLI question before any run): the file system it will be on
+        folder = os.path.dirname(folder)
+    path = os.path.join(folder, f".disk-rate-probe-{os.getpid()}")
+    block = os.urandom(4 * 2**20)
+    t0 = time.perf_counter()
+    try:
+        with open(path, "wb") as fh:
+            for _ in range(max(1, nbytes // len(block))):
+                fh.write(block)
+            fh.flush()
+            os.fsync(fh.fileno())
+        dt = time.perf_counter() - t0
+    finally:
+        if os.path.exists(path):
+            os.remove(path)
+    rate = nbytes / max(dt, 1e-6) / 1e9
+    return rate, f"measured: {nbytes / 2**20:.0f} MiB written and fsynced in {folder} at {rate:.2f} GB/s"

@@ -16,6 +16,7 @@ from typing import Any
 import polars as pl
 
 from pretrain_planner import layout
+from pretrain_planner.report.calendar_plot import CALENDAR_PLOTS
 from pretrain_planner.report.plots import PLOTS as BASE_PLOTS
 from pretrain_planner.report.study_plots import STUDY_PLOTS
 from pretrain_planner.results import atomic_write_text
@@ -25,7 +26,7 @@ from pretrain_planner.tables.aggregate import markdown_body, oom_section, read_t
 
 # workflow/report/: the snakemake-workflows convention, beside the rules (the package runs from the repository)
 CAPTIONS = Path(__file__).resolve().parents[2] / "report"
-PLOTS = {**BASE_PLOTS, **STUDY_PLOTS}  # every plot: key -> (file stem, title)
+PLOTS = {**BASE_PLOTS, **STUDY_PLOTS, **CALENDAR_PLOTS}  # every plot: key -> (file stem, title)
 MAX_ROWS = 200  # report.md shows at most this many rows of a table (the CSV holds them all)
 
 
@@ -133,6 +134,26 @@ def _time_to_train(ttt: pl.DataFrame, links: Links) -> list[str]:
         f"{first} Full table: {links.table('time_to_train')}.\n",
         markdown_body("time_to_train", ttt, MAX_ROWS),
         *links.plot("days"),
+    ]
+
+
+def _calendar(links: Links) -> list[str]:
+    """When each setting finishes if submitted now (tables/calendar.py): the table's lead rows, the timeline."""
+    if "calendar_csv" not in links.tables:
+        return []
+    from pretrain_planner.tables.calendar import read_calendar
+
+    cal = read_calendar(links.tables["calendar_csv"])
+    first = cal.filter(pl.col("finishes_first"))
+    lines = [f"- {r['model']} ({r['run']}): {r['nodes']}x{r['gpus_per_node']} {r['gpu']} finishes first, "
+             f"{r['expected_finish']} ({units.days(r['calendar_days'])} of calendar time for "
+             f"{units.days(r['compute_days'])} of compute)" for r in first.iter_rows(named=True)]  # fmt: skip
+    return [
+        "## When will it finish?\n",
+        links.described("calendar"),
+        *(["\n".join(lines) + "\n"] if lines else []),
+        markdown_body("calendar", cal, MAX_ROWS),
+        *links.plot("calendar"),
     ]
 
 
@@ -265,6 +286,7 @@ def write_report(
     md = [
         *_header(cells, ttt, pareto),
         *_time_to_train(ttt, links),
+        *_calendar(links),
         *_feasibility(read_table(tables["feasibility_csv"]), cells, links),
         *_costs(pareto, conf["pareto_cost"], links),
         *_measured_vs_analytic(ttt),

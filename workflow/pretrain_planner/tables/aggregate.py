@@ -210,7 +210,22 @@ def cells_table(
             )
             .drop("_pruned")
         )
-    return with_analytic(cells, catalog), problems
+    return with_analytic(with_startup(cells), catalog), problems
+
+
+STARTUP_COLUMNS = {"startup_s": "total_s", "compile_s": "compile_s"}  # cells column -> result.json startup's key
+
+
+def with_startup(cells: pl.DataFrame) -> pl.DataFrame:
+    """What one restart of each cell's setting costs before it trains, in seconds (result.json `startup`,
+    trainer/startup.py): `startup_s` (its total_s: process start -> rank up, model build, method wrapping, data,
+    compile) and `compile_s` (the first step's extra time); null where a result has none (an older file, a cell
+    that did not run)."""
+    src = pl.col("startup") if "startup" in cells.columns else pl.lit(None, pl.String)
+    return cells.with_columns(
+        src.str.json_path_match(f"$.{key}").cast(pl.Float64, strict=False).alias(col)
+        for col, key in STARTUP_COLUMNS.items()
+    )
 
 
 # ------------------------------------------------------------------------------------------ analytic
@@ -437,7 +452,9 @@ def benchmark_cost(cells: pl.DataFrame, ttt: pl.DataFrame, strategy: str) -> pl.
 
 TABLE_INTROS = {
     "cells": "Every cell of the plan joined with its result (status ok, noisy, oom, unsupported, invalid, missing, "
-    "corrupt); mb x accum = micro-batch x gradient accumulation steps.",
+    "corrupt); mb x accum = micro-batch x gradient accumulation steps; start-up = what one restart of the setting "
+    "costs before it trains (process start to rank up, model build, method wrapping, data, compile), compile = its "
+    "first step's extra time.",
     "time_to_train": "Fastest method that ran per model x GPU type x count (suspect and noisy timings excluded), "
     "beside "
     "naive and free-lunch (`fl`) alone and the analytic estimate at 100% of the dense peak.",

@@ -109,6 +109,8 @@ VIEWS: dict[str, list[Column]] = {
         ("MFU", _mfu),
         ("days", _unit("training_days", units.days)),
         ("analytic days", _unit("analytic_days", units.days)),
+        ("start-up", _unit("startup_s", units.duration_s)),
+        ("compile", _unit("compile_s", units.duration_s)),
         ("reason", _text("reason")),
     ],
     "costs": [
@@ -293,6 +295,39 @@ VIEWS["study_claims"] = [
     ("at the study's peak", _share_of("implied_mfu_study_peak", "study_peak_tflops")),
     ("suspect", lambda r: (r.get("suspect_reason") or "yes") if r.get("suspect") else "no"),
     ("our days", _unit("ours_days", units.days)),
+]
+
+
+def _wait(r: Row) -> str:
+    """'3.2 h' / 'none (local)' / 'wait unknown': the first job's wait, never a blank that reads as none."""
+    if r.get("segments") is None:
+        return ""
+    if r.get("first_wait_h") is None:
+        return "wait unknown"
+    if (r.get("wait_basis") or "").startswith("local"):
+        return "none (local)"
+    return units.duration_s(r["first_wait_h"] * 3600)
+
+
+def _lost(r: Row) -> str:
+    return "" if r.get("restart_loss_h") is None else _blank(units.duration_s(r["restart_loss_h"] * 3600))
+
+
+def _finish(r: Row) -> str:
+    return "" if r.get("expected_finish") in (None, "") else str(r["expected_finish"]).replace("T", " ")
+
+
+VIEWS["calendar"] = [
+    *KEY,
+    ("method", _text("method")),
+    ("run", _text("run")),
+    ("compute", _unit("compute_days", units.days)),
+    ("segments", lambda r: "" if r.get("segments") is None else str(r["segments"])),
+    ("lost to restarts", _lost),
+    ("first wait", _wait),
+    ("calendar", _unit("calendar_days", units.days)),
+    ("finish", _finish),
+    ("first", lambda r: "yes" if r.get("finishes_first") else ""),
 ]
 
 

@@ -1,5 +1,6 @@
 """The closed loop's record: a train run's sustained throughput beside the benchmark's prediction for the same
-setting (plan.json's `measured`), with their ratios; throughput.md and throughput.csv. Imports no torch."""
+setting (plan.json's `measured`), with their ratios, and what a restart of the run costs (its start-up and checkpoint
+writes and reads); throughput.md and throughput.csv. Imports no torch."""
 
 from __future__ import annotations
 
@@ -56,6 +57,16 @@ MEANING = {
 }
 
 
+RESTART_MEANING = {
+    "startup_s": "seconds the last start took before it trained: process start -> ranks up, model build, method "
+    "wrapping, data, compile (result.json `startup`)",
+    "compile_s": "seconds the last start's first step took over the run's median step (torch.compile's, warm-up)",
+    "checkpoint_write_s": "mean seconds per checkpoint write (rank 0: state dicts, torch.save, rename)",
+    "checkpoint_read_s": "mean seconds of a resume's checkpoint read (-: never resumed)",
+    "checkpoint_bytes": "bytes of the checkpoint on disk after the last write (checkpoint.pt + DeepSpeed shards)",
+}
+
+
 def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     t = result["throughput"]
     pred, ratio = t.get("prediction") or {}, t.get("ratio") or {}
@@ -65,14 +76,26 @@ def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def restart_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """What a restart of the run costs (result.json `startup` and `checkpoint`; none in an older result): no
+    prediction beside them."""
+    up, ck = result.get("startup") or {}, result.get("checkpoint") or {}
+    values = {"startup_s": up.get("total_s"), "compile_s": up.get("compile_s"), "checkpoint_write_s": ck.get("write_s"),
+              "checkpoint_read_s": ck.get("read_s"), "checkpoint_bytes": ck.get("bytes")}  # fmt: skip
+    if not up and not ck:
+        return []
+    return [{"quantity": k, "train": v, "prediction": None, "ratio": None, "meaning": RESTART_MEANING[k]}
+            for k, v in values.items()]  # fmt: skip
+
+
 def write_tables(out_dir: str | Path, result: dict[str, Any]) -> tuple[Path, Path]:
     """throughput.csv and throughput.md in the run's folder."""
     out = Path(out_dir)
-    rs = rows(result)
+    rs, restart = rows(result), restart_rows(result)
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=COLUMNS)
     w.writeheader()
-    w.writerows(rs)
+    w.writerows(rs + restart)
     csv_path, md_path = out / layout.THROUGHPUT_CSV, out / layout.THROUGHPUT_MD
     atomic_write_text(csv_path, buf.getvalue())
     t = result["throughput"]
@@ -91,6 +114,20 @@ def write_tables(out_dir: str | Path, result: dict[str, Any]) -> tuple[Path, Pat
     for r in rs:
         lines.append(f"| {r['quantity']} | {_fmt(r['train'])} | {_fmt(r['prediction'])} | {_fmt(r['ratio'])} | "
                      f"{r['meaning']} |")  # fmt: skip
+    if restart:
+        ck, starts = result.get("checkpoint") or {}, result.get("starts") or []
+        lines += [
+            "",
+            "## What a restart costs",
+            "",
+            f"{len(starts)} start(s) of this run (at step {', '.join(str(s.get('step')) for s in starts) or '-'}), "
+            f"{ck.get('writes', 0)} checkpoint write(s) ({ck.get('writes_timed', 0)} timed), {ck.get('reads', 0)} "
+            "read(s); a job that resumes pays the start-up and the read.",
+            "",
+            "| quantity | train | meaning |",
+            "|---|---|---|",
+        ]
+        lines += [f"| {r['quantity']} | {_fmt(r['train'])} | {r['meaning']} |" for r in restart]
     for note in result.get("notes") or []:
         lines += ["", f"Note: {note}"]
     atomic_write_text(md_path, "\n".join(lines) + "\n")

@@ -32,7 +32,7 @@ from pretrain_planner.planning.tasks import TASKS
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.runlog import FileLog, fingerprint
 from pretrain_planner.train import record
-from pretrain_planner.trainer import methodbuild, schedule, tasks
+from pretrain_planner.trainer import methodbuild, schedule, startup, tasks
 from pretrain_planner.trainer.loop import Hooks, Loop
 from pretrain_planner.trainer.ranks import Ranks
 from pretrain_planner.trainer.run import versions
@@ -80,9 +80,19 @@ class Training(Hooks):
     accum: int
     data: tasks.TaskData
 
-    def __init__(self, world_size: int | None, device_of: Any, method: Method, log: str | Path | None) -> None:
+    def __init__(
+        self,
+        world_size: int | None,
+        device_of: Any,
+        method: Method,
+        log: str | Path | None,
+        clock: startup.Clock | None = None,
+    ) -> None:
         self.method = method
+        self.clock = clock  # the start-up clock of this process (trainer/startup.py), begun by the stage's entry
         self.ranks = Ranks(world_size, device_of, group_for_one=bool(method.sharding))
+        self.rank_up_s = clock.rank_up() if clock is not None else None
+        self.data_ready_s: float | None = None  # the subclass's data made ready (`time_data`)
         self.rank0, self.world, self.device = self.ranks.rank == 0, self.ranks.world, self.ranks.device
         self.logger = FileLog(log if self.rank0 else None)
 
@@ -93,6 +103,20 @@ class Training(Hooks):
         methodbuild.check_stage(spec, env, where)
         self.built = methodbuild.build(spec, env, self.micro, self.accum, seed, **build)
         return self.built
+
+    def time_data(self, make: Any) -> Any:
+        """`make()` (the task's data made ready), its seconds kept as this start's data_ready_s."""
+        t0 = time.perf_counter()
+        out = make()
+        self.data_ready_s = time.perf_counter() - t0
+        return out
+
+    def note_start(self) -> dict[str, Any]:
+        """This process's start in the loop's `starts` (every rank, after resume_or_start): its start-up phases."""
+        timings = self.built.timings
+        phases = {"process_to_rank_s": self.rank_up_s, "model_build_s": timings.get("model_build_s"),
+                  "method_wrap_s": timings.get("method_wrap_s"), "data_ready_s": self.data_ready_s}  # fmt: skip
+        return self.loop.note_start(phases, self.clock.process_start if self.clock is not None else "unknown")
 
     def start_loop(self, run_dir: Path, fingerprint: str, seed: int, **loop: Any) -> Loop:
         self.loop = Loop(built=self.built, ranks=self.ranks, hooks=self, run_dir=run_dir, fingerprint=fingerprint,
@@ -116,14 +140,16 @@ class _Train(Training):
     """One process of a plan's run: the plan's model, method and recipe, a step or time budget, the loop's hooks
     (schedule, stop)."""
 
-    def __init__(self, plan: dict[str, Any], plan_path: Path, out: Path, o: dict[str, Any]) -> None:
+    def __init__(
+        self, plan: dict[str, Any], plan_path: Path, out: Path, o: dict[str, Any], clock: startup.Clock | None = None
+    ) -> None:
         self.plan, self.plan_path, self.out, self.o = plan, plan_path, out, o
         model = plan["model"]
         self.task, self.recipe = model["task"], model["recipe"]
         if o["threads"]:
             torch.set_num_threads(int(o["threads"]))
         method = parse(plan["method"], "plan.json method")
-        super().__init__(None, _device_of(plan, o["device"]), method, out / layout.TRAIN_LOG)
+        super().__init__(None, _device_of(plan, o["device"]), method, out / layout.TRAIN_LOG, clock)
         self.notes: list[str] = []
         m = plan["measured"]
         self.micro = int(m["micro_batch_size"])
@@ -137,7 +163,7 @@ class _Train(Training):
                               f"{self.accum} instead of {m.get('grad_accum_steps')}, so the throughput is not the "
                               "same setting as the prediction")  # fmt: skip
         self._budget()
-        self._data()
+        self.time_data(self._data)
 
     # -- set-up ----------------------------------------------------------------------------------------------
     def _budget(self) -> None:
@@ -186,7 +212,7 @@ class _Train(Training):
             self.out / layout.TRAIN_RUN, fp, o["seed"], fake_step_s=o["fake_step_s"],
             checkpoint_every_s=o["checkpoint_every_min"] * 60 if o["checkpoint_every_min"] else None,
             checkpoint_every_steps=o["checkpoint_every_steps"], log_every=o["log_every"],
-            warmup_steps=o["warmup_steps"], extra_state={"starts": []},
+            warmup_steps=o["warmup_steps"],
         )  # fmt: skip
 
     # -- the loop's hooks ----------------------------------------------------------------------------------
@@ -233,6 +259,7 @@ class _Train(Training):
         thr = record.sustained(steps, self.global_batch, tokens, p["measured"])
         if self.o["fake_step_s"] is not None:
             thr["note"] = "a fake clock (testing): every step counted fake_step_s"
+        costs = loop.restart_costs(steps)  # starts, startup, checkpoint
         return {
             "status": "ok", "model": p["model"]["name"], "family": p["model"]["family"], "task": self.task,
             "gpu": p["gpu"]["name"], "nodes": p["nodes"], "gpus_per_node": p["gpus_per_node"],
@@ -240,7 +267,8 @@ class _Train(Training):
             "plan": str(self.plan_path), "device": str(self.device), "launched_by": self.ranks.launched_by,
             "precision": self.recipe["precision"], "micro_batch_size": self.micro, "grad_accum_steps": self.accum,
             "global_batch": self.global_batch, "budget": self.budget, "steps": state["step"],
-            "elapsed_s": state["elapsed_s"], "stop_reason": state["stop"], "starts_at_step": state["starts"],
+            "elapsed_s": state["elapsed_s"], "stop_reason": state["stop"],
+            "starts_at_step": [s["step"] for s in costs["starts"]], **costs,
             "optimizer": self.recipe["optimizer"], "schedule": self.recipe.get("schedule"),
             "grad_clip": self.recipe.get("grad_clip"), "data": self.data_info,
             "method_settings_plan": planned, "method_settings": settings, "settings_differences": diffs,
@@ -281,6 +309,7 @@ def _train_plan(
     """Run the plan on this rank (torchrun's, submitit's or a single process); rank 0 writes result.json and
     throughput.{md,csv} in `out` (default: results/train/{model}/{gpu}/{N}x{G} under the working directory) and
     returns the result. `kill_at_step` (testing): rank 0 sends `kill_signal` to itself after that step."""
+    clock = startup.Clock(own=startup.own_process(("pretrain_planner.train",)), fallback="train_plan")
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
@@ -293,11 +322,11 @@ def _train_plan(
          "threads": threads, "seed": seed, "warmup_steps": warmup_steps, "log_every": log_every,
          "checkpoint_every_min": checkpoint_every_min, "checkpoint_every_steps": checkpoint_every_steps,
          "fake_step_s": fake_step_s}  # fmt: skip
-    run = _Train(rec, plan_path.resolve(), out_dir, o)
+    run = _Train(rec, plan_path.resolve(), out_dir, o, clock)
     try:
         run.build()
         run.loop.resume_or_start()
-        run.loop.state["starts"].append(run.loop.state["step"])
+        run.note_start()
         run.loop.run(kill_at_step, kill_signal)
         run.logger.info("stopped (%s) at step %d, %.1f s of training time", run.loop.state["stop"],
                         run.loop.state["step"], run.loop.state["elapsed_s"])  # fmt: skip

@@ -38,6 +38,7 @@ import torch
 
 from pretrain_planner import layout
 from pretrain_planner.launch import progress as job_progress
+from pretrain_planner.trainer import startup
 from pretrain_planner.trainer.ranks import Ranks
 from pretrain_planner.trainer.signals import stop_signals
 from pretrain_planner.trainer.steplog import append_jsonl, truncate_jsonl
@@ -146,8 +147,11 @@ class Loop:
         self.ckpt_path = self.run_dir / layout.CHECKPOINT
         self.steps_path = self.run_dir / layout.STEPS
         self.ds_dir = self.run_dir / layout.DEEPSPEED_CHECKPOINTS
-        self.state: dict[str, Any] = {"step": 0, "elapsed_s": 0.0, "stop": None, **(extra_state or {})}
+        # starts: one entry per process start (note_start), kept in the checkpoint across requeues
+        self.state: dict[str, Any] = {"step": 0, "elapsed_s": 0.0, "stop": None, "starts": [], **(extra_state or {})}
         self.resumed_from: int | None = None
+        self.read_s: float | None = None  # this process's checkpoint read (None: a fresh start)
+        self._start: dict[str, Any] | None = None  # this process's entry of state["starts"]
         self.since_start = 0
         self.observed: dict[str, Any] | None = None
         self.last: dict[str, Any] | None = None  # the last step's record
@@ -179,6 +183,8 @@ class Loop:
         self.ranks.barrier()  # rank 0 has read the checkpoint before anyone can overwrite it
 
     def _load_checkpoint(self) -> None:
+        host_sync(self.device)
+        t0 = time.perf_counter()
         ck = torch.load(self.ckpt_path, map_location="cpu", weights_only=False)
         if ck["fingerprint"] != self.fp:
             raise RuntimeError(f"{self.ckpt_path} belongs to another configuration or data; delete {self.run_dir} "
@@ -188,13 +194,42 @@ class Loop:
             self.step_fn.scaler.load_state_dict(ck["scaler"])
         self.hooks.load_data_state(ck["data"])
         self.state = ck["state"]
+        self.state["starts"] = startup.normal_starts(self.state.get("starts") or [])  # an older checkpoint's too
         rng = ck.get("rng") or {}
         if rng.get("torch") is not None:  # reseeded every step anyway (step_seed); kept for what runs between
             torch.set_rng_state(rng["torch"])
         self.resumed_from = self.state["step"]
-        self.logger.info("resumed at step %d, %.1f s of training time so far", self.state["step"],
-                         self.state["elapsed_s"])  # fmt: skip
+        host_sync(self.device)
+        self.read_s = time.perf_counter() - t0  # the checkpoint read: the file and every state dict loaded
+        self.logger.info("resumed at step %d, %.1f s of training time so far (%.2f s to read the checkpoint)",
+                         self.state["step"], self.state["elapsed_s"], self.read_s)  # fmt: skip
         self.hooks.on_resume(self)
+
+    def note_start(self, phases: dict[str, float | None], process_start: str) -> dict[str, Any]:
+        """This process's start in state["starts"] (every rank, after resume_or_start; each value the slowest
+        rank's): its start-up phases but compile (trainer/startup.py: process_to_rank_s, model_build_s,
+        method_wrap_s, data_ready_s), the step it starts at and the checkpoint read when it resumed; its first step's
+        time is added after that step (`first_step_s`: compile_s against the run's steady step at the end)."""
+        keys = startup.PHASES[:-1]
+        values = [float(phases.get(k) or 0.0) for k in keys] + [self.read_s or 0.0]
+        *agreed, read_s = self.ranks.max(*values)
+        entry = {"step": self.state["step"], **dict(zip(keys, agreed, strict=True)),
+                 "read_s": read_s if self.read_s is not None else None, "first_step_s": None,
+                 "process_start": process_start}  # fmt: skip
+        self.state.setdefault("starts", []).append(entry)
+        self._start = entry
+        return entry
+
+    def restart_costs(self, steps: list[dict[str, Any]]) -> dict[str, Any]:
+        """Rank 0, after the last checkpoint: result.json's `starts` (every start with its compile_s and total_s),
+        `startup` (the last start's) and `checkpoint` (the writes and reads; trainer/startup.py)."""
+        starts, steady = startup.run_starts(self.state.get("starts") or [], steps)
+        fake: str | None = "a fake clock (testing): every step counted fake_step_s, so compile_s is 0"
+        fake = fake if self.fake_step_s is not None else None
+        record = startup.startup_record(starts, steady, fake)
+        nbytes = startup.checkpoint_bytes(self.run_dir, layout.CHECKPOINT, layout.DEEPSPEED_CHECKPOINTS)
+        return {"starts": starts, "startup": record,
+                "checkpoint": startup.checkpoint_record(self.state, starts, nbytes)}  # fmt: skip
 
     # -- the clock -------------------------------------------------------------------------------------------
     def clock(self, t0: float, fake: float) -> float:
@@ -268,6 +303,8 @@ class Loop:
         state["elapsed_s"] += dt
         state["step"] += 1
         self.since_start += 1
+        if self.since_start == 1 and self._start is not None:
+            self._start["first_step_s"] = dt  # this start's first step (the slowest rank's): compile, warm-up
         fields = self.hooks.step_fields(state)
         rec = {"step": state["step"], "elapsed_s": round(state["elapsed_s"], 6), **fields, "lr": lr, "loss": loss_sum,
                "step_time_s": round(dt, 6)}  # fmt: skip
@@ -302,9 +339,14 @@ class Loop:
             self.ranks.barrier()
             return
         scaler = self.step_fn.scaler
+        # this write counted in the checkpoint it writes (a start that resumes from it knows it was written); its
+        # seconds are known only after it, so it counts as not timed there (checkpoints_timed)
+        writes, timed = self.state.get("checkpoints", 0), self.state.get("checkpoints_timed")
+        timed = writes if timed is None else timed
         ck = {
             "fingerprint": self.fp, **parts, "scaler": scaler.state_dict() if scaler else {},
-            "data": self.hooks.data_state(), "state": dict(self.state),
+            "data": self.hooks.data_state(), "state": {**self.state, "checkpoints": writes + 1,
+                                                       "checkpoints_timed": timed},
             "rng": {"torch": torch.get_rng_state(), "scheme": "torch reseeded every step from (seed, rank, step)"},
         }  # fmt: skip
         tmp = self.ckpt_path.with_name(".checkpoint.pt.tmp")
@@ -314,8 +356,9 @@ class Loop:
         self.built.prune_deepspeed(self.ds_dir, keep=tag)
         dt = time.perf_counter() - t0
         # what checkpointing cost so far (rank 0's writes; every other rank waits at the barrier meanwhile); the
-        # write that a restart resumes from is counted in the checkpoint before it only
-        self.state["checkpoints"] = self.state.get("checkpoints", 0) + 1
+        # write that a restart resumes from is counted there but its seconds are not (checkpoints_timed)
+        self.state["checkpoints"] = writes + 1
+        self.state["checkpoints_timed"] = timed + 1
         self.state["checkpoint_s"] = self.state.get("checkpoint_s", 0.0) + dt
         self.logger.info("checkpoint at step %d (%.2f s to write)", self.state["step"], dt)
         self.ranks.barrier()

@@ -71,6 +71,7 @@ class Search:
     micro_batch: int | None
     trials: list[dict[str, Any]] = field(default_factory=list)
     grad_sync: str | None = None  # FSDP2: the gradient synchronisation that fitted ("last" or "every")
+    trial_micro_s: tuple[float, float] | None = None  # the fitting trial's first and last micro-batch seconds
 
 
 def _close(env: RankEnv, step: TrainStep | None) -> None:
@@ -150,6 +151,7 @@ def find_micro_batch(cfg: RunConfig, env: RankEnv, build: Builder, start: int | 
                             sync_modes = list(options[1:])
                     continue
                 search.micro_batch, search.grad_sync = mb, used
+                search.trial_micro_s = step.trial_micro_s if step is not None else None
                 break
             if search.micro_batch is not None:
                 break
@@ -184,6 +186,8 @@ class Timing:
     skipped_before: list[int] = field(default_factory=list)  # per timed step: skipped steps just before it
     skipped_steps: int = 0  # steps the loss scaler skipped (warm-up and timing), none of them timed
     collectives: dict[str, int] | None = None  # c10d collectives in one whole step (the last warm-up step)
+    data_s: float | None = None  # making the batches this timing cycles through (the device synchronised)
+    first_step_s: float | None = None  # the first step of this timing (the slowest rank's): compile, warm-up
 
     @property
     def median(self) -> float:
@@ -269,7 +273,11 @@ def time_steps(cfg: RunConfig, env: RankEnv, step: TrainStep, micro_batch: int, 
     are not timed (every rank agrees which)."""
     per_rank = cfg.recipe["global_batch"] // cfg.cell.world_size
     accum = per_rank // micro_batch
+    env.sync()
+    t_data = time.perf_counter()
     batches = batches_for(cfg, env, micro_batch, min(accum, BATCH_POOL))
+    env.sync()
+    data_s = time.perf_counter() - t_data
     if env.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(env.device)
     times: list[float] = []
@@ -280,6 +288,7 @@ def time_steps(cfg: RunConfig, env: RankEnv, step: TrainStep, micro_batch: int, 
     collectives: dict[str, dict[str, int]] = {}
     warmup = cfg.bench.warmup_steps
     attempt = 0
+    first_step_s: float | None = None
     jitter = _test_jitter()
     hooks = _TimedHooks(batches, cfg.recipe["optimizer"]["lr"], jitter)
     loop = Loop.timed(step, Ranks.of(env), hooks, accum, cfg.bench.seed)
@@ -299,6 +308,8 @@ def time_steps(cfg: RunConfig, env: RankEnv, step: TrainStep, micro_batch: int, 
         hooks.jitter_now = bool(jitter and (jitter[2] == "all" or repeat == 0) and attempt >= warmup and len(times) % 2)
         loop.step([], wrap=counted if counting else None)
         elapsed, loss = loop.last["step_time_s"], loop.last["loss"]
+        if first_step_s is None:
+            first_step_s = elapsed
         if not hooks.jitter_now:
             hooks.quiet_step_s = elapsed
         attempt += 1
@@ -320,7 +331,8 @@ def time_steps(cfg: RunConfig, env: RankEnv, step: TrainStep, micro_batch: int, 
             f"the loss scaler skipped {skipped} steps in a row (inf/nan gradients at every scale): no step to time"
         )
     peak, kind = _peak_memory(env)
-    return Timing(times, losses, peak, kind, scales, skipped_before, skipped, collectives.get("counts"))
+    return Timing(times, losses, peak, kind, scales, skipped_before, skipped, collectives.get("counts"), data_s,
+                  first_step_s)  # fmt: skip
 
 
 @dataclass
@@ -336,6 +348,8 @@ class Measured:
         return bool(self.spreads) and self.timing is not None and self.timing.spread > self.max_spread
 
     max_spread: float = float("inf")
+    first: Timing | None = None  # the instance's first timing (its first step: compile), also when timed twice
+    trial_micro_s: tuple[float, float] | None = None  # the search's fitting trial at this size: first, last micro
 
 
 def measure(cfg: RunConfig, env: RankEnv, build: Builder) -> Measured:
@@ -374,7 +388,8 @@ def measure(cfg: RunConfig, env: RankEnv, build: Builder) -> Measured:
                     held["timing"] = first
                     if second.group_broken:
                         env.rebuild_group()
-            return Measured(mb, held["timing"], held["step"], trials, spreads, cfg.bench.max_spread)
+            return Measured(mb, held["timing"], held["step"], trials, spreads, cfg.bench.max_spread, first,
+                            search.trial_micro_s)  # fmt: skip
         # allocator growth or fragmentation: the trial fitted, the steps did not
         trials.append(_trial_entry(mb, verdict, time.perf_counter() - t0, **{"while": "timing"}))
         _close(env, held.get("step"))

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,10 @@ class Built:
     net: torch.nn.Module  # the model itself (sharded in place under FSDP2; the engine's module under ZeRO)
     settings: dict[str, Any]
     engine: Any = None  # DeepSpeed
+    # seconds of the build's two parts, the device synchronised around each: "model_build_s" (the model from its
+    # config, with its model-level extras) and "method_wrap_s" (the method applied to it: DDP / FSDP2 / the optimizer
+    # / TrainStep / a compiled optimizer step, or DeepSpeed's engine); also on the step (`step.build_timings`)
+    timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
@@ -210,7 +215,10 @@ def build(
     applied. `attn`: the attention of free-lunch without `fa2` when a stage sets its own (None: the settings').
     `lr_every_step`: the loop sets the learning rate every step (a stage's schedule; the benchmark's stays the
     recipe's), so `cstep` keeps it in a tensor. `lr_schedule` and `compile_note` go into the settings; `fake_oom`:
-    the out-of-memory test hook of a benchmark cell (trainer/oom.py)."""
+    the out-of-memory test hook of a benchmark cell (trainer/oom.py). The seconds of the model's build and of the
+    method's wrapping are `Built.timings` (and the step's `build_timings`)."""
+    env.sync()
+    t0 = time.perf_counter()
     m = spec.method
     s = resolve(spec, micro, accum, grad_sync)
     attn_req = attn if attn is not None and m.free_lunch and not m.flash_attn else s.attn_implementation
@@ -223,6 +231,8 @@ def build(
     net, attn_used, extras = build_with_extras(model, m, attn_req, fused_ce, seed, meta=meta)
     if fake_oom is not None:
         fake_oom.install(net, env.rank)
+    env.sync()
+    t1 = time.perf_counter()
     engine = None
     if m.sharding in zero.STAGES:
         step: TrainStep = zero.build_step(m, s, env, net, attn_used)
@@ -245,6 +255,10 @@ def build(
                     f"a tensor (no recompiles), at least {CSTEP_MIN_LR:g} (lr 0 divides by zero)"
                 )
             step.compile_optimizer_step()
+    env.sync()
+    timings = {"model_build_s": t1 - t0, "method_wrap_s": time.perf_counter() - t1}
+    step.build_timings = timings
+    step.device = env.device
     settings = step.settings
     settings.update(
         free_lunch=m.free_lunch,
@@ -259,4 +273,4 @@ def build(
         settings["kernels"] = kernel_versions
     if fake_oom is not None:
         settings["test_hooks"] = {"fake_oom": fake_oom.describe()}
-    return Built(step, net, settings, engine)
+    return Built(step, net, settings, engine, timings)

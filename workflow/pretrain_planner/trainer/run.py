@@ -11,6 +11,7 @@ from importlib import metadata
 from typing import Any
 
 import torch
+import torch.distributed as torch_dist
 
 from pretrain_planner.launch.rankjob import job_id_here, observe_rank, recorded_job
 from pretrain_planner.planning import flops
@@ -18,7 +19,7 @@ from pretrain_planner.planning.catalog import GpuSpec
 from pretrain_planner.planning.flops import mfu, train_flops_per_sample
 from pretrain_planner.planning.settings import has_attention
 from pretrain_planner.results import write_result, write_steps
-from pretrain_planner.trainer import collectives, hostpeak, kernels, methodbuild
+from pretrain_planner.trainer import collectives, hostpeak, kernels, methodbuild, startup
 from pretrain_planner.trainer.config import RunConfig
 from pretrain_planner.trainer.measure import batches_for, measure, percentile
 from pretrain_planner.trainer.oom import FakeOom
@@ -82,26 +83,56 @@ def _attention_evidence(cfg: RunConfig, env: RankEnv, step: TrainStep, micro_bat
         step.reset_after_trial()
 
 
-def make_builder(cfg: RunConfig, env: RankEnv, built: list[dict[str, Any]]):
+def make_builder(cfg: RunConfig, env: RankEnv, built: list[dict[str, Any]],
+                 timings: list[dict[str, float]] | None = None):  # fmt: skip
     """`build(micro_batch, accum)`: a fresh model (same seed, same weights on every rank and in every
     method) with the method applied, as a TrainStep (trainer/methodbuild.py: the one build path). Appends each
-    instance's settings to `built`."""
+    instance's settings to `built` (and the seconds of its model build and method wrapping to `timings`)."""
     spec, fake = cfg.run_spec(env), FakeOom.from_env()
 
     def build(micro_batch: int, accum: int) -> TrainStep:
         step = methodbuild.build(spec, env, micro_batch, accum, cfg.bench.seed, lr_every_step=False, fake_oom=fake,
                                  lr_schedule="constant (benchmark; schedule cost is nil)").step  # fmt: skip
         built.append(step.settings)
+        if timings is not None:
+            timings.append(dict(step.build_timings))
         return step
 
     return build
 
 
-def measure_cell(cfg: RunConfig, env: RankEnv) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The cell's result fields and its timed steps: search the micro-batch, time, gather the evidence."""
+def _startup(env: RankEnv, clock: startup.Clock | None, build: dict[str, float], measured: Any) -> dict[str, Any]:
+    """result.json `startup`: what one restart of this setting costs before it trains (startup.CELL_RULE); each
+    phase the slowest rank's (a collective: every rank calls)."""
+    first = measured.first or measured.timing
+    trial = measured.trial_micro_s
+    values = [
+        clock.rank_up_s if clock is not None and clock.rank_up_s is not None else 0.0,
+        build.get("model_build_s", 0.0),
+        build.get("method_wrap_s", 0.0),
+        first.data_s or 0.0,
+        (startup.compile_cost(*trial) or 0.0) if trial else 0.0,  # the search's trial: compile at this shape
+        startup.compile_cost(first.first_step_s, measured.timing.median) or 0.0,  # a fresh instance's first step
+    ]
+    if env.distributed:
+        t = torch.tensor(values, dtype=torch.float64, device=env.device)
+        torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX)
+        values = t.tolist()
+    where = clock.process_start if clock is not None else "run_rank"
+    *before, trial_s, first_s = values
+    phases = dict(zip(startup.PHASES, [*before, trial_s + first_s], strict=True))
+    return startup.phases(phases, where, startup.CELL_RULE, compile_trial_s=trial_s, first_step_extra_s=first_s)
+
+
+def measure_cell(
+    cfg: RunConfig, env: RankEnv, clock: startup.Clock | None = None
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The cell's result fields and its timed steps: search the micro-batch, time, gather the evidence, and what
+    a restart costs (`startup`; `clock`: run_rank's, the rank's start)."""
     check_supported(cfg, env)
     built: list[dict[str, Any]] = []
-    measured = measure(cfg, env, make_builder(cfg, env, built))
+    timings: list[dict[str, float]] = []
+    measured = measure(cfg, env, make_builder(cfg, env, built, timings))
     result: dict[str, Any] = {"method_settings": built[-1] if built else None, "micro_batch_trials": measured.trials}
     if built:  # after an OOM every rank joined a fresh process group (oom.py)
         built[-1]["process_group_rebuilds"] = env.generation
@@ -115,6 +146,7 @@ def measure_cell(cfg: RunConfig, env: RankEnv) -> tuple[dict[str, Any], list[dic
     result["method_settings"] = settings
     result.update(_throughput(cfg, env, step, timing, settings))
     result["step_split"] = collectives.step_split(cfg, env, timing.median, mb)  # every rank: it is a collective
+    result["startup"] = _startup(env, clock, timings[0] if timings else {}, measured)  # every rank: a collective
     step.close()
     accum = cfg.recipe["global_batch"] // cfg.cell.world_size // mb
     spreads = " then ".join(f"{x:.2f}" for x in measured.spreads)
@@ -239,13 +271,18 @@ def run_rank(spec: dict[str, Any]) -> dict[str, Any]:
     re-materialise them from the job's pickled return value)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # the cell's own process (a submitit task) starts the start-up clock at its start; the debug launcher's (the
+    # driver's process) at this call
+    in_driver = (spec.get("launch_context") or {}).get("kind") == "debug"
+    clock = startup.Clock(own=not in_driver and startup.own_process(), fallback="run_rank")
     t0, started = time.time(), dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     cfg = RunConfig.from_spec(spec)
     env: RankEnv | None = None
     steps: list[dict[str, Any]] = []
     try:
         env = init_rank(cfg)
-        result, steps = measure_cell(cfg, env)
+        clock.rank_up()
+        result, steps = measure_cell(cfg, env, clock)
     except Unsupported as exc:
         result = {"status": "unsupported", "reason": str(exc)}
     except Exception as exc:

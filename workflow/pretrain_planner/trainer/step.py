@@ -20,6 +20,7 @@ AccumulateGrad adds the replay's output into it.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -49,6 +50,9 @@ class TrainStep:
         self.scaler = self._new_scaler()
         self.compiled_step: Any = None  # `cstep`: the optimizer step (with grad clipping) compiled
         self.trial_phase = 0  # how far `trial` got (an out-of-memory error's place: see ACCUMULATING)
+        self.build_timings: dict[str, float] = {}  # methodbuild.build's: model_build_s, method_wrap_s
+        self.trial_micro_s: tuple[float, float] | None = None  # the last trial's first and last micro-batch seconds
+        self.device: torch.device | None = None  # the rank's device (methodbuild.build sets it)
         if applied.cuda_graphs:
             self._stable_grads()
 
@@ -189,13 +193,26 @@ class TrainStep:
         harmless to the others)."""
         fsdp = self.applied.fsdp is not None
         self.trial_phase = 1
-        self.micro(batch, 1.0, sync_grads=not distributed or fsdp)
+        first = self.timed_micro(batch, sync_grads=not distributed or fsdp)
         self.trial_phase = 2
         self.optimizer_step()
         self.trial_phase = ACCUMULATING  # from here on FSDP2 with grad_sync "last" holds unsharded gradients
         self.micro(batch, 1.0, sync_grads=not distributed or (fsdp and not accumulates))
-        self.micro(batch, 1.0, sync_grads=not distributed or fsdp)
+        self.trial_micro_s = (first, self.timed_micro(batch, sync_grads=not distributed or fsdp))
         self.trial_phase = 5
+
+    def timed_micro(self, batch: dict[str, torch.Tensor], sync_grads: bool) -> float:
+        """`micro` (scale 1), its seconds with the device synchronised around it (the trial's first and last
+        micro-batch: the first one's extra time is torch.compile's at this shape)."""
+        self._device_sync()
+        t0 = time.perf_counter()
+        self.micro(batch, 1.0, sync_grads=sync_grads)
+        self._device_sync()
+        return time.perf_counter() - t0
+
+    def _device_sync(self) -> None:
+        if self.device_type == "cuda":
+            torch.cuda.synchronize(self.device)  # None (not set by methodbuild.build): the current device
 
     def reset_after_trial(self) -> None:
         """Drop gradients, and the loss scaler's per-step state (an OOM may strike after unscale_)."""

@@ -135,10 +135,10 @@ class DeepSpeedStep(TrainStep):
     def trial(self, batch, distributed: bool, accumulates: bool = True) -> None:
         # ZeRO reduces (stage 1) or reduce-scatters (2, 3) at boundaries; a trial on a scratch engine
         # keeps every micro-batch a boundary so its state stays consistent (oom.guarded covers the collectives)
-        self.micro(batch, 1.0, sync_grads=True)
+        first = self.timed_micro(batch, sync_grads=True)
         self.optimizer_step()
         self.micro(batch, 1.0, sync_grads=True)
-        self.micro(batch, 1.0, sync_grads=True)
+        self.trial_micro_s = (first, self.timed_micro(batch, sync_grads=True))
 
     def reset_after_trial(self) -> None:
         opt = self.engine.optimizer
