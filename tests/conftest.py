@@ -585,3 +585,25 @@ def scontrol_job(job_id: str) -> dict[str, str]:
     """`scontrol show job` of one job as its key=value fields."""
     out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True).stdout
     return dict(tok.split("=", 1) for tok in out.split() if "=" in tok)
+
+
+def job_ids() -> set[str]:
+    """Every job id the controller (in any state) and accounting know: what a test that must submit nothing counts."""
+    queued = subprocess.run(["squeue", "-h", "-a", "-t", "all", "-o", "%i"], capture_output=True, text=True,
+                            check=True).stdout  # fmt: skip
+    return set(queued.split()) | {j["JobID"] for j in sacct(-1)}
+
+
+@pytest.fixture(scope="session")
+def partitions_sweep(slurm_cluster, tmp_path_factory):
+    """tiny-gptneox naive 1x1 and 1x2 on a100 and h100 through the slurm profile: one job per cell on each GPU type's
+    partition, the tables, the exported plans and the calendar; (folder, config, the job id before it, the process).
+    Shared by the SLURM modules (one xdist worker runs them all): tests/test_slurm.py reads its jobs and calendar,
+    tests/test_calendar_slurm.py trains its h100 1x1 plan in segments."""
+    work = tmp_path_factory.mktemp("partitions")
+    since = last_job_id()
+    sweep = {"models": ["tiny-gptneox"], "gpus": ["a100", "h100"], "methods": ["naive"], "gpus_per_node": [1, 2]}
+    cfg = write_config(work / "c.yaml", sweep=sweep, launcher={"kind": "slurm", "site": SITE}, benchmark=bench(3))
+    proc = snakemake(work, "--profile", PROFILE, "--configfile", str(cfg))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return work, cfg, since, proc

@@ -12,7 +12,9 @@ from pretrain_planner.planning.calendar import (
     Wait,
     expected_start,
     max_time_hours,
+    requeue_wait,
     segments,
+    warning_margin_s,
 )
 from pretrain_planner.schema import ConfigError
 
@@ -123,6 +125,8 @@ def _scheduler(starts: dict[str, str | None]):
     asked = []
 
     def ask(cmd):
+        if cmd[:3] == ["scontrol", "show", "config"]:
+            return 0, "AuthAltTypes            = (null)\nAuthInfo                = cred_expire=30\n"
         asked.append(cmd)
         part = next(a.split("=", 1)[1] for a in cmd if a.startswith("--partition="))
         if starts.get(part) is None:
@@ -229,3 +233,25 @@ def test_a_train_stage_budget_is_its_own_row():
 def test_the_scheduler_unreachable_is_an_unknown_wait():
     w, cmd = ask_start(_site()["gpus"]["a100"], 1, 2, "x", lambda c: (127, "FileNotFoundError: sbatch"), NOW)
     assert w.hours is None and "not reachable" in w.how and cmd == asking_command(_site()["gpus"]["a100"], 1, 2, "x")
+
+
+@pytest.mark.parametrize(("delay", "margin"), [(0, 0), (5, 30), (29, 30), (30, 60), (120, 150)])
+def test_a_job_is_warned_at_slurms_time_limit_check_not_at_its_signal_delay(delay, margin):
+    """slurmctld checks time limits every 30 s: a requeued job (started in step with the checks) is warned at the
+    first check with at most signal_delay_s + 30 s left (measured on the testbed: docs/cluster.md)."""
+    assert warning_margin_s(delay) == margin
+
+
+def test_a_requeued_job_waits_out_slurms_hold_unless_the_site_says_how_long():
+    """After a requeue SLURM holds the job cred_expire + 1 s (asked of the controller), then a scheduler pass; the
+    site's requeue_wait_h replaces the estimate; the controller not answering falls back on SLURM's default."""
+    ask, _ = _scheduler({"a100": "2026-12-03T12:00:00"})
+    table = calendar_table(settings_of(_ttt(("pythia-160m", "a100", 1, 8, "fl", 3.0, 0.2)),
+                                       _cells(("pythia-160m", "a100", 1, 8, "fl", 60.0))),
+                           CATALOG, Site(_site(), 1.0, "measured", ask, NOW))  # fmt: skip
+    (r,) = table.to_dicts()
+    assert r["segments"] == 4 and r["requeue_wait_h"] * 3600 == pytest.approx(30 + 1 + 30)
+    assert "cred_expire=30" in r["note"]
+    assert requeue_wait({}, Wait(1.0, "asked")).hours == pytest.approx(1 + (120 + 1 + 30) / 3600)
+    assert requeue_wait({"requeue_wait_h": 5.0, "gpu_type": "a100"}, Wait(1.0, "asked")).hours == 5.0
+    assert requeue_wait({}, Wait(None, "no estimate")).hours is None  # never a number without the first wait

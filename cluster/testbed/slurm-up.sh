@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Bring up a real single-host SLURM test cluster (Debian 12 slurm-wlm 22.05, as root,
 # no systemd needed): munge + MariaDB + slurmdbd + slurmctld + four virtual slurmd nodes with fake
-# typed GPUs: node-a100 and node-h100 (a partition each, and `cpu` over both), and node-mn0 / node-mn1
-# (partition `multi`: two nodes x 2 l40s, the multi-node cells' layout). docs/cluster.md draws it.
+# typed GPUs: node-a100 and node-h100 (a partition each, and `cpu` over both; node-h100 also in `short`, MaxTime
+# 2 min, for trainings in requeued segments), and node-mn0 / node-mn1 (partition `multi`: two nodes x 2 l40s, the
+# multi-node cells' layout). docs/cluster.md draws it.
 #
 # Idempotent: if the cluster from an earlier run is healthy this exits 0 in well under a
-# second; if it is only partly up (or its config is stale) it is torn down and rebuilt.
+# second; if its slurm.conf differs only in its partitions, the new one is applied with `scontrol reconfigure`
+# (jobs kept); if it is only partly up (or another part of its config is stale) it is torn down and rebuilt.
 #
 # Env:
 #   SLURM_TESTBED_ROOT     state/logs/pid files        (default /var/tmp/pp-slurm)
@@ -59,7 +61,7 @@ pid_alive() {
 
 # ---------------------------------------------------------------- config rendering
 # Rendered by functions so the health check can compare them with what is on disk: a
-# cluster running an older config counts as unhealthy and gets rebuilt.
+# cluster running an older config counts as unhealthy and gets rebuilt (only new partitions: reconfigured).
 render_slurmdbd_conf() {
   cat <<EOF
 AuthType=auth/munge
@@ -90,6 +92,8 @@ render_slurm_conf() {
   # JobRequeue=1: batch jobs are requeueable by default (scontrol requeue, node failure).
   # MinJobAge=300: finished jobs stay in squeue/scontrol for 5 min (squeue-based polling).
   # MailProg=/bin/true: silences "Configured MailProg is invalid".
+  # Partition short (node-h100, MaxTime=2 min): a training longer than its limit runs there as requeued segments,
+  #   each warned (--signal) before the limit (tests/test_calendar_slurm.py); asking more than 2 min is refused.
   cat <<EOF
 ClusterName=testbed
 SlurmctldHost=$HOST(127.0.0.1)
@@ -139,6 +143,7 @@ PartitionName=cpu  Nodes=node-a100,node-h100 Default=YES MaxTime=INFINITE State=
 PartitionName=a100 Nodes=node-a100 MaxTime=INFINITE State=UP
 PartitionName=h100 Nodes=node-h100 MaxTime=INFINITE State=UP
 PartitionName=multi Nodes=node-mn0,node-mn1 MaxTime=INFINITE State=UP
+PartitionName=short Nodes=node-h100 MaxTime=2 State=UP
 EOF
 }
 
@@ -156,12 +161,28 @@ EOF
 
 # ---------------------------------------------------------------- health check
 healthy() {
+  cmp -s <(render_slurm_conf) "$CONF_DIR/slurm.conf" && running_healthy
+}
+
+# Only the partitions differ between the running slurm.conf and this script's: `scontrol reconfigure` applies that
+# to the running cluster (its jobs kept); anything else (nodes, GRES, auth, accounting) needs a fresh cluster.
+only_partitions_differ() {
+  cmp -s <(render_slurm_conf | grep -v '^PartitionName=') <(grep -v '^PartitionName=' "$CONF_DIR/slurm.conf")
+}
+
+# The partitions the controller runs with are the ones of render_slurm_conf (by name).
+partitions_current() {
+  [ "$(scontrol show partition -o 2>/dev/null | grep -o 'PartitionName=[^ ]*' | sort | tr '\n' ' ')" = \
+    "$(render_slurm_conf | grep -o '^PartitionName=[^ ]*' | sort | tr '\n' ' ')" ]
+}
+
+# Everything but slurm.conf's text: the daemons alive, the other configs current, the controller and nodes usable.
+running_healthy() {
   local f n states
   for f in "$ROOT/mysql/mariadbd.pid" "$ROOT/run/slurmdbd.pid" "$ROOT/run/slurmctld.pid"; do
     pid_alive "$f" || return 1
   done
   for n in "${NODES[@]}"; do pid_alive "$ROOT/run/slurmd-$n.pid" || return 1; done
-  cmp -s <(render_slurm_conf) "$CONF_DIR/slurm.conf" || return 1
   cmp -s <(render_gres_conf) "$CONF_DIR/gres.conf" || return 1
   cmp -s <(render_slurmdbd_conf) "$CONF_DIR/slurmdbd.conf" || return 1
   munge -n 2>/dev/null | unmunge >/dev/null 2>&1 || return 1
@@ -188,6 +209,18 @@ export SLURM_TESTBED_LOCK_HELD=1   # tells slurm-down.sh (called below) not to r
 if healthy; then
   log "cluster already up and healthy; nothing to do"
   exit 0
+fi
+# A cluster that runs an older slurm.conf differing only in its partitions (e.g. one started before `short` was
+# added): the new conf and `scontrol reconfigure` (slurmctld re-reads it and tells every slurmd), no rebuild, its
+# jobs and accounting kept. If the controller then does not show the new partitions, rebuild below.
+if [ -s "$CONF_DIR/slurm.conf" ] && only_partitions_differ && running_healthy; then
+  render_slurm_conf > "$CONF_DIR/.slurm.conf.new" && mv "$CONF_DIR/.slurm.conf.new" "$CONF_DIR/slurm.conf"
+  if scontrol reconfigure && wait_for 30 partitions_current && wait_for 30 healthy; then
+    log "partitions changed: slurm.conf rewritten and applied with scontrol reconfigure (jobs kept)"
+    sinfo
+    exit 0
+  fi
+  log "scontrol reconfigure did not apply the new partitions: rebuilding"
 fi
 log "cluster not (fully) up: tearing down leftovers, then bringing up"
 bash "$HERE/slurm-down.sh"

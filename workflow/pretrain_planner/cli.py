@@ -677,8 +677,13 @@ def _fit_by(args: argparse.Namespace, config: dict[str, Any], catalog, results: 
             f"{cal['segments']} segment(s); start {cal['expected_start']} ({cal['wait_basis']})")  # fmt: skip
         out.append(row)
     order = {"yes": 0, "unknown": 1, "no": 2}
-    out.sort(key=lambda x: (order[x["by"]], x["finish"] if x["finish"] not in (None, "unknown") else "~",
-                            x["compute_days"] if x["compute_days"] is not None else float("inf")))
+    out.sort(
+        key=lambda x: (
+            order[x["by"]],
+            x["finish"] if x["finish"] not in (None, "unknown") else "~",
+            x["compute_days"] if x["compute_days"] is not None else float("inf"),
+        )
+    )
     if args.json:
         print(json.dumps({"by": by.isoformat(), "rows": out, "sources": sources,
                           "config_source": args.answer_source}, indent=1, default=str))  # fmt: skip

@@ -82,6 +82,14 @@ def limits(launch: dict[str, Any], hours: float | None) -> tuple[int, int]:
     return limit, requeues
 
 
+# Time-out requeues submitit allows a SLURM job that resumes from its checkpoint (`fn.restartable` False: the train
+# and budget stages' runs). Such a job is requeued after a time-out only when it checkpointed further than at the
+# previous one (launch/progress.py refuses it otherwise, naming the site key to raise), so submitit's own count must
+# not end it first: `limits` sizes the count from the run's hours, and a run budgeted in steps has none (the train
+# stage passes 0, giving 4 requeues on a 24 h partition: a 30-day training there is 31 jobs). Issue 38.
+RESUMING_REQUEUES = 10_000
+
+
 def request(
     fn: Any,
     name: str,
@@ -99,6 +107,8 @@ def request(
     """The job `fn` (a rankjob.RankJob) named `name` in its folder `workdir`; `identity`: what it computes (a
     recorded job of another identity is never re-attached to); `threads`: each rank's (`placement`)."""
     timeout, requeues = limits(launch, hours)
+    if launch["slurm"] and not getattr(fn, "restartable", True):
+        requeues = max(requeues, RESUMING_REQUEUES)  # bounded by its progress instead (see RESUMING_REQUEUES)
     return JobRequest(
         fn=fn, name=name, kind=launch["kind"], folder=workdir / layout.SUBMITIT, nodes=nodes,
         gpus_per_node=gpus_per_node, timeout_min=timeout, use_gpus=on_gpus, slurm=launch["slurm"],

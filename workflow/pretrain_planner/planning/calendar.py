@@ -177,12 +177,37 @@ def expected_start(output: str, now: datetime, how: str = "sbatch --test-only") 
     return Wait(max(0.0, (start - now).total_seconds() / 3600), f"{how}: expected start {m.group(1)}")
 
 
-def requeue_wait(settings: dict, first: Wait) -> Wait:
-    """The wait of a requeued job: the site's `requeue_wait_h` where it gives one, else the first job's again."""
+# SLURM's timing, measured on the testbed (SLURM 22.05; docs/cluster.md "Segments"): slurmctld checks time limits every
+# 30 s and sends a job's --signal at the first check that finds at most signal_delay_s + 30 s left (sbatch(1): "the
+# signal may be sent up to 60 seconds earlier than specified"); a requeued job starts in step with those checks and
+# is warned 30 x (floor(signal_delay_s / 30) + 1) s before its limit. A requeued job is held until its BeginTime,
+# cred_expire + 1 s after the requeue (slurm.conf AuthInfo, default 120 s), then waits for the next scheduler pass.
+LIMIT_CHECK_S = 30
+SCHEDULER_PASS_S = 30
+DEFAULT_CRED_EXPIRE_S = 120
+
+
+def warning_margin_s(signal_delay_s: float) -> float:
+    """How long before its limit a job is warned, given the site's signal_delay_s (LIMIT_CHECK_S's resolution)."""
+    return LIMIT_CHECK_S * (signal_delay_s // LIMIT_CHECK_S + 1) if signal_delay_s else 0.0
+
+
+def requeue_hold_s(cred_expire_s: float | None) -> float:
+    """How long SLURM holds a requeued job before it can start again: cred_expire + 1 s, then a scheduler pass."""
+    return (DEFAULT_CRED_EXPIRE_S if cred_expire_s is None else cred_expire_s) + 1 + SCHEDULER_PASS_S
+
+
+def requeue_wait(settings: dict, first: Wait, hold_s: float | None = None, hold_how: str = "") -> Wait:
+    """The wait of a requeued job: the site's `requeue_wait_h` where it gives one, else the first job's again plus
+    SLURM's requeue hold (`hold_s`; default requeue_hold_s of SLURM's default cred_expire)."""
     if settings.get("requeue_wait_h") is not None:
         where = f"{settings['site']}: " if settings.get("site") else ""
         return Wait(float(settings["requeue_wait_h"]), f"{where}gpus.{settings.get('gpu_type', '?')}.requeue_wait_h")
-    return Wait(first.hours, f"the first job's wait again ({first.how})")
+    if hold_s is None:
+        hold_s, hold_how = requeue_hold_s(None), f"SLURM's default cred_expire {DEFAULT_CRED_EXPIRE_S} s"
+    hours = None if first.hours is None else first.hours + hold_s / 3600
+    return Wait(hours, f"the first job's wait again ({first.how}) + SLURM's requeue hold of {hold_s:.0f} s "
+                       f"({hold_how}: cred_expire + 1 s, then a scheduler pass)")  # fmt: skip
 
 
 def training_calendar(
@@ -192,16 +217,20 @@ def training_calendar(
     checkpoint_s: float,
     read_s: float,
     first_wait: Wait,
+    hold_s: float | None = None,
+    hold_how: str = "",
 ) -> Calendar:
     """The calendar of a training of `compute_h` hours run as the train stage runs it: on SLURM (`settings`: the
     GPU type's site settings, site.gpu_settings) each job asks the site's `time_limit_min`, is warned
-    `signal_delay_s` before it, checkpoints and is requeued; locally (`settings` None) one process, no queue."""
+    `signal_delay_s` before it (at SLURM's resolution: warning_margin_s), checkpoints and is requeued (held
+    `hold_s`, requeue_hold_s); locally (`settings` None) one process, no queue."""
     if settings is None:
         return Calendar(segments(compute_h, None, checkpoint_s, restart_s, read_s=read_s), NO_QUEUE, NO_QUEUE)
     where = f"{settings.get('site') or 'site file'}: gpus.{settings.get('gpu_type', '?')}.time_limit_min"
+    margin = warning_margin_s(float(settings.get("signal_delay_s") or 0))
     seg = segments(compute_h, settings["time_limit_min"] / 60, checkpoint_s, restart_s, settings.get("partition"),
-                   where, read_s, float(settings.get("signal_delay_s") or 0))  # fmt: skip
-    return Calendar(seg, first_wait, requeue_wait(settings, first_wait))
+                   where, read_s, margin)  # fmt: skip
+    return Calendar(seg, first_wait, requeue_wait(settings, first_wait, hold_s, hold_how))
 
 
 # The checkpoint of a training (trainer/loop.py: the method's full state dicts): fp32 weights (4 bytes per

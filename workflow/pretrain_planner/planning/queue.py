@@ -6,6 +6,7 @@ that cannot be reached is an unknown wait, never zero. Imports no torch."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from collections.abc import Callable
 from datetime import datetime
@@ -72,3 +73,14 @@ def ask_start(
         line = next((ln.strip() for ln in out.splitlines() if ln.strip()), f"exit status {rc}")
         return Wait(None, f"{how}: refused or not reachable ({line[:200]})"), cmd
     return expected_start(out, asked_at, how), cmd
+
+
+def cred_expire(ask: Asker = run_sbatch) -> tuple[float | None, str]:
+    """(seconds, how) of the controller's credential lifetime (`scontrol show config`, AuthInfo cred_expire=N): how
+    long a requeued job is held. None where it says none (SLURM's default then) or cannot be asked."""
+    rc, out = ask(["scontrol", "show", "config"])
+    if rc != 0:
+        return None, "scontrol show config not answered"
+    m = re.search(r"cred_expire=(\d+)", out)
+    return (float(m.group(1)), f"scontrol show config: cred_expire={m.group(1)}") if m else (
+        None, "scontrol show config: no cred_expire (SLURM's default)")  # fmt: skip

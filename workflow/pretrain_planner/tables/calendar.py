@@ -23,7 +23,7 @@ the note says why (its queue wait, its restarts). Imports no torch.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,11 +36,12 @@ from pretrain_planner.planning.calendar import (
     Wait,
     checkpoint_bytes,
     disk_write_rate,
+    requeue_hold_s,
     training_calendar,
 )
 from pretrain_planner.planning.catalog import Catalog
 from pretrain_planner.planning.flops import param_count
-from pretrain_planner.planning.queue import Asker, ask_start, run_sbatch
+from pretrain_planner.planning.queue import Asker, ask_start, cred_expire, run_sbatch
 from pretrain_planner.planning.site import gpu_settings
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.schema import ConfigError
@@ -95,6 +96,18 @@ class Site:
     measured_how: str
     ask: Asker | None = None
     now: datetime | None = None
+    hold: list = field(default_factory=list)  # (seconds, how) of SLURM's requeue hold, asked once
+
+    def requeue_hold(self) -> tuple[float | None, str]:
+        """SLURM's hold of a requeued job: cred_expire asked of the controller (once) where the scheduler is asked,
+        else SLURM's default."""
+        if not self.hold:
+            if self.ask is None:
+                self.hold.append((None, ""))
+            else:
+                expire, how = cred_expire(self.ask)
+                self.hold.append((requeue_hold_s(expire), how) if expire is not None else (None, ""))
+        return self.hold[0]
 
     def checkpoint_rate(self, gpu: str) -> tuple[float, str]:
         """(GB/s, how) a checkpoint of a job on `gpu` is written and read at."""
@@ -179,7 +192,8 @@ def price(s: Setting, catalog: Catalog, where: Site) -> dict[str, Any]:
             first, _ = ask_start(settings, s.nodes, s.gpus_per_node, f"pp-train-{s.model}-{s.gpu}-{_layout(s)}",
                                  where.ask, where.now)  # fmt: skip
     try:
-        cal = training_calendar(s.compute_h, settings, s.startup_s, write_s, write_s, first)
+        hold = where.requeue_hold() if settings is not None else (None, "")
+        cal = training_calendar(s.compute_h, settings, s.startup_s, write_s, write_s, first, *hold)
     except ConfigError as exc:
         row["note"] = str(exc)
         return row
