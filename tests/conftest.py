@@ -597,7 +597,8 @@ def job_ids() -> set[str]:
 @pytest.fixture(scope="session")
 def partitions_sweep(slurm_cluster, tmp_path_factory):
     """tiny-gptneox naive 1x1 and 1x2 on a100 and h100 through the slurm profile: one job per cell on each GPU type's
-    partition, the tables, the exported plans and the calendar; (folder, config, the job id before it, the process).
+    partition, the tables, the exported plans and the calendar; (folder, config, (the last job id before it, the
+    last after it), the process).
     Shared by the SLURM modules (one xdist worker runs them all): tests/test_slurm.py reads its jobs and calendar,
     tests/test_calendar_slurm.py trains its h100 1x1 plan in segments."""
     work = tmp_path_factory.mktemp("partitions")
@@ -606,4 +607,4 @@ def partitions_sweep(slurm_cluster, tmp_path_factory):
     cfg = write_config(work / "c.yaml", sweep=sweep, launcher={"kind": "slurm", "site": SITE}, benchmark=bench(3))
     proc = snakemake(work, "--profile", PROFILE, "--configfile", str(cfg))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return work, cfg, since, proc
+    return work, cfg, (since, last_job_id()), proc

@@ -255,3 +255,17 @@ def test_a_requeued_job_waits_out_slurms_hold_unless_the_site_says_how_long():
     assert requeue_wait({}, Wait(1.0, "asked")).hours == pytest.approx(1 + (120 + 1 + 30) / 3600)
     assert requeue_wait({"requeue_wait_h": 5.0, "gpu_type": "a100"}, Wait(1.0, "asked")).hours == 5.0
     assert requeue_wait({}, Wait(None, "no estimate")).hours is None  # never a number without the first wait
+
+
+def test_a_file_system_too_full_to_measure_gives_no_rate_and_the_restart_is_not_priced(tmp_path):
+    """The disk probe writes at most a quarter of the free space; with none to spare it says so instead of failing
+    the calendar rule (seen: a 16 MiB tmpfs filled by a test), and the calendar leaves that restart unknown."""
+    from pretrain_planner.planning.calendar import disk_write_rate
+
+    rate, how = disk_write_rate(str(tmp_path), 2 * 2**20)
+    assert rate and rate > 0 and "2 MiB written and fsynced" in how
+    assert not list(tmp_path.iterdir())  # the probe is gone
+    site = Site(None, None, "not measured: /x has too little free space to write a probe", None, NOW)
+    ttt, cells = _ttt(("pythia-160m", "cpu", 1, 1, "fl", 2.0, 0.5)), _cells(("pythia-160m", "cpu", 1, 1, "fl", 60.0))
+    (r,) = calendar_table(settings_of(ttt, cells), CATALOG, site).to_dicts()
+    assert r["calendar_days"] is None and "the checkpoint rate is unknown (not measured: /x" in r["note"], r

@@ -132,6 +132,7 @@ def test_the_html_report_in_a_browser(sweep, tmp_path):
     figure decodes and shows data (coloured marks: an empty frame has none), every entry shows its caption, and the
     page logs no error. Screenshots of each figure stay in this test's folder."""
     from pretrain_planner.report import document
+    from pretrain_planner.report.calendar_plot import CALENDAR_PLOTS
     from pretrain_planner.report.plots import PLOTS
     from pretrain_planner.report.study_plots import STUDY_PLOTS
     from pretrain_planner.tables.aggregate import TABLE_NAMES
@@ -151,6 +152,8 @@ def test_the_html_report_in_a_browser(sweep, tmp_path):
     expected |= {f"results/tables/study/{n}.csv": n for n in STUDY_TABLES}
     expected |= {f"results/plots/{stem}.png": stem for stem, _ in PLOTS.values()}
     expected |= {f"results/plots/study/{stem}.png": stem for stem, _ in STUDY_PLOTS.values()}
+    expected |= {"results/tables/calendar.csv": "calendar"}
+    expected |= {f"results/plots/{stem}.png": stem for stem, _ in CALENDAR_PLOTS.values()}
     listed = {p for paths in page["categories"].values() for p in paths}
     assert listed == set(expected), (sorted(set(expected) - listed), sorted(listed - set(expected)))
     for path, stem in expected.items():

@@ -249,27 +249,38 @@ def checkpoint_bytes(params: float, zero: bool = False) -> float:
 WRITE_PROBE_BYTES = 64 * 2**20
 
 
-def disk_write_rate(folder: str, nbytes: int = WRITE_PROBE_BYTES) -> tuple[float, str]:
+def disk_write_rate(folder: str, nbytes: int = WRITE_PROBE_BYTES) -> tuple[float | None, str]:
     """(GB/s, how) of a write of `nbytes` into `folder` made durable (fsync), as a checkpoint's is: the file
-    system the runs write their checkpoints to. The file is removed."""
+    system the runs write their checkpoints to. The file is removed. At most a quarter of the free space is
+    written; a file system too full to measure (or a write that fails) gives None and says why, never a rate."""
     import os
     import time
 
     folder = os.path.abspath(folder)
     while not os.path.isdir(folder):  # not made yet (a CLI question before any run): the file system it will be on
         folder = os.path.dirname(folder)
+    block = 2**20
+    try:
+        st = os.statvfs(folder)
+        size = min(nbytes, st.f_bavail * st.f_frsize // 4) // block * block
+    except OSError as exc:
+        return None, f"not measured ({exc})"
+    if size < block:
+        return None, f"not measured: {folder} has too little free space to write a probe"
     path = os.path.join(folder, f".disk-rate-probe-{os.getpid()}")
-    block = os.urandom(4 * 2**20)
+    data = os.urandom(block)
     t0 = time.perf_counter()
     try:
         with open(path, "wb") as fh:
-            for _ in range(max(1, nbytes // len(block))):
-                fh.write(block)
+            for _ in range(size // block):
+                fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         dt = time.perf_counter() - t0
+    except OSError as exc:
+        return None, f"not measured: writing {path} failed ({exc.strerror or exc})"
     finally:
         if os.path.exists(path):
             os.remove(path)
-    rate = nbytes / max(dt, 1e-6) / 1e9
-    return rate, f"measured: {nbytes / 2**20:.0f} MiB written and fsynced in {folder} at {rate:.2f} GB/s"
+    rate = size / max(dt, 1e-6) / 1e9
+    return rate, f"measured: {size / 2**20:.0f} MiB written and fsynced in {folder} at {rate:.2f} GB/s"

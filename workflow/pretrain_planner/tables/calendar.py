@@ -92,7 +92,7 @@ class Site:
     overrides it); the scheduler to ask (None: not asked); the clock."""
 
     site: dict[str, Any] | None
-    measured_gb_s: float
+    measured_gb_s: float | None
     measured_how: str
     ask: Asker | None = None
     now: datetime | None = None
@@ -109,7 +109,7 @@ class Site:
                 self.hold.append((requeue_hold_s(expire), how) if expire is not None else (None, ""))
         return self.hold[0]
 
-    def checkpoint_rate(self, gpu: str) -> tuple[float, str]:
+    def checkpoint_rate(self, gpu: str) -> tuple[float | None, str]:
         """(GB/s, how) a checkpoint of a job on `gpu` is written and read at."""
         given = (self.site or {}).get("gpus", {}).get(gpu, {}).get("checkpoint_gb_s")
         if given:
@@ -157,9 +157,8 @@ def train_hours(train: dict[str, Any] | None, step_time_s: float | None) -> tupl
     if train.get("time_budget_hours"):
         return float(train["time_budget_hours"]), "the config's train.time_budget_hours (training time)"
     if train.get("steps") and step_time_s:
-        return train[
-            "steps"
-        ] * step_time_s / 3600, f"the config's train.steps x the measured step ({step_time_s:.3g} s)"
+        hours = train["steps"] * step_time_s / 3600
+        return hours, f"the config's train.steps x the measured step ({step_time_s:.3g} s)"
     return None
 
 
@@ -176,14 +175,17 @@ def price(s: Setting, catalog: Catalog, where: Site) -> dict[str, Any]:
     zero = methods.parse(s.method).sharding in methods.ZERO_STAGE if s.method else False
     nbytes = checkpoint_bytes(params, zero) if params else None
     rate, rate_how = where.checkpoint_rate(s.gpu)
-    write_s = nbytes / (rate * 1e9) if nbytes else None
+    write_s = nbytes / (rate * 1e9) if nbytes and rate else None
     row.update(checkpoint_gib=nbytes / 2**30 if nbytes else None, checkpoint_s=write_s)
-    row["restart_basis"] = f"start-up {s.startup_basis}; checkpoint written and read at {rate:.3g} GB/s ({rate_how})"
+    at = f"{rate:.3g} GB/s" if rate else "an unknown rate"
+    row["restart_basis"] = f"start-up {s.startup_basis}; checkpoint written and read at {at} ({rate_how})"
     settings = gpu_settings(where.site, s.gpu) if where.site else None
     notes = []
     if s.startup_s is None or write_s is None:
-        row["note"] = ("restart not priced: " + ("no start-up measured" if s.startup_s is None else
-                       "no parameter count for this family") + "; the calendar is unknown")  # fmt: skip
+        why = "no start-up measured" if s.startup_s is None else "no parameter count for this family"
+        if s.startup_s is not None and nbytes:
+            why = f"the checkpoint rate is unknown ({rate_how}; the site file's checkpoint_gb_s gives it)"
+        row["note"] = f"restart not priced: {why}; the calendar is unknown"
         return row
     first = Wait(0.0, "local processes: no queue")
     if settings is not None:
@@ -276,7 +278,8 @@ def calendar_markdown(table: pl.DataFrame, where: Site) -> str:
            if where.ask else "SLURM: the scheduler not asked")  # fmt: skip
     lines = [
         f"# When will it finish? (if submitted at {now})\n",
-        f"Queue: {how}. Checkpoint rate (where the site file gives none): {where.measured_gb_s:.3g} GB/s "
+        f"Queue: {how}. Checkpoint rate (where the site file gives none): "
+        f"{f'{where.measured_gb_s:.3g} GB/s' if where.measured_gb_s else 'unknown'} "
         f"({where.measured_how}). A wait the scheduler gives no estimate for is `wait unknown`, and its finish "
         "`unknown`: never a date without it.\n",
     ]
