@@ -45,7 +45,7 @@ from pretrain_planner.planning.queue import Asker, ask_start, cred_expire, run_s
 from pretrain_planner.planning.site import gpu_settings
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.schema import ConfigError
-from pretrain_planner.tables import views
+from pretrain_planner.tables import units, views
 from pretrain_planner.tables.markdown import to_markdown
 
 if TYPE_CHECKING:
@@ -162,10 +162,6 @@ def train_hours(train: dict[str, Any] | None, step_time_s: float | None) -> tupl
     return None
 
 
-def _layout(s: Setting) -> str:
-    return f"{s.nodes}x{s.gpus_per_node}"
-
-
 def price(s: Setting, catalog: Catalog, where: Site) -> dict[str, Any]:
     """One calendar row of `s` (COLUMNS)."""
     row: dict[str, Any] = {c: None for c in COLUMNS}
@@ -191,8 +187,8 @@ def price(s: Setting, catalog: Catalog, where: Site) -> dict[str, Any]:
     if settings is not None:
         first = Wait(None, "the scheduler was not asked")
         if where.ask is not None:
-            first, _ = ask_start(settings, s.nodes, s.gpus_per_node, f"pp-train-{s.model}-{s.gpu}-{_layout(s)}",
-                                 where.ask, where.now)  # fmt: skip
+            name = f"pp-train-{s.model}-{s.gpu}-{units.layout(s.nodes, s.gpus_per_node)}"  # the train stage's job
+            first, _ = ask_start(settings, s.nodes, s.gpus_per_node, name, where.ask, where.now)
     try:
         hold = where.requeue_hold() if settings is not None else (None, "")
         cal = training_calendar(s.compute_h, settings, s.startup_s, write_s, write_s, first, *hold)
@@ -262,7 +258,7 @@ def rank(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _where(r: dict[str, Any]) -> str:
-    return f"{r['nodes']}x{r['gpus_per_node']} {r['gpu']} ({r['method']})"
+    return f"{units.layout(r['nodes'], r['gpus_per_node'])} {r['gpu']} ({r['method']})"
 
 
 def calendar_table(settings: list[Setting], catalog: Catalog, where: Site) -> pl.DataFrame:

@@ -11,7 +11,6 @@ from importlib import metadata
 from typing import Any
 
 import torch
-import torch.distributed as torch_dist
 
 from pretrain_planner.launch.rankjob import job_id_here, observe_rank, recorded_job
 from pretrain_planner.planning import flops
@@ -24,6 +23,7 @@ from pretrain_planner.trainer.config import RunConfig
 from pretrain_planner.trainer.measure import batches_for, measure, percentile
 from pretrain_planner.trainer.oom import FakeOom
 from pretrain_planner.trainer.rank import RankEnv, Unsupported, close_rank, init_rank
+from pretrain_planner.trainer.ranks import Ranks
 from pretrain_planner.trainer.step import TrainStep
 
 CELL_PACKAGES = ("torch", "transformers", "submitit", "pretrain-planner", "deepspeed", "flash-attn", "liger-kernel")
@@ -114,10 +114,7 @@ def _startup(env: RankEnv, clock: startup.Clock | None, build: dict[str, float],
         (startup.compile_cost(*trial) or 0.0) if trial else 0.0,  # the search's trial: compile at this shape
         startup.compile_cost(first.first_step_s, measured.timing.median) or 0.0,  # a fresh instance's first step
     ]
-    if env.distributed:
-        t = torch.tensor(values, dtype=torch.float64, device=env.device)
-        torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX)
-        values = t.tolist()
+    values = Ranks.of(env).max(*values)
     where = clock.process_start if clock is not None else "run_rank"
     *before, trial_s, first_s = values
     phases = dict(zip(startup.PHASES, [*before, trial_s + first_s], strict=True))
