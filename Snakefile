@@ -30,7 +30,7 @@ rule all:
         plan=f"{RESULTS}/{pp_layout.PLAN}",
         cells=all_cell_outputs,
         tables=list(TABLES.values()),
-        plots=list(PLOTS.values()),
+        plots=list(PLOTS.values()) + list(LOSS_PLOTS_FILES.values()),
         study=list(STUDY_TABLES.values()) + list(WHATIF.values()) + list(STUDY_PLOTS.values()),
         calendar=list(CALENDAR.values()) + list(CALENDAR_PLOTS.values()),
         optimal=OPTIMAL,

@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 from pretrain_planner import sweeprecord
 from pretrain_planner.planning.flops import train_flops_per_sample
 from pretrain_planner.planning.pipeline import load, write_plan
-from pretrain_planner.report import calendar_plot, document, study_plots
+from pretrain_planner.report import calendar_plot, document, loss_plot, study_plots
 from pretrain_planner.report import plots as pp_plots
 from pretrain_planner.results import write_result, write_steps
 from pretrain_planner.tables import aggregate, calendar, study, whatif
@@ -80,11 +80,12 @@ def build_demo_results(root: Path, with_plots: bool = False) -> tuple[dict[str, 
                             str(root / "calendar.log"), pipe, config["train"])  # fmt: skip
     tables = {**tables, **extra, **cal}
     plots = {**pp_plots.plot_files(str(root / "plots")), **study_plots.plot_files(str(root / "plots/study")),
-             **calendar_plot.plot_files(str(root / "plots"))}  # fmt: skip
+             **calendar_plot.plot_files(str(root / "plots")), **loss_plot.plot_files(str(root / "plots"))}  # fmt: skip
     if with_plots:
         pp_plots.make_plots(tables, plots, str(root / "plots.log"), config["costs"])
         study_plots.make_plots(tables, plots, str(root / "study_plots.log"))
         calendar_plot.make_plot(cal["calendar_csv"], plots, str(root / "calendar_plot.log"))
+        loss_plot.make_plot(tables["loss_check_csv"], plots, str(root / "loss_plot.log"))
     document.write_report(tables, plots, None, str(root / "report.md"), str(root / "report.log"), config["costs"])
     return tables, plots, config
 

@@ -5,6 +5,7 @@ Snakemake's HTML report opened in headless Chromium shows every figure and capti
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -31,7 +32,13 @@ def sweep(tmp_path_factory):
         work / "sweep.yaml",
         sweep={**DEMO["sweep"], "models": MODELS, "gpus_per_node": RANKS, "methods": METHODS},
         launcher={"kind": "local", "timeout_min": 15},
-        benchmark={"warmup_steps": 1, "timed_steps": TIMED, "max_micro_batch": 4, "max_spread": 50},  # wiring
+        benchmark={
+            "warmup_steps": 1,
+            "timed_steps": TIMED,
+            "max_micro_batch": 4,
+            "max_spread": 50,  # wiring
+            "loss_check": DEMO["benchmark"]["loss_check"],
+        },  # the demo's: every method checked
         costs=DEMO["costs"],
         train={"steps": 5},  # the README's train target on this sweep
     )
@@ -107,6 +114,35 @@ def test_table_picks_the_fastest_method(sweep):
     assert plan.height == len(MODELS) * len(RANKS) * len(METHODS)
 
 
+def test_every_method_of_the_default_sweep_has_its_loss_verdict(sweep):
+    """Issue 39: the demo checks every method against naive (benchmark.loss_check.mode all): each real method of the
+    default sweep is `same`, at every setting, in cells.csv, loss_check.md, time_to_train.md and feasibility.md; the
+    check's cost is in benchmark_cost.csv; the exported plan carries the verdict and the curves file."""
+    work, _, _ = sweep
+    assert DEMO["benchmark"]["loss_check"]["mode"] == "all"
+    cells = pl.read_csv(work / "results/tables/cells.csv")
+    verdicts = {(r["model"], r["gpus_per_node"], r["method"]): r["loss"] for r in cells.iter_rows(named=True)}
+    for model in MODELS:
+        for ranks in RANKS:
+            assert verdicts[(model, ranks, "naive")] == "reference"
+            for method in METHODS[1:]:
+                assert verdicts[(model, ranks, method)] == "same", (model, ranks, method, verdicts)
+    checks = pl.read_csv(work / "results/tables/loss_check.csv")
+    assert checks.height == len(MODELS) * len(RANKS) * (len(METHODS) - 1)
+    assert (checks["band_runs"] >= 2).all()  # the micro-batch split and the other world size at least
+    for table in ("time_to_train", "feasibility"):
+        md = (work / f"results/tables/{table}.md").read_text()
+        assert "| loss" in md and ("| same" in md or "| reference" in md), md
+    cost = pl.read_csv(work / "results/tables/benchmark_cost.csv")
+    assert (cost["loss_check_gpu_hours"] > 0).all()
+    ttt = pl.read_csv(work / "results/tables/time_to_train.csv")
+    r = ttt.row(0, named=True)
+    plan = json.loads((work / "results/optimal" / r["model"] / "cpu" / f"1x{r['gpus_per_node']}" / "plan.json")
+                      .read_text())  # fmt: skip
+    assert plan["loss_check"]["verdict"] == r["loss"] and Path(plan["loss_check"]["curves"]).is_file()
+    assert "Does each method train the same model?" in (work / "results/report.md").read_text()
+
+
 def test_every_plot_of_the_sweep_shows_data(sweep):
     """Issue 27: on the default sweep's real cells no plot is an empty frame (MFU against the host's measured peak,
     costs at the demo's nominal price, checkpointing for the memory-saving views, the what-if's predictions)."""
@@ -133,6 +169,7 @@ def test_the_html_report_in_a_browser(sweep, tmp_path):
     page logs no error. Screenshots of each figure stay in this test's folder."""
     from pretrain_planner.report import document
     from pretrain_planner.report.calendar_plot import CALENDAR_PLOTS
+    from pretrain_planner.report.loss_plot import LOSS_PLOTS
     from pretrain_planner.report.plots import PLOTS
     from pretrain_planner.report.study_plots import STUDY_PLOTS
     from pretrain_planner.tables.aggregate import TABLE_NAMES
@@ -154,6 +191,7 @@ def test_the_html_report_in_a_browser(sweep, tmp_path):
     expected |= {f"results/plots/study/{stem}.png": stem for stem, _ in STUDY_PLOTS.values()}
     expected |= {"results/tables/calendar.csv": "calendar"}
     expected |= {f"results/plots/{stem}.png": stem for stem, _ in CALENDAR_PLOTS.values()}
+    expected |= {f"results/plots/{stem}.png": stem for stem, _ in LOSS_PLOTS.values()}
     listed = {p for paths in page["categories"].values() for p in paths}
     assert listed == set(expected), (sorted(set(expected) - listed), sorted(listed - set(expected)))
     for path, stem in expected.items():

@@ -17,7 +17,7 @@ import yaml
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.transforms import Bbox
-from pretrain_planner.report import calendar_plot, study_plots
+from pretrain_planner.report import calendar_plot, loss_plot, study_plots
 from pretrain_planner.report import plots as pp_plots
 from pretrain_planner.tables import aggregate, calendar, study, whatif
 
@@ -76,7 +76,9 @@ def figures(sets) -> dict[tuple[str, str], Figure]:
     return {(name, key): fig for name, tables in sets.items()
             for key, fig in {**pp_plots.figures(tables, COSTS), **study_plots.figures(tables),
                              "calendar": calendar_plot.figure_calendar(calendar.read_calendar(
-                                 tables["calendar_csv"]))}.items()}  # fmt: skip
+                                 tables["calendar_csv"])),
+                             "loss_check": loss_plot.figure_loss_check(aggregate.read_table(
+                                 tables["loss_check_csv"]))}.items()}  # fmt: skip
 
 
 def text_boxes(fig: Figure) -> list[tuple[str, Bbox]]:
@@ -132,7 +134,9 @@ def outside(fig: Figure, boxes: list[tuple[str, Bbox]]) -> list[str]:
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("key", [*pp_plots.PLOTS, *study_plots.STUDY_PLOTS, *calendar_plot.CALENDAR_PLOTS])
+@pytest.mark.parametrize(
+    "key", [*pp_plots.PLOTS, *study_plots.STUDY_PLOTS, *calendar_plot.CALENDAR_PLOTS, *loss_plot.LOSS_PLOTS]
+)
 @pytest.mark.parametrize("name", SETS)
 def test_no_text_overlaps_or_leaves_the_canvas(figures, name, key):
     fig = figures[(name, key)]
@@ -142,7 +146,9 @@ def test_no_text_overlaps_or_leaves_the_canvas(figures, name, key):
     assert not problems, f"{key} on the {name}: {len(problems)} problems:\n" + "\n".join(problems[:20])
 
 
-@pytest.mark.parametrize("key", [*pp_plots.PLOTS, *study_plots.STUDY_PLOTS, *calendar_plot.CALENDAR_PLOTS])
+@pytest.mark.parametrize(
+    "key", [*pp_plots.PLOTS, *study_plots.STUDY_PLOTS, *calendar_plot.CALENDAR_PLOTS, *loss_plot.LOSS_PLOTS]
+)
 @pytest.mark.parametrize("name", SETS)
 def test_content_fills_the_canvas(figures, name, key):
     """No wide blank band: what is drawn spans the canvas but for at most 15% or half an inch each way."""

@@ -11,6 +11,7 @@ import pytest
 from docutils.core import publish_parts
 from pretrain_planner.report import document
 from pretrain_planner.report.calendar_plot import CALENDAR_PLOTS
+from pretrain_planner.report.loss_plot import LOSS_PLOTS
 from pretrain_planner.report.plots import PLOTS
 from pretrain_planner.report.study_plots import STUDY_PLOTS
 from pretrain_planner.tables.aggregate import TABLE_NAMES
@@ -21,7 +22,7 @@ from .conftest import snakemake, write_config
 
 CAPTIONED = [*TABLE_NAMES, *(stem for stem, _ in PLOTS.values()), *STUDY_TABLES, "whatif",
              *(stem for stem, _ in STUDY_PLOTS.values()), "study_views", "study_reading", "calendar",
-             "calendar_timeline"]  # fmt: skip
+             "calendar_timeline", *(stem for stem, _ in LOSS_PLOTS.values())]  # fmt: skip
 
 
 @pytest.mark.parametrize("stem", [*CAPTIONED, "workflow"])
@@ -76,7 +77,7 @@ def test_html_report_after_a_sweep(tmp_path):
     page = (tmp_path / "report.html").read_text()
     results, categories = _embedded(page, "results"), _embedded(page, "categories")
     tables = {f"results/tables/{n}.csv": n for n in [*TABLE_NAMES, "calendar"]}
-    plots = {f"results/plots/{stem}.png": stem for stem, _ in {**PLOTS, **CALENDAR_PLOTS}.values()}
+    plots = {f"results/plots/{stem}.png": stem for stem, _ in {**PLOTS, **CALENDAR_PLOTS, **LOSS_PLOTS}.values()}
     study = {f"results/tables/study/{n}.csv": n for n in STUDY_TABLES} | {"results/tables/whatif.csv": "whatif"}
     study |= {f"results/plots/study/{stem}.png": stem for stem, _ in STUDY_PLOTS.values()}
     assert set(results) == set(tables) | set(plots) | set(study)

@@ -218,11 +218,20 @@ def cmd_cost(args: argparse.Namespace) -> int:
     return 0
 
 
-def _time_to_train(results: Path, config: dict[str, Any]):
-    """tables/time_to_train.csv if the pipeline wrote it, else the cell results aggregated here."""
+def _time_to_train(results: Path, config: dict[str, Any], allow_differs: bool = False):
+    """tables/time_to_train.csv if the pipeline wrote it, else the cell results aggregated here. `allow_differs`:
+    the fastest method whatever its loss check said (from tables/cells.csv, each pick's verdict kept)."""
+    import polars as pl
+
     from pretrain_planner.tables import aggregate
 
     table = layout.table(results, "time_to_train.csv")
+    cells_csv = layout.table(results, "cells.csv")
+    if allow_differs and cells_csv.is_file():
+        cells = aggregate.read_table(cells_csv)
+        verdicts = cells.select(*aggregate.GROUP, pl.col("method").alias("best_method"), "loss")
+        ttt = aggregate.time_to_train(cells.drop("loss")).drop("loss", "passed_over")
+        return ttt.join(verdicts, on=[*aggregate.GROUP, "best_method"], how="left"), f"{cells_csv} (--allow-differs)"
     if table.is_file():
         return aggregate.read_table(table), str(table)
     try:
@@ -231,6 +240,19 @@ def _time_to_train(results: Path, config: dict[str, Any]):
         catalog = None
     cells, source = _cells_here(results, catalog, "tables/time_to_train.csv")
     return aggregate.time_to_train(cells), source
+
+
+def _loss_line(r: dict[str, Any], allow_differs: bool) -> str:
+    """What the loss check said of the pick, and the faster methods passed over because they train another model."""
+    verdict = r.get("loss") or "not checked"
+    if verdict.startswith("differs"):
+        verdict += " -- picked anyway (--allow-differs): it does not train the same model as naive"
+    elif verdict == "not checked":
+        verdict += " (benchmark.loss_check: off, or only each setting's pick is checked)"
+    passed = r.get("passed_over")
+    if passed:
+        verdict += f"; passed over, faster but training another model: {passed} (--allow-differs takes them)"
+    return verdict
 
 
 def _cells_here(results: Path, catalog, table: str):
@@ -259,7 +281,7 @@ def cmd_best(args: argparse.Namespace) -> int:
     results = _results_dir(config)
     catalog = _catalog(config)
     catalog.model(args.model), catalog.gpu(args.gpu)  # unknown names: the catalog's known ones
-    ttt, source = _time_to_train(results, config)
+    ttt, source = _time_to_train(results, config, args.allow_differs)
     sel = ttt.filter((pl.col("model") == args.model) & (pl.col("gpu") == args.gpu))
     if args.count is not None:
         sel = sel.filter(pl.col("world_size") == args.count)
@@ -292,6 +314,7 @@ def cmd_best(args: argparse.Namespace) -> int:
         return 0
     days = _days(r["training_days"]) if r["training_days"] is not None else "days unknown (no step count)"
     print(f"{r['model']} on {r['nodes']}x{r['gpus_per_node']} {r['gpu']}: best method {r['best_method']}, {days}")
+    print(f"  loss check: {_loss_line(r, args.allow_differs)}")
     print(
         f"  micro-batch {r['micro_batch_size']} x {r['grad_accum_steps']} accumulation steps per GPU; step "
         f"{units.step(r['step_time_s'])} (p10 {units.step(r['step_time_p10_s'])}, "
@@ -838,6 +861,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "best", common, "the best measured setting of --model on --gpu: its method, days, cost, and "
                  "why nothing fits where nothing does")  # fmt: skip
     _setting(p, model=True, count_required=False)
+    p.add_argument("--allow-differs", action="store_true",
+                   help="pick the fastest method even if its loss check says it trains another model than "
+                        "naive")  # fmt: skip
     p.set_defaults(func=cmd_best)
 
     p = _command(sub, "predict", common, "PREDICT days and cost on a GPU type from measurements on others (yours, "

@@ -9,6 +9,8 @@ planner, the launcher, the search, the tables, the CLI, the trainer's loop and t
       cells/{model}/{gpu}/{N}x{G}/{method}/      one cell: result.json, steps.jsonl, cell.log, state.json ...
       search/{model}/{gpu}/{N}x{G}/              the adaptive search's rounds: round{k}.json, search.json
       tables/ plots/ report.md                   the aggregation
+      loss_check/{model}/{gpu}/{N}x{G}/          the loss-equivalence check of a setting: curves.json, check.log
+      loss_check/{model}/init-seed{S}.pt         the one initial state every run of the check loads
       optimal/{model}/{gpu}/{N}x{G}/             the plan to run (plan.json, training_arguments.json, launch.sh)
       budget/                                    the time-budgeted BERT stage: data/, pretrain/, glue/, glue.{csv,md};
                                                  with budget.sweep recipes/{name}/ (the same), data-seq{N}/,
@@ -34,6 +36,9 @@ REPORT = "report.md"
 STUDY = f"{TABLES}/study"  # the study's views (tables/study.py); tables/whatif.{csv,md} beside the tables
 STUDY_PLOTS = f"{PLOTS}/study"  # their plots (report/study_plots.py)
 OPTIMAL = "optimal"
+LOSS_CHECK = "loss_check"
+LOSS_CURVES = "curves.json"  # a setting's check runs: every step's loss and gradient norm
+LOSS_CHECK_LOG = "check.log"
 BUDGET = "budget"
 TRAIN = "train"
 LOGS = "logs"
@@ -173,3 +178,19 @@ def optimal_plan_pattern(results: str) -> str:
     """optimal/{model}/{gpu}/{N}x{G}/plan.json, with Snakemake wildcards."""
     w = {k: wildcard(k) for k in ("model", "gpu", "nodes", "gpus_per_node")}
     return f"{results}/{OPTIMAL}/{SETTING_PATTERN.format(**w)}/{PLAN_FILE}"
+
+
+def loss_check_dir(results: str | Path, folder: str) -> str:
+    """A setting's loss-check folder (`folder`: {model}/{gpu}/{N}x{G})."""
+    return f"{results}/{LOSS_CHECK}/{folder}"
+
+
+def loss_check_dir_pattern(results: str) -> str:
+    """The loss_check rule's setting folder, with Snakemake wildcards."""
+    w = {k: wildcard(k) for k in ("model", "gpu", "nodes", "gpus_per_node")}
+    return loss_check_dir(results, SETTING_PATTERN.format(**w))
+
+
+def loss_check_init(results: str | Path, model: str, seed: int) -> str:
+    """The initial weights every run of a model's check loads (written once by the first check job)."""
+    return f"{results}/{LOSS_CHECK}/{model}/init-seed{seed}.pt"

@@ -19,6 +19,7 @@ rule aggregate:
         plan=f"{RESULTS}/{pp_layout.PLAN}",
         results=[] if PP.adaptive else PP.cell_files(pp_layout.RESULT),
         search=PP.search_files() if PP.adaptive else [],
+        loss_checks=PP.loss_check_files(),
         models=PP.catalog.models_path,
         gpus=PP.catalog.gpus_path,
     output:
@@ -27,6 +28,7 @@ rule aggregate:
         pp_layout.log(RESULTS, "aggregate.log"),
     params:
         costs=PP.config.get("costs", {}),
+        loss_check=PP.loss_check,
     run:
         pp_aggregate.build_tables(
             input.plan,
@@ -36,6 +38,8 @@ rule aggregate:
             PP.catalog,
             params.costs,
             search=input.search,
+            loss_checks=input.loss_checks,
+            loss_check=params.loss_check,
         )
 
 

@@ -1,6 +1,7 @@
 # The plan (every cell, valid or not) and one job per valid cell.
 
 import pretrain_planner.launch.cell as pp_cell
+import pretrain_planner.launch.losscheck as pp_losscheck
 
 
 rule plan:
@@ -28,6 +29,20 @@ rule benchmark_cell:
         spec=PP.spec,
     run:
         pp_cell.run_cell(params.spec, log[0], threads)
+
+
+rule loss_check:
+    input:
+        cells=loss_check_input,
+    output:
+        curves=f"{LOSS_CHECK_DIR}/{pp_layout.LOSS_CURVES}",
+    log:
+        f"{LOSS_CHECK_DIR}/{pp_layout.LOSS_CHECK_LOG}",
+    threads: PP.loss_check_threads
+    params:
+        spec=PP.loss_check_spec,
+    run:
+        pp_losscheck.run_check(params.spec, input.cells, output.curves, log[0], threads)
 
 
 if PP.adaptive:

@@ -49,6 +49,7 @@ wildcard_constraints:
 
 # Adaptive search (search.strategy: adaptive): per setting, checkpoint rounds decide which cells to run.
 SEARCH_DIR = pp_layout.search_dir_pattern(RESULTS)
+LOSS_CHECK_DIR = pp_layout.loss_check_dir_pattern(RESULTS)
 
 
 def _setting_wc(wildcards):
@@ -84,3 +85,10 @@ def search_done_input(wildcards):
         if pp_search.read_round(path)["done"]:
             return {"last": path, "results": pp_search.round_results(RESULTS, path)}
     raise ValueError(f"adaptive search of {wildcards} did not finish in search.max_rounds rounds")
+
+
+def loss_check_input(wildcards):
+    """A setting's loss check reads the results of the setting's cells (adaptive: those its search ran)."""
+    if PP.adaptive:
+        return search_done_input(wildcards)["results"]
+    return PP.loss_check_cells(wildcards)

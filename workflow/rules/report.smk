@@ -5,10 +5,12 @@
 import pretrain_planner.report.document as pp_document
 import pretrain_planner.report.study_plots as pp_study_plots
 import pretrain_planner.report.calendar_plot as pp_calendar_plot
+import pretrain_planner.report.loss_plot as pp_loss_plot
 
 REPORT = f"{RESULTS}/{pp_layout.REPORT}"
 STUDY_PLOTS = pp_study_plots.plot_files(f"{RESULTS}/{pp_layout.STUDY_PLOTS}")
 CALENDAR_PLOTS = pp_calendar_plot.plot_files(f"{RESULTS}/{pp_layout.PLOTS}")
+LOSS_PLOTS_FILES = pp_loss_plot.plot_files(f"{RESULTS}/{pp_layout.PLOTS}")
 
 
 report: "../report/workflow.rst"
@@ -50,6 +52,18 @@ rule calendar_plot:
         pp_calendar_plot.make_plot(input.calendar, dict(output.items()), log[0])
 
 
+rule loss_plot:
+    input:
+        table=TABLES["loss_check_csv"],
+        curves=PP.loss_check_files(),
+    output:
+        **pp_document.for_report(LOSS_PLOTS_FILES, "Plots"),
+    log:
+        pp_layout.log(RESULTS, "loss_plot.log"),
+    run:
+        pp_loss_plot.make_plot(input.table, dict(output.items()), log[0])
+
+
 rule report:
     input:
         tables=list(TABLES.values()),
@@ -57,6 +71,7 @@ rule report:
         study=list(STUDY_TABLES.values()) + list(WHATIF.values()),
         study_plots=list(STUDY_PLOTS.values()),
         calendar=list(CALENDAR.values()) + list(CALENDAR_PLOTS.values()),
+        loss_plots=list(LOSS_PLOTS_FILES.values()),
         optimal=OPTIMAL,
     output:
         report=REPORT,
@@ -67,7 +82,7 @@ rule report:
     run:
         pp_document.write_report(
             {**TABLES, **STUDY_TABLES, **WHATIF, **CALENDAR},
-            {**PLOTS, **STUDY_PLOTS, **CALENDAR_PLOTS},
+            {**PLOTS, **STUDY_PLOTS, **CALENDAR_PLOTS, **LOSS_PLOTS_FILES},
             input.optimal,
             output.report,
             log[0],

@@ -14,7 +14,7 @@ from typing import Any
 from pretrain_planner import layout, sweeprecord
 from pretrain_planner import search as pp_search
 from pretrain_planner.launch.request import driver_cores
-from pretrain_planner.planning import grid
+from pretrain_planner.planning import grid, losscheck
 from pretrain_planner.planning.catalog import Catalog, load_catalog
 from pretrain_planner.planning.site import for_gpus, read_site, resolve_limits, within_limits
 from pretrain_planner.planning.spec import cell_spec
@@ -59,8 +59,7 @@ class Pipeline:
         return self._settings
 
     def setting(self, wildcards: Any) -> pp_search.Setting:
-        get = wildcards.get if isinstance(wildcards, dict) else (lambda k: getattr(wildcards, k))
-        return self.settings[layout.setting_folder(get("model"), get("gpu"), get("nodes"), get("gpus_per_node"))]
+        return self.settings[layout.setting_folder(*_setting_key(wildcards))]
 
     def search_files(self) -> list[str]:
         """Each setting's final search decision (adaptive), what the aggregation waits for."""
@@ -95,6 +94,39 @@ class Pipeline:
     def spec(self, wildcards: Any, output: Any) -> dict[str, Any]:
         cell = grid.Cell.from_wildcards(wildcards)
         return cell_spec(cell, self.catalog, self.config, output.result, output.steps, self.site)
+
+    @property
+    def loss_check(self) -> dict[str, Any]:
+        """benchmark.loss_check, its mode normalised (planning/losscheck.settings)."""
+        return losscheck.settings(self.config["benchmark"]["loss_check"])
+
+    def loss_check_folders(self) -> list[str]:
+        """The settings ({model}/{gpu}/{N}x{G}) a loss check runs for: every setting with a valid cell."""
+        if self.loss_check["mode"] == "off":
+            return []
+        if self.adaptive:
+            return list(self.settings)
+        return sorted({layout.setting_folder(c.model, c.gpu, c.nodes, c.gpus_per_node) for c in self.cells})
+
+    def loss_check_files(self) -> list[str]:
+        return [f"{layout.loss_check_dir(self.results, f)}/{layout.LOSS_CURVES}" for f in self.loss_check_folders()]
+
+    def loss_check_cells(self, wildcards: Any) -> list[str]:
+        """The result files of a setting's cells (exhaustive search: every valid method's)."""
+        key = _setting_key(wildcards)
+        return [f"{self.results}/{c.path}/{layout.RESULT}" for c in self.cells
+                if (c.model, c.gpu, c.nodes, c.gpus_per_node) == key]  # fmt: skip
+
+    def loss_check_spec(self, wildcards: Any) -> dict[str, Any]:
+        """The check job's spec: the setting's naive cell spec (model, GPU, launcher, site) and the check's config."""
+        cell = grid.Cell(*_setting_key(wildcards), "naive")
+        spec = cell_spec(cell, self.catalog, self.config, "", "", self.site)
+        spec["benchmark"]["loss_check"] = self.loss_check
+        return {**spec, "results": self.results, "name": f"{cell.model}-{cell.gpu}-{cell.nodes}x{cell.gpus_per_node}"}
+
+    def loss_check_threads(self, wildcards: Any) -> int:
+        _, _, nodes, gpus_per_node = _setting_key(wildcards)
+        return driver_cores(self.config["launcher"]["kind"], nodes * gpus_per_node)
 
     def time_limit_min(self, gpu: str) -> int:
         if self.site:
@@ -143,6 +175,7 @@ class Pipeline:
             )
         total = sum(a["hours"] for a in by_part.values())
         lines.append(f"  total: at most {total:.1f} GPU-hours")
+        lines += self.loss_check_lines()
         if self.adaptive:
             cells, bound, probes = self.expected_adaptive()
             lines.append(
@@ -151,6 +184,19 @@ class Pipeline:
                 f"exhaustive upper bound (decisions in {self.results}/search/)"
             )
         return "\n".join(lines)
+
+    def loss_check_lines(self) -> list[str]:
+        """What the loss check adds to the plan: one job per setting, its runs x steps, each step the recipe's."""
+        conf, folders = self.loss_check, self.loss_check_folders()
+        if not folders:
+            return ["  loss check: off (benchmark.loss_check.mode): no method is checked to train naive's model"]
+        which = "each setting's pick" if conf["mode"] == "chosen" else "every method that trains"
+        naive = 2 + conf["seeds"] - 1  # the reference, its half micro-batch, its other dropout seeds (if any dropout)
+        runs = naive + (1 if conf["mode"] == "chosen" else max(1, len(self.cells) // len(folders) - 1))
+        return [f"  loss check ({conf['mode']}): {which} against naive, {len(folders)} settings, one job each of at "
+                f"most {runs} runs x {conf['steps']} steps (about {runs * conf['steps']} step times per setting, "
+                f"against the {self.config['benchmark']['warmup_steps'] + self.config['benchmark']['timed_steps']}+ "
+                "of each cell; tables/benchmark_cost.csv: loss_check_gpu_hours)"]  # fmt: skip
 
     def settings_lines(self) -> list[str]:
         """The effective settings that differ from the schema's defaults, each with the file it came from:
@@ -175,6 +221,12 @@ class Pipeline:
         st = self.setting(wildcards)
         return {"methods": list(st.methods), "top": st.top, "saturated": st.saturated,
                 "tolerance": st.tolerance, "model_error": st.model_error}  # fmt: skip
+
+
+def _setting_key(wildcards: Any) -> tuple[str, str, int, int]:
+    """(model, gpu, nodes, gpus_per_node) of a rule's wildcards (or a dict of them)."""
+    get = wildcards.get if isinstance(wildcards, dict) else (lambda k: getattr(wildcards, k))
+    return get("model"), get("gpu"), int(get("nodes")), int(get("gpus_per_node"))
 
 
 def _span(values: set[int]) -> str:

@@ -16,7 +16,9 @@ from typing import Any
 import polars as pl
 
 from pretrain_planner import layout
+from pretrain_planner.planning.losscheck import DIFFERS, NOT_CHECKED, SAME
 from pretrain_planner.report.calendar_plot import CALENDAR_PLOTS
+from pretrain_planner.report.loss_plot import LOSS_PLOTS
 from pretrain_planner.report.plots import PLOTS as BASE_PLOTS
 from pretrain_planner.report.study_plots import STUDY_PLOTS
 from pretrain_planner.results import atomic_write_text
@@ -26,7 +28,7 @@ from pretrain_planner.tables.aggregate import markdown_body, oom_section, read_t
 
 # workflow/report/: the snakemake-workflows convention, beside the rules (the package runs from the repository)
 CAPTIONS = Path(__file__).resolve().parents[2] / "report"
-PLOTS = {**BASE_PLOTS, **STUDY_PLOTS, **CALENDAR_PLOTS}  # every plot: key -> (file stem, title)
+PLOTS = {**BASE_PLOTS, **STUDY_PLOTS, **CALENDAR_PLOTS, **LOSS_PLOTS}  # every plot: key -> (file stem, title)
 MAX_ROWS = 200  # report.md shows at most this many rows of a table (the CSV holds them all)
 
 
@@ -164,6 +166,33 @@ def _feasibility(feas: pl.DataFrame, cells: pl.DataFrame, links: Links) -> list[
             *links.plot("feasibility")]  # fmt: skip
 
 
+def _loss_check(links: Links) -> list[str]:
+    """Whether each checked method trains the same model as naive (planning/losscheck.py): the verdicts and the
+    curves inside naive's band."""
+    path = links.tables.get("loss_check_csv")
+    if not path or not Path(path).is_file():
+        return []
+    checks = read_table(path)
+    lines = checks.filter(pl.col("role") == "method")
+    if lines.is_empty():
+        said = "No method was checked in this sweep (`benchmark.loss_check.mode` off, or every pick is naive)."
+    else:
+        verdict = pl.col("loss").fill_null(NOT_CHECKED)
+        same = lines.filter(verdict == SAME).height
+        differs = lines.filter(verdict.str.starts_with(DIFFERS)).height
+        settings = lines.select("model", "gpu", "nodes", "gpus_per_node").unique().height
+        n, unchecked = lines.height, lines.height - same - differs
+        said = (f"{n} method line{'s' * (n != 1)} at {settings} setting{'s' * (settings != 1)}: {same} `same` as "
+                f"naive, {differs} `differs`, {unchecked} `not checked`.")  # fmt: skip
+    return [
+        "## Does each method train the same model?\n",
+        links.described("loss_check"),
+        said + "\n",
+        *([markdown_body("loss_check", checks, MAX_ROWS)] if checks.height else []),
+        *(links.plot("loss_check") if "loss_check_png" in links.plots else []),
+    ]
+
+
 def _costs(pareto: pl.DataFrame, kind: str, links: Links) -> list[str]:
     table = (
         markdown_body("pareto", pareto, MAX_ROWS)
@@ -288,6 +317,7 @@ def write_report(
         *_time_to_train(ttt, links),
         *_calendar(links),
         *_feasibility(read_table(tables["feasibility_csv"]), cells, links),
+        *_loss_check(links),
         *_costs(pareto, conf["pareto_cost"], links),
         *_measured_vs_analytic(ttt),
         "## MFU and step time by method\n",

@@ -17,7 +17,7 @@ from typing import Any
 
 import polars as pl
 
-from pretrain_planner.planning import methods
+from pretrain_planner.planning import losscheck, methods
 from pretrain_planner.planning.catalog import Catalog
 from pretrain_planner.planning.flops import train_flops_per_sample
 from pretrain_planner.results import (
@@ -49,12 +49,12 @@ TIME_TO_TRAIN_COLUMNS = [
     "grad_accum_steps", "step_time_s", "step_time_p10_s", "step_time_p90_s", "tokens_per_s", "samples_per_s",
     "mfu", "peak_mem_gib", "training_days", "days_naive", "days_fl", "speedup_vs_naive", "speedup_vs_fl",
     "analytic_step_time_s", "analytic_days", "measured_over_analytic", "analytic_peak_tflops", "peak_kind",
-    "methods_ok", "methods_oom", "methods_unsupported", "methods_suspect", "methods_noisy",
+    "methods_ok", "methods_oom", "methods_unsupported", "methods_suspect", "methods_noisy", "loss", "passed_over",
 ]  # fmt: skip
 FEASIBILITY_COLUMNS = [
     "model", "gpu", "nodes", "gpus_per_node", "world_size", "verdict", "naive", "fl", "fits_naive", "fits_fl",
     "fits_any", "best_method", "training_days", "fitting_methods", "methods_valid", "methods_ok", "methods_oom",
-    "methods_unsupported", "methods_not_measured",
+    "methods_unsupported", "methods_not_measured", "loss",
 ]  # fmt: skip
 COSTS_COLUMNS = [
     "model", "gpu", "nodes", "gpus_per_node", "world_size", "best_method", "training_days", "gpu_price_usd",
@@ -83,12 +83,13 @@ _STR_COLS = {"model", "gpu", "method", "best_method", "status", "reason", "path"
              "verdict", "naive", "fl", "fitting_methods", "partition", "precision", "suspect_reason", "peak_mem_kind",
              "device_name", "hostname", "slurm_job_id", "slurm_nodelist", "submitit_job_id", "started_at",
              "finished_at", "folder", "files", "note", "state", "detail", "strategy", "peak_kind",
-             "peak_source", "need_method", "need_source", "cheapest_fix", "other_fixes"}  # fmt: skip
+             "peak_source", "need_method", "need_source", "cheapest_fix", "other_fixes", "loss", "passed_over",
+             "role", "against", "quantity", "test_fault", "curves"}  # fmt: skip
 _INT_COLS = {"nodes", "gpus_per_node", "world_size", "micro_batch_size", "grad_accum_steps", "methods_ok",
              "methods_oom", "methods_unsupported", "methods_suspect", "methods_noisy", "methods_valid",
              "methods_not_measured",
              "global_batch", "timed_steps", "warmup_steps", "recipe_steps", "time_limit_min", "methods_run",
-             "methods_pruned"}  # fmt: skip
+             "methods_pruned", "left_at", "band_runs", "steps"}  # fmt: skip
 _BOOL_COLS = {"valid", "suspect", "fits_naive", "fits_fl", "fits_any", "pareto"}
 
 
@@ -102,10 +103,16 @@ def column_dtype(name: str) -> type[pl.DataType]:
     return pl.Float64
 
 
-TABLE_NAMES = ("cells", "time_to_train", "feasibility", "costs", "pareto", "problems", "benchmark_cost")
+TABLE_NAMES = ("cells", "time_to_train", "feasibility", "costs", "pareto", "problems", "benchmark_cost", "loss_check")
+LOSS_CHECK_COLUMNS = [
+    "model", "gpu", "nodes", "gpus_per_node", "world_size", "method", "role", "against", "loss", "quantity",
+    "tail_rel", "worst_ratio", "left_at", "band_runs", "steps", "global_batch", "note", "test_fault", "curves",
+]  # fmt: skip
+REFERENCE = "reference"  # naive's `loss`: the curve every method is compared with
 BENCHMARK_COST_COLUMNS = [
     "model", "gpu", "nodes", "gpus_per_node", "world_size", "strategy", "best_method", "methods_valid",
     "methods_run", "methods_pruned", "gpu_hours_spent", "gpu_hours_max_run", "gpu_hours_max_exhaustive",
+    "loss_check_gpu_hours",
 ]  # fmt: skip
 
 
@@ -297,12 +304,22 @@ def _ok(cells: pl.DataFrame) -> pl.DataFrame:
 
 
 def time_to_train(cells: pl.DataFrame) -> pl.DataFrame:
-    """Per model x GPU x count: the fastest method that ran (ok, not suspect) beside naive and fl alone."""
-    for col in ANALYTIC_COLUMNS:
+    """Per model x GPU x count: the fastest method that ran (ok, not suspect) and is not known to train another
+    model (its loss check `same` or `not checked`; the faster ones that differ are named in `passed_over`), beside
+    naive and fl alone."""
+    for col in [*ANALYTIC_COLUMNS, "loss"]:
         if col not in cells.columns:
             cells = cells.with_columns(pl.lit(None, dtype=column_dtype(col)).alias(col))
     ok = _ok(cells)
-    best = ok.sort("step_time_s", "method").group_by(GROUP, maintain_order=True).first()
+    differs = pl.col("loss").fill_null("").str.starts_with(losscheck.DIFFERS)
+    ranked = ok.sort("step_time_s", "method")
+    best = ranked.filter(~differs).group_by(GROUP, maintain_order=True).first()
+    passed = (
+        ranked.join(best.select(*GROUP, pl.col("step_time_s").alias("_best_s")), on=GROUP, how="left")
+        .filter(differs & (pl.col("step_time_s") < pl.col("_best_s").fill_null(float("inf"))))
+        .group_by(GROUP, maintain_order=True)
+        .agg(pl.format("{} ({})", "method", "loss").str.join("; ").alias("passed_over"))
+    )
 
     def days_of(method: str) -> pl.DataFrame:
         return ok.filter(pl.col("method") == method).select(*GROUP, pl.col("training_days").alias(f"days_{method}"))
@@ -320,6 +337,7 @@ def time_to_train(cells: pl.DataFrame) -> pl.DataFrame:
     )
     table = (
         best.rename({"method": "best_method"})
+        .join(passed, on=GROUP, how="left")
         .join(days_of("naive"), on=GROUP, how="left")
         .join(days_of("fl"), on=GROUP, how="left")
         .join(counts, on=GROUP, how="left")
@@ -328,7 +346,8 @@ def time_to_train(cells: pl.DataFrame) -> pl.DataFrame:
             (pl.col("days_fl") / pl.col("training_days")).alias("speedup_vs_fl"),
         )
     )
-    return table.select(TIME_TO_TRAIN_COLUMNS).cast({c: pl.Int64 for c in TIME_TO_TRAIN_COLUMNS[-5:]}).sort(GROUP)
+    counted = ["methods_ok", "methods_oom", "methods_unsupported", "methods_suspect", "methods_noisy"]
+    return table.select(TIME_TO_TRAIN_COLUMNS).cast({c: pl.Int64 for c in counted}).sort(GROUP)
 
 
 def _method_state(cells: pl.DataFrame, method: str) -> pl.DataFrame:
@@ -358,7 +377,7 @@ def feasibility(cells: pl.DataFrame, ttt: pl.DataFrame) -> pl.DataFrame:
     table = (
         groups.join(_method_state(cells, "naive"), on=GROUP, how="left")
         .join(_method_state(cells, "fl"), on=GROUP, how="left")
-        .join(ttt.select(*GROUP, "best_method", "training_days"), on=GROUP, how="left")
+        .join(ttt.select(*GROUP, "best_method", "training_days", "loss"), on=GROUP, how="left")
         .with_columns(
             pl.col("naive").fill_null("not swept"),
             pl.col("fl").fill_null("not swept"),
@@ -423,9 +442,11 @@ def pareto_table(costs: pl.DataFrame, costs_config: dict[str, Any] | None = None
     )
 
 
-def benchmark_cost(cells: pl.DataFrame, ttt: pl.DataFrame, strategy: str) -> pl.DataFrame:
+def benchmark_cost(cells: pl.DataFrame, ttt: pl.DataFrame, strategy: str,
+                   check_hours: dict[tuple[Any, ...], float] | None = None) -> pl.DataFrame:  # fmt: skip
     """Per setting: GPU-hours the benchmark itself spent (wall time x GPUs of every measured cell) beside the
-    time-limit bound of the cells it ran and of every valid cell (what exhaustive search could spend)."""
+    time-limit bound of the cells it ran and of every valid cell (what exhaustive search could spend), and what
+    its loss check spent (`check_hours`: its job's wall time x GPUs, by setting; 0 where no job was needed)."""
     measured = pl.col("status").is_in([*STATUSES, "corrupt"])
     wall = pl.col("wall_time_s") if "wall_time_s" in cells.columns else pl.lit(None, pl.Float64)
     bound = pl.col("gpu_hours_max") if "gpu_hours_max" in cells.columns else pl.lit(None, pl.Float64)
@@ -444,7 +465,50 @@ def benchmark_cost(cells: pl.DataFrame, ttt: pl.DataFrame, strategy: str) -> pl.
         .join(ttt.select(*GROUP, "best_method"), on=GROUP, how="left")
         .with_columns(pl.lit(strategy).alias("strategy"))
     )
+    rows = [{**dict(zip(GROUP, k, strict=True)), "loss_check_gpu_hours": v} for k, v in (check_hours or {}).items()]
+    hours = pl.DataFrame(rows, schema={**{c: column_dtype(c) for c in GROUP}, "loss_check_gpu_hours": pl.Float64})
+    table = table.join(hours, on=GROUP, how="left")
     return table.select(BENCHMARK_COST_COLUMNS).sort(GROUP)
+
+
+def loss_check_table(paths: Iterable[str], conf: dict[str, Any] | None) -> tuple[pl.DataFrame, dict[Any, float]]:
+    """Every checked method's verdict and every precision change's line (planning/losscheck.judge_records), and
+    each setting's check cost in GPU-hours, from the settings' curves files."""
+    conf = losscheck.settings(conf)
+    records, hours = [], {}
+    for path in paths:
+        rec = losscheck.read(path)
+        if rec is None or "setting" not in rec:
+            continue
+        rec["curves"] = str(path)
+        records.append(rec)
+        s = rec["setting"]
+        check = rec.get("check") or {}
+        spent = check.get("gpu_hours_spent", check.get("gpu_hours_estimate"))  # measured, else steps x step time
+        hours[(s["model"], s["gpu"], s["nodes"], s["gpus_per_node"])] = spent or 0.0
+    rows = losscheck.judge_records(records, conf["k"], conf["tail"])
+    curves = {losscheck.folder_of(r): r["curves"] for r in records}
+    for r in rows:
+        r["world_size"] = r["nodes"] * r["gpus_per_node"]
+        r["curves"] = curves.get(losscheck.folder_of({"setting": r}))
+    schema = {c: column_dtype(c) for c in LOSS_CHECK_COLUMNS}
+    table = pl.DataFrame([{c: r.get(c) for c in LOSS_CHECK_COLUMNS} for r in rows], schema=schema)
+    return table.sort(KEYS), hours
+
+
+def with_loss(cells: pl.DataFrame, checks: pl.DataFrame, checked: bool) -> pl.DataFrame:
+    """cells.csv's `loss`: each method's verdict, `reference` for naive where a check ran, else `not checked`."""
+    verdicts = checks.filter(pl.col("role") == "method").select(*KEYS, "loss")
+    ran = pl.col("status").is_in(RAN)
+    return cells.join(verdicts, on=KEYS, how="left").with_columns(
+        pl.when(pl.col("loss").is_not_null())
+        .then(pl.col("loss"))
+        .when(ran & (pl.col("method") == "naive") & pl.lit(checked))
+        .then(pl.lit(REFERENCE))
+        .when(ran)
+        .then(pl.lit(losscheck.NOT_CHECKED))
+        .alias("loss")
+    )
 
 
 # ------------------------------------------------------------------------------------------- writing
@@ -459,6 +523,11 @@ TABLE_INTROS = {
     "beside "
     "naive and free-lunch (`fl`) alone and the analytic estimate at 100% of the dense peak.",
     "feasibility": "Which settings fit in memory with naive, with free-lunch alone, and with any method.",
+    "loss_check": "Whether each checked method trains the same model as naive: from naive's initial weights on "
+    "naive's batches, its loss (and gradient norm) per step against naive's, inside the band naive's own legitimate "
+    "variants span (another micro-batch split, another world size, another dropout seed); `same`, or `differs` with "
+    'the tail\'s relative difference and the step where it left (docs/methods.md "Loss equivalence"). A '
+    "`precision` line compares naive at a method's precision with naive.",
     "costs": "What the best setting of each model x GPU type x count costs: hardware purchase, amortised "
     "experiment cost, cloud rent. A blank cost has its reason in `cost_note`.",
     "pareto": "Per model, the settings that no other setting beats in both days to train and cost.",
@@ -515,10 +584,15 @@ def build_all(
     costs_config: dict[str, Any] | None = None,
     pruned: dict[tuple[str, str, int, int, str], str] | None = None,
     strategy: str = "exhaustive",
+    loss_checks: Iterable[str] = (),
+    loss_check: dict[str, Any] | None = None,
 ) -> dict[str, pl.DataFrame]:
-    """Every table, in memory."""
+    """Every table, in memory (`loss_checks`: the settings' loss-check curves files; `loss_check`: its config)."""
     cells, problems = cells_table(plan, result_paths, catalog, pruned)
     cells = memfix.explain_cells(cells, catalog)
+    loss_checks = list(loss_checks)
+    checks, check_hours = loss_check_table(loss_checks, loss_check)
+    cells = with_loss(cells, checks, bool(loss_checks))
     ttt = time_to_train(cells)
     costs = costs_table(ttt, catalog, costs_config)
     return {
@@ -528,7 +602,8 @@ def build_all(
         "costs": costs,
         "pareto": pareto_table(costs, costs_config),
         "problems": problems,
-        "benchmark_cost": benchmark_cost(cells, ttt, strategy),
+        "benchmark_cost": benchmark_cost(cells, ttt, strategy, check_hours),
+        "loss_check": checks,
     }
 
 
@@ -540,16 +615,19 @@ def build_tables(
     catalog: Catalog | None = None,
     costs_config: dict[str, Any] | None = None,
     search: Iterable[str] = (),
+    loss_checks: Iterable[str] = (),
+    loss_check: dict[str, Any] | None = None,
 ) -> dict[str, pl.DataFrame]:
     """The `aggregate` rule: every table to CSV + Markdown (cells also Parquet), a log naming problems.
-    With the adaptive search, `search` lists each setting's search.json: the cells it ran and those pruned."""
+    With the adaptive search, `search` lists each setting's search.json: the cells it ran and those pruned;
+    `loss_checks` each setting's loss-check curves file (`loss_check`: benchmark.loss_check)."""
     from pretrain_planner.search import read_searches
 
     t0 = time.perf_counter()
     searched, pruned = read_searches(search)
     paths = [*result_paths, *searched]
     strategy = "adaptive" if list(search) else "exhaustive"
-    tables = build_all(plan_csv, paths, catalog, costs_config, pruned, strategy)
+    tables = build_all(plan_csv, paths, catalog, costs_config, pruned, strategy, loss_checks, loss_check)
     cells = tables["cells"]
     atomic_write(out["cells_parquet"], cells.write_parquet)
     _write(out, "cells", cells, cells.drop(JSON_FIELDS))
@@ -562,6 +640,8 @@ def build_tables(
         f"{tables['pareto'].height} on a Pareto front; {problems.height} unusable result files "
         f"({time.perf_counter() - t0:.2f} s)",
         f"{strategy} search: {tables['benchmark_cost']['gpu_hours_spent'].sum():.3f} GPU-hours spent by the benchmark",
+        f"loss check: {tables['loss_check'].height} lines, "
+        f"{tables['benchmark_cost']['loss_check_gpu_hours'].fill_null(0).sum():.4f} GPU-hours",
     ]
     lines += [f"SKIPPED {p}: {why}" for p, why in problems.select("path", "problem").iter_rows()]
     atomic_write_text(log_path, "\n".join(lines) + "\n")

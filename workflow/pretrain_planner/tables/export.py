@@ -310,6 +310,12 @@ def _plan_record(
         "method_settings": s,
         "not_expressible": not_expressible(model, s),
         "measured": {k: row.get(k) for k in MEASURED},
+        # does this method train the same model as naive (tables/loss_check.md; the curves every verdict rests on)
+        "loss_check": {
+            "verdict": row.get("loss") or "not checked",
+            "passed_over": row.get("passed_over"),
+            "curves": row.get("loss_curves"),
+        },  # fmt: skip
         "notes": notes,
     }
 
@@ -352,6 +358,8 @@ def _export_setting(
     if model is None or gpu is None:
         return _no_plan(target, f["model"], folder, f"{f['model']} or {f['gpu']} is no longer in the catalog")
     row = {k: _clean(v) for k, v in row.items()}
+    curves = Path(layout.loss_check_dir(results, folder)) / layout.LOSS_CURVES
+    row["loss_curves"] = str(curves.resolve()) if curves.is_file() else None
     return write_plan(target, model, gpu, row, _recorded_settings(results, folder, row["best_method"]), seed)
 
 

@@ -70,6 +70,7 @@ VIEWS: dict[str, list[Column]] = {
         ("memory", _unit("peak_mem_gib", units.gib)),
         ("days", _unit("training_days", units.days)),
         ("vs naive", _unit("speedup_vs_naive", units.times)),
+        ("loss", _text("loss")),
     ],
     "measured_vs_analytic": [
         *KEY,
@@ -90,6 +91,18 @@ VIEWS: dict[str, list[Column]] = {
         ("needs at mb 1", _need),
         ("GPU memory", _unit("gpu_memory_gib", units.gib)),
         ("cheapest fix", _text("cheapest_fix")),
+        ("loss", _text("loss")),
+    ],
+    "loss_check": [
+        *KEY,
+        ("method", _text("method")),
+        ("line", _text("role")),
+        ("against", _text("against")),
+        ("loss", _text("loss")),
+        ("worst / band", lambda r: "" if r.get("worst_ratio") is None else units.number(r["worst_ratio"], 3)),
+        ("band runs", _text("band_runs")),
+        ("steps", _text("steps")),
+        ("note", _text("note")),
     ],
     "oom": [
         *KEY,

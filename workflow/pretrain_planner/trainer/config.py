@@ -22,6 +22,7 @@ class BenchConfig:
     suspect_mfu: float
     max_spread: float  # p90/p10 above which the timing is repeated once, then kept as `noisy`
     device: str  # auto: CUDA for GPU types, CPU for `cpu`; cpu: force CPU (plumbing tests)
+    loss_check: dict[str, Any] | None = None  # benchmark.loss_check (the check job reads it, launch/losscheck.py)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ skipped.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -208,6 +209,8 @@ def build(
     lr_schedule: str,
     compile_note: str | None = None,
     fake_oom: Any = None,
+    init_state: dict[str, torch.Tensor] | None = None,
+    overrides: dict[str, Any] | None = None,
 ) -> Built:
     """The model (fresh weights from `seed`, the same on every rank) with the method applied, as a step: its
     settings resolved once here (with `micro` and `accum`, and FSDP2's `grad_sync` when the measurement chose
@@ -215,12 +218,17 @@ def build(
     applied. `attn`: the attention of free-lunch without `fa2` when a stage sets its own (None: the settings').
     `lr_every_step`: the loop sets the learning rate every step (a stage's schedule; the benchmark's stays the
     recipe's), so `cstep` keeps it in a tensor. `lr_schedule` and `compile_note` go into the settings; `fake_oom`:
-    the out-of-memory test hook of a benchmark cell (trainer/oom.py). The seconds of the model's build and of the
-    method's wrapping are `Built.timings` (and the step's `build_timings`)."""
+    the out-of-memory test hook of a benchmark cell (trainer/oom.py). `init_state`: weights loaded into the fresh
+    model before the method wraps it (the loss check's one saved init; FSDP2's skeleton ranks get rank 0's);
+    `overrides`: resolved settings replaced (the loss check's naive at a method's precision, e.g. `tf32`). The
+    seconds of the model's build and of the method's wrapping are `Built.timings` (and the step's
+    `build_timings`)."""
     env.sync()
     t0 = time.perf_counter()
     m = spec.method
     s = resolve(spec, micro, accum, grad_sync)
+    if overrides:
+        s = dataclasses.replace(s, **overrides)
     attn_req = attn if attn is not None and m.free_lunch and not m.flash_attn else s.attn_implementation
     fused_ce = kernels.fused_ce_impl(m, env.device)
     # FSDP2 on several ranks: rank 0 builds the weights on the CPU, the others a skeleton (trainer.fsdp)
@@ -229,6 +237,8 @@ def build(
     if fake_oom is not None:
         fake_oom.at_build(micro, env.rank)
     net, attn_used, extras = build_with_extras(model, m, attn_req, fused_ce, seed, meta=meta)
+    if init_state is not None and not meta:
+        net.load_state_dict(init_state, strict=True)
     if fake_oom is not None:
         fake_oom.install(net, env.rank)
     env.sync()
