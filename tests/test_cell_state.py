@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -317,5 +318,7 @@ def test_the_sweep_console_shows_progress_and_one_line_per_cell(tmp_path):
     assert "steps (100%) done" in out and "Finished jobid" in out
     (line,) = [ln for ln in out.splitlines() if ln.startswith("cell ")]
     assert line.startswith("cell tiny-gptneox/cpu/1x1/naive: ok, micro-batch 4 x 4, step ")
-    # the settings and plan header (~15 lines), then ~5 lines of Snakemake's progress for each of the 12 jobs
-    assert len(out.splitlines()) < 105, out
+    # the settings and plan header (~15 lines), then at most ~7 lines of Snakemake's progress for each job (the
+    # per-rule blocks this test keeps out would add ~10 more each)
+    jobs = int(re.search(r"of (\d+) steps \(100%\) done", out).group(1))
+    assert len(out.splitlines()) < 30 + 7 * jobs, out
