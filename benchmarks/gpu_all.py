@@ -13,6 +13,7 @@ Parts, in the order of their value (each in its own processes, with its own time
   p5_train   P5: the train stage from a plan exported from p2_410m's cell (no Snakemake, no polars)
   p4_status  every method on Pythia-160M, cheapest first, three processes at once (statuses, not timings)
   p4_probes  the OOM probe and the timing-honesty check
+  p6_loss    P6: the lever cells' loss against naive's on Pythia-160M (issue 39), only if time is left
   p2_cg      P2 with CUDA graphs instead of the compiled step, only if time is left
 
 A part may use the time earlier parts left unused (each must end by the time its budget plus theirs allows) and
@@ -313,6 +314,18 @@ class Run:
         rec = run_train(source, self.catalog, folder, steps, self.settings.threads, deadline, sys.executable)
         st["records"].append(rec)
         self.log(f"  {rec['label']}: {_line(rec)}")
+        self._write_report(part)
+
+    def _loss(self, part: Part, deadline: float) -> None:
+        from gpucheck.losscheck import run_loss_check
+
+        st = self.state[part.name]
+        (plan,) = part.groups[0]
+        self.log(f"  {plan.label}: {', '.join(plan.methods)} against naive, {plan.steps} steps")
+        for rec in run_loss_check(plan, self.catalog, self.settings.gpu, self.settings.threads,
+                                  self.work / part.name, deadline):  # fmt: skip
+            st["records"].append(rec)
+            self.log(f"  {rec['label']}: {rec.get('loss') or ''} {_line(rec)}")
         self._write_report(part)
 
     # -- reports and packing ---------------------------------------------------------------------------------

@@ -2,8 +2,8 @@
 
 `SMOKE=1 bash benchmarks/gpu_all.sh` is the whole GPU run rehearsed (issue 28): the time plan first, every part in
 its own processes (P2 the levers with their fallback, P1 a sustained run, P5 the train stage from an exported plan
-with polars and Snakemake made unimportable, P4 every method and the probes), four files in $OUT rewritten after
-every part. accuracy.py runs its measure-then-sustain comparison.
+with polars and Snakemake made unimportable, P4 every method and the probes, P6 the lever cells' loss check), four
+files in $OUT rewritten after every part. accuracy.py runs its measure-then-sustain comparison.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+from gpucheck import losscheck, report  # noqa: E402
 from gpucheck import plans as P  # noqa: E402
 
 pytestmark = pytest.mark.slow  # minutes of training subprocesses: not in the everyday subset
@@ -115,6 +116,37 @@ def test_every_method_and_the_probes(smoke):
     assert [t["fits"] for t in oom] == [False, False, True]
     assert probes["timing honesty"]["status"] == "ok"
     assert _records(summary, "p2_cg")["tiny-gptneox/fl+liger+flce+cg"]["status"] == "unsupported"
+
+
+def test_the_lever_cells_train_the_same_model_as_naive(smoke):
+    """P6 (issue 39): each lever that runs here is `same` as naive, and passes its check; the GPU-only ones are
+    `unsupported` with the reason."""
+    _, out, summary = smoke
+    recs = _records(summary, "p6_loss")
+    for lever in ("fl+flce", "fl+cstep"):
+        rec = recs[f"tiny-gptneox/{lever} vs naive"]
+        assert rec["loss"] == "same" and rec["checks"] == [[losscheck.SAME_CHECK, True]], rec
+        assert rec["band_runs"] >= 1  # naive's half-micro-batch variant at least
+    for lever in ("fl+liger", "fl+cg", P.LEVERS):
+        rec = recs[f"tiny-gptneox/{lever} vs naive"]
+        assert rec["status"] == "unsupported" and "CUDA" in rec["reason"], rec
+    assert "## P6" in (out / "summary.md").read_text()
+
+
+def test_a_lever_that_trains_another_model_fails_its_check(tmp_path, monkeypatch):
+    """The check can fail: fl+flce's learning rate doubled (the trainer's test fault) is `differs`, its check
+    fails, and gpu_all would mark the part `problems`."""
+    import time
+
+    from pretrain_planner.planning.catalog import load_catalog
+    from pretrain_planner.trainer.losscheck import FAULT_ENV
+
+    monkeypatch.setenv(FAULT_ENV, "fl+flce=lr_x2")
+    plan = losscheck.LossPlan("tiny-gptneox", ("fl+flce",), 2, 8, 6, compile_model=False, fp32=True)
+    catalog = load_catalog(REPO / "config/models.yaml", REPO / "config/gpus.yaml")
+    (rec,) = losscheck.run_loss_check(plan, catalog, "cpu", 2, tmp_path, time.time() + 300)
+    assert rec["loss"].startswith("differs") and rec["checks"] == [(losscheck.SAME_CHECK, False)], rec
+    assert report.failed(rec)
 
 
 def test_accuracy_smoke(tmp_path):

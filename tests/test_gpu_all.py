@@ -109,7 +109,7 @@ def test_gpu_time_plan_fits_the_command(tmp_path):
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((tmp_path / "out/summary.json").read_text())
     parts = summary["parts"]
-    assert list(parts) == ["env", "p2_1b", "p2_410m", "p1_1b", "p5_train", "p4_status", "p4_probes", "p2_cg"]
+    assert list(parts) == ["env", "p2_1b", "p2_410m", "p1_1b", "p5_train", "p4_status", "p4_probes", "p6_loss", "p2_cg"]
     assert all(st["predicted_s"] > 0 for st in parts.values())
     assert max(st["ends_by_s"] for st in parts.values()) <= 540
     assert sum(parts[p]["budget_s"] for p in ("env", "p2_1b", "p2_410m", "p1_1b", "p5_train")) <= 540

@@ -9,6 +9,7 @@ from typing import Any
 
 from . import plans as P
 from . import timeplan
+from .losscheck import loss_plan
 
 SMOKE_SCALE = 3  # smoke: every budget x3 (a shared 2-core CPU, maybe 2x slower in CI): it checks the script
 SMOKE_BLOCKED = ("polars", "snakemake", "pretrain_planner")  # not on the GPU machine (pretrain_planner: not
@@ -25,7 +26,7 @@ class Part:
     value: str  # which of issue 28's figures
     title: str
     budget_s: float
-    kind: str  # "env", "cells" or "train"
+    kind: str  # "env", "cells", "train" or "loss"
     groups: list[list[Any]] = field(default_factory=list)  # cells: the plans, one worker process per group
     lanes: int = 1  # worker processes at once (1 wherever a timing is the result)
     optional: bool = False  # runs only on time the others left
@@ -50,7 +51,7 @@ def build_parts(smoke: bool) -> list[Part]:
             *P.multi_plans("pythia-160m", 8, smoke=False),
         ]
         sustained, cg, lanes = P.sustained_plan(big, 100), P.cg_plan("pythia-1b"), 3
-    m_big, m_small = big[0].model, small[0].model
+    m_big, m_small, loss = big[0].model, small[0].model, loss_plan(smoke)
     scale = SMOKE_SCALE if smoke else 1
     parts = [
         Part("env", "5", "the machine: date, GPU, driver, versions, optional back-ends", 10, "env", min_s=5),
@@ -105,6 +106,15 @@ def build_parts(smoke: bool) -> list[Part]:
             [[P.oom_probe(smoke)], [P.honesty_plan(smoke)]],
         ),
         Part(
+            "p6_loss",
+            "P6",
+            f"the lever cells' loss against naive's on {loss.model} ({', '.join(loss.methods)}; time permitting)",
+            200,
+            "loss",
+            [[loss]],
+            optional=True,
+        ),
+        Part(
             "p2_cg",
             "P2",
             f"{cg.label}: CUDA graphs instead of the compiled step (time permitting)",
@@ -131,7 +141,22 @@ def predicted_s(part: Part, catalog, settings) -> float:
                                timeplan.machine(settings))  # fmt: skip
         fixed = train_overhead_s(model, settings)
         return fixed + (2 + train_steps(settings, step, part.budget_s - fixed)) * step
+    if part.kind == "loss":
+        return loss_check_s(part.groups[0][0], catalog, settings)
     return timeplan.groups_s(part.groups, catalog, settings, part.lanes)
+
+
+def loss_check_s(plan, catalog, settings) -> float:
+    """P6's predicted seconds: its process, a build per run (naive, its variants, naive at the levers' precision,
+    each lever), each run's steps at the levers' step time, one compile per compiled lever."""
+    m = timeplan.machine(settings)
+    model = catalog.model(plan.model).to_dict()
+    gpu = catalog.gpu(settings.gpu).to_dict()
+    runs = 2 * 3 + len(plan.methods)
+    step = timeplan.step_s(model, "fl", plan.global_batch, gpu, settings.on_gpu, m)
+    # GPU: every lever's model is compiled (warm caches); CPU: the model stays eager, cstep's optimizer step compiles
+    compiled = (len(plan.methods) if plan.compile_model else 0) if settings.on_gpu else 1
+    return m.process_s + runs * (m.build_s + plan.steps * step) + compiled * timeplan.compile_s(model, m)
 
 
 def train_overhead_s(model: dict[str, Any], settings) -> float:

@@ -137,6 +137,20 @@ def _probes(summary: dict[str, Any]) -> list[str]:
     return out + honesty_section(honesty)[1:] if (oom or honesty) else ["Not run.\n"]
 
 
+def _loss(summary: dict[str, Any]) -> list[str]:
+    recs = _records(summary, "p6_loss")
+    if not recs:
+        return ["Not run.\n"]
+    rows = [[rec["label"], rec.get("role") or "–", rec.get("loss") or "–", status_text(rec), check_text(rec),
+             f(rec.get("band_runs"), "{}")] for rec in recs]  # fmt: skip
+    return [
+        table(["line", "role", "verdict", "status", "checks", "band runs"], rows),
+        "`same`: the curve stays inside naive's band (its half-micro-batch and dropout-seed variants), the mean of "
+        "the last 20% of steps within it and no step past 3x it (docs/methods.md, Loss equivalence); a `precision` "
+        "line is naive at the levers' precision against naive itself, named, not judged.\n",
+    ]
+
+
 def _time_plan(summary: dict[str, Any]) -> list[str]:
     rows = []
     for name, st in summary["parts"].items():
@@ -183,6 +197,8 @@ def render_summary(summary: dict[str, Any]) -> str:
         *_statuses(summary),
         "## P4: the OOM probe and timing honesty\n",
         *_probes(summary),
+        "## P6: do the levers train the same model as naive? (the loss check)\n",
+        *_loss(summary),
         "## The time plan and what happened\n",
         *_time_plan(summary),
         "## The machine\n",
