@@ -43,13 +43,15 @@ def runs(mb: int) -> list[dict]:
     return out
 
 
-def one(model: dict, gpu: dict, seed: int, steps: int, work: Path) -> list[dict]:
+def one(model: dict, gpu: dict, seed: int, steps: int, work: Path, eager: bool = False) -> list[dict]:
     spec = {"cell": {"model": model["name"], "gpu": "cpu", "nodes": 1, "gpus_per_node": 1, "method": "naive"},
             "init_method": "naive", "model": model, "gpu": gpu, "benchmark": section("config", "benchmark", {}),
             "threads_per_rank": os.cpu_count() or 1,
             "check": {"steps": steps, "global_batch": model["recipe"]["global_batch"], "seed": seed,
                       "init": str(work / f"init-{model['name']}-{seed}.pt")},
             "runs": runs(4), "outputs": {"curves": str(work / f"curves-{model['name']}-{seed}.json")}}  # fmt: skip
+    if eager:
+        spec["compile_model"] = False  # the models stay eager (a CPU compile per run dominates the time)
     rec = losscheck.run_rank(spec)["record"]
     conf = lc.settings()
     return lc.judge_records([rec], conf["k"], conf["tail"])
@@ -61,25 +63,37 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=lc.settings()["steps"])
     ap.add_argument("--models", nargs="+", default=["tiny-gptneox", "tiny-bert"])
     ap.add_argument("--out", default=str(REPO / "benchmarks/results/loss_check_false_alarm"))
+    ap.add_argument("--eager", action="store_true", help="no model compiled (fl's compile left out)")
     args = ap.parse_args()
     os.environ[losscheck.FAULT_ENV] = ";".join(f"{n}={f}" for n, (_, f) in BROKEN.items())
     catalog = load_catalog(REPO / "config/models.yaml", REPO / "config/gpus.yaml")
     gpu = catalog.gpu("cpu").to_dict()
-    t0, rows = time.time(), []
+    t0, rows, lines = time.time(), [], []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
             for seed in range(args.seeds):
-                for r in one(catalog.model(name).to_dict(), gpu, seed, args.steps, Path(tmp)):
+                for r in one(catalog.model(name).to_dict(), gpu, seed, args.steps, Path(tmp), args.eager):
                     rows.append({"model": name, "seed": seed, "method": r["method"], "loss": r["loss"],
                                  "worst_ratio": r.get("worst_ratio"), "left_at": r.get("left_at")})  # fmt: skip
                 print(f"{name} seed {seed}: " + ", ".join(f"{r['method']} {r['loss']}" for r in rows[-6:]),
                       flush=True)  # fmt: skip
+                lines = write(args, rows, t0)  # after every seed: a run stopped early keeps what it measured
+    print("\n".join(lines))
+
+
+def write(args: argparse.Namespace, rows: list[dict], t0: float) -> list[str]:
+    """The table and the JSON of the seeds run so far."""
+    seeds = {name: len({r["seed"] for r in rows if r["model"] == name}) for name in args.models}
     lines = [
         "# Loss check: false alarms and catches",
         "",
-        f"`.venv/bin/python benchmarks/loss_check_false_alarm.py --seeds {args.seeds} --steps {args.steps}` "
-        f"({time.strftime('%Y-%m-%d')}, one CPU rank, {time.time() - t0:.0f} s; k = {lc.settings()['k']}, tail = "
-        f"{lc.settings()['tail']}). Each seed changes the initial weights and the batches. A correct method called "
+        f"`.venv/bin/python benchmarks/loss_check_false_alarm.py --seeds {args.seeds} --steps {args.steps}"
+        f"{' --eager' if args.eager else ''}` "
+        f"({time.strftime('%Y-%m-%d')}, one CPU rank, {time.time() - t0:.0f} s so far; seeds run: "
+        + ", ".join(f"{n} {k}" for n, k in seeds.items())
+        + f"; k = {lc.settings()['k']}, tail = {lc.settings()['tail']}"
+        + ("; models eager, no compile" if args.eager else "")
+        + "). Each seed changes the initial weights and the batches. A correct method called "
         "`differs` is a false alarm; a broken one called `same` is a miss.",
         "",
         "| model | method | kind | same | differs | rate | worst distance / band (max over seeds) |",
@@ -89,6 +103,8 @@ def main() -> None:
     for name in args.models:
         for method in [*CORRECT, *BROKEN]:
             mine = [r for r in rows if r["model"] == name and r["method"] == method]
+            if not mine:
+                continue
             differs = sum(r["loss"].startswith(lc.DIFFERS) for r in mine)
             same = sum(r["loss"] == lc.SAME for r in mine)
             kind = "broken" if method in BROKEN else "correct"
@@ -103,7 +119,7 @@ def main() -> None:
     lines += ["", f"False-alarm rate over every correct method and seed: {alarms}/{total}."]
     Path(args.out + ".md").write_text("\n".join(lines) + "\n")
     Path(args.out + ".json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1) + "\n")
-    print("\n".join(lines))
+    return lines
 
 
 if __name__ == "__main__":
