@@ -12,7 +12,6 @@ in its own process: `python -m gpucheck.losscheck spec.json`).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from pretrain_planner.planning.grid import Cell
 from pretrain_planner.planning.spec import cell_spec
 
 from .plans import LEVERS
+from .runner import worker_env
 
 SAME_CHECK = "trains the same model as naive (loss and gradient norm inside naive's band)"
 
@@ -94,7 +94,7 @@ def run_loss_check(plan: LossPlan, catalog: Catalog, gpu: str, threads: int, fol
     try:
         with log.open("w") as fh:
             proc = subprocess.run([python, "-m", "gpucheck.losscheck", str(folder / "spec.json")], stdout=fh,
-                                  stderr=subprocess.STDOUT, env=_env(),
+                                  stderr=subprocess.STDOUT, env=worker_env(),
                                   timeout=max(1.0, deadline - t0), start_new_session=True)  # fmt: skip
         code: int | None = proc.returncode
     except subprocess.TimeoutExpired:
@@ -108,13 +108,6 @@ def run_loss_check(plan: LossPlan, catalog: Catalog, gpu: str, threads: int, fol
                  "reason": f"the check's process: {why}", "worker_log_tail": tail, "wall_s": wall}]  # fmt: skip
     conf = lc.settings()
     return [record(row, head, wall) for row in lc.judge_records([curves], conf["k"], conf["tail"])]
-
-
-def _env() -> dict[str, str]:
-    """The check process's environment: this one, with benchmarks/ on the path (for `-m gpucheck.losscheck`)."""
-    here = str(Path(__file__).resolve().parents[1])
-    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
-    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
 
 
 def record(row: dict[str, Any], head: dict[str, Any], wall: float) -> dict[str, Any]:

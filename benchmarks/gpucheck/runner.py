@@ -27,6 +27,12 @@ BENCHMARKS = Path(__file__).resolve().parents[1]
 REPO = BENCHMARKS.parent
 
 
+def worker_env() -> dict[str, str]:
+    """A worker process's environment: this one, with benchmarks/ and workflow/ first on the path, unbuffered."""
+    path = [str(BENCHMARKS), str(REPO / "workflow"), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p), "PYTHONUNBUFFERED": "1"}
+
+
 @dataclass
 class _Worker:
     proc: subprocess.Popen
@@ -56,10 +62,6 @@ class Runner:
     poll_s: float = 0.25
     _n: int = 0
 
-    def _env(self) -> dict[str, str]:
-        path = [str(BENCHMARKS), str(REPO / "workflow"), os.environ.get("PYTHONPATH", "")]
-        return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p), "PYTHONUNBUFFERED": "1"}
-
     def _start(self, plans: list[Plan]) -> _Worker:
         self._n += 1
         name = f"worker{self._n:02d}"
@@ -81,7 +83,7 @@ class Runner:
         proc = subprocess.Popen(
             [self.python, "-m", "gpucheck.worker", str(job)],
             cwd=REPO,
-            env=self._env(),
+            env=worker_env(),
             stdout=fh,
             stderr=subprocess.STDOUT,
             start_new_session=True,
