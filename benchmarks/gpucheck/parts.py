@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from . import plans as P
 from . import timeplan
-from .losscheck import loss_plan
+from .losscheck import loss_plan, make_spec
 
 SMOKE_SCALE = 3  # smoke: every budget x3 (a shared 2-core CPU, maybe 2x slower in CI): it checks the script
 SMOKE_BLOCKED = ("polars", "snakemake", "pretrain_planner")  # not on the GPU machine (pretrain_planner: not
@@ -147,12 +148,12 @@ def predicted_s(part: Part, catalog, settings) -> float:
 
 
 def loss_check_s(plan, catalog, settings) -> float:
-    """P6's predicted seconds: its process, a build per run (naive, its variants, naive at the levers' precision,
-    each lever), each run's steps at the levers' step time, one compile per compiled lever."""
+    """P6's predicted seconds: its process, a build per run the check plans (naive, its variants, naive at the
+    levers' precision, each lever), each run's steps at the levers' step time, one compile per compiled lever."""
     m = timeplan.machine(settings)
     model = catalog.model(plan.model).to_dict()
     gpu = catalog.gpu(settings.gpu).to_dict()
-    runs = 2 * 3 + len(plan.methods)
+    runs = len(make_spec(plan, catalog, settings.gpu, 1, Path())[1])
     step = timeplan.step_s(model, "fl", plan.global_batch, gpu, settings.on_gpu, m)
     # GPU: every lever's model is compiled (warm caches); CPU: the model stays eager, cstep's optimizer step compiles
     compiled = (len(plan.methods) if plan.compile_model else 0) if settings.on_gpu else 1
