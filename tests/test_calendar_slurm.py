@@ -38,15 +38,17 @@ from .conftest import (
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-# The train stage's GPU type on the short partition: a 1 min job, warned 5 s before its limit. slurmctld sends the
-# warning at its time-limit check (every 30 s) at which at most signal_delay_s + 30 s are left, so a job is warned
-# 5-35 s before its limit, depending on when it started; a job that starts in step with those checks (a requeued
-# one: the scheduler pass that starts it follows a check) is warned 30 s after its start, trains ~26 s of it (its
-# start-up is ~4 s here) and waits ~60 s to start again (BeginTime: requeue + cred_expire 30 s + 1, then the pass).
-TIME_LIMIT_MIN, SIGNAL_DELAY_S = 1, 5
-# Training time (the loop's clock, kept across restarts): more than two such jobs train, less than three, so the run
-# is 3 jobs (4 should start-up take over 10 s); the first job starts in step with the checks too (`_aligner`).
-BUDGET_S = 60
+# The train stage's GPU type on the short partition: a 2 min job (the partition's MaxTime), warned 5 s before its
+# limit. slurmctld sends the warning at its time-limit check (every 30 s) at which at most signal_delay_s + 30 s are
+# left, so a job is warned 5-35 s before its limit, depending on when it started; a job that starts in step with those
+# checks (a requeued one: the scheduler pass that starts it follows a check) is warned 90 s after its start, trains
+# 90 s less its start-up of it and waits ~60 s to start again (BeginTime: requeue + cred_expire 30 s + 1, then the
+# pass); the first job starts in step with the checks too (`_aligner`).
+TIME_LIMIT_MIN, SIGNAL_DELAY_S = 2, 5
+# Training time (the loop's clock, kept across restarts): two such jobs train less than it whatever their start-up,
+# three train it while their start-ups add up to under 90 s, so the run is 3 jobs with a wide margin for a loaded
+# host's slower start-ups (a 1 min limit left 30 s: 3 start-ups of 10 s each under CI's load made it 4 jobs).
+BUDGET_S = 180
 NAME = "pp-train-tiny-gptneox-h100-1x1"
 
 
@@ -148,8 +150,8 @@ def _limit_s(text: str) -> int:
 def _aligner(folder: Path) -> str:
     """A job holding both of node-h100's GPUs until slurmctld's next time-limit check (a 1 min job warned at its
     first check: at most its limit + 30 s left), then gone: a train job queued behind it starts in step with the
-    checks, as a requeued one does, so every segment is warned 30 s after its start (an unaligned first job is
-    warned 25-55 s after its start: 3 or 4 segments of this budget, a minute and a half apart)."""
+    checks, as a requeued one does, so every segment is warned 90 s after its start (an unaligned first job is
+    warned 85-115 s after its start: 2 or 3 segments of this budget, two and a half minutes apart)."""
     jid = subprocess.run(["sbatch", "--parsable", "-p", "h100", "--gres=gpu:h100:2", "--time=1", "--signal=B:USR2@55",
                           "-J", "pp-aligner", "-o", str(folder / "aligner.out"), "--wrap",
                           'trap "exit 0" USR2; while :; do sleep 0.2; done'],

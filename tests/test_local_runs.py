@@ -173,32 +173,32 @@ def test_a_live_driver_is_recognised_and_a_dead_one_is_not(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("jitter", "status"), [("3x:all", "noisy"), ("3x:first", "ok")])
+@pytest.mark.parametrize(("jitter", "status"), [("9x:all", "noisy"), ("9x:first", "ok")])
 def test_a_spread_out_timing_is_timed_again_then_kept_as_noisy(tmp_path, jitter, status):
-    """Every other timed step disturbed (the PP_TEST_JITTER hook: a sleep of 3 undisturbed steps, so the spread is
-    about 4 on any CPU): p90/p10 above benchmark.max_spread, so the cell is timed once more; still disturbed ->
+    """Every other timed step disturbed (the PP_TEST_JITTER hook: a sleep of 9 undisturbed steps, so the spread is
+    about 10 on any CPU): p90/p10 above benchmark.max_spread 6, so the cell is timed once more; still disturbed ->
     status noisy with the reason, no days to train from it; quiet the second time -> ok, with both spreads
-    recorded."""
+    recorded. (A limit of 3 against a spread of 4 failed CI: 4 quiet steps on a loaded 2-core host spread 3.26.)"""
     cfg = write_config(
         tmp_path / "c.yaml",
         sweep={"models": ["tiny-gptneox"], "gpus": ["cpu"], "methods": ["naive"]},
         launcher={"kind": "debug"},
-        benchmark={"warmup_steps": 1, "timed_steps": 4, "max_micro_batch": 4, "max_spread": 3.0},
+        benchmark={"warmup_steps": 1, "timed_steps": 4, "max_micro_batch": 4, "max_spread": 6.0},
     )
     proc = snakemake(tmp_path, "--cores", "2", "--configfile", str(cfg), env={"PP_TEST_JITTER": jitter})
     assert proc.returncode == 0, proc.stderr[-3000:]
     (result,) = _results(tmp_path).values()
     spreads = result["method_settings"]["timing_spreads"]
-    assert result["status"] == status and len(spreads) == 2 and spreads[0] > 3.0, result
+    assert result["status"] == status and len(spreads) == 2 and spreads[0] > 6.0, result
     assert result["spread"] == pytest.approx(spreads[1])
     ttt = (tmp_path / "results/tables/time_to_train.csv").read_text().splitlines()
     feasibility = (tmp_path / "results/tables/feasibility.csv").read_text()
     if status == "noisy":
-        assert spreads[1] > 3.0 and "above benchmark.max_spread 3" in result["reason"]
+        assert spreads[1] > 6.0 and "above benchmark.max_spread 6" in result["reason"]
         assert len(ttt) == 1  # the header alone: a noisy timing gives no days to train
         assert ",fits," in feasibility  # it did fit
     else:
-        assert spreads[1] <= 3.0 and result["reason"] is None and len(ttt) == 2
+        assert spreads[1] <= 6.0 and result["reason"] is None and len(ttt) == 2
 
 
 @pytest.mark.slow  # a training subprocess or gloo ranks: not in the everyday subset
