@@ -38,7 +38,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "workflow"))
 
-from pretrain_planner.planning import crossgpu, evidence  # noqa: E402
+from pretrain_planner.planning import crossgpu, evidence, evidence_exchange  # noqa: E402
 from pretrain_planner.planning.catalog import load_catalog  # noqa: E402
 
 TARGET_MEAN, TARGET_INSIDE, TARGET_HALF_WIDTH = 0.08, 0.90, 0.20
@@ -176,14 +176,18 @@ def _key(kind: crossgpu.Kind) -> str:
     return f"{kind.workload}, {'seen' if kind.seen else 'unseen'}"
 
 
-def report() -> tuple[str, dict]:
-    """The benchmark's markdown, and its figures by name (predict_crossgpu.json)."""
+def report(folder: Path | None = None) -> tuple[str, dict]:
+    """The benchmark's markdown, and its figures by name (predict_crossgpu.json): on the shipped evidence and the
+    rows imported into `folder` (`pretrain-planner evidence import`), each origin counted."""
     catalog = load_catalog(REPO / "config/models.yaml", REPO / "config/gpus.yaml")
-    ev = evidence.public_evidence(catalog)
+    ev = evidence_exchange.loaded_evidence(catalog, folder=folder)
     full = crossgpu.fit(ev.runs, catalog.gpus)
     rated = [r for r in ev.runs if full.parts(r.flops, r.memory_bytes, r.gpu, r.precision, r.tf32)]
-    with open(evidence.PUBLIC_CSV, newline="") as f:
-        rows = {r["row_id"]: r for r in csv.DictReader(f)}
+    rows = {}
+    for path in (evidence.PUBLIC_CSV, *([folder / evidence_exchange.IMPORTED_CSV] if folder else [])):
+        if path.is_file():
+            with open(path, newline="") as f:
+                rows.update({r["row_id"]: r for r in csv.DictReader(f)})
     mb = {i: float(r["micro_batch"]) for i, r in rows.items() if r["micro_batch"].strip()}
     print("leave one GPU type out ...", file=sys.stderr, flush=True)
     logo = crossgpu.leave_one_gpu_out(ev.runs, catalog.gpus)
@@ -201,7 +205,7 @@ def report() -> tuple[str, dict]:
     effect_sd = float(np.std(list(full.effects.values())))
     figures: dict = {
         "evidence": {"runs": len(ev.runs), "sources": len({r.source for r in ev.runs}),
-                     "gpu_types": len({r.gpu for r in ev.runs})},
+                     "gpu_types": len({r.gpu for r in ev.runs}), "origins": ev.origins()},
         "kinds": {"same, unseen": _figures(logo), "same, seen": _figures(cells),
                   **{_key(k): _figures(by_kind[k]) for k in crossgpu.KINDS
                      if k.workload != "same" and by_kind.get(k)}},
@@ -211,8 +215,9 @@ def report() -> tuple[str, dict]:
     }  # fmt: skip
     lines = [
         "# Cross-GPU model: out-of-sample checks on the public evidence", "", __doc__.split("\n\n")[2], "",
-        f"Evidence: {len(ev.runs)} usable runs of {len({r.source for r in ev.runs})} sources on "
-        f"{len({r.gpu for r in ev.runs})} GPU types ({len(ev.skipped)} rows not usable, reasons below).", "",
+        f"Evidence: {len(ev.runs)} usable runs ({evidence.origins_text(ev.origins())}) of "
+        f"{len({r.source for r in ev.runs})} sources on {len({r.gpu for r in ev.runs})} GPU types ({len(ev.skipped)} "
+        "rows not usable, reasons below).", "",
         "## Against the targets", "",
         "| kind of transfer (how it is left out) | runs predicted | mean abs error (target <= 8%) | max abs error | "
         "truth inside the band (target >= 90%) | median band half-width (target <= +-20%) |",
@@ -332,12 +337,18 @@ def report() -> tuple[str, dict]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(REPO / "benchmarks/results/predict_crossgpu.md"))
-    out = Path(ap.parse_args().out)
-    text, figures = report()
+    ap.add_argument("--evidence", type=Path, help="an evidence folder whose imported rows join the shipped ones "
+                    "(`pretrain-planner evidence import`; default: the shipped rows alone)")  # fmt: skip
+    args = ap.parse_args()
+    write(Path(args.out), *report(args.evidence))
+    return 0
+
+
+def write(out: Path, text: str, figures: dict) -> None:
+    """The benchmark's Markdown at `out`, its figures by name beside it (.json), the Markdown printed."""
     out.write_text(text)
     out.with_suffix(".json").write_text(json.dumps(figures, indent=1, sort_keys=True) + "\n")
     print(text)
-    return 0
 
 
 if __name__ == "__main__":

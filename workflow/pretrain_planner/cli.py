@@ -445,12 +445,14 @@ def _cells_or_none(results: Path, catalog):
 
 
 def _predictor(config: dict[str, Any], catalog, results: Path):
+    from pretrain_planner.planning.evidence_exchange import evidence_folder
     from pretrain_planner.schema import section
     from pretrain_planner.tables import whatif
 
     cells, source = _cells_or_none(results, catalog)
     limit = section("config", "benchmark", config.get("benchmark"))["suspect_mfu"]
-    return whatif.Predictor(cells, catalog, limit, config.get("costs")), source
+    folder = evidence_folder(config)
+    return whatif.Predictor(cells, catalog, limit, config.get("costs"), evidence_folder=folder), source
 
 
 def _band(opt: float | None, central: float | None, pess: float | None) -> str:
@@ -486,7 +488,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
               f"{units.percent(p.mfu_central)})")  # fmt: skip
         print(f"  rests on: {p.rests_on}")
         if p.evidence == whatif.PUBLIC:
-            print(f"  sources: {p.sources} (each described in {SOURCES_MD})")
+            from pretrain_planner.planning.evidence_exchange import SITE_PREFIX, evidence_folder
+
+            imported = f"; {SITE_PREFIX}<name>: a site's cells imported into {evidence_folder(config)}"
+            print(f"  sources: {p.sources} (each shipped one described in {SOURCES_MD}"
+                  f"{imported if SITE_PREFIX in p.sources else ''})")  # fmt: skip
         print(f"  kind of transfer: {p.transfer}")
         print(f"  measured error of that kind (out of sample): {p.model_error}")
     elif p.why:
@@ -807,6 +813,55 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_evidence(args: argparse.Namespace) -> int:
+    """`evidence export`: the sweep's ok cells as evidence rows with their provenance (planning/evidence_exchange);
+    `evidence import`: other sites' exported rows into the config's evidence folder, all or nothing."""
+    import socket
+
+    from pretrain_planner.planning import evidence_exchange as ex
+
+    config = load_config(args)
+    catalog = _catalog(config)
+    try:
+        if args.action == "export":
+            results = _results_dir(config)
+            cells, source = _cells_or_none(results, catalog)
+            site = args.site or (config.get("evidence") or {}).get("site") or socket.gethostname()
+            rows, left = ex.export_rows(cells, catalog, site, interconnect=args.interconnect or "")
+            if not rows:
+                raise CliError(f"no cell to export from {source}: none ran ok on a GPU type"
+                               + "".join(f"\n  {f}: {why}" for f, why in left))  # fmt: skip
+            text = ex.csv_text(rows)
+            if args.out:
+                from pretrain_planner.results import atomic_write_text
+
+                atomic_write_text(args.out, text)
+            else:
+                sys.stdout.write(text)
+            where = args.out or "stdout"
+            print(f"exported {len(rows)} cell(s) of site {site!r} from {source} to {where}"
+                  + "".join(f"\n  left out {f}: {why}" for f, why in left), file=sys.stderr)  # fmt: skip
+            return 0
+        folder = ex.evidence_folder(config)
+        added, repeated, target = ex.import_files(args.files, catalog, folder)
+    except ex.EvidenceError as exc:
+        raise CliError(str(exc)) from None
+    print(f"imported {added} row(s) into {target}" + (f"; {repeated} already there (kept once)" if repeated else "")
+          + f"; {_origins(config, catalog)}")  # fmt: skip
+    return 0
+
+
+def _origins(config: dict[str, Any], catalog) -> str:
+    """What the what-if now rests on besides the sweep's cells."""
+    from pretrain_planner.planning.evidence import origins_text
+    from pretrain_planner.planning.evidence_exchange import evidence_folder, loaded_evidence
+    from pretrain_planner.schema import section
+
+    limit = section("config", "benchmark", config.get("benchmark"))["suspect_mfu"]
+    loaded = loaded_evidence(catalog, limit, evidence_folder(config))
+    return f"the what-if's evidence: {origins_text(loaded.origins())} ({len(loaded.skipped)} rows not usable)"
+
+
 # ---------------------------------------------------------------------------------------------- parser
 
 
@@ -900,6 +955,23 @@ def build_parser() -> argparse.ArgumentParser:
                         "until nothing runs or waits (Ctrl-C to leave)")  # fmt: skip
     p.add_argument("--every", type=_positive(float), default=2.0, help="seconds between refreshes (default 2)")
     p.set_defaults(func=cmd_status)
+
+    p = _command(sub, "evidence", common, "exchange measured cells as evidence for the cross-GPU what-if: export this "
+                 "sweep's ok cells with their provenance, or import other sites' exported rows")  # fmt: skip
+    actions = p.add_subparsers(dest="action", required=True, help="export: this sweep's cells; import: other sites'")
+    text = "the sweep's ok cells (not suspect, not noisy) as evidence rows: the shipped evidence's columns, provenance"
+    e = actions.add_parser("export", parents=[common], help=text, description=text)
+    e.add_argument("--out", help="the CSV file to write (default: stdout)")
+    e.add_argument("--site", help="your site's name, written into each row (default: the config's evidence.site, else "
+                                  "this host's name)")  # fmt: skip
+    e.add_argument("--interconnect", help="the nodes' interconnect, if known (e.g. 'NVLink 4, 8 x 400 Gb/s IB')")
+    text = (
+        "add exported rows to the evidence folder (the config's evidence.folder, default <results>/evidence): all "
+        "or nothing, each refused row named"
+    )
+    i = actions.add_parser("import", parents=[common], help=text, description=text)
+    i.add_argument("files", nargs="+", metavar="FILE", help="CSV files written by `evidence export`")
+    p.set_defaults(func=cmd_evidence)
 
     train_help = (
         "run an exported plan for real (local / SLURM / debug); the config's `train:` section gives the "

@@ -58,7 +58,7 @@ from typing import Any
 import numpy as np
 
 from pretrain_planner.planning import stepmodel
-from pretrain_planner.planning.evidence import Run, Work, same_software
+from pretrain_planner.planning.evidence import Run, Work, origins_of, origins_text, same_software
 
 KAPPA_MEM = (0.0, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 TAUS = (0.15, 0.3, 0.6, 1.2, math.inf)
@@ -157,6 +157,12 @@ class Calibration:
 
     kinds: dict[Kind, KindError] = field(default_factory=dict)
     gpus: list[str] = field(default_factory=list)
+    origins: dict[str, int] = field(default_factory=dict)  # the runs it was fitted and checked on, per origin
+
+    @property
+    def on(self) -> str:
+        """ "on 273 shipped + 3 imported rows": what the errors were measured on."""
+        return f"on {origins_text(self.origins)}" if self.origins else ""
 
     def of(self, kind: Kind) -> KindError:
         return self.kinds.get(kind) or KindError(kind)
@@ -190,7 +196,7 @@ class Calibration:
     def describe(self) -> str:
         if not any(k.n for k in self.kinds.values()):
             return "no GPU type pair in the evidence: the band is a default +-20%, not measured"
-        return "; ".join(self.lines())
+        return "; ".join(self.lines()) + (f" (out of sample {self.on})" if self.origins else "")
 
 
 @dataclass
@@ -300,8 +306,10 @@ class CrossGpu:
         err = self.calibration.of(kind)
         lo, hi = err.band(nearest < NEAR)
         central = math.exp(mean)
-        return Estimate(central, central * math.exp(lo - spread), central * math.exp(hi + spread), got,
-                        err.describe(nearest < NEAR), kind, nearest)  # fmt: skip
+        on = self.calibration.on
+        note = err.describe(nearest < NEAR) + (f"; the evidence: {on}" if on else "")
+        return Estimate(central, central * math.exp(lo - spread), central * math.exp(hi + spread), got, note, kind,
+                        nearest)  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------------- fitting
@@ -402,7 +410,7 @@ def _choose(t: _Table, mask: np.ndarray | None = None) -> Params | None:
     types (the effects fitted on the same runs, lambda by empirical Bayes at each kappa)."""
     mask = np.ones(len(t.y), bool) if mask is None else mask
     sel = mask[t.pairs[:, 0]] & mask[t.pairs[:, 1]]
-    if not sel.any():
+    if not sel.any() or len(np.unique(t.pg[mask])) < MIN_FIT_GPUS:
         return None
     pairs, dist = t.pairs[sel], t.dist[sel]
     best = None
@@ -587,9 +595,17 @@ def _bands(errors: Mapping[Kind, list[_Error]], gpus: list[str]) -> Calibration:
     return Calibration(out, gpus)
 
 
-def fit(runs: Sequence[Run], gpus: Mapping[str, Any]) -> CrossGpu:
+# Fewer GPU types than this leave the fit nothing to tell a type's own offset from the weighting of near types (two
+# types are one ratio per group: two effects, a weighting and a memory share from it), so nothing is fitted: every
+# measured type counts alike and a disagreement between them widens the band (a sweep's own cells on two types).
+MIN_FIT_GPUS = 3
+
+
+def fit(runs: Sequence[Run], gpus: Mapping[str, Any], calibration: Calibration | None = None) -> CrossGpu:
     """The parameters and per-GPU effects that predict the runs best from their groups' other GPU types, and the
-    bands from errors made out of sample (the in-sample errors of the fit are smaller than those of new cases)."""
+    bands from errors made out of sample (the in-sample errors of the fit are smaller than those of new cases);
+    `calibration` given, its bands instead (a replay's many refits: the out-of-sample checks are most of a fit's
+    time)."""
     model = CrossGpu(gpus)
     usable = [r for r in runs if model.parts(r.flops, r.memory_bytes, r.gpu, r.precision, r.tf32)]
     if not usable:
@@ -600,7 +616,10 @@ def fit(runs: Sequence[Run], gpus: Mapping[str, Any]) -> CrossGpu:
         return model
     b = t.effects(t.li(params.kappa_mem), np.ones(len(t.y), bool), params.lam)
     effects = {g: float(x) for g, x in zip(t.gpus, b, strict=True) if np.isfinite(x)}
-    return CrossGpu(gpus, params, _calibrate(t), effects)
+    if calibration is None:
+        calibration = _calibrate(t)
+        calibration.origins = origins_of(usable)
+    return CrossGpu(gpus, params, calibration, effects)
 
 
 # ------------------------------------------------------------------------------------------- checks out of sample

@@ -61,6 +61,7 @@ class Run:
     note: str = ""
     formula: str = "transformer"  # the family's formula (families.py): what kind of model it stands in for
     software: str = ""  # what it ran (framework, container / suite); empty: its source
+    origin: str = "shipped"  # shipped (data/evidence) | imported (another site's cells) | own (this sweep's cells)
 
     def __post_init__(self) -> None:
         if not self.software:
@@ -95,7 +96,7 @@ def same_software(a: str, b: str) -> bool:
 def software_of(row: dict[str, str]) -> str:
     """A public row's software: its source, with the suite for Lambda's benchmark (v0 / v1 / v2 ran different
     containers: sources.md); this project's own H200 runs ran the planner's trainer."""
-    if row["source_id"] in HERE_SOURCES:
+    if row["source_id"] in HERE_SOURCES or row["source_id"].startswith("site:"):  # another site's planner cells
         return HERE
     suite = re.match(r"lambda-(v\d+)-", row["group_id"])
     return f"{row['source_id']} {suite.group(1)}" if suite else row["source_id"]
@@ -105,6 +106,25 @@ def software_of(row: dict[str, str]) -> str:
 class Evidence:
     runs: list[Run] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (row id, why)
+
+    def origins(self) -> dict[str, int]:
+        """Runs per origin (shipped, imported), in that order."""
+        return origins_of(self.runs)
+
+
+def origins_of(runs: list[Run]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for r in sorted(runs, key=lambda r: ORIGINS.index(r.origin) if r.origin in ORIGINS else len(ORIGINS)):
+        counts[r.origin] = counts.get(r.origin, 0) + 1
+    return counts
+
+
+def origins_text(counts: dict[str, int]) -> str:
+    """E.g. "412 shipped + 3 imported rows"."""
+    return " + ".join(f"{n} {o}" for o, n in counts.items()) + " rows" if counts else "no rows"
+
+
+ORIGINS = ("shipped", "imported", "own")
 
 
 def work_of(model: dict[str, Any], eager: bool = False, extra_keys: int = 0, tf32: bool = True) -> Work | None:
@@ -133,7 +153,7 @@ def catalog_work(spec: Any, eager: bool = False, tf32: bool = True) -> Work | No
     return work_of(spec.to_dict(), eager, tf32=tf32)
 
 
-def _precision(text: str) -> str | None:
+def precision_of(text: str) -> str | None:
     t = text.lower()
     if "fp8" in t:
         return None
@@ -159,7 +179,7 @@ def _public_model(row: dict[str, str], entry: dict[str, Any], catalog: Any) -> d
     if "hidden_size" in arch:
         arch.setdefault("intermediate_size", 4 * arch["hidden_size"])
     recipe = {"sequence_length": entry.get("sequence") or _int(row["seq_len"]),
-              "precision": _precision(row["precision"]) or "bf16", "image_size": arch.get("image_size")}  # fmt: skip
+              "precision": precision_of(row["precision"]) or "bf16", "image_size": arch.get("image_size")}  # fmt: skip
     return {"name": row["model"], "family": entry["family"], "arch": arch, "recipe": recipe}
 
 
@@ -187,34 +207,40 @@ def public_evidence(catalog: Any, suspect_mfu: float = 0.85, path: Path = PUBLIC
             flag = row["notes"][row["notes"].index("SUSPECT") :].split(";")[0].split(" (")[0]
             out.skipped.append((rid, f"flagged by its source notes: {flag}"))
             continue
-        gpu = catalog.gpus.get(row["gpu_type"])
-        if gpu is None:
-            out.skipped.append((rid, f"GPU type {row['gpu_type']!r} is not in {catalog.gpus_path} (no rates)"))
-            continue
-        precision = _precision(row["precision"])
-        if precision is None:
-            out.skipped.append((rid, f"precision {row['precision']!r}: no matmul rate for it in the catalog"))
-            continue
-        unit = UNITS.get(row["per_gpu_rate_unit"])
-        rate = float(row["per_gpu_rate"] or 0)
-        model = _public_model(row, entry, catalog)
-        if unit is None or rate <= 0 or model is None:
-            out.skipped.append((rid, f"no per-GPU rate in tokens or samples ({row['per_gpu_rate_unit']!r})"))
-            continue
-        model["recipe"]["precision"] = precision
-        work = work_of(model, entry.get("attention") == "eager", int(entry.get("extra_keys", 0)))
-        if work is None:
-            out.skipped.append((rid, f"{row['model']}: its family has no FLOPs or bytes formula"))
-            continue
-        peak = gpu.peak_for(precision, tf32=True)
-        per_unit = rate * (work.tokens or 1) if unit == "sample" else rate  # a text sample is `tokens` units
-        if peak and per_unit * work.flops > suspect_mfu * peak * 1e12:
-            out.skipped.append((rid, f"implies {per_unit * work.flops / (peak * 1e12):.0%} of {gpu.name}'s dense "
-                                     f"peak, above the `suspect` limit {suspect_mfu:.0%}"))  # fmt: skip
-            continue
-        out.runs.append(Run(
-            rid, row["source_id"], row["location"], entry.get("catalog") or row["model"], work.kind, work.params,
-            row["gpu_type"], int(row["gpu_count"]), row["group_id"], row["method"], precision, 1.0 / per_unit,
-            work.flops, work.memory_bytes, True, True, row.get("notes", ""), work.formula, software_of(row),
-        ))  # fmt: skip
+        got = run_of_row(row, entry, catalog, suspect_mfu)
+        if isinstance(got, str):
+            out.skipped.append((rid, got))
+        else:
+            out.runs.append(got)
     return out
+
+
+def run_of_row(row: dict[str, str], entry: dict[str, Any], catalog: Any, suspect_mfu: float = 0.85,
+               origin: str = "shipped", tf32: bool = True) -> Run | str:  # fmt: skip
+    """An evidence row (public_throughput.csv's columns) as a Run of the workload `entry` maps it onto (models.yaml's
+    entry; {"catalog": name} for a catalog model), else why it cannot be one."""
+    gpu = catalog.gpus.get(row["gpu_type"])
+    if gpu is None:
+        return f"GPU type {row['gpu_type']!r} is not in {catalog.gpus_path} (no rates)"
+    precision = precision_of(row["precision"])
+    if precision is None:
+        return f"precision {row['precision']!r}: no matmul rate for it in the catalog"
+    unit = UNITS.get(row["per_gpu_rate_unit"])
+    rate = float(row["per_gpu_rate"] or 0)
+    model = _public_model(row, entry, catalog)
+    if unit is None or rate <= 0 or model is None:
+        return f"no per-GPU rate in tokens or samples ({row['per_gpu_rate_unit']!r})"
+    model["recipe"]["precision"] = precision
+    work = work_of(model, entry.get("attention") == "eager", int(entry.get("extra_keys", 0)), tf32)
+    if work is None:
+        return f"{row['model']}: its family has no FLOPs or bytes formula"
+    peak = gpu.peak_for(precision, tf32=True)
+    per_unit = rate * (work.tokens or 1) if unit == "sample" else rate  # a text sample is `tokens` units
+    if peak and per_unit * work.flops > suspect_mfu * peak * 1e12:
+        return (f"implies {per_unit * work.flops / (peak * 1e12):.0%} of {gpu.name}'s dense peak, above the `suspect` "
+                f"limit {suspect_mfu:.0%}")  # fmt: skip
+    return Run(
+        row["row_id"], row["source_id"], row["location"], entry.get("catalog") or row["model"], work.kind, work.params,
+        row["gpu_type"], int(row["gpu_count"]), row["group_id"], row["method"], precision, 1.0 / per_unit, work.flops,
+        work.memory_bytes, True, tf32, row.get("notes", ""), work.formula, software_of(row), origin,
+    )  # fmt: skip

@@ -52,10 +52,11 @@ from typing import Any
 import polars as pl
 
 from pretrain_planner.planning import evidence as pp_evidence
+from pretrain_planner.planning import evidence_exchange as pp_exchange
 from pretrain_planner.planning import grid, methods, stepmodel
 from pretrain_planner.planning.catalog import Catalog, ModelSpec
 from pretrain_planner.planning.crossgpu import NEAR, STAND_IN_RATIO, CrossGpu, Estimate, Kind, fit, stand_in
-from pretrain_planner.planning.evidence import HERE, Evidence, Run, Work
+from pretrain_planner.planning.evidence import HERE, Evidence, Run, Work, origins_text
 from pretrain_planner.planning.flops import param_count, tokens_per_sample, train_flops_per_sample
 from pretrain_planner.planning.memory import GIB
 from pretrain_planner.results import atomic_write_text
@@ -162,7 +163,8 @@ def _work(spec: ModelSpec, slug: str) -> Work | None:
 
 class Predictor:
     """Predictions from a `cells` table (aggregate.cells_table), the catalog and the public evidence (`public`: the
-    shipped evidence by default; an Evidence to use another, None for none)."""
+    shipped evidence and the rows imported into `evidence_folder` by default; an Evidence to use another, None for
+    none)."""
 
     def __init__(
         self,
@@ -171,13 +173,13 @@ class Predictor:
         suspect_mfu: float = 0.85,
         costs_config: dict[str, Any] | None = None,
         public: Evidence | None | bool = True,
+        evidence_folder: str | Path | None = None,
     ) -> None:
         self.catalog, self.limit = catalog, suspect_mfu
         self.costs = pp_costs.settings(costs_config)
-        if public is True:
-            public = pp_evidence.public_evidence(catalog, suspect_mfu)
+        if public is True:  # the shipped rows and those imported into the evidence folder (planning/evidence_exchange)
+            public = pp_exchange.loaded_evidence(catalog, suspect_mfu, evidence_folder)
         self.public: Evidence = public or Evidence()
-        self.model: CrossGpu = fit(self.public.runs, catalog.gpus)
         self.public_by_model: dict[str, list[Run]] = defaultdict(list)
         for r in self.public.runs:
             self.public_by_model[r.model].append(r)
@@ -191,6 +193,10 @@ class Predictor:
             if got:
                 self.own[r["model"]].append(got)
                 self.own_nodes[got[0].id] = int(r["nodes"])
+        # the sweep's own cells join the fit (issue 40): a setting measured on two of your GPU types gives each its
+        # own offset, which every other prediction for them then uses; the out-of-sample errors count them (`own`)
+        self.model: CrossGpu = fit([*self.public.runs, *(run for rs in self.own.values() for run, _c, _m in rs)],
+                                   catalog.gpus)  # fmt: skip
         self.oom: dict[tuple[str, str, int], list[str]] = defaultdict(list)  # (model, method, world) -> GPU types
         for m, g, s, w in cells.filter(pl.col("status") == "oom").select("model", "gpu", "method", "world_size").rows():
             self.oom[(m, s, w)].append(g)
@@ -213,8 +219,9 @@ class Predictor:
         units = spec.recipe.global_batch // w * _units(spec) * (1 + stepmodel.RECOMPUTE_SHARE if m.checkpointing else 1)
         folder = f"{r['model']}/{r['gpu']}/{r['nodes']}x{r['gpus_per_node']}/{r['method']}"
         run = Run(folder, "measured here", f"cells/{folder}", r["model"], work.kind, work.params, r["gpu"], w,
-                  r["model"], r["method"], work.precision, (t - (comm or 0.0)) / units, work.flops, work.memory_bytes,
-                  public=False, tf32=work.tf32, formula=work.formula)  # fmt: skip
+                  f"own:{r['model']}:{w}:{r['method']}", r["method"], work.precision, (t - (comm or 0.0)) / units,
+                  work.flops, work.memory_bytes, public=False, tf32=work.tf32, formula=work.formula,
+                  origin="own")  # fmt: skip
         mb = r.get("micro_batch_size")
         return run, comm, int(mb) if mb else None
 
@@ -928,6 +935,9 @@ def rule_settings(config: dict[str, Any], catalog: Catalog) -> dict[str, Any]:
         "named": whatif_settings(config.get("whatif"), catalog)["models"],
         # the site file's network over the catalog's (a change of it re-predicts the multi-node rows)
         "network": {g: spec.inter_node_gbit_s for g, spec in catalog.gpus.items() if spec.network_note},
+        # the rows imported from other sites (an import re-predicts: its digest is the parameter that changes)
+        "evidence_folder": str(pp_exchange.evidence_folder(config)),
+        "evidence_digest": pp_exchange.folder_digest(pp_exchange.evidence_folder(config)),
     }
 
 
@@ -943,14 +953,18 @@ def build_whatif(
     with_evidence_models: bool = True,
     named: list[str] | None = None,
     network: dict[str, float] | None = None,
+    evidence_folder: str | None = None,
+    evidence_digest: str = "",
 ) -> pl.DataFrame:
     """The `whatif` rule: tables/whatif.{csv,md} of the sweep's models (`models`), those the config names
     (`named`: whatif.models) and, `with_evidence_models`, every catalog model the public evidence reaches. The CSV
     has every row and column, in the reading order (`reading_order`); the .md leads with the swept and named.
     `network`: the site file's inter_node_gbit_s the catalog already carries (a rule parameter, so that a change
-    of it reruns the rule; logged)."""
+    of it reruns the rule; logged). `evidence_folder`: where other sites' rows were imported (`evidence_digest`,
+    their digest, is the parameter an import changes)."""
     t0 = time.perf_counter()
-    predictor = Predictor(pl.read_parquet(cells_parquet), catalog, suspect_mfu, costs_config)
+    predictor = Predictor(pl.read_parquet(cells_parquet), catalog, suspect_mfu, costs_config,
+                          evidence_folder=evidence_folder)  # fmt: skip
     named = [m for m in named or [] if m in catalog.models]
     lead = [*models, *named]
     every = [*lead, *evidence_models(predictor)] if with_evidence_models else lead
@@ -960,8 +974,9 @@ def build_whatif(
     atomic_write_text(out["whatif_md"], whatif_markdown(predictor, table, models, named))
     error = predictor.model.calibration.describe()
     by = dict(table.group_by("status").len().sort("status").rows())
-    atomic_write_text(log_path, f"whatif: {table.height} rows {by}; {len(predictor.public.runs)} public runs "
-                                f"({len(predictor.public.skipped)} rows not usable); {error}; the site's network "
+    atomic_write_text(log_path, f"whatif: {table.height} rows {by}; {len(predictor.public.runs)} evidence runs "
+                                f"({origins_text(predictor.public.origins())} from {evidence_folder or 'no folder'}; "
+                                f"{len(predictor.public.skipped)} rows not usable); {error}; the site's network "
                                 f"{network or 'not given (config/gpus.yaml defaults)'} "
                                 f"({time.perf_counter() - t0:.2f} s)\n")  # fmt: skip
     return table
