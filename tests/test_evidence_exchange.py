@@ -126,6 +126,7 @@ def _write(path: Path, rows: list[dict]) -> Path:
         ({"precision": "int4"}, "precision 'int4'"),
         ({"method": "fl+warp9"}, "method 'fl+warp9'"),
         ({"site": ""}, "empty `site`"),
+        ({"source_id": "lambda-dlbench"}, "source_id 'lambda-dlbench': an exported row's is site:<its site>"),
     ],
 )
 def test_an_import_with_one_bad_row_imports_nothing_and_names_it(site_a, tmp_path, change, why):

@@ -184,8 +184,9 @@ def _check(row: dict[str, str], catalog: Any) -> str | None:
     for k in REQUIRED:
         if not row.get(k, "").strip():
             return f"empty `{k}`"
-    if not row["source_id"].startswith(SITE_PREFIX) and row["source_id"] != f"{SITE_PREFIX}{row['site']}":
-        return f"source_id {row['source_id']!r}: an exported row's is {SITE_PREFIX}<site>"
+    if row.get("source_id") != f"{SITE_PREFIX}{row['site']}":
+        return (f"source_id {row.get('source_id')!r}: an exported row's is {SITE_PREFIX}<its site> "
+                f"({SITE_PREFIX}{row['site']})")  # fmt: skip
     if row["per_gpu_rate_unit"] not in UNITS:
         return f"per_gpu_rate_unit {row['per_gpu_rate_unit']!r}: allowed {', '.join(sorted(UNITS))}"
     try:
