@@ -27,12 +27,5 @@ include: "workflow/rules/train.smk"
 
 rule all:
     input:
-        plan=f"{RESULTS}/{pp_layout.PLAN}",
-        cells=all_cell_outputs,
-        tables=list(TABLES.values()),
-        plots=list(PLOTS.values()) + list(LOSS_PLOTS_FILES.values()),
-        study=list(STUDY_TABLES.values()) + list(WHATIF.values()) + list(STUDY_PLOTS.values()),
-        calendar=list(CALENDAR.values()) + list(CALENDAR_PLOTS.values()),
-        optimal=OPTIMAL,
-        report=REPORT,
+        unpack(INPUTS.all),
     default_target: True

@@ -35,6 +35,7 @@ from pretrain_planner.report import document, study_plots  # noqa: E402
 from pretrain_planner.report import plots as pp_plots  # noqa: E402
 from pretrain_planner.results import atomic_write_text, write_result  # noqa: E402
 from pretrain_planner.tables import aggregate, export, study, whatif  # noqa: E402
+from pretrain_planner.versions import installed_version  # noqa: E402
 
 MODELS = ["pythia-160m", "pythia-410m", "pythia-1b", "pythia-1.4b", "pythia-2.8b", "pythia-6.9b", "roberta-large",
           "mamba-2.8b", "convnext-xlarge-22k", "vit-large-in21k", "bert-24h"]  # fmt: skip
@@ -232,11 +233,7 @@ def main() -> int:
 
 
 def _has(pkg: str) -> bool:
-    try:
-        metadata.version(pkg)
-        return True
-    except metadata.PackageNotFoundError:
-        return False
+    return installed_version(pkg) is not None
 
 
 if __name__ == "__main__":

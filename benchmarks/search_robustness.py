@@ -22,7 +22,7 @@ sys.path[:0] = [str(REPO), str(REPO / "workflow")]
 
 import yaml  # noqa: E402
 from pretrain_planner import search as search  # noqa: E402
-from pretrain_planner.planning.pipeline import load  # noqa: E402
+from pretrain_planner.facade.pipeline import load  # noqa: E402
 from snakemake.utils import update_config  # noqa: E402
 
 import tests.test_search as lattices  # noqa: E402  (the simulator and the five lattices of the tests)

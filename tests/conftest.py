@@ -23,9 +23,9 @@ import yaml
 from pretrain_planner import layout
 from pretrain_planner.budget import config as bconfig
 from pretrain_planner.budget import jobs
+from pretrain_planner.facade.pipeline import PLAN_COLUMNS, load
 from pretrain_planner.planning.catalog import load_catalog
 from pretrain_planner.planning.flops import train_flops_per_sample
-from pretrain_planner.planning.pipeline import PLAN_COLUMNS, load
 from pretrain_planner.planning.runspec import RunSpec
 from pretrain_planner.planning.settings import KEYS, differences, resolve
 from pretrain_planner.results import write_result

@@ -30,23 +30,31 @@ LIGHT = (
     "configfiles",
     "integrity",
     "cli",
+    "facade",
+    "versions",
 )
 # torch-free entries of compute parts
 LIGHT_ENTRIES = (
     "trainer.schedule", "trainer.steplog", "trainer.signals", "trainer.data.mlm", "trainer.data.shards",
-    "trainer.data.text", "budget.config", "budget.jobs", "budget.summary", "budget.workflow", "train.jobs",
+    "trainer.data.text", "budget.config", "budget.jobs", "budget.summary", "train.jobs",
     "train.record",
 )  # fmt: skip
 # The layers, top first: a module may import its own layer's modules and those of the layers below it, never one
-# above (deferred imports inside functions count too). The stages are recipes of the general train stage, which
-# runs on the trainer, which is built on the planning side (settings, the grid's rules, the launcher, the tables).
+# above (deferred imports inside functions count too). The facade (what the Snakefile and the CLI ask at parse time)
+# describes every stage, so it sits above them all; the stages are recipes of the general train stage, which runs on
+# the trainer, which is built on the torch-free side: the report over the tables, the tables over the launcher and
+# the adaptive search, both over planning (settings, the grid's rules, the step model).
 LAYERS = (
     ("cli", "__main__"),  # the user's entry points
+    ("facade",),  # the parse-time facades: the pipeline, the budget stage's and train stage's rule helpers
     ("budget",),  # the time-budgeted BERT stage: the masked-LM task + a time budget + GLUE
     ("train",),  # the general train stage
     ("trainer",),  # building a model with its method, the loop, measuring
-    ("planning", "launch", "search", "tables", "report", "integrity"),  # torch-free: what a login node runs
-    ("schema", "layout", "results", "runlog", "sweeprecord", "configfiles", "__init__"),  # the shared vocabulary
+    ("report",),  # report.md and the plots, from the tables
+    ("tables",),  # the tables from the results, the what-if, the calendar, the export
+    ("launch", "search"),  # running a job; the adaptive search's rounds
+    ("planning", "integrity"),  # the grid, the settings, the catalog, the step and memory models; damaged results
+    ("schema", "layout", "results", "runlog", "sweeprecord", "configfiles", "versions", "__init__"),  # shared
 )
 
 
@@ -144,9 +152,9 @@ def _backward(graph: dict[str, set[str]]) -> list[str]:
 
 
 def test_layers_point_one_way():
-    """budget -> train -> trainer -> the planning side -> the shared vocabulary: never back, not even deferred
-    (a stage of its own that the general one borrows from, or a trainer that knows a stage, is a layer upside
-    down)."""
+    """facade -> budget -> train -> trainer -> report -> tables -> launch, search -> planning -> the shared
+    vocabulary: never back, not even deferred (a stage of its own that the general one borrows from, a trainer that
+    knows a stage, or planning that asks the search it feeds, is a layer upside down)."""
     graph = {m: deps for m, deps in _graph(top_level_only=False).items() if m != "pretrain_planner"}
     assert _backward(graph) == []
 
@@ -159,6 +167,21 @@ def test_the_layer_check_sees_an_import_upwards():
     assert _backward(graph) == [
         "pretrain_planner.train.run (train) imports pretrain_planner.budget.config (budget)",
         "pretrain_planner.trainer.x (trainer) imports pretrain_planner.train.run (train)",
+    ]
+
+
+def test_the_layer_check_sees_planning_ask_the_search_or_the_launcher():
+    """The finer layers of the torch-free side: the parse-time facade that lived in planning (planning/pipeline.py
+    importing the search and launch.request.driver_cores, c38af37) and a table that asks the report are found."""
+    graph = {
+        "pretrain_planner.planning.pipeline": {"pretrain_planner.search", "pretrain_planner.launch.request"},
+        "pretrain_planner.tables.x": {"pretrain_planner.report.plots"},
+        "pretrain_planner.facade.pipeline": {"pretrain_planner.search", "pretrain_planner.budget.config"},
+    }
+    assert _backward(graph) == [
+        "pretrain_planner.planning.pipeline (planning) imports pretrain_planner.launch.request (launch)",
+        "pretrain_planner.planning.pipeline (planning) imports pretrain_planner.search (launch)",
+        "pretrain_planner.tables.x (tables) imports pretrain_planner.report.plots (report)",
     ]
 
 

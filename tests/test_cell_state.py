@@ -262,6 +262,7 @@ def test_the_watch_frame(tmp_path):
     assert "nothing is running or waiting" not in text
 
 
+@pytest.mark.slow  # the CLI's watch in a subprocess, on a clock
 def test_watch_refreshes_until_nothing_is_left_to_do(tmp_path):
     """`status --watch` on a live folder prints frames until its last cell's result lands, then stops."""
     root = tmp_path / "results"
@@ -284,6 +285,7 @@ def test_watch_refreshes_until_nothing_is_left_to_do(tmp_path):
     assert "\033[" not in out  # not a terminal: frames one after another, no screen clearing
 
 
+@pytest.mark.slow  # the CLI's watch in a subprocess, on a clock
 def test_watch_on_a_finished_sweep_shows_one_frame_and_ends(tmp_path):
     root = tmp_path / "results"
     write_set(root, [cell_result(P, "a100", 1, k, "fl", "ok", 10.0) for k in (1, 2)])
@@ -322,3 +324,29 @@ def test_the_sweep_console_shows_progress_and_one_line_per_cell(tmp_path):
     # per-rule blocks this test keeps out would add ~10 more each)
     jobs = int(re.search(r"of (\d+) steps \(100%\) done", out).group(1))
     assert len(out.splitlines()) < 30 + 7 * jobs, out
+
+
+def test_a_time_out_is_what_submitits_own_signal_handler_says(tmp_path, monkeypatch):
+    """Whether a USR2 is the time limit (requeue only on progress) or a pre-emption is submitit's rule, asked of the
+    handler submitit installs (launch/rankjob.submitit_timed_out), not restated: the same answer as its
+    SignalHandler.has_timed_out on both sides of its guaranteed wall time, and no time-out outside a submitit job."""
+    import signal
+
+    from pretrain_planner.launch.rankjob import submitit_timed_out
+    from submitit.core.job_environment import JobEnvironment, SignalHandler
+    from submitit.core.utils import DelayedSubmission, JobPaths
+
+    usr = JobEnvironment._usr_sig()
+    previous = signal.getsignal(usr)
+    try:
+        signal.signal(usr, signal.SIG_DFL)
+        assert submitit_timed_out() is False  # no submitit handler: nothing to requeue
+        delayed = DelayedSubmission(print)
+        delayed._timeout_min = 60  # guaranteed wall time: min(80% of 60 min, 60 - 10 min) = 48 min
+        handler = SignalHandler(None, JobPaths(tmp_path, job_id="1"), delayed)  # type: ignore[arg-type]
+        signal.signal(usr, handler.checkpoint_and_try_requeue)
+        for ran_min, expected in ((47.9, False), (48.1, True)):
+            handler._start_time = time.time() - ran_min * 60
+            assert submitit_timed_out() is expected is handler.has_timed_out()
+    finally:
+        signal.signal(usr, previous)

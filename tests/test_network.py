@@ -12,7 +12,7 @@ import yaml
 from pretrain_planner.planning import stepmodel
 from pretrain_planner.planning.catalog import load_catalog
 from pretrain_planner.planning.flops import param_count
-from pretrain_planner.tables import whatif
+from pretrain_planner.tables import predictor
 
 from .conftest import CATALOG, REPO
 
@@ -55,46 +55,49 @@ def _catalog_with_a100_network(gbit: float | None):
     return replace(cat, gpus={**cat.gpus, "a100": replace(cat.gpus["a100"], inter_node_gbit_s=gbit)})
 
 
+@pytest.mark.slow  # several fits of the cross-GPU model to the public evidence (seconds each)
 def test_a_slow_network_costs_days_and_hybrid_sharding_wins_it_back():
     """pythia-1b on 2 x 8 A100 from public evidence: at the DGX A100 default (200 Gb/s per GPU, config/gpus.yaml)
     communication is a few percent of the step; at a university node's 25 Gb/s per GPU (one 200 Gb/s NIC for 8) the
     flat all-reduce would take a large share, and hybrid sharding is the method chosen; one node's prediction does
     not read the network at all."""
-    default = whatif.Predictor(whatif.empty_cells(), CATALOG).predict("pythia-1b", "a100", 2, 8)
+    default = predictor.Predictor(predictor.empty_cells(), CATALOG).predict("pythia-1b", "a100", 2, 8)
     assert CATALOG.gpus["a100"].inter_node_gbit_s == 200
     assert default.status == "predicted" and default.comm_share < 0.05, default
     assert "network 200 Gb/s per GPU to other nodes" in default.note and "reference system" in default.note
     slow_cat = _catalog_with_a100_network(25.0)
-    slow = whatif.Predictor(whatif.empty_cells(), slow_cat)
+    slow = predictor.Predictor(predictor.empty_cells(), slow_cat)
     got = slow.predict("pythia-1b", "a100", 2, 8)
     assert got.days_central > default.days_central and got.comm_share > 2 * default.comm_share, (got, default)
     assert got.method.endswith("hsdp"), got.method
     flat = slow._step(CATALOG.model("pythia-1b"), "fl", "a100", 16, got.micro_batch or 1,
                       slow.public_by_model["pythia-1b"], [], 2)  # fmt: skip
     assert flat.seconds[1] > got.days_central * 86400 / CATALOG.model("pythia-1b").recipe.steps
-    one = whatif.Predictor(whatif.empty_cells(), slow_cat).predict("pythia-1b", "a100", 1, 8)
+    one = predictor.Predictor(predictor.empty_cells(), slow_cat).predict("pythia-1b", "a100", 1, 8)
     assert one.days_central == pytest.approx(
-        whatif.Predictor(whatif.empty_cells(), CATALOG).predict("pythia-1b", "a100", 1, 8).days_central
+        predictor.Predictor(predictor.empty_cells(), CATALOG).predict("pythia-1b", "a100", 1, 8).days_central
     )
     assert "network" not in one.note
 
 
+@pytest.mark.slow  # several fits of the cross-GPU model to the public evidence (seconds each)
 def test_an_unknown_network_widens_the_band_and_says_so():
     """A100 with no inter_node_gbit_s: the pessimistic end of 2 x 8 runs its all-reduce at 5 GB/s (Ethernet class),
     the optimistic at the GPU link; the note names the key to set."""
-    known = whatif.Predictor(whatif.empty_cells(), CATALOG).predict("pythia-1b", "a100", 2, 8)
-    blind = whatif.Predictor(whatif.empty_cells(), _catalog_with_a100_network(None))
+    known = predictor.Predictor(predictor.empty_cells(), CATALOG).predict("pythia-1b", "a100", 2, 8)
+    blind = predictor.Predictor(predictor.empty_cells(), _catalog_with_a100_network(None))
     unknown = blind.predict("pythia-1b", "a100", 2, 8)
     assert unknown.days_pessimistic > known.days_pessimistic
     assert unknown.days_optimistic <= known.days_optimistic
     assert "network to other nodes unknown (no inter_node_gbit_s for a100" in unknown.note
 
 
+@pytest.mark.slow  # several fits of the cross-GPU model to the public evidence (seconds each)
 def test_the_site_files_network_wins_over_the_reference_system(tmp_path):
     """A site file's gpus.a100.inter_node_gbit_s reaches the sweep's catalog (the what-if rule's) and the CLI's; a
     GPU type it does not set keeps config/gpus.yaml's default."""
     from pretrain_planner import cli
-    from pretrain_planner.planning.pipeline import load
+    from pretrain_planner.facade.pipeline import load
 
     site = tmp_path / "site.yaml"
     site.write_text(yaml.safe_dump({"gpus": {"a100": {"partition": "gpu", "inter_node_gbit_s": 50},
@@ -106,7 +109,7 @@ def test_the_site_files_network_wins_over_the_reference_system(tmp_path):
         a100 = catalog.gpus["a100"]
         assert a100.inter_node_gbit_s == 50 and str(site) in a100.network_note
         assert catalog.gpus["h100"].inter_node_gbit_s == 400 and catalog.gpus["h100"].network_note is None
-    p = whatif.Predictor(whatif.empty_cells(), pipeline.catalog).predict("pythia-1b", "a100", 2, 8)
+    p = predictor.Predictor(predictor.empty_cells(), pipeline.catalog).predict("pythia-1b", "a100", 2, 8)
     assert f"network 50 Gb/s per GPU to other nodes (inter_node_gbit_s from {site}" in p.note
     assert param_count(CATALOG.model("pythia-1b").to_dict())  # the model the prediction moved
 

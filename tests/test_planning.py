@@ -29,6 +29,7 @@ def _assert_refused(proc, work, *needles):
     assert "Traceback" not in out
 
 
+@pytest.mark.slow  # Snakemake's dry run in a subprocess
 def test_malformed_models_yaml(tmp_path):
     models = yaml.safe_load((REPO / "config/models.yaml").read_text())
     models["models"]["tiny-gptneox"]["recipe"]["global_batch"] = "lots"
@@ -38,6 +39,7 @@ def test_malformed_models_yaml(tmp_path):
     _assert_refused(_dry(tmp_path, cfg), tmp_path, str(bad), "models.tiny-gptneox.recipe.global_batch", "'lots'")
 
 
+@pytest.mark.slow  # Snakemake's dry run in a subprocess
 def test_broken_yaml_syntax(tmp_path):
     bad = tmp_path / "gpus.yaml"
     bad.write_text("gpus:\n  cpu: {name: x\n")
@@ -45,16 +47,19 @@ def test_broken_yaml_syntax(tmp_path):
     _assert_refused(_dry(tmp_path, cfg), tmp_path, str(bad), "not valid YAML")
 
 
+@pytest.mark.slow  # Snakemake's dry run in a subprocess
 def test_unknown_gpu_in_sweep(tmp_path):
     cfg = write_config(tmp_path / "c.yaml", sweep={**SMALL, "gpus": ["cpu", "tpu"]})
     _assert_refused(_dry(tmp_path, cfg), tmp_path, "sweep.gpus[1]", "'tpu'", "gpus.yaml", "a100")
 
 
+@pytest.mark.slow  # Snakemake's dry run in a subprocess
 def test_unknown_config_key_and_bad_value(tmp_path):
     cfg = write_config(tmp_path / "c.yaml", sweep=SMALL, benchmark={"timed_step": 3, "warmup_steps": -1})
     _assert_refused(_dry(tmp_path, cfg), tmp_path, "c.yaml", "benchmark", "'timed_step' was unexpected", "timed_steps")
 
 
+@pytest.mark.slow  # Snakemake's dry run in a subprocess
 def test_non_power_of_two_per_rank_batch(tmp_path):
     models = yaml.safe_load((REPO / "config/models.yaml").read_text())
     models["models"]["tiny-gptneox"]["recipe"]["global_batch"] = 24
@@ -94,7 +99,7 @@ def test_large_dry_run_is_fast_and_imports_no_torch(tmp_path):
 def test_planning_modules_import_no_torch():
     code = (
         "import sys\n"
-        "import pretrain_planner.planning.pipeline, pretrain_planner.planning.grid, pretrain_planner.planning.catalog\n"
+        "import pretrain_planner.facade.pipeline, pretrain_planner.planning.grid, pretrain_planner.planning.catalog\n"
         "import pretrain_planner.launch.executor, pretrain_planner.launch.cell, pretrain_planner.launch.rankjob\n"
         "import pretrain_planner.tables.aggregate, pretrain_planner.report.plots, pretrain_planner.report.document\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
@@ -114,6 +119,7 @@ def _fake_slurm(tmp_path):
     return fake, marker
 
 
+@pytest.mark.slow  # Snakemake's dry run in a subprocess
 def test_slurm_dry_run_is_offline(tmp_path):
     """`snakemake -n --profile cluster/slurm` plans with SLURM unreachable and torch unimportable."""
     import os
@@ -132,6 +138,7 @@ def test_slurm_dry_run_is_offline(tmp_path):
     assert "at most 9.0 GPU-hours" in proc.stderr
 
 
+@pytest.mark.slow  # Snakemake's dry run in a subprocess
 def test_unmapped_gpu_type_fails_the_slurm_dry_run(tmp_path):
     cfg = write_config(tmp_path / "c.yaml", sweep={**SMALL, "gpus": ["cpu", "v100"]}, launcher={"kind": "slurm"})
     proc = snakemake(tmp_path, "-n", "--cores", "2", "--configfile", str(cfg))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import polars as pl
@@ -51,9 +50,8 @@ def _tables(root: Path, plan: str, paths: list[str]) -> dict[str, str]:
     whatif.build_whatif(out["cells_parquet"], extra, str(root / "whatif.log"), CATALOG,
                         sorted(set(cells["model"].to_list())), counts, 0.85, COSTS)  # fmt: skip
     extra |= calendar.table_files(str(root / "tables"))
-    local = SimpleNamespace(site=None, catalog=CATALOG)  # local processes: what the calendar rule reads of a pipeline
     calendar.build_calendar({"time_to_train": out["time_to_train_csv"], "cells": out["cells_parquet"]}, extra,
-                            str(root / "calendar.log"), local, {"steps": 20})  # fmt: skip
+                            str(root / "calendar.log"), None, CATALOG, {"steps": 20})  # fmt: skip
     return {**out, **extra}
 
 

@@ -17,10 +17,10 @@ import polars as pl
 import pytest
 import yaml
 from pretrain_planner import search as search
+from pretrain_planner.facade.pipeline import load
 from pretrain_planner.planning import memory
 from pretrain_planner.planning.flops import train_flops_per_sample
 from pretrain_planner.planning.memory import GIB
-from pretrain_planner.planning.pipeline import load
 from pretrain_planner.results import RESULT_FIELDS
 from pretrain_planner.search import Observation, Setting, covers, shape
 from pretrain_planner.tables import aggregate
@@ -68,7 +68,7 @@ def paper():
 
 def simulate(setting: Setting, model, peak_tflops: float, hw: Hardware = Hardware()) -> dict[str, Observation]:
     """Ground truth for every method of a setting: what fits, the step time, what the cell costs."""
-    params, cap, world = setting.memory.params, setting.memory.capacity, setting.world
+    params, cap, world = setting.memory.params, setting.memory.capacity, setting.world_size
     act = setting.memory.activation_est * 1.3  # the real activations are larger than the analytic estimate
     flops = train_flops_per_sample(model.to_dict())
     table = {}
@@ -134,7 +134,7 @@ def _frame(setting: Setting, table: dict[str, Observation]) -> pl.DataFrame:
             {
                 **dict.fromkeys(RESULT_FIELDS),
                 "status": ob.status, "model": setting.model, "gpu": setting.gpu, "nodes": setting.nodes,
-                "gpus_per_node": setting.gpus_per_node, "world_size": setting.world, "method": slug,
+                "gpus_per_node": setting.gpus_per_node, "world_size": setting.world_size, "method": slug,
                 "micro_batch_size": ob.micro_batch, "step_time_s": ob.step_time_s, "suspect": False,
                 "training_days": ob.step_time_s * 143_000 / 86400 if ob.step_time_s else None,
                 "grad_accum_steps": setting.per_rank_batch // ob.micro_batch if ob.micro_batch else None,
@@ -368,6 +368,7 @@ def test_dry_run_estimate_of_adaptive_cells(paper):
     assert "adaptive search: 144 settings" in paper.summary()
 
 
+@pytest.mark.slow  # Snakemake's dry run of the study grid in a subprocess, timed
 def test_adaptive_paper_dry_run_is_fast_and_imports_no_torch(tmp_path):
     """The dry run of the study grid with the adaptive search: both bounds, round-0 checkpoints, no torch."""
     blocker = tmp_path / "blocker" / "torch"

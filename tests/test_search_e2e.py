@@ -141,7 +141,7 @@ def test_replay_on_the_default_cpu_sweep_picks_the_same_optimum(runs):
                 work / f"results/cells/{row['model']}/cpu/1x{row['gpus_per_node']}/{m}/result.json"
             )
             assert problem is None
-            table[m] = search.Observation.of(result, st.world)
+            table[m] = search.Observation.of(result, st.world_size)
         rep = search.replay(st, table)
         chosen = cells.filter(
             (pl.col("model") == row["model"]) & (pl.col("gpus_per_node") == row["gpus_per_node"])

@@ -55,7 +55,7 @@ def test_accepted_values_stay_one_header_line_each(tmp_path):
 
 def _plan(tmp_path, site: dict, nodes: list[int], gpus_per_node: list[int], gpus: tuple[str, ...] = ("a100",)):
     """The plan of a tiny sweep on the slurm launcher with `site` as its site file (in process: a dry run's)."""
-    from pretrain_planner.planning.pipeline import load
+    from pretrain_planner.facade.pipeline import load
 
     from .conftest import REPO
 

@@ -241,7 +241,7 @@ def test_the_plan_asks_the_scheduler_what_a_partition_holds(slurm_cluster, tmp_p
     submitted): partition a100 has one node with 2 x gpu:a100, so its 2-node and 4-per-node cells are invalid, named
     with what scontrol and sinfo said; cpu spans two nodes, so a 2-node cell there stays in the plan."""
     import yaml
-    from pretrain_planner.planning.pipeline import load
+    from pretrain_planner.facade.pipeline import load
 
     from .conftest import REPO
 

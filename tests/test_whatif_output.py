@@ -18,6 +18,7 @@ from pretrain_planner.planning.flops import param_count
 from pretrain_planner.report import study_plots
 from pretrain_planner.schema import ConfigError
 from pretrain_planner.tables import whatif
+from pretrain_planner.tables.predictor import Predictor, empty_cells
 from pretrain_planner.tables.study import read_study_table
 
 from .conftest import CATALOG, REPO
@@ -34,9 +35,9 @@ def demo(tmp_path_factory) -> tuple[Path, dict[str, str], dict]:
 
 
 @pytest.fixture(scope="module")
-def predictor(demo) -> whatif.Predictor:
+def predictor(demo) -> Predictor:
     _root, tables, config = demo
-    return whatif.Predictor(pl.read_parquet(tables["cells_parquet"]), CATALOG, config["benchmark"]["suspect_mfu"],
+    return Predictor(pl.read_parquet(tables["cells_parquet"]), CATALOG, config["benchmark"]["suspect_mfu"],
                             config["costs"])  # fmt: skip
 
 
@@ -120,7 +121,7 @@ def test_whatif_models_are_checked_against_the_catalog():
     assert whatif.whatif_settings({"models": ["pythia-1b"]}, CATALOG)["models"] == ["pythia-1b"]
     with pytest.raises(ConfigError, match="whatif.models"):
         whatif.whatif_settings({"models": ["pythia-1bb"]}, CATALOG)
-    from pretrain_planner.planning.pipeline import load
+    from pretrain_planner.facade.pipeline import load
 
     config = {**demo_config(), "whatif": {"models": ["pythia-1b"]}}
     assert load(config, REPO, "config/config.yaml").config["whatif"] == {"models": ["pythia-1b"]}
@@ -183,7 +184,7 @@ def test_a_prediction_says_why_your_cpu_cells_are_not_used(predictor):
 def test_a_bound_only_says_how_far_the_nearest_measured_model_is():
     """pythia-14m was 'no evidence of its kind' while pythia-31m of its family has some: its nearest measured model
     is beyond STAND_IN_RATIO in size, and the reason says which and how far, in `predict` and in `fit`."""
-    fresh = whatif.Predictor(whatif.empty_cells(), CATALOG)
+    fresh = Predictor(empty_cells(), CATALOG)
     p = fresh.predict("pythia-14m", "h100", 1, 1)
     ratio = param_count(CATALOG.model("pythia-160m").to_dict()) / param_count(CATALOG.model("pythia-14m").to_dict())
     assert ratio > STAND_IN_RATIO and p.status == "bound only"

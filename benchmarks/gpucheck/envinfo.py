@@ -13,9 +13,10 @@ import platform
 import shutil
 import subprocess
 import sys
-from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from pretrain_planner.versions import installed_versions
 
 PACKAGES = (
     "torch",
@@ -62,13 +63,7 @@ def gpu_count() -> int:
 
 
 def versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {}
-    for pkg in PACKAGES:
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            out[pkg] = None
-    return out
+    return installed_versions(PACKAGES)
 
 
 def imports(timeout: float = 120) -> dict[str, str]:

@@ -34,10 +34,9 @@ class CliError(Exception):
 
 def _resolve(path: str) -> Path:
     """Relative to the working directory, else to the checkout (like the Snakefile's paths)."""
-    p = Path(path)
-    if p.is_absolute() or p.exists():
-        return p
-    return REPO / p
+    from pretrain_planner.schema import resolve_path
+
+    return resolve_path(path, REPO)
 
 
 def _load_file_config(path: Path, source: str) -> dict[str, Any]:
@@ -57,7 +56,7 @@ PATH_KEYS = (("catalog", "models"), ("catalog", "gpus"), ("launcher", "site"), (
 
 def _anchored(config: dict[str, Any], rec: dict[str, Any]) -> dict[str, Any]:
     """The recorded config with its relative paths made absolute where they exist under the sweep's working
-    directory (else under its Snakefile's folder), as the pipeline resolved them (planning/pipeline.resolve)."""
+    directory (else under its Snakefile's folder), as the pipeline resolved them (schema.resolve_path)."""
     import copy
 
     config = copy.deepcopy(config)
@@ -567,15 +566,15 @@ def _calendar_site(config: dict[str, Any], gpus: list[str]):
     from datetime import datetime
 
     from pretrain_planner.planning.calendar import disk_write_rate
-    from pretrain_planner.planning.pipeline import resolve
     from pretrain_planner.planning.queue import run_sbatch
     from pretrain_planner.planning.site import load_site
+    from pretrain_planner.schema import resolve_path
     from pretrain_planner.tables.calendar import Site
 
     launcher = config["launcher"]
     site = None
     if launcher["kind"] == "slurm":
-        site = load_site(resolve(launcher["site"], REPO), gpus, "the config", "launcher.site")
+        site = load_site(resolve_path(launcher["site"], REPO), gpus, "the config", "launcher.site")
     rate, how = disk_write_rate(str(_results_dir(config)))
     return Site(site, rate, how, run_sbatch if site else None, datetime.now())
 
@@ -737,7 +736,7 @@ def _status_snapshot(args: argparse.Namespace, config: dict[str, Any], results: 
     if plan is None:
         import polars as pl
 
-        from pretrain_planner.planning.pipeline import load
+        from pretrain_planner.facade.pipeline import load
 
         pipe = load(config, REPO, args.config or DEFAULT_CONFIG)
         plan = pl.DataFrame(pipe.rows())

@@ -173,6 +173,15 @@ def atomic_write_text(path: str | Path, text: str, guarded: bool = True) -> None
     atomic_write(path, write, guarded)
 
 
+def read_json(path: str | Path) -> Any:
+    """A JSON file written by `atomic_write_text`, or None where it is missing or unreadable (a reader that must
+    tell the two apart reads the file itself)."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def atomic_savefig(fig: Any, path: str | Path, dpi: int = 100) -> None:
     """A matplotlib figure in the format of the path's suffix (png, svg), written to a temporary name and renamed:
     a reader never sees half a file."""

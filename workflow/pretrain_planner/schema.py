@@ -21,6 +21,15 @@ class ConfigError(ValueError):
     """A config file is wrong; the message names the file, the key, the value and what is allowed."""
 
 
+def resolve_path(path: str | Path, basedir: str | Path) -> Path:
+    """A path a config file names: absolute, else relative to the working directory, else to the Snakefile's
+    folder (`basedir`), the order Snakemake itself resolves a --configfile in."""
+    p = Path(path)
+    if p.is_absolute() or p.exists():
+        return p
+    return Path(basedir) / p
+
+
 def _with_defaults(base):
     """A validator class that also writes each property's `default` into the instance."""
     check_properties = base.VALIDATORS["properties"]

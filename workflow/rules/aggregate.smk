@@ -2,28 +2,24 @@
 # then the plan of each setting's fastest method as Trainer arguments and a launch script.
 
 import pretrain_planner.report.document as pp_document
+import pretrain_planner.tables.aggregate as pp_aggregate
 import pretrain_planner.tables.export as pp_export
 import pretrain_planner.tables.study as pp_study
 import pretrain_planner.planning.evidence as pp_evidence
 import pretrain_planner.tables.whatif as pp_whatif
 import pretrain_planner.tables.calendar as pp_calendar
 
-OPTIMAL = f"{RESULTS}/{pp_layout.OPTIMAL}"
-STUDY_TABLES = pp_study.table_files(f"{RESULTS}/{pp_layout.STUDY}")
-WHATIF = pp_whatif.table_files(f"{RESULTS}/{pp_layout.TABLES}")
-CALENDAR = pp_calendar.table_files(f"{RESULTS}/{pp_layout.TABLES}")
-
 
 rule aggregate:
     input:
-        plan=f"{RESULTS}/{pp_layout.PLAN}",
+        plan=FILES.plan,
         results=[] if PP.adaptive else PP.cell_files(pp_layout.RESULT),
         search=PP.search_files() if PP.adaptive else [],
         loss_checks=PP.loss_check_files(),
         models=PP.catalog.models_path,
         gpus=PP.catalog.gpus_path,
     output:
-        **pp_document.for_report(TABLES, "Tables"),  # report(): each CSV, captioned (workflow/report/)
+        **pp_document.for_report(FILES.tables, "Tables"),  # report(): each CSV, captioned (workflow/report/)
     log:
         pp_layout.log(RESULTS, "aggregate.log"),
     params:
@@ -31,26 +27,19 @@ rule aggregate:
         loss_check=PP.loss_check,
     run:
         pp_aggregate.build_tables(
-            input.plan,
-            input.results,
-            dict(output.items()),
-            log[0],
-            PP.catalog,
-            params.costs,
-            search=input.search,
-            loss_checks=input.loss_checks,
-            loss_check=params.loss_check,
+            input.plan, input.results, dict(output.items()), log[0], PP.catalog, params.costs,
+            search=input.search, loss_checks=input.loss_checks, loss_check=params.loss_check,
         )
 
 
 rule export_plan:
     input:
-        time_to_train=TABLES["time_to_train_csv"],
-        feasibility=TABLES["feasibility_csv"],
+        time_to_train=FILES.tables["time_to_train_csv"],
+        feasibility=FILES.tables["feasibility_csv"],
         models=PP.catalog.models_path,
         gpus=PP.catalog.gpus_path,
     output:
-        directory(OPTIMAL),
+        directory(FILES.optimal),
     log:
         pp_layout.log(RESULTS, "export_plan.log"),
     params:
@@ -63,11 +52,11 @@ rule export_plan:
 
 rule study_tables:
     input:
-        cells=TABLES["cells_parquet"],
+        cells=FILES.tables["cells_parquet"],
         models=PP.catalog.models_path,
         gpus=PP.catalog.gpus_path,
     output:
-        **pp_document.for_report(STUDY_TABLES, "Study views"),
+        **pp_document.for_report(FILES.study_tables, "Study views"),
     log:
         pp_layout.log(RESULTS, "study_tables.log"),
     params:
@@ -81,13 +70,13 @@ rule study_tables:
 
 rule whatif:
     input:
-        cells=TABLES["cells_parquet"],
+        cells=FILES.tables["cells_parquet"],
         models=PP.catalog.models_path,
         gpus=PP.catalog.gpus_path,
         evidence=str(pp_evidence.PUBLIC_CSV),
         evidence_models=str(pp_evidence.MODELS_YAML),
     output:
-        **pp_document.for_report(WHATIF, "Study views"),
+        **pp_document.for_report(FILES.whatif, "Study views"),
     log:
         pp_layout.log(RESULTS, "whatif.log"),
     params:
@@ -98,15 +87,15 @@ rule whatif:
 
 rule calendar:
     input:
-        time_to_train=TABLES["time_to_train_csv"],
-        cells=TABLES["cells_parquet"],
+        time_to_train=FILES.tables["time_to_train_csv"],
+        cells=FILES.tables["cells_parquet"],
         models=PP.catalog.models_path,
         gpus=PP.catalog.gpus_path,
     output:
-        **pp_document.for_report(CALENDAR, "Tables"),
+        **pp_document.for_report(FILES.calendar, "Tables"),
     log:
         pp_layout.log(RESULTS, "calendar.log"),
     params:
         train=PP.config["train"],
     run:
-        pp_calendar.build_calendar(dict(input.items()), dict(output.items()), log[0], PP, params.train)
+        pp_calendar.build_calendar(input, output, log[0], PP.site, PP.catalog, params.train)

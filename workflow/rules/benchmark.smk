@@ -9,7 +9,7 @@ rule plan:
         models=PP.catalog.models_path,
         gpus=PP.catalog.gpus_path,
     output:
-        plan=f"{RESULTS}/{pp_layout.PLAN}",
+        plan=FILES.plan,
     log:
         pp_layout.log(RESULTS, "plan.log"),
     params:
@@ -33,7 +33,7 @@ rule benchmark_cell:
 
 rule loss_check:
     input:
-        cells=loss_check_input,
+        cells=INPUTS.loss_check,
     output:
         curves=f"{LOSS_CHECK_DIR}/{pp_layout.LOSS_CURVES}",
     log:
@@ -49,7 +49,7 @@ if PP.adaptive:
 
     checkpoint search_round:
         input:
-            unpack(search_round_input),
+            unpack(INPUTS.search_round),
         output:
             decision=f"{SEARCH_DIR}/round{{k}}.json",
         log:
@@ -63,7 +63,7 @@ if PP.adaptive:
 
     rule search_done:
         input:
-            unpack(search_done_input),
+            unpack(INPUTS.search_done),
         output:
             search=f"{SEARCH_DIR}/{pp_layout.SEARCH_FILE}",
         log:

@@ -1,13 +1,13 @@
 # The time-budgeted BERT recipe (Izsak et al. 2021, issue #6): prepare_data -> pretrain -> finetune -> glue_table.
 # Settings: config/budget.yaml (or the file named by `budget:` in the main config), read only when a rule of this
-# stage is asked for (pretrain_planner.budget.workflow): a benchmark run never parses them. Include after common.smk
+# stage is asked for (pretrain_planner.facade.budget): a benchmark run never parses them. Include after common.smk
 # (uses PP, RESULTS). Parsing imports no torch; each job calls one function of pretrain_planner.budget.
 #   snakemake --profile cluster/local budget      # data, pre-training, GLUE, results/budget/glue.{csv,md}
 # With budget.sweep, every recipe runs under results/budget/recipes/<name>/ and `budget` builds
 # results/budget/sweep.{csv,md} and sweep_loss.png ({recipe} and {data}: pretrain_planner.budget.sweep).
-import pretrain_planner.budget.workflow as pp_budget_workflow
+import pretrain_planner.facade.budget as pp_budget_stage
 
-BUDGET = pp_budget_workflow.BudgetStage(
+BUDGET = pp_budget_stage.BudgetStage(
     config.get("budget", "config/budget.yaml"), workflow.basedir, RESULTS, PP.config, workflow.cores
 )
 

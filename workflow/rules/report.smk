@@ -3,14 +3,10 @@
 # captioned by its paragraph in workflow/report/, the same paragraphs report.md has.
 
 import pretrain_planner.report.document as pp_document
+import pretrain_planner.report.plots as pp_plots
 import pretrain_planner.report.study_plots as pp_study_plots
 import pretrain_planner.report.calendar_plot as pp_calendar_plot
 import pretrain_planner.report.loss_plot as pp_loss_plot
-
-REPORT = f"{RESULTS}/{pp_layout.REPORT}"
-STUDY_PLOTS = pp_study_plots.plot_files(f"{RESULTS}/{pp_layout.STUDY_PLOTS}")
-CALENDAR_PLOTS = pp_calendar_plot.plot_files(f"{RESULTS}/{pp_layout.PLOTS}")
-LOSS_PLOTS_FILES = pp_loss_plot.plot_files(f"{RESULTS}/{pp_layout.PLOTS}")
 
 
 report: "../report/workflow.rst"
@@ -18,9 +14,9 @@ report: "../report/workflow.rst"
 
 rule plots:
     input:
-        **TABLES,
+        **FILES.tables,
     output:
-        **pp_document.for_report(PLOTS, "Plots"),
+        **pp_document.for_report(FILES.plots, "Plots"),
     log:
         pp_layout.log(RESULTS, "plots.log"),
     params:
@@ -31,10 +27,10 @@ rule plots:
 
 rule study_plots:
     input:
-        **STUDY_TABLES,
-        **WHATIF,
+        **FILES.study_tables,
+        **FILES.whatif,
     output:
-        **pp_document.for_report(STUDY_PLOTS, "Study views"),
+        **pp_document.for_report(FILES.study_plots, "Study views"),
     log:
         pp_layout.log(RESULTS, "study_plots.log"),
     run:
@@ -43,9 +39,9 @@ rule study_plots:
 
 rule calendar_plot:
     input:
-        calendar=CALENDAR["calendar_csv"],
+        calendar=FILES.calendar["calendar_csv"],
     output:
-        **pp_document.for_report(CALENDAR_PLOTS, "Plots"),
+        **pp_document.for_report(FILES.calendar_plots, "Plots"),
     log:
         pp_layout.log(RESULTS, "calendar_plot.log"),
     run:
@@ -54,10 +50,10 @@ rule calendar_plot:
 
 rule loss_plot:
     input:
-        table=TABLES["loss_check_csv"],
+        table=FILES.tables["loss_check_csv"],
         curves=PP.loss_check_files(),
     output:
-        **pp_document.for_report(LOSS_PLOTS_FILES, "Plots"),
+        **pp_document.for_report(FILES.loss_plots, "Plots"),
     log:
         pp_layout.log(RESULTS, "loss_plot.log"),
     run:
@@ -66,23 +62,19 @@ rule loss_plot:
 
 rule report:
     input:
-        tables=list(TABLES.values()),
-        plots=list(PLOTS.values()),
-        study=list(STUDY_TABLES.values()) + list(WHATIF.values()),
-        study_plots=list(STUDY_PLOTS.values()),
-        calendar=list(CALENDAR.values()) + list(CALENDAR_PLOTS.values()),
-        loss_plots=list(LOSS_PLOTS_FILES.values()),
-        optimal=OPTIMAL,
+        tables=list(FILES.report_tables().values()),
+        plots=list(FILES.report_plots().values()),
+        optimal=FILES.optimal,
     output:
-        report=REPORT,
+        report=FILES.report,
     log:
         pp_layout.log(RESULTS, "report.log"),
     params:
         costs=PP.config.get("costs", {}),
     run:
         pp_document.write_report(
-            {**TABLES, **STUDY_TABLES, **WHATIF, **CALENDAR},
-            {**PLOTS, **STUDY_PLOTS, **CALENDAR_PLOTS, **LOSS_PLOTS_FILES},
+            FILES.report_tables(),
+            FILES.report_plots(),
             input.optimal,
             output.report,
             log[0],

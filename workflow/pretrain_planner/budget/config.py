@@ -12,15 +12,14 @@ from typing import Any
 from pretrain_planner import layout
 from pretrain_planner.launch import stage
 from pretrain_planner.planning.catalog import load_models
-from pretrain_planner.planning.pipeline import resolve
 from pretrain_planner.planning.settings import grad_sync_of
-from pretrain_planner.schema import ConfigError, load_yaml, validate
+from pretrain_planner.schema import ConfigError, load_yaml, resolve_path, validate
 
 
 def load(path: str | Path, basedir: str | Path = ".", results: str | Path | None = None) -> dict[str, Any]:
     """The validated budget config (defaults filled), with corpus files, GLUE dir, model and the training
     setting (`cfg["setting"]`, from the benchmark plan under `results` or from the config) resolved."""
-    path = resolve(str(path), basedir)
+    path = resolve_path(str(path), basedir)
     if not Path(path).is_file():
         raise ConfigError(f"{path}: budget config not found")
     raw = load_yaml(path) or {}
@@ -29,15 +28,15 @@ def load(path: str | Path, basedir: str | Path = ".", results: str | Path | None
     cfg["source"] = str(path)  # (errors below name the file)
     files: list[str] = []
     for pattern in cfg["corpus"]["files"]:
-        p = str(resolve(pattern, basedir))
+        p = str(resolve_path(pattern, basedir))
         hits = sorted(glob.glob(p)) if any(c in p for c in "*?[") else ([p] if Path(p).is_file() else [])
         if not hits:
             raise ConfigError(f"{path}: corpus.files: {pattern!r} matches no file")
         files.extend(hits)
     cfg["corpus"]["files"] = files
     if cfg["tokenizer"]["path"]:
-        cfg["tokenizer"]["path"] = str(resolve(cfg["tokenizer"]["path"], basedir))
-    cfg["glue"]["data_dir"] = str(resolve(cfg["glue"]["data_dir"], basedir))
+        cfg["tokenizer"]["path"] = str(resolve_path(cfg["tokenizer"]["path"], basedir))
+    cfg["glue"]["data_dir"] = str(resolve_path(cfg["glue"]["data_dir"], basedir))
     if cfg["glue"]["patience"] and cfg["glue"]["select"] != "best_dev":
         raise ConfigError(f"{path}: glue.patience {cfg['glue']['patience']} needs glue.select: best_dev (early "
                           "stopping keeps the best dev checkpoint, as run_glue.py's EarlyStoppingCallback needs "
@@ -161,7 +160,7 @@ def _model(cfg: dict[str, Any], source: Path, basedir: str | Path) -> tuple[dict
         return {"name": m.get("name", "custom"), "family": m["family"], "arch": dict(m["arch"])}, None
     name = m if isinstance(m, str) else m["base"]
     key = "model" if isinstance(m, str) else "model.base"
-    catalog = load_models(resolve(cfg["catalog_models"], basedir))
+    catalog = load_models(resolve_path(cfg["catalog_models"], basedir))
     if name not in catalog:
         raise ConfigError(f"{source}: {key}: no model {name!r} in {cfg['catalog_models']}")
     spec = catalog[name]

@@ -21,9 +21,16 @@ from pretrain_planner import layout
 from pretrain_planner.launch import driver, progress, stage
 from pretrain_planner.launch.hostpool import cgroup_oom_kills
 from pretrain_planner.launch.rankjob import RankJob, entry, global_rank, job_id_here
-from pretrain_planner.launch.request import JobFailed, Outcome, RuleLog, read_json
+from pretrain_planner.launch.request import JobFailed, Outcome, RuleLog
 from pretrain_planner.launch.state import StateRecord
-from pretrain_planner.results import atomic_write_text, parse_result, throughput_text, write_result, write_steps
+from pretrain_planner.results import (
+    atomic_write_text,
+    parse_result,
+    read_json,
+    throughput_text,
+    write_result,
+    write_steps,
+)
 
 MEASURE = "pretrain_planner.trainer.run:run_rank"  # what every rank of a cell's job runs
 

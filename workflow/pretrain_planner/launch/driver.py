@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from pretrain_planner.launch.hostpool import alive, start_time
+from pretrain_planner.results import read_json
 
 STOP = threading.Event()
 RECORD = ".driver.json"
@@ -115,10 +116,7 @@ def guard(workflow: Any, results: str | Path, prepare: Callable[[bool], None]) -
 
 
 def _read(results: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads((results / RECORD).read_text())
-    except (OSError, ValueError):
-        return None
+    return read_json(results / RECORD)
 
 
 def other_driver(results: str | Path) -> dict[str, Any] | None:

@@ -21,9 +21,9 @@ from typing import Any
 from pretrain_planner.launch import driver
 from pretrain_planner.launch.hostpool import HostPool, alive, descendants, end_processes, start_time
 from pretrain_planner.launch.rankjob import LOCAL_RECORD
-from pretrain_planner.launch.request import JobFailed, JobRequest, Outcome, RuleLog, read_json
+from pretrain_planner.launch.request import JobFailed, JobRequest, Outcome, RuleLog
 from pretrain_planner.launch.slurm import task_jobs
-from pretrain_planner.results import atomic_write_text
+from pretrain_planner.results import atomic_write_text, read_json
 
 LOCAL_RANKS = "local_ranks"  # each local rank's pid (job.RankJob writes them)
 # Jobs of one Snakemake process (--force-use-threads) share torch's global RNG and thread settings: a torch job in
@@ -135,8 +135,8 @@ def end_all_orphans(results: str | Path) -> list[str]:
 def run_debug(req: JobRequest, log: RuleLog, what: str) -> Outcome:
     """The debug launcher: the job's callable, one rank, in this process, holding what a local job holds (its
     folder's lock, the host's devices, this process's torch turn)."""
-    if req.world != 1:
-        raise ValueError(f"{what}: the debug launcher runs one rank in the driver's process, not {req.world}")
+    if req.world_size != 1:
+        raise ValueError(f"{what}: the debug launcher runs one rank in the driver's process, not {req.world_size}")
     pool = HostPool.from_config(req.launcher.get("local_gpus"))
     with folder_lock(req.workdir, what), pool.hold(1, req.use_gpus, req.cpu_threads, log, driver.STOP), torch_job():
         value = req.fn()
@@ -154,9 +154,9 @@ def run_local(req: JobRequest, log: RuleLog, what: str, log_path: str | Path) ->
     with folder_lock(workdir, what):
         end_orphans(workdir, log)
         pool = HostPool.from_config(req.launcher.get("local_gpus"))
-        with pool.hold(req.world, req.use_gpus, req.cpu_threads, log, driver.STOP) as place:
+        with pool.hold(req.world_size, req.use_gpus, req.cpu_threads, log, driver.STOP) as place:
             ex = submitit.LocalExecutor(folder=req.folder, max_num_timeout=req.max_num_timeout)
-            ex.update_parameters(nodes=1, tasks_per_node=req.world, timeout_min=req.timeout_min,
+            ex.update_parameters(nodes=1, tasks_per_node=req.world_size, timeout_min=req.timeout_min,
                                  gpus_per_node=len(place.gpus), visible_gpus=tuple(place.gpus))  # fmt: skip
             req.fn.context = req.context(placement=place.to_dict())
             (workdir / LOCAL_RECORD).unlink(missing_ok=True)
@@ -168,7 +168,7 @@ def run_local(req: JobRequest, log: RuleLog, what: str, log_path: str | Path) ->
                       "folder": str(req.folder), "started_at": dt.datetime.now().isoformat(timespec="seconds"),
                       "placement": place.to_dict()}  # fmt: skip
             atomic_write_text(workdir / LOCAL_RECORD, json.dumps(record, indent=1) + "\n")
-            log(f"submitted local job {job.job_id} ({req.world} processes); logs in {req.folder}")
+            log(f"submitted local job {job.job_id} ({req.world_size} processes); logs in {req.folder}")
             driver.register(req.name, kind="local", job_id=job.job_id, what=what)
             try:
                 while not job.done():

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from pretrain_planner import layout
+from pretrain_planner.results import read_json
 
 HISTORY = "requeues.json"
 VERDICT = "no_progress.json"
@@ -107,20 +108,6 @@ def current() -> int | None:
     return _STATE["units"]
 
 
-def timed_out(started: float, time_limit_min: float) -> bool:
-    """submitit's rule for a USR2 that means the time limit (not a preemption): the job ran for at least
-    min(80% of its limit, the limit - 10 min)."""
-    limit_s = time_limit_min * 60
-    return time.time() - started >= min(0.8 * limit_s, limit_s - 600)
-
-
-def _read(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def decide_requeue(
     folder: str | Path,
     job_id: str | None,
@@ -134,7 +121,7 @@ def decide_requeue(
     from pretrain_planner.results import atomic_write_text
 
     folder = Path(folder)
-    history = [h for h in (_read(folder / HISTORY) or []) if h.get("job_id") == job_id]
+    history = [h for h in (read_json(folder / HISTORY) or []) if h.get("job_id") == job_id]
     entry = {"job_id": job_id, "at": dt.datetime.now().isoformat(timespec="seconds"), "progress": units}
     atomic_write_text(folder / HISTORY, json.dumps([*history, entry], indent=1) + "\n")
     if not history:
@@ -170,7 +157,7 @@ def refuse(folder: str | Path, job_id: str | None, slurm: dict[str, Any] | None,
 def verdict_for(folder: str | Path, identity: str, slurm: dict[str, Any] | None) -> dict[str, Any] | None:
     """A refusal recorded for this same job (identity and time settings), if any: the driver fails the job
     again at once instead of submitting it to loop again."""
-    verdict = _read(Path(folder) / VERDICT)
+    verdict = read_json(Path(folder) / VERDICT)
     if not verdict or not slurm:
         return None
     same = (

@@ -6,8 +6,8 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import signal
 import socket
-import time
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +91,6 @@ class RankJob(submitit.helpers.Checkpointable):
         self.context: dict[str, Any] = {}
 
     def __call__(self) -> Any:
-        self._started = time.time()
         ctx = getattr(self, "context", None) or {}
         place = ctx.get("placement")
         if place:
@@ -119,8 +118,7 @@ class RankJob(submitit.helpers.Checkpointable):
         """On USR2 (rank 0): requeue, unless this is a time-out that would loop without progress."""
         ctx = getattr(self, "context", None) or {}
         slurm = ctx.get("slurm") or {}
-        started = getattr(self, "_started", time.time())
-        if ctx.get("workdir") and slurm.get("time_limit_min") and progress.timed_out(started, slurm["time_limit_min"]):
+        if ctx.get("workdir") and slurm.get("time_limit_min") and submitit_timed_out():
             reason = progress.decide_requeue(
                 ctx["workdir"], job_id_here(), self.progress_units(), self.restartable, slurm, ctx.get("what", "job")
             )
@@ -128,6 +126,18 @@ class RankJob(submitit.helpers.Checkpointable):
                 print(f"pretrain-planner: not requeued: {reason}", flush=True)
                 return None  # submitit: "Job not requeued because: checkpoint function returned None"
         return super().checkpoint(*args, **kwargs)
+
+
+def submitit_timed_out() -> bool:
+    """Whether submitit takes the USR2 being handled for the job's time limit, not a pre-emption: asked of the
+    signal handler submitit installed in this process (SignalHandler.has_timed_out: the job ran at least
+    min(80% of its limit, the limit - 10 min)), so that its rule has one home, submitit's. False outside a
+    submitit job (no handler: nothing requeues it)."""
+    from submitit.core.job_environment import JobEnvironment
+
+    handler = getattr(signal.getsignal(JobEnvironment._usr_sig()), "__self__", None)
+    has_timed_out = getattr(handler, "has_timed_out", None)
+    return bool(has_timed_out()) if callable(has_timed_out) else False
 
 
 def entry(name: str) -> Any:

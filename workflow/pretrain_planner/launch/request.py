@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pretrain_planner.launch.hostpool import HostPool
+from pretrain_planner.planning.grid import OnNodes
 from pretrain_planner.results import before_write, disk_full
 
 HISTORY_MAX = 400_000  # characters of earlier attempts kept at the top of a rule's log
@@ -88,15 +89,8 @@ def spec_hash(spec: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 @dataclass
-class JobRequest:
+class JobRequest(OnNodes):
     """One job for the launcher: a picklable callable run once per rank (`nodes` x `gpus_per_node`).
 
     Cells and the budget stage's pre-training and fine-tuning all go through `run_job`, so each gets the
@@ -117,10 +111,6 @@ class JobRequest:
     extra_record: dict[str, Any] = field(default_factory=dict)
     launcher: dict[str, Any] = field(default_factory=dict)  # the config's launcher section (waits, local_gpus)
     cpu_threads: int = 1  # threads of each rank of a CPU job (a GPU rank gets its GPU's share of the cores)
-
-    @property
-    def world(self) -> int:
-        return self.nodes * self.gpus_per_node
 
     @property
     def workdir(self) -> Path:

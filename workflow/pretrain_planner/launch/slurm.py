@@ -17,9 +17,9 @@ from typing import Any
 
 from pretrain_planner.launch import driver, progress
 from pretrain_planner.launch.rankjob import SLURM_RECORD
-from pretrain_planner.launch.request import JobFailed, JobRequest, Outcome, RuleLog, read_json, spec_hash
+from pretrain_planner.launch.request import JobFailed, JobRequest, Outcome, RuleLog, spec_hash
 from pretrain_planner.planning.site import sbatch_parameters
-from pretrain_planner.results import atomic_write_text, before_write
+from pretrain_planner.results import atomic_write_text, before_write, read_json
 from pretrain_planner.schema import section
 
 JOB_RECORD = SLURM_RECORD
@@ -166,7 +166,7 @@ def _reattach(req: JobRequest, log: RuleLog):
         log(f"{req.record} is unreadable: ignored")
         return None
     job_id = str(record["job_id"])
-    job = submitit.SlurmJob(folder=record["folder"], job_id=job_id, tasks=tuple(range(req.world)))
+    job = submitit.SlurmJob(folder=record["folder"], job_id=job_id, tasks=tuple(range(req.world_size)))
     if record.get("spec_hash") != spec_hash(req.identity or {}):
         st = slurm_state(job_id)
         if st.live or not st.known:

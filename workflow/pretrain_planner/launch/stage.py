@@ -26,9 +26,8 @@ from pretrain_planner import layout
 from pretrain_planner.launch.executor import run_job
 from pretrain_planner.launch.rankjob import LOCAL_RECORD, SLURM_RECORD
 from pretrain_planner.launch.request import JobRequest, Outcome, RuleLog, holds_gpus, threads_per_rank
-from pretrain_planner.planning.pipeline import resolve
 from pretrain_planner.planning.site import gpu_settings, load_site
-from pretrain_planner.schema import ConfigError
+from pretrain_planner.schema import ConfigError, resolve_path
 
 
 def launch_settings(
@@ -54,7 +53,9 @@ def launch_settings(
         raise ConfigError(f"{source}: {nodes} nodes: the local launcher runs on one node (use launcher.kind slurm)")
     if launcher["kind"] == "slurm":
         try:
-            out["slurm"] = gpu_settings(load_site(resolve(launcher["site"], basedir), [gpu], source, key=gpu_key), gpu)
+            out["slurm"] = gpu_settings(
+                load_site(resolve_path(launcher["site"], basedir), [gpu], source, key=gpu_key), gpu
+            )
         except ConfigError as exc:
             if not soft_site:
                 raise

@@ -27,17 +27,25 @@ WILDCARD_CONSTRAINTS = {
 }
 
 
+class OnNodes:
+    """Coordinates of a run on `nodes` nodes of `gpus_per_node` GPUs each (a cell, a search setting, a job, a
+    costed setting): their world size, defined once."""
+
+    nodes: int
+    gpus_per_node: int
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
 @dataclass(frozen=True, order=True)
-class Cell:
+class Cell(OnNodes):
     model: str
     gpu: str
     nodes: int
     gpus_per_node: int
     method: str
-
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.gpus_per_node
 
     @property
     def path(self) -> str:

@@ -26,7 +26,8 @@ def measured_activation(setting: Setting, observed: Mapping[str, Observation], a
             continue
         if not (ob.peak_mem_kind or "").startswith("cuda"):
             continue
-        states = mem.states(s.sharding, s.offload, setting.world).at_forward(ob.micro_batch < setting.per_rank_batch)
+        accumulating = ob.micro_batch < setting.per_rank_batch  # a later micro-batch of an accumulated step
+        states = mem.states(s.sharding, s.offload, setting.world_size).at_forward(accumulating)
         per_sample = max(0.0, ob.peak_mem_gib * GIB - states) / ob.micro_batch
         best = per_sample if best is None else min(best, per_sample)
     return best
@@ -38,7 +39,7 @@ def _engine(s: Shape) -> str:
 
 def _states(setting: Setting, s: Shape) -> float:
     """The model states the guesses reason with: the most the lower bound says are held at once."""
-    return setting.memory.states(s.sharding, s.offload, setting.world).peak
+    return setting.memory.states(s.sharding, s.offload, setting.world_size).peak
 
 
 def largest_fitting(cap: int, states: float, per_sample: float, capacity: float) -> int:
@@ -63,11 +64,12 @@ def bound(setting: Setting, s: Shape, observed: Mapping[str, Observation], measu
     mem = setting.memory
     cap, why = setting.top, "the largest tried"
     if mem.capacity and mem.params:
-        st = mem.states(s.sharding, s.offload, setting.world)
+        st = mem.states(s.sharding, s.offload, setting.world_size)
         if st.floor > mem.capacity:
             return 0, (
                 f"model states alone need at least {st.floor / GIB:.1f} GiB per GPU "
-                f"({mem.params / 1e9:.2f}B parameters, {_engine(s)}, {setting.world} GPUs) > {mem.capacity / GIB:g} GiB"
+                f"({mem.params / 1e9:.2f}B parameters, {_engine(s)}, {setting.world_size} GPUs) > "
+                f"{mem.capacity / GIB:g} GiB"
             )
         analytic = mem.activation_lb(s.slug) or 0.0
         half = ACTIVATION_LB_SHARE * measured_act if measured_act and not s.ac else 0.0

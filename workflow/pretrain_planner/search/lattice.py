@@ -14,7 +14,7 @@ from typing import Any
 
 from pretrain_planner import layout
 from pretrain_planner.planning.flops import tokens_per_sample, train_flops_per_sample
-from pretrain_planner.planning.grid import largest_micro_batch
+from pretrain_planner.planning.grid import OnNodes, largest_micro_batch
 from pretrain_planner.planning.memory import MemoryFacts
 from pretrain_planner.planning.methods import SHARDING_ENGINE, SHARDING_LEVEL, parse
 from pretrain_planner.results import gpu_hours
@@ -91,7 +91,7 @@ class Observation:
 
 
 @dataclass(frozen=True)
-class Setting:
+class Setting(OnNodes):
     """One (model, GPU type, nodes, GPUs per node) and its valid methods."""
 
     model: str
@@ -106,10 +106,6 @@ class Setting:
     compute_floor_s: float = 0.0  # a step's training FLOPs at the plausible MFU ceiling (0 = unknown)
     tolerance: float = DEFAULT_TOLERANCE  # search.tolerance
     model_error: float = DEFAULT_MODEL_ERROR  # search.model_error
-
-    @property
-    def world(self) -> int:
-        return self.nodes * self.gpus_per_node
 
     @property
     def folder(self) -> str:

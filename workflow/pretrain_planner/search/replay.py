@@ -46,7 +46,7 @@ def predicted_table(setting: Setting, hours: Mapping[str, float]) -> dict[str, O
         s = shape(slug)
         mb = setting.top
         if mem.capacity and mem.params and mem.activation_est:
-            states = mem.states(s.sharding, s.offload, setting.world).peak * 1.2
+            states = mem.states(s.sharding, s.offload, setting.world_size).peak * 1.2
             share = AC_ESTIMATE_SHARE if s.ac else 1.0
             mb = largest_fitting(mb, states, mem.activation_est * share, mem.capacity)
         ok = mb >= 1

@@ -42,7 +42,7 @@ def write_round(
     observed: dict[str, Observation] = {}
     for m in ran:
         row, _problem = parse_result(cell_result(results, setting, m))
-        observed[m] = Observation.of(row, setting.world)
+        observed[m] = Observation.of(row, setting.world_size)
     decision = decide(setting, observed)
     data = {
         "setting": {"model": setting.model, "gpu": setting.gpu, "nodes": setting.nodes,

@@ -268,7 +268,7 @@ def _saver_pays(k: Knowledge, slug: str, s: Shape, mb_self: int) -> tuple[str, s
         x = variant(slug, **{saver: False})
         st, mb = k.state(x)
         # a sharded step communicates every micro-batch: there a larger one pays even beyond saturation
-        sat = k.setting.top if s.sharding and k.setting.world > 1 else k.setting.saturated
+        sat = k.setting.top if s.sharding and k.setting.world_size > 1 else k.setting.saturated
         enough = min(mb_self, sat, k.setting.top)
         busy = f" and {sat} samples keep the GPU busy" if mb >= sat and sat < k.setting.top else ""
         if st == "fits" and mb >= enough:
@@ -329,7 +329,7 @@ def time_model(setting: Setting, observed: Mapping[str, Observation]) -> Hypothe
     """The setting's hardware hypotheses fitted to its timed cells (timemodel.py)."""
     mem = setting.memory
     hyp = Hypotheses.grid(
-        mem.params or 0.0, setting.world, setting.per_rank_batch, setting.saturated,
+        mem.params or 0.0, setting.world_size, setting.per_rank_batch, setting.saturated,
         setting.compute_floor_s / setting.per_rank_batch, setting.model_error,
         any(shape(m).offload for m in setting.methods),
     )  # fmt: skip
@@ -342,7 +342,7 @@ def time_model(setting: Setting, observed: Mapping[str, Observation]) -> Hypothe
 
 def _features(setting: Setting, s: Shape, mb: int) -> Features:
     st = setting
-    return features(s.family, s.ac, s.level, bool(s.sharding), s.offload, mb, st.per_rank_batch, st.world, s.slug)
+    return features(s.family, s.ac, s.level, bool(s.sharding), s.offload, mb, st.per_rank_batch, st.world_size, s.slug)
 
 
 def _next(setting: Setting, open_: Mapping[str, int], predicted: Mapping[str, int], tm: Hypotheses) -> list[str]:

@@ -23,10 +23,11 @@ the note says why (its queue wait, its restarts). Imports no torch.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import polars as pl
 
@@ -47,9 +48,6 @@ from pretrain_planner.results import atomic_write_text
 from pretrain_planner.schema import ConfigError
 from pretrain_planner.tables import units, views
 from pretrain_planner.tables.markdown import to_markdown
-
-if TYPE_CHECKING:
-    from pretrain_planner.planning.pipeline import Pipeline
 
 COLUMNS = [
     "model", "gpu", "nodes", "gpus_per_node", "method", "run", "compute_days", "compute_basis", "segments",
@@ -293,18 +291,22 @@ def calendar_markdown(table: pl.DataFrame, where: Site) -> str:
 
 
 def build_calendar(
-    inputs: dict[str, str], out: dict[str, str], log_path: str, pipeline: Pipeline, train: dict[str, Any] | None
+    inputs: Mapping[str, str],
+    out: Mapping[str, str],
+    log_path: str,
+    site: dict[str, Any] | None,
+    catalog: Catalog,
+    train: dict[str, Any] | None,
 ) -> pl.DataFrame:
     """The `calendar` rule: calendar.{csv,md} of every measured setting (`inputs`: time_to_train's CSV, the cells'
     Parquet) and its train-stage run where the config gives the train stage a budget; on a SLURM site (the
-    pipeline's, its limits resolved) the scheduler is asked."""
+    pipeline's, its limits resolved; None: local processes) the scheduler is asked."""
     from pretrain_planner.tables.aggregate import read_table
 
-    site = pipeline.site
     rate, how = disk_write_rate(str(Path(out["calendar_csv"]).parent))  # the results folder's file system
     where = Site(site, rate, how, run_sbatch if site else None, datetime.now())
     settings = settings_of(read_table(inputs["time_to_train"]), pl.read_parquet(inputs["cells"]), train)
-    table = calendar_table(settings, pipeline.catalog, where)
+    table = calendar_table(settings, catalog, where)
     Path(out["calendar_csv"]).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out["calendar_csv"], table.write_csv())
     atomic_write_text(out["calendar_md"], calendar_markdown(table, where))

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pretrain_planner.planning.catalog import GpuSpec
+from pretrain_planner.planning.grid import OnNodes
 from pretrain_planner.schema import default, section
 
 COST_KINDS = ("hardware", "amortised", "cloud")
@@ -32,7 +33,7 @@ def settings(costs_config: dict[str, Any] | None) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class Price:
+class Price(OnNodes):
     """The prices of one setting, derived from its inputs; a None value is unknown and `notes` says why."""
 
     gpu: str
@@ -44,10 +45,6 @@ class Price:
     base_machine_usd: float | None
     cloud_usd_per_gpu_hour: float | None
     notes: list[str] = field(default_factory=list)
-
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.gpus_per_node
 
     @property
     def hardware_usd(self) -> float | None:

@@ -9,14 +9,13 @@ pre-empted or timed-out run checkpoints, is requeued and resumes) and `debug` (i
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 from pretrain_planner import layout
 from pretrain_planner.launch import stage
 from pretrain_planner.launch.rankjob import EntryJob
-from pretrain_planner.launch.request import Outcome, RuleLog, driver_cores
+from pretrain_planner.launch.request import Outcome, RuleLog
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.train.record import write_tables
 
@@ -108,20 +107,3 @@ def train_rule(
     return run_plan(p, launch, out_dir, log_path, threads=threads, device=device, steps=t["steps"],
                     time_budget_h=t["time_budget_hours"], data=t["data"], tokenizer=t["tokenizer"],
                     checkpoint_every_min=t["checkpoint_every_min"])  # fmt: skip
-
-
-def plan_input(results: str, wildcards: Any, swept: Collection[str] = ()) -> str:
-    """The train rule's input: the export's optimal/ folder for a setting of the sweep (`swept`: setting folders;
-    the export writes its plan), else the setting's plan.json when it is there (a plan given by hand), else the
-    folder. The same input on every run: a plan.json that appeared since the last run must not count as a changed
-    input (Snakemake would train again on a finished workflow)."""
-    setting = layout.setting_folder(wildcards.model, wildcards.gpu, wildcards.nodes, wildcards.gpus_per_node)
-    plan = layout.optimal_plan_pattern(results).format(**dict(wildcards.items()))
-    if setting in swept or not Path(plan).is_file():
-        return f"{results}/{layout.OPTIMAL}"
-    return plan
-
-
-def rule_threads(kind: str, wildcards: Any, cores: int | None) -> int:
-    """Cores the run holds on this host: one per rank (local, debug), one for a SLURM job."""
-    return driver_cores(kind, int(wildcards.nodes) * int(wildcards.gpus_per_node), 1, cores)

@@ -12,12 +12,12 @@ names the kernel from the aten / flash-attn ops that appeared.
 from __future__ import annotations
 
 import importlib
-from importlib import metadata
 from typing import Any
 
 import torch
 
 from pretrain_planner.trainer.rank import Unsupported
+from pretrain_planner.versions import installed_version
 
 # op name (substring of the profiler event) -> kernel, most specific first
 ATTENTION_OPS = (
@@ -35,13 +35,6 @@ ATTENTION_OPS = (
     ("cudnn_generated_fort_native_sdpa", "sdpa:cudnn"),
 )
 EAGER = "eager (matmul + softmax)"
-
-
-def version(dist: str) -> str | None:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def import_error(module: str) -> str | None:
@@ -93,7 +86,7 @@ def apply_liger(net: torch.nn.Module) -> dict[str, Any]:
         from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
     except ImportError:
         MODEL_TYPE_TO_APPLY_LIGER_FN = {}  # noqa: N806 - the library's name
-    info: dict[str, Any] = {"version": version("liger-kernel"), "model_type": model_type}
+    info: dict[str, Any] = {"version": installed_version("liger-kernel"), "model_type": model_type}
     fn = MODEL_TYPE_TO_APPLY_LIGER_FN.get(model_type)
     if fn is not None:
         fn(model=net)

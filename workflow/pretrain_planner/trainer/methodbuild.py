@@ -35,6 +35,7 @@ from pretrain_planner.trainer.models import build_model, kernel_info, model_clas
 from pretrain_planner.trainer.parallel import apply_method, build_optimizer, precision_setup
 from pretrain_planner.trainer.rank import RankEnv, Unsupported
 from pretrain_planner.trainer.step import TrainStep
+from pretrain_planner.versions import installed_version
 
 # The compiled AdamW step divides by the step size (eps / step_size, with a tensor lr): lr 0 (the first step of
 # the warm-up) would give NaN weights. The floor moves a weight by about 1e-12: nothing.
@@ -91,7 +92,7 @@ def build_with_extras(
     if method.liger:
         extras["liger"] = kernels.apply_liger(net)
     if method.flash_attn:
-        extras["flash_attn_version"] = kernels.version("flash-attn")
+        extras["flash_attn_version"] = installed_version("flash-attn")
     return net, attn_used, extras
 
 

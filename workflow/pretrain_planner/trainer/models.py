@@ -20,13 +20,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
-from importlib import metadata
 from typing import Any
 
 import torch
 import transformers as tf
 
 from pretrain_planner.planning.families import FAMILIES, names
+from pretrain_planner.versions import installed_version
 
 # arch keys read by this module, not passed to the transformers config class
 BUILDER_KEYS = ("sparse_prediction",)
@@ -152,10 +152,7 @@ def kernel_info(model: dict[str, Any]) -> dict[str, Any]:
         return {}
     info: dict[str, Any] = {}
     for dist, module in _MAMBA_KERNELS.items():
-        try:
-            version = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            version = None
+        version = installed_version(dist)
         info[f"{module}_version"] = version
         error = _import_error(module) if version else "not installed"
         if error:

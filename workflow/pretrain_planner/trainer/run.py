@@ -7,7 +7,6 @@ import os
 import platform
 import socket
 import time
-from importlib import metadata
 from typing import Any
 
 import torch
@@ -25,19 +24,14 @@ from pretrain_planner.trainer.oom import FakeOom
 from pretrain_planner.trainer.rank import RankEnv, Unsupported, close_rank, init_rank
 from pretrain_planner.trainer.ranks import Ranks
 from pretrain_planner.trainer.step import TrainStep
+from pretrain_planner.versions import installed_versions
 
 CELL_PACKAGES = ("torch", "transformers", "submitit", "pretrain-planner", "deepspeed", "flash-attn", "liger-kernel")
 
 
 def versions(packages: tuple[str, ...] = CELL_PACKAGES) -> dict[str, str | None]:
     """Python, CUDA and each package's installed version (None: not installed), for a result's `versions`."""
-    out: dict[str, str | None] = {"python": platform.python_version(), "cuda": torch.version.cuda}
-    for pkg in packages:
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            out[pkg] = None
-    return out
+    return {"python": platform.python_version(), "cuda": torch.version.cuda, **installed_versions(packages)}
 
 
 def _device_name(env: RankEnv | None) -> str:

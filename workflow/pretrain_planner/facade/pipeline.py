@@ -1,6 +1,8 @@
-"""What the Snakefile needs at parse time: the validated config, the catalog, the plan, per-cell specs.
+"""What the Snakefile and the CLI need at parse time: the validated config, the catalog, the plan, per-cell specs,
+the adaptive search's settings and the loss check's jobs.
 
-Everything here is planning: no torch, no scheduler contact, so `snakemake -n` is instant anywhere.
+The facade sits above the stages it describes (planning, launch, search): it may ask them all, none of them asks it.
+No torch, no scheduler contact, so `snakemake -n` is instant anywhere.
 """
 
 from __future__ import annotations
@@ -19,15 +21,7 @@ from pretrain_planner.planning.catalog import Catalog, load_catalog
 from pretrain_planner.planning.site import for_gpus, read_site, resolve_limits, within_limits
 from pretrain_planner.planning.spec import cell_spec
 from pretrain_planner.results import atomic_write_text
-from pretrain_planner.schema import ConfigError, load_yaml, non_defaults, validate
-
-
-def resolve(path: str, basedir: str | Path) -> Path:
-    """A config path: absolute, else relative to the working directory, else to the Snakefile's folder."""
-    p = Path(path)
-    if p.is_absolute() or p.exists():
-        return p
-    return Path(basedir) / p
+from pretrain_planner.schema import ConfigError, load_yaml, non_defaults, resolve_path, validate
 
 
 @dataclass
@@ -37,6 +31,7 @@ class Pipeline:
     planned: list[grid.PlannedCell]
     site: dict[str, Any] | None = None
     sources: list[tuple[str, Any]] | None = None  # the config files merged, in order (for the dry run)
+    cores: int | None = None  # the cores Snakemake has (None: unknown), what a rule's `threads:` stays within
 
     @property
     def results(self) -> str:
@@ -89,7 +84,8 @@ class Pipeline:
 
     def threads(self, wildcards: Any) -> int:
         """Cores a cell occupies on the driver's host: one per rank when ranks run here, else 1."""
-        return driver_cores(self.config["launcher"]["kind"], grid.Cell.from_wildcards(wildcards).world_size)
+        return driver_cores(self.config["launcher"]["kind"], grid.Cell.from_wildcards(wildcards).world_size, 1,
+                            self.cores)  # fmt: skip
 
     def spec(self, wildcards: Any, output: Any) -> dict[str, Any]:
         cell = grid.Cell.from_wildcards(wildcards)
@@ -126,7 +122,7 @@ class Pipeline:
 
     def loss_check_threads(self, wildcards: Any) -> int:
         _, _, nodes, gpus_per_node = _setting_key(wildcards)
-        return driver_cores(self.config["launcher"]["kind"], nodes * gpus_per_node)
+        return driver_cores(self.config["launcher"]["kind"], nodes * gpus_per_node, 1, self.cores)
 
     def time_limit_min(self, gpu: str) -> int:
         if self.site:
@@ -212,6 +208,23 @@ class Pipeline:
                          "--configfile is given)")  # fmt: skip
         return lines
 
+    # -- the train stage's rule (workflow/rules/train.smk) ------------------------------------------------------
+    def train_plan_input(self, wildcards: Any) -> str:
+        """The train rule's input: the export's optimal/ folder for a setting of the sweep (the export writes its
+        plan), else the setting's plan.json when it is there (a plan given by hand), else the folder. The same
+        input on every run: a plan.json that appeared since the last run must not count as a changed input
+        (Snakemake would train again on a finished workflow)."""
+        key = _setting_key(wildcards)
+        plan = layout.optimal_plan_pattern(self.results).format(**dict(zip(SETTING_KEYS, key, strict=True)))
+        if layout.setting_folder(*key) in self.settings or not Path(plan).is_file():
+            return f"{self.results}/{layout.OPTIMAL}"
+        return plan
+
+    def train_threads(self, wildcards: Any) -> int:
+        """Cores a train run holds on the driver's host: one per rank (local, debug), one for a SLURM job."""
+        _, _, nodes, gpus_per_node = _setting_key(wildcards)
+        return driver_cores(self.config["launcher"]["kind"], nodes * gpus_per_node, 1, self.cores)
+
     def plan_params(self) -> dict[str, Any]:
         """What plan.csv depends on besides the catalog files (a change re-plans)."""
         return {"sweep": self.config["sweep"], "launcher": self.config["launcher"]["kind"]}
@@ -221,6 +234,9 @@ class Pipeline:
         st = self.setting(wildcards)
         return {"methods": list(st.methods), "top": st.top, "saturated": st.saturated,
                 "tolerance": st.tolerance, "model_error": st.model_error}  # fmt: skip
+
+
+SETTING_KEYS = ("model", "gpu", "nodes", "gpus_per_node")  # a setting's wildcards: {model}/{gpu}/{N}x{G}
 
 
 def _setting_key(wildcards: Any) -> tuple[str, str, int, int]:
@@ -253,7 +269,11 @@ def config_sources(configfiles: list[Any], basedir: str | Path) -> list[tuple[st
 
 
 def load(
-    config: dict[str, Any], basedir: str | Path, source: str = "config", sources: list[tuple[str, Any]] | None = None
+    config: dict[str, Any],
+    basedir: str | Path,
+    source: str = "config",
+    sources: list[tuple[str, Any]] | None = None,
+    cores: int | None = None,
 ) -> Pipeline:
     """Validate config (defaults filled in place), load the catalog, expand and check the plan."""
     if isinstance(config, dict) and "sweep" not in config:
@@ -265,25 +285,29 @@ def load(
         )
     validate(config, "config", source)
     cat = config["catalog"]
-    models, gpus = resolve(cat["models"], basedir), resolve(cat["gpus"], basedir)
+    models, gpus = resolve_path(cat["models"], basedir), resolve_path(cat["gpus"], basedir)
     catalog = load_catalog(models, gpus).with_prices(config["costs"].get("prices"), source)
     planned = grid.expand(config, catalog, source)
     site = None
     if config["launcher"]["kind"] == "slurm":
-        mapped = read_site(resolve(config["launcher"]["site"], basedir))
+        mapped = read_site(resolve_path(config["launcher"]["site"], basedir))
         site = for_gpus(mapped, config["sweep"]["gpus"], source)
         planned = within_limits(planned, resolve_limits(site))
         catalog = catalog.with_network(mapped)  # every type the site maps: the what-if predicts them all
     grid.check_plan(planned, source)
-    return Pipeline(config, catalog, planned, site, sources)
+    return Pipeline(config, catalog, planned, site, sources, cores)
 
 
 def load_or_exit(
-    config: dict[str, Any], basedir: str | Path, source: str = "config", sources: list[tuple[str, Any]] | None = None
+    config: dict[str, Any],
+    basedir: str | Path,
+    source: str = "config",
+    sources: list[tuple[str, Any]] | None = None,
+    cores: int | None = None,
 ) -> Pipeline:
     """`load` for the Snakefile: a config mistake ends the run with the message alone, no traceback."""
     try:
-        return load(config, basedir, source, sources)
+        return load(config, basedir, source, sources, cores)
     except ConfigError as exc:
         raise SystemExit(f"pretrain-planner: configuration error\n{exc}") from None
 
