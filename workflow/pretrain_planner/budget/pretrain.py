@@ -45,6 +45,7 @@ from pretrain_planner.budget.config import set_torch_threads, setting_of, wants_
 from pretrain_planner.budget.summary import plot_loss, reference_comparison, write_summary
 from pretrain_planner.launch.local import torch_job
 from pretrain_planner.planning.catalog import ModelSpec, Optimizer, Recipe
+from pretrain_planner.planning.families import family
 from pretrain_planner.planning.methods import parse
 from pretrain_planner.planning.runspec import RunSpec, device_gpu
 from pretrain_planner.results import atomic_write_text
@@ -67,8 +68,8 @@ def model_dict(cfg: dict[str, Any], index: dict[str, Any]) -> dict[str, Any]:
     multiple = int((cfg.get("tokenizer") or {}).get("pad_vocab_to_multiple_of", 1))
     vocab = -(-index["vocab_size"] // multiple) * multiple
     arch.update(vocab_size=vocab, pad_token_id=sp["pad"], bos_token_id=sp["cls"], eos_token_id=sp["sep"])
-    # RoBERTa numbers positions from pad_token_id + 1
-    need = index["seq_len"] + (sp["pad"] + 1 if m["family"].startswith("roberta") else 0)
+    # the positions the family skips (RoBERTa numbers them from pad_token_id + 1: families.py)
+    need = index["seq_len"] + family(m["family"], "model.family").position_offset(sp["pad"])
     arch["max_position_embeddings"] = max(arch.get("max_position_embeddings", 0), need)
     arch.setdefault("type_vocab_size", 1)
     return {"name": m["name"], "family": m["family"], "task": "masked_lm", "arch": arch}

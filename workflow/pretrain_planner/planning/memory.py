@@ -40,8 +40,9 @@ checkpointing only each layer's input is kept. Mamba layers keep at least the in
 output and the input (3 x expand x h + h, mamba-ssm's fused kernel recomputing the rest). A plain vocabulary head
 adds the log-probabilities cross-entropy saves (fp32 for causal LMs: transformers upcasts the logits); the fused
 head (`flce`) none. This is Korthikanti et al.'s count (34 s h bytes per layer, 16-bit, with dropout masks) without
-what a given method does not hold. `activation_estimate` (Korthikanti's count as is) is the search's expectation
-of what a sample holds, not a bound. Imports no torch.
+what a given method does not hold. Each family's formula object counts its layer's elements (formulas.py,
+`layer_elements`). `activation_estimate` (Korthikanti's count as is) is the search's expectation of what a sample
+holds, not a bound. Imports no torch.
 """
 
 from __future__ import annotations
@@ -145,28 +146,6 @@ def method_of(method: Method | str) -> Method:
     return parse(method) if isinstance(method, str) else method
 
 
-def _layer_elements(model: ModelSpec, compiled: bool, eager_attention: bool) -> float | None:
-    """Elements per token one layer certainly saves for backward (module docstring), or None if unknown."""
-    a, formula = model.arch, model.kind.formula
-    h = a.get("hidden_size")
-    if not h:
-        return None
-    if formula == "mamba":
-        return 3.0 * a.get("expand", 2) * h + h
-    if formula not in ("transformer", "vit"):
-        return None
-    i = a.get("intermediate_size", 4 * h)
-    if compiled:
-        out = 5.0 * h + i
-    else:
-        out = 8.0 * h + 2 * i
-        if model.family == "gptneox" and a.get("use_parallel_residual", True):
-            out -= h
-    if eager_attention and "num_attention_heads" in a:
-        out += a["num_attention_heads"] * tokens_per_sample(model.to_dict())
-    return out
-
-
 def _head_bytes(model: ModelSpec, fused: bool) -> float:
     """Bytes per sample a plain vocabulary head's loss saves: the log-probabilities (fp32 for a causal LM, whose
     logits transformers upcasts; the activation width for a masked LM; nothing for sparse prediction, which
@@ -188,8 +167,9 @@ def activation_bytes_per_sample(model: ModelSpec, method: Method | str | None = 
         m = method_of(method)
         compiled, ac, fused = compiles(m, model.to_dict()), m.checkpointing, m.fused_ce
         eager = model.kind.attention and attention_for(m) == "eager" and not compiled
-    per_layer = _layer_elements(model, compiled, eager)
-    tokens = tokens_per_sample(model.to_dict())
+    as_dict, form = model.to_dict(), model.kind.closed_form
+    per_layer = None if form is None else form.layer_elements(as_dict, compiled, eager)  # formulas.py
+    tokens = tokens_per_sample(as_dict)
     if per_layer is None or tokens is None:
         return None
     layers = model.arch["num_hidden_layers"]

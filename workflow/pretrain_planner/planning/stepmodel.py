@@ -33,27 +33,15 @@ from typing import Any
 
 from pretrain_planner.planning.families import FAMILIES
 
+# the memory-bound bytes' constants (formulas.py), also under this module's name (evidence.py reads them here)
+from pretrain_planner.planning.formulas import EAGER_SCORE_B, LAYER_B_PER_HIDDEN, LOGIT_B  # noqa: F401
+
 RECOMPUTE_SHARE = 1 / 3  # checkpointing runs the forward again: its 2 of a step's 6 FLOPs per parameter and token
 FULL_SHARD_VOLUME = 1.5  # ZeRO-3 / full FSDP gather the parameters again for the backward
 GRAD_COMM_B = 4  # bytes per gradient element reduced (fp32 gradients of fp32 master parameters under autocast)
 CPU_ADAM_B = 16  # model-state bytes per parameter a CPU optimizer step goes through (fp32 parameter, grad, 2 moments)
 FETCH_B = 4  # bytes per parameter fetched from the CPU at full sharding with offload
 
-# Memory-bound bytes of a transformer, per token (forward + backward; 16-bit activations, x2 for fp32 recipes):
-# per layer about 27 hidden-size reads and writes forward (2 norms 4h, rotary / head reshapes 7h, GELU 8h, residual
-# adds 4h, bias and dropout 4h) and twice that backward: 81 h elements = 162 h bytes;
-LAYER_B_PER_HIDDEN = 162
-# eager attention (`naive`) also writes, scales, masks, soft-maxes (in fp32) and differentiates a score per head and
-# key: about 30 bytes per score (a fused SDPA / flash kernel keeps them on chip);
-EAGER_SCORE_B = 30
-# the loss over the vocabulary: 16-bit logits, their fp32 copy, the log-softmax, its gradient and the cast back:
-# about 38 bytes per vocabulary entry and token.
-LOGIT_B = 38
-# Mamba: the block's elementwise work and the selective scan over expand x hidden channels (about the same count
-# per channel as a transformer layer per hidden unit); ConvNeXt: per block and pixel the depthwise convolution,
-# LayerNorm, GELU over 4C, layer scale and residual: about 30 channel-size reads and writes forward, twice that
-# backward (90 C elements).
-CONVNEXT_B_PER_CHANNEL = 90
 KAPPA = 1.0  # the weight of the memory-bound seconds against the matmul seconds (the what-if fits it to evidence)
 
 
@@ -183,31 +171,13 @@ def rates(gpu: Any, precision: str, share: float | None, tf32: bool = True) -> R
 
 def memory_bytes_per_sample(model: dict[str, Any], eager_attention: bool = False) -> float | None:
     """Memory-bound bytes one sample moves through forward and backward (a ModelSpec.to_dict()), by its family's
-    formula (the constants above); None for a family without one."""
-    from pretrain_planner.planning.flops import tokens_per_sample
-
-    formula, a, r = FAMILIES[model["family"]].formula, model["arch"], model["recipe"]
-    width = 2.0 if r.get("precision") == "fp32" else 1.0
-    if formula in ("transformer", "vit"):
-        tokens = tokens_per_sample(model)
-        layers, h = a["num_hidden_layers"], a["hidden_size"]
-        scores = EAGER_SCORE_B * a["num_attention_heads"] * tokens if eager_attention else 0
-        per_layer = LAYER_B_PER_HIDDEN * h + scores
-        vocab = a.get("vocab_size", 0) if formula == "transformer" else 0
-        if a.get("sparse_prediction"):
-            vocab *= r.get("mlm_probability", 0.15)
-        return width * tokens * (layers * per_layer + LOGIT_B * vocab)
-    if formula == "mamba":
-        per_layer = LAYER_B_PER_HIDDEN * a["hidden_size"] * a.get("expand", 2)
-        return width * r["sequence_length"] * (a["num_hidden_layers"] * per_layer + LOGIT_B * a["vocab_size"])
-    if formula == "convnext":
-        side = r["image_size"] // a.get("patch_size", 4)
-        total = 0.0
-        for i, (c, d) in enumerate(zip(a.get("hidden_sizes", [96, 192, 384, 768]), a.get("depths", [3, 3, 9, 3]),
-                                       strict=True)):  # fmt: skip
-            total += d * CONVNEXT_B_PER_CHANNEL * c * (side >> i) ** 2
-        return width * total
-    return None
+    formula (formulas.py: the constants LAYER_B_PER_HIDDEN, EAGER_SCORE_B, LOGIT_B, CONVNEXT_B_PER_CHANNEL), x2 for
+    an fp32 recipe's activations; None for a family without one."""
+    form = FAMILIES[model["family"]].closed_form
+    if form is None:
+        return None
+    width = 2.0 if model["recipe"].get("precision") == "fp32" else 1.0
+    return width * form.memory_bytes(model, eager_attention)
 
 
 def ideal_seconds(flops: float, memory_bytes: float, r: Rates, kappa: float = KAPPA) -> float:

@@ -40,7 +40,7 @@ import polars as pl
 
 from pretrain_planner.planning import methods
 from pretrain_planner.planning.catalog import Catalog
-from pretrain_planner.planning.families import FAMILIES
+from pretrain_planner.planning.families import DISPLAY_ORDER, FAMILIES
 from pretrain_planner.planning.flops import mfu, param_count, suspect, train_flops_per_sample
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.schema import ConfigError, section
@@ -67,10 +67,6 @@ GPU_SLOWER = (
     "On GPU types the optimal is slower than naive in {slower} of {settings} settings: naive is faster there, and "
     "the study's optimal takes the fl-based methods only (time_to_train has the fastest of every method)."
 )
-
-# The study's models in the order its tables list them (training_time_tables.py: Pythia by size, RoBERTa, Mamba,
-# ConvNeXt, ViT); the families it does not have sit beside their nearest (BERT-like encoders after RoBERTa).
-FAMILY_ORDER = ("gptneox", "roberta", "roberta-prelayernorm", "bert", "mamba", "convnext", "vit")
 
 # The study's headline numbers (the paper's abstract; its code's README for 4 x A100: docs/methods.md, Facts).
 STUDY_CLAIMS = [
@@ -263,14 +259,14 @@ def _round_days(v: float | None) -> str:
 
 
 def model_rank(catalog: Catalog | None, models: list[str]) -> dict[str, int]:
-    """Each model's place in the study's order: its family as the study lists them (FAMILY_ORDER), then its size
-    (parameters), then its name; models the catalog does not know come last, by name."""
+    """Each model's place in the study's order: its family as the study lists them (families.DISPLAY_ORDER), then
+    its size (parameters), then its name; models the catalog does not know come last, by name."""
 
     def key(name: str) -> tuple:
         spec = catalog.models.get(name) if catalog else None
         if spec is None:
-            return (len(FAMILY_ORDER) + 1, 0.0, name)
-        fam = FAMILY_ORDER.index(spec.family) if spec.family in FAMILY_ORDER else len(FAMILY_ORDER)
+            return (len(DISPLAY_ORDER) + 1, 0.0, name)
+        fam = DISPLAY_ORDER.index(spec.family) if spec.family in DISPLAY_ORDER else len(DISPLAY_ORDER)
         return (fam, param_count(spec.to_dict()) or 0.0, name)
 
     return {m: i for i, m in enumerate(sorted(set(models), key=key))}

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from pretrain_planner.planning.families import family
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.runlog import FileLog, fingerprint
 from pretrain_planner.trainer.data.shards import ARRAYS, shard_paths
@@ -384,8 +385,9 @@ def mlm_config(files: list[str], tokenizer: str | None, model: dict[str, Any], s
 
     r = model["recipe"]
     seq, p = int(r["sequence_length"]), float(r.get("mlm_probability") or 0.15)
-    # RoBERTa numbers positions from pad_token_id + 1: leave room
-    room = int(model["arch"].get("max_position_embeddings", seq)) - (2 if model["family"].startswith("roberta") else 0)
+    # leave room for the positions the family skips (RoBERTa: pad_token_id + 1); the tokenizer is not trained yet,
+    # so its pad id is the config class's default (families.py)
+    room = int(model["arch"].get("max_position_embeddings", seq)) - family(model["family"]).position_offset()
     tok = {"path": tokenizer, "vocab_size": min(int(model["arch"]["vocab_size"]), 30522)}
     data = {"seq_len": min(seq, room), "mlm_probability": p, "max_predictions": max(1, math.ceil(seq * p)),
             "duplication_factor": 2, "samples_per_shard": 4096}  # fmt: skip
