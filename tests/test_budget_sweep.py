@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 
 import pytest
 import yaml
@@ -56,7 +57,7 @@ def test_bad_sweeps_stop_the_parse_naming_the_key(tmp_path):
     with pytest.raises(ConfigError, match=r"allowed keys: global_batch, lr, warmup_fraction, seq_len, curve"):
         bconfig.load(_budget_file(tmp_path, sweep={"batch": [16]}), REPO)
     cfg = bconfig.load(_budget_file(tmp_path, sweep={"global_batch": [24]}), REPO)
-    with pytest.raises(SystemExit, match=r"recipe gb24: sweep.global_batch 24 is not a multiple of micro-batch 16"):
+    with pytest.raises(SystemExit, match=r"recipe gb24: sweep.global_batch: global batch 24 is not a multiple of micro-batch 16"):
         sweep.recipes_or_exit(cfg)
     cfg = bconfig.load(_budget_file(tmp_path, sweep={"lr": [1e-3, 1.0000001e-3]}), REPO)
     with pytest.raises(SystemExit, match=r"get the same name 'lr0.001'"):
@@ -119,7 +120,7 @@ def test_the_sweep_pretrains_finetunes_and_compares_every_recipe(swept_run):
     assert json.loads((res / "data/index.json").read_text())["seq_len"] == 64
     assert not (res / "pretrain").exists() and not (res / "glue.csv").exists()
     md = (res / "sweep.md").read_text()
-    assert "| recipe | global_batch | seq_len | stop_reason | steps | sequences |" in md
+    assert re.search(r"\| recipe +\| global_batch +\| seq_len +\| stop_reason +\| steps +\| sequences +\|", md)
     assert "Lowest validation loss" in md and "Highest GLUE average" in md
     png = (res / "sweep_loss.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000

@@ -17,6 +17,7 @@ import numpy as np
 
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.runlog import FileLog
+from pretrain_planner.tables.markdown import csv_text, table
 
 # the one number per task the study reports first
 PRIMARY = {"cola": "mcc", "mrpc": "f1", "qqp": "f1", "stsb": "pearson"}
@@ -52,14 +53,12 @@ TABLE_COLUMNS = ["task", "init", "lr", "batch", "epochs", "seeds", "train_rows",
                  "select"]  # fmt: skip
 
 
-def _fmt(c: str, v: Any) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return ""
-    if c.startswith("published"):
-        return f"{v:.1f}"
-    if c in ("lr",):
-        return f"{v:g}"
-    return f"{100 * v:.1f}" if isinstance(v, float) else str(v)
+METRICS = ("acc", "acc_mm", "f1", "mcc", "pearson", "spearman", "score")  # shares in the CSV, x100 in the Markdown
+
+
+def _shown(c: str, v: Any) -> Any:
+    """A value as the Markdown table takes it (tables.markdown writes it): a metric x100, the rest as it is."""
+    return 100 * v if c in METRICS and isinstance(v, float) else v
 
 
 def _row(r: dict[str, Any]) -> dict[str, Any]:
@@ -109,9 +108,7 @@ def glue_table(metric_files: list[str], out_csv: str | Path, out_md: str | Path,
     """results: one row per task (the median over seeds of its best setting; metrics x100 in the markdown)."""
     logger = FileLog(log)
     rows = sorted((_row(json.loads(Path(f).read_text())) for f in metric_files), key=lambda r: ORDER.index(r["task"]))
-    lines = [",".join(TABLE_COLUMNS)]
-    lines += [",".join("" if r[c] is None else str(r[c]) for c in TABLE_COLUMNS) for r in rows]
-    atomic_write_text(out_csv, "\n".join(lines) + "\n")
+    atomic_write_text(out_csv, csv_text(TABLE_COLUMNS, ([r[c] for c in TABLE_COLUMNS] for r in rows)))
     chosen = _selected(rows)
     md = ["# GLUE (dev) of the time-budgeted model", "",
           "Per task the median over seeds of the best setting of the grid (learning rate x batch x epochs; Izsak et "
@@ -119,8 +116,7 @@ def glue_table(metric_files: list[str], out_csv: str | Path, out_md: str | Path,
           "(MRPC, QQP), Matthews (CoLA), Pearson / Spearman (STS-B); `score` is the task's headline metric.", "",
           "**Ours are dev-set numbers; `published_24h_test` are the paper's 24-hour model on the GLUE *test* sets** "
           "(as listed by PapersWithCode, unverified): not the same data, a guide to the scale only.", "",
-          "| " + " | ".join(TABLE_COLUMNS) + " |", "|" + "---|" * len(TABLE_COLUMNS)]  # fmt: skip
-    md += ["| " + " | ".join(_fmt(c, r[c]) for c in TABLE_COLUMNS) + " |" for r in rows]
+          table(TABLE_COLUMNS, [[_shown(c, r[c]) for c in TABLE_COLUMNS] for r in rows]).rstrip("\n")]  # fmt: skip
     entries, avg = average_score(rows)
     md += ["", f"Every average below is on one basis: {BASIS_TEXT}."]
     if avg is not None:

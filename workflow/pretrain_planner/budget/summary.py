@@ -9,6 +9,8 @@ from typing import Any
 
 from pretrain_planner import layout
 from pretrain_planner.results import atomic_savefig, atomic_write_text
+from pretrain_planner.tables import units
+from pretrain_planner.tables.markdown import csv_text, table
 from pretrain_planner.trainer.steplog import read_jsonl
 
 # The reference's 24-hour run, for the result's comparison: ~23k optimizer steps at batch 4096, about 95M sequences.
@@ -55,33 +57,16 @@ def write_summary(result: dict[str, Any], out_dir: Path) -> None:
     rows = [
         ("this run", hours, result["clock"], result["steps"], result["global_batch"], result["sequences"],
          result["wall_s"] / 3600.0, result["train_s"] / 3600.0, result["stop_reason"], result["val_loss"]),
-        (f"reference at its pace over {hours:g} h", hours, "wall", ref["pace_steps"], ref["global_batch"],
-         ref["pace_sequences"], None, None, None, None),
+        (f"reference at its pace over {units.duration_s(result['budget_s'])}", hours, "wall", ref["pace_steps"],
+         ref["global_batch"], ref["pace_sequences"], None, None, None, None),
         ("reference, 24 h", ref["hours"], "wall", ref["steps"], ref["global_batch"], ref["sequences"], ref["hours"],
          None, None, None),
     ]  # fmt: skip
     head = ["run", "budget_h", "clock", "steps", "global_batch", "sequences", "wall_h", "train_h", "stop_reason",
             "val_loss"]  # fmt: skip
-
-    def fmt(v: Any) -> str:
-        if v is None:
-            return ""
-        if isinstance(v, float):
-            return f"{v:.4g}" if abs(v) < 1e6 else f"{v:,.0f}"
-        return f"{v:,}" if isinstance(v, int) else str(v)
-
-    csv = ",".join(head) + "\n" + "".join(",".join("" if v is None else str(v) for v in r) + "\n" for r in rows)
-    md = (
-        "| "
-        + " | ".join(head)
-        + " |\n|"
-        + "---|" * len(head)
-        + "\n"
-        + "".join("| " + " | ".join(fmt(v) for v in r) + " |\n" for r in rows)
-        + f"\nsequences = steps x global batch. Reference: {ref['source']}.\n"
-        + f"\n{checkpoint_note(result)}\n"
-    )
-    atomic_write_text(out_dir / layout.PRETRAIN_SUMMARY.format(ext="csv"), csv)
+    md = (table(head, rows) + f"\nsequences = steps x global batch. Reference: {ref['source']}.\n"
+          f"\n{checkpoint_note(result)}\n")  # fmt: skip
+    atomic_write_text(out_dir / layout.PRETRAIN_SUMMARY.format(ext="csv"), csv_text(head, rows))
     atomic_write_text(out_dir / layout.PRETRAIN_SUMMARY.format(ext="md"), md)
 
 

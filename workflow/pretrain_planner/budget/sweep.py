@@ -18,9 +18,11 @@ from typing import Any
 
 from pretrain_planner.budget.config import or_exit
 from pretrain_planner.budget.glue_report import AVERAGE_BASIS, BASIS_TEXT, average_score
+from pretrain_planner.planning.runspec import accumulation
 from pretrain_planner.results import atomic_savefig, atomic_write_text
 from pretrain_planner.runlog import FileLog
 from pretrain_planner.schema import ConfigError
+from pretrain_planner.tables.markdown import csv_text, table
 
 # budget.sweep key -> (section, key of the budget file, short label in a recipe's name)
 SWEEP_KEYS: dict[str, tuple[str, str, str]] = {
@@ -48,13 +50,14 @@ def _with_global_batch(setting: dict[str, Any], gb: int, where: str) -> dict[str
     """The setting with its accumulation remade for global batch `gb` (micro-batch, ranks and method kept)."""
     if setting["source"] == "missing":  # the pretrain job stops with the setting's own message
         return setting
-    mb, world = setting["micro_batch"], setting["world_size"]
-    if gb % (mb * world):
+    try:
+        accum = accumulation(gb, setting["micro_batch"], setting["world_size"])
+    except ValueError as exc:
         raise ConfigError(
-            f"{where}: sweep.global_batch {gb} is not a multiple of micro-batch {mb} x {world} ranks (the setting "
-            f"from {setting['source']}{': ' + setting['plan'] if setting.get('plan') else ''})"
-        )
-    return {**setting, "global_batch": gb, "grad_accum_steps": gb // (mb * world)}
+            f"{where}: sweep.global_batch: {exc} (the setting from {setting['source']}"
+            f"{': ' + setting['plan'] if setting.get('plan') else ''})"
+        ) from None
+    return {**setting, "global_batch": gb, "grad_accum_steps": accum}
 
 
 def recipes(cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -128,14 +131,6 @@ def _names(rows: list[dict[str, Any]], key: str, value: float) -> str:
     return ", ".join(r["recipe"] for r in rows if r[key] == value)
 
 
-def _fmt(v: Any) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return ""
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return f"{v:,}" if isinstance(v, int) else str(v)
-
-
 def sweep_table(
     recipes_values: dict[str, dict[str, Any]],
     results: list[str],
@@ -160,8 +155,7 @@ def sweep_table(
                      "glue_tasks": n_tasks, "glue_avg": avg})  # fmt: skip
         curves[name] = (res.get("clock", "wall"), res.get("validation") or [])
     head = COLUMNS[:1] + keys + [c for c in COLUMNS[1:] if c not in keys]
-    atomic_write_text(out_csv, ",".join(head) + "\n" + "".join(
-        ",".join("" if r[c] is None else str(r[c]) for c in head) + "\n" for r in rows))  # fmt: skip
+    atomic_write_text(out_csv, csv_text(head, ([r[c] for c in head] for r in rows)))
     finite = [r for r in rows if isinstance(r["val_loss"], float) and not math.isnan(r["val_loss"])]
     scored = [r for r in rows if r["glue_avg"] is not None]
     clock = {c for c, _ in curves.values()}
@@ -172,8 +166,7 @@ def sweep_table(
           "headline score (dev, x100) of each task's median over seeds of its best setting, over `glue_tasks` "
           f"entries of glue.md's one basis ({BASIS_TEXT}); sequences = steps x global batch. Validation loss "
           "against time: sweep_loss.png.", "",
-          "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
-    md += ["| " + " | ".join(_fmt(r[c]) for c in head) + " |" for r in rows]
+          table(head, [[r[c] for c in head] for r in rows]).rstrip("\n")]  # fmt: skip
     if finite:
         low = min(r["val_loss"] for r in finite)
         md += ["", f"Lowest validation loss at the budget's end: {_names(finite, 'val_loss', low)} ({low:.4g})."]

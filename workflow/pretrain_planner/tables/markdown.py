@@ -6,11 +6,14 @@ Every value is written by its column's unit (tables/units.py: days as "3.2 d" / 
 "3.1%", step times as "51.2 ms"), columns are padded so the raw text lines up, a long text (a reason, a note) moves
 under the table as a numbered note with a `[n]` in its cell, a column blank in every row is named under the table
 instead of shown, and a table still wider than the terminal is cut into blocks of columns, each repeating the key
-columns. The CSV beside each .md keeps every column and every digit. Imports no torch and no polars.
+columns. The CSV beside each .md keeps every column and every digit (`csv_text` for plain rows: the csv module's
+quoting, so a value holding a comma or a quote reads back whole). Imports no torch and no polars.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import math
 import textwrap
 from collections.abc import Callable, Iterable, Sequence
@@ -165,3 +168,13 @@ def to_markdown(df: pl.DataFrame, max_rows: int | None = None, keys: int | None 
     """`table` of a polars data frame (its columns, its rows)."""
     shown = df if max_rows is None else df.head(max_rows)
     return table(df.columns, shown.iter_rows(), max_rows, df.height, keys, width)
+
+
+def csv_text(columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """The CSV beside a `table` of the same rows: every column, every digit (`str` of each value, None as an empty
+    field), quoted by the csv module where a value holds a comma, a quote or a line break; Unix line ends."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(columns)
+    writer.writerows(rows)
+    return buf.getvalue()

@@ -4,16 +4,18 @@ writes and reads); throughput.md and throughput.csv. Imports no torch."""
 
 from __future__ import annotations
 
-import csv
-import io
 import statistics
 from pathlib import Path
 from typing import Any
 
 from pretrain_planner import layout
 from pretrain_planner.results import atomic_write_text
+from pretrain_planner.tables.markdown import csv_text, table
 
 COLUMNS = ["quantity", "train", "prediction", "ratio", "meaning"]
+# COLUMNS as throughput.md heads them
+MD_COLUMNS = ["quantity", "train", "prediction", "ratio (train / prediction)", "meaning"]
+RESTART_COLUMNS = ["quantity", "train", "meaning"]  # a restart's costs: no prediction beside them
 
 
 def sustained(
@@ -40,14 +42,6 @@ def sustained(
     out["prediction"] = pred
     out["ratio"] = {k: (out[k] / pred[k] if out.get(k) is not None and pred.get(k) else None) for k in pred}
     return out
-
-
-def _fmt(x: Any) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, float):
-        return f"{x:.4g}"
-    return str(x)
 
 
 MEANING = {
@@ -92,12 +86,8 @@ def write_tables(out_dir: str | Path, result: dict[str, Any]) -> tuple[Path, Pat
     """throughput.csv and throughput.md in the run's folder."""
     out = Path(out_dir)
     rs, restart = rows(result), restart_rows(result)
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=COLUMNS)
-    w.writeheader()
-    w.writerows(rs + restart)
     csv_path, md_path = out / layout.THROUGHPUT_CSV, out / layout.THROUGHPUT_MD
-    atomic_write_text(csv_path, buf.getvalue())
+    atomic_write_text(csv_path, csv_text(COLUMNS, ([r[c] for c in COLUMNS] for r in rs + restart)))
     t = result["throughput"]
     lines = [
         f"# Train run vs the benchmark's prediction: {result['model']} on {result['nodes']}x{result['gpus_per_node']} "
@@ -108,12 +98,8 @@ def write_tables(out_dir: str | Path, result: dict[str, Any]) -> tuple[Path, Pat
         f"(the benchmark cell's median step). Micro-batch {result['micro_batch_size']} x {result['grad_accum_steps']} "
         f"accumulation x {result['world_size']} ranks; data: {result['data']['label']}.",
         "",
-        "| quantity | train | prediction | ratio (train / prediction) | meaning |",
-        "|---|---|---|---|---|",
+        table(MD_COLUMNS, ([r[c] for c in COLUMNS] for r in rs)).rstrip("\n"),
     ]
-    for r in rs:
-        lines.append(f"| {r['quantity']} | {_fmt(r['train'])} | {_fmt(r['prediction'])} | {_fmt(r['ratio'])} | "
-                     f"{r['meaning']} |")  # fmt: skip
     if restart:
         ck, starts = result.get("checkpoint") or {}, result.get("starts") or []
         lines += [
@@ -124,10 +110,8 @@ def write_tables(out_dir: str | Path, result: dict[str, Any]) -> tuple[Path, Pat
             f"{ck.get('writes', 0)} checkpoint write(s) ({ck.get('writes_timed', 0)} timed), {ck.get('reads', 0)} "
             "read(s); a job that resumes pays the start-up and the read.",
             "",
-            "| quantity | train | meaning |",
-            "|---|---|---|",
+            table(RESTART_COLUMNS, ([r[c] for c in RESTART_COLUMNS] for r in restart)).rstrip("\n"),
         ]
-        lines += [f"| {r['quantity']} | {_fmt(r['train'])} | {r['meaning']} |" for r in restart]
     for note in result.get("notes") or []:
         lines += ["", f"Note: {note}"]
     atomic_write_text(md_path, "\n".join(lines) + "\n")

@@ -166,17 +166,24 @@ def apply_method(method: Method, s: Settings, env: RankEnv, net: torch.nn.Module
 def build_optimizer(s: Settings, params) -> tuple[torch.optim.Optimizer, dict[str, Any]]:
     """The settings' torch optimizer (fused AdamW on CUDA under free-lunch; with FSDP's CPU offload the optimizer
     steps CPU tensors), and what was built."""
-    cls = OPTIMIZERS[s.optimizer]
-    kwargs = {"lr": s.lr, "betas": tuple(s.betas), "eps": s.eps, "weight_decay": s.weight_decay}
-    if s.fused_optimizer:
+    return make_optimizer(s.optimizer, params, s.lr, s.betas, s.eps, s.weight_decay, s.no_decay_1d, s.fused_optimizer)
+
+
+def make_optimizer(
+    name: str, params, lr: float, betas, eps: float, weight_decay: float, no_decay_1d: bool, fused: bool = False
+) -> tuple[torch.optim.Optimizer, dict[str, Any]]:
+    """`build_optimizer` from its values, for a run without Settings too (the budget stage's GLUE fine-tuning)."""
+    cls = OPTIMIZERS[name]
+    kwargs = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
+    if fused:
         kwargs["fused"] = True
     extra: dict[str, Any] = {}
-    if s.no_decay_1d:  # biases and norm weights (1-d parameters) without weight decay (BERT recipes)
+    if no_decay_1d:  # biases and norm weights (1-d parameters) without weight decay (BERT recipes)
         params = list(params)
         decay, no_decay = [p for p in params if p.ndim >= 2], [p for p in params if p.ndim < 2]
         params = [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
         extra["weight_decay_groups"] = "1-d parameters (biases, norms) without weight decay"
     opt = cls(params, **kwargs)
-    recorded = {**kwargs, "betas": list(kwargs["betas"]), "no_decay_1d": s.no_decay_1d}
+    recorded = {**kwargs, "betas": list(kwargs["betas"]), "no_decay_1d": no_decay_1d}
     built = {"optimizer": type(opt).__name__, "fused_optimizer": bool(opt.defaults.get("fused"))}
     return opt, {**built, **recorded, **extra}
