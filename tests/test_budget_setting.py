@@ -57,7 +57,7 @@ def test_setting_from_benchmark_plan_config_or_error(tmp_path):
     assert (own["source"], own["micro_batch"], own["grad_accum_steps"], own["method"]) == ("config", 2, 2, "fl")
     # auto without a plan for that count: the config's
     assert bconfig.load(_cfg(tmp_path, gpus_per_node=1), results=results)["setting"]["source"] == "config"
-    with pytest.raises(ConfigError, match=r"not a multiple of train.micro_batch 4 x 4 ranks"):
+    with pytest.raises(ConfigError, match=r"global batch \d+ is not a multiple of micro-batch 4 x 4 ranks"):
         bconfig.load(_cfg(tmp_path, gpus_per_node=4, setting="config"), results=results)
 
 
@@ -74,6 +74,7 @@ def test_fsdp_gradient_sync_comes_from_the_plan(tmp_path):
     assert s["method"] == "naive+fsdp-grad" and s["grad_sync"] == "every"
 
 
+@pytest.mark.slow  # Snakemake's dry run in a subprocess
 def test_missing_plan_warns_at_parse_and_stops_the_pretrain_job(tmp_path):
     path = budget_cfg(tmp_path, load=False, model="tiny-bert", train={"setting": "benchmark", "gpu": "cpu"})
     main = write_config(tmp_path / "main.yaml", budget=str(path), sweep={"models": ["tiny-bert"], "gpus": ["cpu"]},
@@ -90,6 +91,7 @@ def test_missing_plan_warns_at_parse_and_stops_the_pretrain_job(tmp_path):
         jobs.pretrain(cfg, {"kind": "debug", "timeout_min": 1, "slurm": None}, "i", "m", "r", "run", "log")
 
 
+@pytest.mark.slow  # Snakemake's dry run in a subprocess
 def test_a_benchmark_run_never_reads_the_budget_files(tmp_path):
     """A budget file whose corpus matches nothing stops the `budget` target's dry run, naming the file and the key,
     but not a benchmark sweep's: the stage's files are read only when one of its rules is asked for."""
@@ -111,6 +113,7 @@ def prepared(tmp_path_factory):
     return tmp, json.loads((tmp / "data/index.json").read_text())
 
 
+@pytest.mark.slow  # a training run
 def test_pretrain_applies_and_records_the_benchmark_setting(prepared, tmp_path):
     tmp, _ = prepared
     results = tmp_path / "results"

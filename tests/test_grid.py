@@ -490,3 +490,36 @@ def test_family_tables_agree_with_the_trainer():
         assert fam.attention is bool(getattr(cls, "_supports_sdpa", False)), name
         assert fam.task in ("causal_lm", "masked_lm", "image_classification"), name
     assert {n for n, f in FAMILIES.items() if f.liger} <= set(FAMILIES)
+
+
+def test_the_batch_and_layout_rules_have_one_home(catalog, tmp_path):
+    """A global batch that does not split over the ranks, and a sharding method on one GPU without offload, are
+    judged by one rule each (planning/runspec: batch_split_reason, RunSpec.reason): the grid, the what-if, the
+    loss check, the budget stage's config and the train stage's accumulation all give its words."""
+    from pretrain_planner.budget import config as bconfig
+    from pretrain_planner.planning.losscheck import plan_runs
+    from pretrain_planner.planning.methods import parse
+    from pretrain_planner.planning.runspec import RunSpec, accumulation, batch_split_reason
+    from pretrain_planner.tables.predictor import Predictor
+
+    from .conftest import budget_cfg
+    from .test_whatif import cells
+
+    rule = batch_split_reason(16, 3)  # tiny-gptneox's global batch 16 over 3 ranks
+    assert rule == "global batch 16 is not divisible by 3 GPUs"
+    assert rule in _reason(catalog, "tiny-gptneox", "cpu", gpn=3)
+    measured = Predictor(cells({"a100": 0.45}), catalog, public=None)
+    assert measured.predict("tiny-gptneox", "a100", 1, 3).why == rule
+    conf = {"mode": "all", "global_batch": 16, "seeds": 1, "steps": 2}
+    assert plan_runs({}, conf, catalog.model("tiny-gptneox").to_dict(), {}, 3, 1, False)[1] == f"the check's {rule}"
+    with pytest.raises(ValueError, match=rule):
+        accumulation(16, 1, 3)  # the train stage's and the budget sweep's accumulation
+    path = budget_cfg(tmp_path, load=False, model="tiny-bert",
+                      train={"gpus_per_node": 3, "setting": "config", "micro_batch": 4})  # fmt: skip
+    with pytest.raises(ConfigError, match="is not divisible by 3 GPUs"):
+        bconfig.load(path, results=tmp_path / "results")
+    # a sharding method on one GPU: RunSpec.reason, asked by the grid and the what-if's fit check
+    shards = RunSpec(catalog.model("tiny-gptneox"), catalog.gpu("a100"), parse("naive+zero2"), 1).reason()
+    assert shards == "zero2 shards across GPUs: needs more than 1 GPU (or offload)"
+    assert _reason(catalog, "tiny-gptneox", "a100", method="naive+zero2") == shards
+    assert measured._fits("tiny-gptneox", "naive+zero2", "a100", 1) == (False, shards)

@@ -12,6 +12,7 @@ from typing import Any
 from pretrain_planner import layout
 from pretrain_planner.launch import stage
 from pretrain_planner.planning.catalog import load_models
+from pretrain_planner.planning.runspec import accumulation
 from pretrain_planner.planning.settings import grad_sync_of
 from pretrain_planner.schema import ConfigError, load_yaml, resolve_path, validate
 
@@ -101,12 +102,12 @@ def resolve_setting(
         # parsing goes on (a benchmark sweep need not stop); the pretrain job stops with msg (setting_of)
         return {**base, "source": "missing", "plan": str(plan), "error": msg}
     micro, gb = tr["micro_batch"], tr["global_batch"]
-    if gb % (micro * world):
-        raise ConfigError(
-            f"{source}: train.global_batch {gb} is not a multiple of train.micro_batch {micro} x {world} ranks "
-            "(train.nodes x train.gpus_per_node)"
-        )
-    return {**base, "source": "config", "plan": None, "micro_batch": micro, "grad_accum_steps": gb // (micro * world),
+    try:
+        accum = accumulation(gb, micro, world)
+    except ValueError as exc:
+        raise ConfigError(f"{source}: train.global_batch and train.micro_batch: {exc} (train.nodes x "
+                          "train.gpus_per_node)") from None  # fmt: skip
+    return {**base, "source": "config", "plan": None, "micro_batch": micro, "grad_accum_steps": accum,
             "global_batch": gb, "method": tr["method"]}  # fmt: skip
 
 

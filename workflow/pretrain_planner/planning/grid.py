@@ -15,7 +15,7 @@ from typing import Any
 from pretrain_planner import layout
 from pretrain_planner.planning import hostcpu, methods
 from pretrain_planner.planning.catalog import Catalog, GpuSpec, ModelSpec
-from pretrain_planner.planning.runspec import RunSpec
+from pretrain_planner.planning.runspec import RunSpec, batch_split_reason
 from pretrain_planner.schema import ConfigError
 
 WILDCARD_CONSTRAINTS = {
@@ -116,8 +116,9 @@ def invalid_reason(cell: Cell, model: ModelSpec, gpu: GpuSpec, launcher: str, ca
     method = methods.parse(cell.method)
     gb, world = model.recipe.global_batch, cell.world_size
     where = f"{catalog.models_path}: {model.name}.recipe.global_batch={gb}"
-    if gb % world:
-        return f"global batch is not divisible by {world} GPUs ({where})"
+    why = batch_split_reason(gb, world)
+    if why:
+        return f"{why} ({where})"
     if not _is_power_of_two(gb / world):
         return f"per-GPU batch {gb}/{world} = {gb / world:g} is not a power of two ({where})"
     precision = model.recipe.precision
@@ -132,8 +133,6 @@ def invalid_reason(cell: Cell, model: ModelSpec, gpu: GpuSpec, launcher: str, ca
             f"{precision} (recipe precision of {model.name}) is not supported by {gpu.name} "
             f"({catalog.gpus_path}: {gpu.name}.{precision} = false)"
         )
-    if method.sharding and world == 1 and not method.offload:
-        return f"{method.sharding} shards across GPUs: needs more than 1 GPU (or offload)"
     why = RunSpec(model, gpu, method, world, nodes=cell.nodes).reason(catalog.models_path)
     if why:
         return why

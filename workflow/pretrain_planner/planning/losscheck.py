@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pretrain_planner.planning.runspec import batch_split_reason
 from pretrain_planner.schema import section
 
 FLOOR_REL = 1e-4  # the band's floor, relative to the reference: float32 rounding of a loss is ~1e-7
@@ -177,8 +178,9 @@ def plan_runs(rows: dict[str, dict[str, Any]], conf: dict[str, Any], model: dict
     size = int(conf.get("global_batch") or model["recipe"]["global_batch"])
     if conf["mode"] == "off":
         return [], "benchmark.loss_check.mode is off", size
-    if size % world:
-        return [], f"the check's global batch {size} does not split over {world} ranks", size
+    why = batch_split_reason(size, world)
+    if why:
+        return [], f"the check's {why}", size
     naive = rows.get("naive")
     if naive is None or naive.get("status") not in RAN:
         why = "not measured" if naive is None else naive.get("status")

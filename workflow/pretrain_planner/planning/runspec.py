@@ -15,6 +15,26 @@ from pretrain_planner.planning.catalog import GpuSpec, ModelSpec
 from pretrain_planner.planning.methods import HYBRID, Method, parse, shard_ranks
 
 
+def batch_split_reason(global_batch: int, world_size: int, micro_batch: int | None = None) -> str | None:
+    """Why a step of `global_batch` samples cannot be split evenly over `world_size` ranks, each in whole
+    micro-batches of `micro_batch` (None: any micro-batch), or None. The one batch rule: the grid (with the study's
+    power of two around it), the what-if, the train and budget stages and the loss check ask it."""
+    if global_batch % world_size:
+        return f"global batch {global_batch} is not divisible by {world_size} GPUs"
+    if micro_batch and (global_batch // world_size) % micro_batch:
+        return f"global batch {global_batch} is not a multiple of micro-batch {micro_batch} x {world_size} ranks"
+    return None
+
+
+def accumulation(global_batch: int, micro_batch: int, world_size: int) -> int:
+    """The micro-batches each rank accumulates per optimizer step; ValueError (`batch_split_reason`) where the
+    global batch does not split into them."""
+    why = batch_split_reason(global_batch, world_size, micro_batch)
+    if why:
+        raise ValueError(why)
+    return global_batch // (micro_batch * world_size)
+
+
 @dataclass(frozen=True)
 class RunSpec:
     model: ModelSpec  # its recipe is the run's: the catalog's, or a stage's own (`with_recipe`)
@@ -52,6 +72,8 @@ class RunSpec:
         by the trainer where the job runs (trainer/methodbuild.py adds what only the host can tell).
         `models_path`: the catalog file a reason about the model names."""
         method, model = self.method, self.model
+        if method.sharding and self.world_size == 1 and not method.offload:
+            return f"{method.sharding} shards across GPUs: needs more than 1 GPU (or offload)"
         if method.sharding in HYBRID and (self.nodes < 2 or self.shard_ranks < 2):
             return (f"{method.sharding} shards among a node's GPUs and replicates across nodes: it needs 2 or more "
                     f"nodes of 2 or more GPUs each (here {self.nodes} x {self.world_size // max(1, self.nodes)}; "

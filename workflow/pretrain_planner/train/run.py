@@ -26,7 +26,7 @@ import torch
 from pretrain_planner import layout
 from pretrain_planner.launch.local import torch_job
 from pretrain_planner.planning.methods import Method, parse
-from pretrain_planner.planning.runspec import RunSpec
+from pretrain_planner.planning.runspec import RunSpec, accumulation
 from pretrain_planner.planning.settings import differences, grad_sync_of
 from pretrain_planner.planning.tasks import TASKS
 from pretrain_planner.results import atomic_write_text
@@ -154,9 +154,7 @@ class _Train(Training):
         m = plan["measured"]
         self.micro = int(m["micro_batch_size"])
         gb = int(self.recipe["global_batch"])
-        if gb % (self.micro * self.world):
-            raise ValueError(f"global batch {gb} is not a multiple of micro-batch {self.micro} x {self.world} ranks")
-        self.accum, self.global_batch = gb // (self.micro * self.world), gb
+        self.accum, self.global_batch = accumulation(gb, self.micro, self.world), gb
         self.plan_world = int(plan["nodes"]) * int(plan["gpus_per_node"])
         if self.world != self.plan_world:
             self.notes.append(f"ran on {self.world} rank(s), the plan's setting has {self.plan_world}: accumulation "
