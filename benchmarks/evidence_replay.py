@@ -29,6 +29,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "workflow"))
 
+import crossgpu_loo  # noqa: E402
 import predict_crossgpu  # noqa: E402
 from pretrain_planner.planning import crossgpu, evidence  # noqa: E402
 from pretrain_planner.planning.catalog import load_catalog  # noqa: E402
@@ -58,10 +59,10 @@ def replay(runs: Sequence[Run], gpus: Mapping[str, Any], ks: Sequence[int] = KS,
                 train = [*others, *finished[:k]]
                 model = crossgpu.fit(train, gpus, calibration=full.calibration)
                 basis = [b for b in train if b.group == x.group and b.gpu != held]
-                est = model.estimate(basis, crossgpu.work_of_run(x), held)
+                est = model.estimate(basis, crossgpu_loo.work_of_run(x), held)
                 if est is None:
                     break
-                h = crossgpu.Holdout(x, est, {}, model.params)
+                h = crossgpu_loo.Holdout(x, est, {}, model.params)
                 got.append((k, (x.id, h.error, h.inside, (est.high / est.low) ** 0.5 - 1)))
             if len(got) == len(ks):
                 for k, row in got:

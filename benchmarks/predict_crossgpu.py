@@ -7,12 +7,12 @@ bands, themselves calibrated out of sample within what is left), once per kind o
 - the headline, a GPU type nobody in the evidence measured: every GPU type of
   workflow/pretrain_planner/data/evidence/public_throughput.csv left out in turn, its runs predicted from the runs of
   their groups (the same workload and setting) on the other types; no information about the held-out type's
-  throughput is used (no effect of its own: crossgpu.leave_one_gpu_out);
+  throughput is used (no effect of its own: crossgpu_loo.leave_one_gpu_out);
 - a GPU type the evidence measured with other workloads by other software (the what-if's case for the catalog's GPU
   types): every workload x GPU type x software left out, with the workload's other runs on that type and that
-  software's other runs on it, the type's effect coming from other software's runs (crossgpu.leave_one_cell_out);
+  software's other runs on it, the type's effect coming from other software's runs (crossgpu_loo.leave_one_cell_out);
 - a stand-in workload (a model with no evidence of its own, predicted from the nearest-sized one of its kind, the
-  same software first): every workload left out, and with its GPU type left out too (crossgpu.leave_one_model_out).
+  same software first): every workload left out, and with its GPU type left out too (crossgpu_loo.leave_one_model_out).
 The error of a prediction is central / published - 1 of the seconds per token (the days to train a fixed number of
 tokens move with it); "inside" means the published figure lies inside the predicted band. Targets (issue 23): mean
 |error| <= 8%, inside >= 90%, band no wider than +-20% of the central value. No training, no torch; about five
@@ -38,6 +38,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "workflow"))
 
+import crossgpu_loo  # noqa: E402
 from pretrain_planner.planning import crossgpu, evidence, evidence_exchange  # noqa: E402
 from pretrain_planner.planning.catalog import load_catalog  # noqa: E402
 
@@ -107,7 +108,7 @@ def _floor(runs, model: crossgpu.CrossGpu) -> tuple[list[str], float, float, int
             for b in rs:
                 if a < b:
                     ra, rb = rs[a], rs[b]
-                    moved = model.transfer(rb, crossgpu.work_of_run(ra), a)
+                    moved = model.transfer(rb, crossgpu_loo.work_of_run(ra), a)
                     if moved:
                         pairs[(sw, a, b)].append((math.log(ra.seconds / rb.seconds), math.log(ra.seconds / moved)))
     lines = [
@@ -190,12 +191,12 @@ def report(folder: Path | None = None) -> tuple[str, dict]:
                 rows.update({r["row_id"]: r for r in csv.DictReader(f)})
     mb = {i: float(r["micro_batch"]) for i, r in rows.items() if r["micro_batch"].strip()}
     print("leave one GPU type out ...", file=sys.stderr, flush=True)
-    logo = crossgpu.leave_one_gpu_out(ev.runs, catalog.gpus)
+    logo = crossgpu_loo.leave_one_gpu_out(ev.runs, catalog.gpus)
     print("leave one workload x GPU type x software out ...", file=sys.stderr, flush=True)
-    cells = crossgpu.leave_one_cell_out(ev.runs, catalog.gpus)
+    cells = crossgpu_loo.leave_one_cell_out(ev.runs, catalog.gpus)
     print("leave one workload out (stand-ins) ...", file=sys.stderr, flush=True)
-    standin = crossgpu.leave_one_model_out(ev.runs, catalog.gpus)
-    standin_unseen = crossgpu.leave_one_model_out(ev.runs, catalog.gpus, unseen=True)
+    standin = crossgpu_loo.leave_one_model_out(ev.runs, catalog.gpus)
+    standin_unseen = crossgpu_loo.leave_one_model_out(ev.runs, catalog.gpus, unseen=True)
     by_kind = defaultdict(list)
     for h in [*logo, *cells, *standin, *standin_unseen]:
         by_kind[h.estimate.kind].append(h)

@@ -22,8 +22,8 @@ sys.path.insert(0, str(REPO / "workflow"))
 import polars as pl  # noqa: E402
 from pretrain_planner.planning.catalog import load_catalog  # noqa: E402
 from pretrain_planner.planning.flops import train_flops_per_sample  # noqa: E402
+from pretrain_planner.tables.predictor import Predictor  # noqa: E402
 from pretrain_planner.tables.study import STUDY_CLAIMS  # noqa: E402
-from pretrain_planner.tables.whatif import Predictor  # noqa: E402
 
 
 def cells(catalog, claims) -> pl.DataFrame:

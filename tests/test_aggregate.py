@@ -224,6 +224,7 @@ def test_markdown_formatting():
     assert "(2 of 4 rows shown" in aggregate.to_markdown(df, max_rows=2)
 
 
+@pytest.mark.slow  # the plots timed against a wall-clock limit: load-sensitive
 def test_plots_and_report(gpu_tables):
     root, out, _ = gpu_tables
     plots = pp_plots.plot_files(str(root / "plots"))

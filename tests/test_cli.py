@@ -201,6 +201,7 @@ def test_predict_on_a_fresh_install(tmp_path):
     assert re.search(said, out)
 
 
+@pytest.mark.slow  # the what-if over the whole catalog, three times in subprocesses (seconds each)
 def test_fit_answers_the_inverse_question(results):
     """What fits in N days on 4 x A100: the measured setting where there is one (pythia-1b's 17.57 days), else the
     prediction; the tokens each reaches in that time; whether the recipe's run fits."""
@@ -259,6 +260,7 @@ def timed(tmp_path_factory):
     return base
 
 
+@pytest.mark.slow  # the what-if over the whole catalog, three times in subprocesses (seconds each)
 def test_fit_by_a_date_puts_each_model_on_the_calendar(timed):
     """Issue 38: `fit --by DATE` ranks what finishes by then: pythia-1b's measured 17.57 days plus its start-up
     (locally: no queue, one job) finishes by a date 30 days out, not by one 10 days out (its compute alone is
@@ -302,3 +304,34 @@ def test_when_answers_with_the_measured_setting_or_a_prediction_said_so(timed):
     other = run("when", "--model", "pythia-1b", "--gpu", "h200", "--count", "4", "--results", str(timed), cwd=timed)
     assert other.returncode == 0, other.stderr
     assert "PREDICTED (not measured)" in other.stdout and "median of the sweep's cells" in other.stdout, other.stdout
+
+
+@pytest.mark.parametrize("name", ["cost", "best", "predict", "fit", "when", "status", "train", "evidence"])
+def test_each_command_is_a_module_that_renders_apart_from_querying(name):
+    """Issue 41 (3): each command is a module of the cli package whose rendering (text, JSON) is apart from the
+    query that computes the answer; `run` is the two for the parser."""
+    import importlib
+
+    mod = importlib.import_module(f"pretrain_planner.cli.{name}")
+    query = {"status": "snapshot", "evidence": "export"}.get(name, "query")
+    renders = ("render_exported", "render_imported") if name == "evidence" else ("render_text", "render_json")
+    assert all(callable(getattr(mod, f, None)) for f in (query, *renders, "run")), name
+    command = next(a for a in cli.build_parser()._actions if a.dest == "command").choices[name]
+    assert command.get_default("func") is mod.run
+
+
+def test_an_answer_is_data_and_its_text_is_written_apart(results, capsys):
+    """`best` asked in process: its query returns the pick as data, printing nothing; the text and the JSON
+    written from that data are what the command prints."""
+    from pretrain_planner.cli import best
+
+    _, full, _ = results
+    argv = ["best", "--model", P, "--gpu", "a100", "--count", "4", "--results", str(full)]
+    answer = best.query(cli.build_parser().parse_args(argv))
+    assert capsys.readouterr().out == ""
+    assert (answer.pick["best_method"], answer.pick["nodes"], answer.pick["gpus_per_node"]) == ("fl+zero1", 1, 4)
+    assert answer.price.hardware_usd == 83_500 and answer.plan == full / f"optimal/{P}/a100/1x4"
+    text = best.render_text(answer)
+    assert text.startswith(f"{P} on 1x4 a100: best method fl+zero1, 18 d") and "hardware $83,500" in text
+    assert json.loads(best.render_json(answer))["best_method"] == "fl+zero1"
+    assert cli.main(argv) == 0 and capsys.readouterr().out == text + "\n"

@@ -8,12 +8,16 @@ from __future__ import annotations
 import csv
 import math
 import statistics
+import sys
 
 import pytest
 from pretrain_planner.planning import crossgpu, evidence, stepmodel
 from pretrain_planner.planning.evidence import Run
 
-from .conftest import CATALOG
+from .conftest import CATALOG, REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import crossgpu_loo  # noqa: E402  (the leave-one-out harness: benchmarks/crossgpu_loo.py)
 
 DATA = evidence.DATA
 
@@ -84,7 +88,7 @@ def test_fit_finds_the_machine_and_predicts_a_gpu_type_left_out():
     fitted = crossgpu.fit(runs, CATALOG.gpus)
     assert fitted.params.kappa_mem == MACHINE_KAPPA
     assert fitted.calibration.mean_abs < 1e-6  # the model's own world: no error out of sample
-    for h in crossgpu.leave_one_gpu_out(runs, CATALOG.gpus):
+    for h in crossgpu_loo.leave_one_gpu_out(runs, CATALOG.gpus):
         assert h.error == pytest.approx(0.0, abs=1e-6) and h.inside, h.run.id
 
 
@@ -99,10 +103,10 @@ def test_band_is_calibrated_on_errors_out_of_sample():
     as promised (the errors of one type share its offset, so the band counts types, not runs, and is widened for
     how few it was drawn from)."""
     gpus = list(OFFSETS)
-    holdouts = crossgpu.leave_one_gpu_out(_runs(gpus, noise=list(OFFSETS.values())), CATALOG.gpus)
+    holdouts = crossgpu_loo.leave_one_gpu_out(_runs(gpus, noise=list(OFFSETS.values())), CATALOG.gpus)
     assert sum(h.inside for h in holdouts) / len(holdouts) >= 0.8
     width = lambda hs: statistics.median(h.estimate.high / h.estimate.low for h in hs)  # noqa: E731
-    assert width(holdouts) > 1.08 and width(crossgpu.leave_one_gpu_out(_runs(gpus), CATALOG.gpus)) < 1.001
+    assert width(holdouts) > 1.08 and width(crossgpu_loo.leave_one_gpu_out(_runs(gpus), CATALOG.gpus)) < 1.001
     assert crossgpu._small_sample(5) > crossgpu._small_sample(13) > crossgpu._small_sample(100) > 1.0
 
 
@@ -130,14 +134,14 @@ def test_a_gpu_types_offset_measured_by_other_software_carries_to_a_new_workload
     runs = _software_runs(offsets, skip=("w3", "h100"))
     model = crossgpu.fit(runs, CATALOG.gpus)
     truth = next(r for r in _software_runs(offsets) if r.id == "w3-h100")
-    est = model.estimate([r for r in runs if r.model == "w3"], crossgpu.work_of_run(truth), "h100")
+    est = model.estimate([r for r in runs if r.model == "w3"], crossgpu_loo.work_of_run(truth), "h100")
     assert est.central / truth.seconds - 1 == pytest.approx(0.0, abs=0.03)
     assert est.kind == crossgpu.Kind("same", True) and "measured in the evidence" in est.band_note
     assert model.effects["h100"] - model.effects["a100"] == pytest.approx(math.log(1.25), abs=0.05)
     # a GPU type the evidence never measured has no effect of its own: its neighbours' offsets are not guessed
     lone = crossgpu.fit([r for r in runs if r.gpu != "h100"], CATALOG.gpus)
     assert "h100" not in lone.effects and lone.correction("a100", "h100") == 0.0
-    assert lone.estimate([r for r in runs if r.model == "w3" and r.gpu != "h100"], crossgpu.work_of_run(truth),
+    assert lone.estimate([r for r in runs if r.model == "w3" and r.gpu != "h100"], crossgpu_loo.work_of_run(truth),
                          "h100").kind == crossgpu.Kind("same", False)  # fmt: skip
 
 
@@ -235,7 +239,7 @@ def test_the_error_a_prediction_quotes_is_the_one_measured_held_out():
     ev = evidence.public_evidence(CATALOG)
     runs = [r for r in ev.runs if r.source in FIVE_SOURCES]
     quoted = crossgpu.fit(runs, CATALOG.gpus).calibration.of(crossgpu.Kind("same", True))
-    held = [h for h in crossgpu.leave_one_cell_out(runs, CATALOG.gpus) if h.estimate.kind.seen]
+    held = [h for h in crossgpu_loo.leave_one_cell_out(runs, CATALOG.gpus) if h.estimate.kind.seen]
     errors = [abs(h.error) for h in held]
     assert quoted.n == len(held) >= 20
     assert quoted.mean_abs == pytest.approx(statistics.mean(errors), rel=1e-9)
@@ -253,7 +257,7 @@ def test_a_stand_ins_quoted_error_is_the_one_measured_held_out(unseen):
     runs = [r for r in ev.runs if r.source in FIVE_SOURCES]
     calibration = crossgpu.fit(runs, CATALOG.gpus).calibration
     by_kind: dict[crossgpu.Kind, list[float]] = {}
-    for h in crossgpu.leave_one_model_out(runs, CATALOG.gpus, unseen=unseen):
+    for h in crossgpu_loo.leave_one_model_out(runs, CATALOG.gpus, unseen=unseen):
         by_kind.setdefault(h.estimate.kind, []).append(abs(h.error))
     assert {k.workload for k in by_kind} == {"stand-in", "stand-in, other software"}
     assert {k.seen for k in by_kind} == {not unseen}

@@ -94,7 +94,8 @@ def test_all_checks_every_method_that_ran_and_off_none():
 def test_nothing_to_check_says_why():
     assert plan(rows(naive=("ok", 1.0), fl=("ok", 2.0)))[1] == "the pick is naive itself: nothing to check"
     assert "naive did not train" in plan(rows(naive=("oom", None), fl=("ok", 2.0)))[1]
-    assert "does not split" in plan(rows(naive=("ok", 1.0), fl=("ok", 0.5)), global_batch=15)[1]
+    odd = plan(rows(naive=("ok", 1.0), fl=("ok", 0.5)), global_batch=15)[1]
+    assert odd == "the check's global batch 15 is not divisible by 2 GPUs"
 
 
 def test_a_precision_change_gets_its_own_naive():

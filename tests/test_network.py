@@ -96,7 +96,7 @@ def test_an_unknown_network_widens_the_band_and_says_so():
 def test_the_site_files_network_wins_over_the_reference_system(tmp_path):
     """A site file's gpus.a100.inter_node_gbit_s reaches the sweep's catalog (the what-if rule's) and the CLI's; a
     GPU type it does not set keeps config/gpus.yaml's default."""
-    from pretrain_planner import cli
+    from pretrain_planner.cli.config import config_catalog
     from pretrain_planner.facade.pipeline import load
 
     site = tmp_path / "site.yaml"
@@ -105,7 +105,7 @@ def test_the_site_files_network_wins_over_the_reference_system(tmp_path):
     config = {"sweep": {"models": ["tiny-gptneox"], "gpus": ["cpu"], "methods": ["naive"]},
               "launcher": {"kind": "slurm", "site": str(site)}}  # fmt: skip
     pipeline = load(config, REPO)
-    for catalog in (pipeline.catalog, cli._catalog(pipeline.config)):
+    for catalog in (pipeline.catalog, config_catalog(pipeline.config)):
         a100 = catalog.gpus["a100"]
         assert a100.inter_node_gbit_s == 50 and str(site) in a100.network_note
         assert catalog.gpus["h100"].inter_node_gbit_s == 400 and catalog.gpus["h100"].network_note is None

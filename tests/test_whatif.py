@@ -9,7 +9,8 @@ import re
 import polars as pl
 import pytest
 from pretrain_planner.planning.flops import param_count, train_flops_per_sample
-from pretrain_planner.tables.whatif import Predictor, whatif_table
+from pretrain_planner.tables.predictor import Predictor
+from pretrain_planner.tables.whatif import whatif_table
 
 from .conftest import CATALOG
 
@@ -130,7 +131,7 @@ def test_sharded_communication_counts_every_micro_batch():
     """ZeRO-2 reduces the gradients every micro-batch (the step model's syncs, as the search's time model prices it):
     with no one-GPU cell to split by, its communication is accumulation steps x one all-reduce at the datasheet
     bandwidth (central: between it and BUS_EFFICIENCY of it); it was one all-reduce per step."""
-    from pretrain_planner.tables.whatif import BUS_EFFICIENCY
+    from pretrain_planner.tables.predictor import BUS_EFFICIENCY
 
     cells = _comm_cells(MODEL, "fl+zero2", (4,), 0.0, mb=16)
     pred = Predictor(cells, CATALOG, public=None).predict(MODEL, "h100", 1, 4)
@@ -149,7 +150,7 @@ def test_sharded_communication_counts_every_micro_batch():
 
 
 def _nothing_measured() -> pl.DataFrame:
-    from pretrain_planner.tables.whatif import empty_cells
+    from pretrain_planner.tables.predictor import empty_cells
 
     return empty_cells()
 

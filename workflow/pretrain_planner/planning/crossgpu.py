@@ -438,8 +438,8 @@ def stand_in(name: str, params: float, kind: str, formula: str, software: str,
     return min(pool)[3] if pool else None
 
 
-def _candidates(runs: Sequence[Run]) -> dict[tuple[str, str], tuple[str, float, str, str, str]]:
-    """Each workload x software of the runs as a stand-in candidate."""
+def stand_in_candidates(runs: Sequence[Run]) -> dict[tuple[str, str], tuple[str, float, str, str, str]]:
+    """Each workload x software of the runs as a stand-in candidate (`stand_in`'s `candidates`)."""
     out: dict[tuple[str, str], tuple[str, float, str, str, str]] = {}
     for r in runs:
         out.setdefault((r.model, r.software), (r.model, r.params, r.kind, r.formula, r.software))
@@ -448,9 +448,9 @@ def _candidates(runs: Sequence[Run]) -> dict[tuple[str, str], tuple[str, float, 
 
 def _calibrate(t: _Table) -> Calibration:
     """Out-of-sample errors of every kind on the table, kappa_mem, tau, lambda and the effects refitted without what
-    is left out, as `fit` of what is left would (the benchmark's leave_one_* do exactly that), so that the error a
-    prediction quotes is the one measured held out (the parameters fitted on everything would have seen what each
-    case leaves out); and the band of each kind."""
+    is left out, as `fit` of what is left would (benchmarks/crossgpu_loo.py's leave_one_* do exactly that), so
+    that the error a prediction quotes is the one measured held out (the parameters fitted on everything would have
+    seen what each case leaves out); and the band of each kind."""
     errors: dict[Kind, list[_Error]] = defaultdict(list)
     fitted: dict[bytes, tuple[Params, np.ndarray, np.ndarray]] = {}
 
@@ -494,7 +494,7 @@ def _calibrate(t: _Table) -> Calibration:
             add(Kind("same", True), t.transfer_errors(lq, b, q.tau, t.pairs[sel], t.dist[sel]))
     # a stand-in workload (nearest-sized of the same kind, the same software first), the workload left out; its
     # stand-in's runs on every GPU type (the target's own weigh most), or (unseen) the target's GPU type left out too
-    cands = _candidates(t.runs)
+    cands = stand_in_candidates(t.runs)
     for m, sw in sorted(cands):
         sub = stand_in(*cands[(m, sw)], cands)
         if sub is None:
@@ -620,97 +620,3 @@ def fit(runs: Sequence[Run], gpus: Mapping[str, Any], calibration: Calibration |
         calibration = _calibrate(t)
         calibration.origins = origins_of(usable)
     return CrossGpu(gpus, params, calibration, effects)
-
-
-# ------------------------------------------------------------------------------------------- checks out of sample
-
-
-@dataclass
-class Holdout:
-    """A run left out of the fit and predicted from the rest (`kind` says how)."""
-
-    run: Run
-    estimate: Estimate
-    by_gpu: dict[str, Estimate]  # the prediction from each basis GPU type alone
-    params: Params
-
-    @property
-    def error(self) -> float:
-        return self.estimate.central / self.run.seconds - 1
-
-    @property
-    def inside(self) -> bool:
-        return self.estimate.low * (1 - 1e-9) <= self.run.seconds <= self.estimate.high * (1 + 1e-9)
-
-
-def work_of_run(run: Run) -> Work:
-    """A run's own workload as a prediction target."""
-    return Work(run.model, run.kind, run.params, run.flops, run.memory_bytes, run.precision, run.tf32,
-                formula=run.formula, software=run.software)  # fmt: skip
-
-
-def _holdouts(model: CrossGpu, targets: Iterable[Run], basis_of) -> list[Holdout]:
-    out = []
-    for run in targets:
-        basis = basis_of(run)
-        est = model.estimate(basis, work_of_run(run), run.gpu)
-        if est is None:
-            continue
-        per: dict[str, list[Run]] = defaultdict(list)
-        for b in basis:
-            per[b.gpu].append(b)
-        by_gpu = {g: e for g, rs in per.items() if (e := model.estimate(rs, work_of_run(run), run.gpu))}
-        out.append(Holdout(run, est, by_gpu, model.params))
-    return out
-
-
-def _group_basis(train: Sequence[Run]):
-    by_group: dict[str, list[Run]] = defaultdict(list)
-    for r in train:
-        by_group[r.group].append(r)
-    return lambda run: [b for b in by_group.get(run.group, []) if b.gpu != run.gpu]
-
-
-def leave_one_gpu_out(runs: Sequence[Run], gpus: Mapping[str, Any]) -> list[Holdout]:
-    """For every GPU type: fit on the runs of the others, predict its runs from their groups (the benchmark's
-    headline: a GPU type nobody in the evidence measured)."""
-    out = []
-    for held in sorted({r.gpu for r in runs}):
-        train = [r for r in runs if r.gpu != held]
-        out += _holdouts(fit(train, gpus), [r for r in runs if r.gpu == held], _group_basis(train))
-    return out
-
-
-def leave_one_cell_out(runs: Sequence[Run], gpus: Mapping[str, Any]) -> list[Holdout]:
-    """For every workload x GPU type x software: fit without it, without that software's other runs on the GPU type
-    and without the workload's other runs on it; predict it from its groups, the GPU type's effect coming from other
-    software's runs of other workloads (cells whose GPU type nothing else measured are left to leave_one_gpu_out)."""
-    out = []
-    for m, gpu, sw in sorted({(r.model, r.gpu, r.software) for r in runs}):
-        train = [r for r in runs if not (r.gpu == gpu and (r.software == sw or r.model == m))]
-        if not any(r.gpu == gpu for r in train):
-            continue
-        targets = [r for r in runs if (r.model, r.gpu, r.software) == (m, gpu, sw)]
-        out += _holdouts(fit(train, gpus), targets, _group_basis(train))
-    return out
-
-
-def leave_one_model_out(runs: Sequence[Run], gpus: Mapping[str, Any], unseen: bool = False) -> list[Holdout]:
-    """For every workload x software: fit without the workload (`unseen`: and without each target GPU type in turn),
-    predict its runs from all the runs of its stand-in (stand_in: the nearest-sized workload x software of its kind,
-    the same software first), as the what-if does for a model with no evidence of its own."""
-    out = []
-    cands = _candidates(runs)
-    for m, sw in sorted(cands):
-        sub = stand_in(*cands[(m, sw)], cands)
-        if sub is None:
-            continue
-        targets = [r for r in runs if (r.model, r.software) == (m, sw)]
-        for held in sorted({r.gpu for r in targets}) if unseen else [None]:
-            train = [r for r in runs if r.model != m and (held is None or r.gpu != held)]
-            basis = [r for r in train if (r.model, r.software) == sub]
-            if not basis:
-                continue
-            model = fit(train, gpus)
-            out += _holdouts(model, [r for r in targets if held is None or r.gpu == held], lambda _r, b=basis: b)
-    return out

@@ -4,7 +4,7 @@ Reads each result.json into one explicit schema (results.RESULT_FIELDS), so a ke
 files have is never dropped and types never drift. A file that cannot be read, is not JSON, has a
 value of the wrong type, lacks what its status needs, or lies about its cell is named (log, `problems`
 table, the cell's `reason`, status `corrupt`) and skipped; every other file still counts.
-Imports no torch.
+The paragraphs each table's Markdown file opens with are tables/intros.py's. Imports no torch.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from pretrain_planner.results import (
     parse_result,
 )
 from pretrain_planner.tables import costs as pp_costs
-from pretrain_planner.tables import memfix, views
+from pretrain_planner.tables import intros, memfix, views
 from pretrain_planner.tables.markdown import WIDTH, to_markdown
 
 _PL_TYPES = {"str": pl.String, "int": pl.Int64, "float": pl.Float64, "bool": pl.Boolean, "json": pl.String}
@@ -514,30 +514,6 @@ def with_loss(cells: pl.DataFrame, checks: pl.DataFrame, checked: bool) -> pl.Da
 # ------------------------------------------------------------------------------------------- writing
 
 
-TABLE_INTROS = {
-    "cells": "Every cell of the plan joined with its result (status ok, noisy, oom, unsupported, invalid, missing, "
-    "corrupt); mb x accum = micro-batch x gradient accumulation steps; start-up = what one restart of the setting "
-    "costs before it trains (process start to rank up, model build, method wrapping, data, compile), compile = its "
-    "first step's extra time.",
-    "time_to_train": "Fastest method that ran per model x GPU type x count (suspect and noisy timings excluded), "
-    "beside "
-    "naive and free-lunch (`fl`) alone and the analytic estimate at 100% of the dense peak.",
-    "feasibility": "Which settings fit in memory with naive, with free-lunch alone, and with any method.",
-    "loss_check": "Whether each checked method trains the same model as naive: from naive's initial weights on "
-    "naive's batches, its loss (and gradient norm) per step against naive's, inside the band naive's own legitimate "
-    "variants span (another micro-batch split, another world size, another dropout seed); `same`, or `differs` with "
-    'the tail\'s relative difference and the step where it left (docs/methods.md "Loss equivalence"). A '
-    "`precision` line compares naive at a method's precision with naive.",
-    "costs": "What the best setting of each model x GPU type x count costs: hardware purchase, amortised "
-    "experiment cost, cloud rent. A blank cost has its reason in `cost_note`.",
-    "pareto": "Per model, the settings that no other setting beats in both days to train and cost.",
-    "problems": "Result files that could not be used (skipped by the aggregation), and why.",
-    "benchmark_cost": "GPU-hours the benchmark itself spent per setting (wall time x GPUs of each measured cell), "
-    "the cells it ran and pruned (adaptive search; reasons in cells.csv), and the time-limit bound of the cells "
-    "run beside that of every valid cell (what the exhaustive search could spend).",
-}
-
-
 MD_ROWS = 2000  # a Markdown table shows at most this many rows (the CSV holds them all)
 
 
@@ -551,30 +527,15 @@ def markdown_body(name: str, df: pl.DataFrame, max_rows: int | None = MD_ROWS) -
 def _write(out: dict[str, str], name: str, df: pl.DataFrame, csv: pl.DataFrame | None = None,
            extra: str = "") -> None:  # fmt: skip
     atomic_write_text(out[f"{name}_csv"], (df if csv is None else csv).write_csv())
-    title = name.replace("_", " ").capitalize()
-    where = f"Every column, unrounded: {name}.csv beside this file" + (
-        " (and cells.parquet)." if name == "cells" else "."
-    )
-    intro = textwrap.fill(f"{TABLE_INTROS[name]} {where}", WIDTH)
-    text = f"# {title}\n\n{intro}\n\n{markdown_body(name, df)}{extra}"
-    atomic_write_text(out[f"{name}_md"], text)
+    atomic_write_text(out[f"{name}_md"], f"{intros.opening(name)}{markdown_body(name, df)}{extra}")
 
 
 def oom_section(cells: pl.DataFrame) -> str:
     """feasibility.md's second table: every `oom` cell, what it needs at micro-batch 1 and the cheapest fix."""
     oom = cells.filter(pl.col("status") == "oom")
     if oom.is_empty():
-        return "\n## Out of memory\n\nNo cell ran out of memory.\n"
-    return f"\n## Out of memory\n\n{textwrap.fill(OOM_INTRO, WIDTH)}\n\n" + markdown_body("oom", oom.sort(KEYS))
-
-
-OOM_INTRO = (
-    "Each cell that did not fit even at micro-batch 1: the memory it needs at micro-batch 1 per GPU (measured where a "
-    "cell of the same model, method and GPU count ran at micro-batch 1, or out of memory on a GPU that large; else "
-    "the memory model's lower bound, `>=`) against the GPU's, and the cheapest change that fits: a method measured to "
-    "fit here, else a memory-saving method, more GPUs, a GPU type with more memory, a shorter sequence "
-    "(tables/memfix.py; cells.csv has the same columns)."
-)
+        return intros.oom_opening(any_oom=False)
+    return intros.oom_opening(any_oom=True) + markdown_body("oom", oom.sort(KEYS))
 
 
 def build_all(
