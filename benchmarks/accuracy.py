@@ -82,7 +82,7 @@ def run_model(model: str, args: argparse.Namespace, catalog: Catalog) -> dict[st
         run_rank(spec)
         result = json.loads(Path(spec["outputs"]["result"]).read_text())
         rec["measure_wall_s"] = time.perf_counter() - t
-        rec["result"] = {k: result.get(k) for k in ("status", "reason", "micro_batch_size", "grad_accum_steps")}
+        rec["result"] = {k: result.get(k) for k in ("status", "reason", "micro_batch", "grad_accum_steps")}
         rec["status"] = result["status"]
         if result["status"] != "ok":
             rec["reason"] = result.get("reason")
@@ -92,7 +92,7 @@ def run_model(model: str, args: argparse.Namespace, catalog: Catalog) -> dict[st
         }
         rec["attention_kernel"] = (result.get("method_settings") or {}).get("attention_kernel")
         t = time.perf_counter()
-        rec["sustained"] = sustained(spec, result["micro_batch_size"], args.steps, args.warmup_steps)
+        rec["sustained"] = sustained(spec, result["micro_batch"], args.steps, args.warmup_steps)
         rec["sustained_wall_s"] = time.perf_counter() - t
         rec["error"] = result["step_time_s"] / rec["sustained"]["mean_step_s"] - 1
         rec["within_target"] = abs(rec["error"]) <= TARGET
@@ -129,7 +129,7 @@ def render(meta: dict[str, Any], records: list[dict[str, Any]]) -> str:
             rec["model"],
             rec["method"],
             status,
-            f"{r.get('micro_batch_size', '–')} x {r.get('grad_accum_steps', '–')}",
+            f"{r.get('micro_batch', '–')} x {r.get('grad_accum_steps', '–')}",
             predicted,
             f"{s['mean_step_s']:.4f}" if s else "–",
             str(s.get("steps", "–")),

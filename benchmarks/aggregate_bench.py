@@ -112,7 +112,7 @@ def synthesise(folder: Path, n: int, seed: int = 0) -> tuple[str, list[str]]:
             steps = m.recipe.steps
             tokens = m.recipe.sequence_length
             result.update(
-                status="ok", micro_batch_size=mb, grad_accum_steps=gb // c.world_size // mb, step_time_s=step,
+                status="ok", micro_batch=mb, grad_accum_steps=gb // c.world_size // mb, step_time_s=step,
                 step_time_p10_s=step * 0.97, step_time_p90_s=step * 1.05, timed_steps=5, warmup_steps=2,
                 samples_per_s=gb / step, tokens_per_s=gb * tokens / step if tokens else None,
                 flops_per_step=flops, peak_tflops=peak, mfu=mfu, suspect=False, peak_mem_gib=rng.uniform(5, 70),

@@ -798,7 +798,7 @@ def _trains_as(plan: dict[str, Any]) -> dict[str, Any]:
     settings, the setting's size and the measured micro-batch; not the step times measured with it, which differ
     from round to round (comparing them made every round train its plan a second time, uninterrupted)."""
     fields = {k: plan.get(k) for k in ("model", "method", "method_settings", "nodes", "gpus_per_node")}
-    return {**fields, "micro_batch_size": (plan.get("measured") or {}).get("micro_batch_size")}
+    return {**fields, "micro_batch": (plan.get("measured") or {}).get("micro_batch")}
 
 
 def uninterrupted_train(chaos: Round, reference: Round) -> list[dict[str, Any]]:

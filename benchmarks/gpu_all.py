@@ -409,7 +409,7 @@ def _line(rec: dict[str, Any]) -> str:
     if r.get("status") == "ok":
         mfu = "–" if r.get("mfu") is None else f"{r['mfu']:.1%}"
         text += (
-            f": mb {r.get('micro_batch_size')} x {r.get('grad_accum_steps')}, step {r.get('step_time_s'):.4g} s, "
+            f": mb {r.get('micro_batch')} x {r.get('grad_accum_steps')}, step {r.get('step_time_s'):.4g} s, "
             f"{(r.get('tokens_per_s') or 0):,.0f} tok/s, MFU {mfu}, peak {(r.get('peak_mem_gib') or 0):.1f} GiB"
         )
     if rec.get("prediction_error") is not None:

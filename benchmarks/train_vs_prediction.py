@@ -91,7 +91,7 @@ def main() -> int:
         + ".",
         "",
         f"Setting: {args.model} on 1x1 `cpu`, method {plan['method']}, micro-batch "
-        f"{plan['measured']['micro_batch_size']} x {plan['measured']['grad_accum_steps']} accumulation, "
+        f"{plan['measured']['micro_batch']} x {plan['measured']['grad_accum_steps']} accumulation, "
         f"{threads} thread(s) per rank. The prediction is the benchmark cell's median step "
         f"({cell.get('timed_steps')} timed steps after {cell.get('warmup_steps')} warm-up; plan.json "
         f"`measured.step_time_s`) = **{predicted:.4g} s** (the sweep up to the export took {bench_s:.0f} s). "

@@ -97,17 +97,26 @@ def write_config(path: Path, **sections) -> Path:
 # A module's tests stay on one worker (its module fixtures, Snakemake sweeps of minutes, run once, not once per
 # worker), and the modules of the SLURM testbed run on one worker, one after the other: the drills take nodes down,
 # restart the daemons and count every job in sacct. The longest units start first (their order below; the rest
-# follows in collection order), so no worker is left with a long one at the end.
+# follows in collection order), so no worker is left with a long one at the end. Two modules that read one sweep
+# (a session fixture: made once per worker process) are one unit too, so the sweep is made once (SWEEP_UNITS).
 SLURM_MODULES = ("test_slurm_faults", "test_chaos_soak", "test_slurm", "test_budget_slurm", "test_calendar_slurm")
 FIRST_MODULES = ("test_pipeline_e2e", "test_search_e2e", "test_benchmarks_smoke", "test_deepspeed", "test_sharding",
                  "test_budget_glue", "test_oom", "test_memory", "test_local_runs", "test_bad_env")  # fmt: skip
 SLURM_UNIT = "the SLURM testbed"
+SWEEP_UNITS = {  # the module: (its unit, the shared sweep's fixtures it reads)
+    "test_search_e2e": ("the default sweep", ("adaptive_sweep", "default_sweep")),
+    "test_pipeline_e2e": ("the default sweep", ("adaptive_sweep", "default_sweep")),
+    "test_sharding": ("tiny-bert's methods sweep", ("methods_sweep",)),
+    "test_deepspeed": ("tiny-bert's methods sweep", ("methods_sweep",)),
+}
 
 
 def unit_of(nodeid: str) -> str:
-    """The unit of work a test belongs to: the SLURM testbed's modules together, else the test's module file."""
+    """The unit of work a test belongs to: the SLURM testbed's modules together, two modules that share a sweep
+    together, else the test's module file."""
     path = nodeid.split("::", 1)[0]
-    return SLURM_UNIT if Path(path).stem in SLURM_MODULES else path
+    stem = Path(path).stem
+    return SLURM_UNIT if stem in SLURM_MODULES else SWEEP_UNITS[stem][0] if stem in SWEEP_UNITS else path
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -116,7 +125,7 @@ def pytest_xdist_make_scheduler(config, log):
     groups from the test ids, which pytest 9.2's structured ids no longer let it change)."""
     from xdist.scheduler import LoadScopeScheduling
 
-    order = [SLURM_UNIT, *(f"tests/{m}.py" for m in FIRST_MODULES)]
+    order = list(dict.fromkeys([SLURM_UNIT, *(unit_of(f"tests/{m}.py") for m in FIRST_MODULES)]))
 
     class ByUnit(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
@@ -131,11 +140,17 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Every test on the SLURM testbed must sit in one of SLURM_MODULES, or a worker would run it beside a drill."""
+    """Every test on the SLURM testbed must sit in one of SLURM_MODULES, or a worker would run it beside a drill;
+    every test of a shared sweep in one of its SWEEP_UNITS modules, or another worker would make the sweep again."""
     stray = sorted(item.nodeid for item in items if "slurm_cluster" in item.fixturenames
                    and unit_of(item.nodeid) != SLURM_UNIT)  # fmt: skip
     if stray:
         raise pytest.UsageError(f"tests on the SLURM testbed outside tests/conftest.py SLURM_MODULES: {stray}")
+    shared = {f: unit for unit, fixtures in SWEEP_UNITS.values() for f in fixtures}
+    stray = sorted(item.nodeid for item in items for f in item.fixturenames if f in shared
+                   and unit_of(item.nodeid) != shared[f])  # fmt: skip
+    if stray:
+        raise pytest.UsageError(f"tests of a shared sweep outside tests/conftest.py SWEEP_UNITS: {stray}")
 
 
 @pytest.fixture(autouse=True)
@@ -217,7 +232,7 @@ def cell_result(model, gpu, nodes, gpn, method, status="ok", days=None, mb=4, su
         flops = per_sample * m.recipe.global_batch
         peak = CATALOG.gpus[gpu].peak_for(m.recipe.precision, tf32=method.startswith("fl"))
         r.update(
-            micro_batch_size=mb, grad_accum_steps=m.recipe.global_batch // world // mb, step_time_s=step,
+            micro_batch=mb, grad_accum_steps=m.recipe.global_batch // world // mb, step_time_s=step,
             step_time_p10_s=0.95 * step, step_time_p90_s=1.1 * step, timed_steps=5, warmup_steps=2,
             samples_per_s=m.recipe.global_batch / step, tokens_per_s=m.recipe.global_batch * 2048 / step,
             flops_per_step=flops, peak_tflops=peak, mfu=flops / (step * world * peak * 1e12) if peak else None,
@@ -485,9 +500,90 @@ def leftover_processes(marker: str) -> list[str]:
 HAVE_DS = importlib.util.find_spec("deepspeed") is not None
 
 
+# ---------------------------------------- end-to-end sweeps two modules share (each pair one unit: SWEEP_UNITS)
+# On the slowest 2-core host the suite took ~43 min, much of it the same cells measured twice with their cold
+# compiles (each cell is a fresh process): tests/test_search_e2e.py's probes are the default sweep's naive and fl
+# cells, which tests/test_pipeline_e2e.py measured again in a folder of its own, and tests/test_sharding.py and
+# tests/test_deepspeed.py each ran a tiny-bert sweep with its own naive cell, tables, report and loss check.
+DEMO = yaml.safe_load((REPO / "config/config.yaml").read_text())
+DEMO_LAUNCHER = {"kind": "local", "timeout_min": 15}
+# the default sweep's benchmark with fewer timed steps and a wide spread limit (the wiring is the subject, not the
+# timings); the adaptive runs use it too, so their cells' specs (Snakemake's params) are the default sweep's and its
+# run finds them measured
+DEMO_BENCH = {"warmup_steps": 1, "timed_steps": TIMED, "max_micro_batch": 4, "max_spread": 50,
+              "loss_check": DEMO["benchmark"]["loss_check"]}  # fmt: skip
+ADAPTIVE_MODELS = ["tiny-gptneox", "tiny-bert"]
+ADAPTIVE_RANKS = [1, 2]
+ADAPTIVE_METHODS = ["naive", "fl", "fl+ac", "fl+fsdp-grad", "fl+ac+fsdp-grad", "fl+fsdp-grad+off"]
+
+
+@pytest.fixture(scope="session")
+def adaptive_sweep(tmp_path_factory):
+    """tests/test_search_e2e.py's runs, the first in the default sweep's folder: a dry run and the adaptive sweep
+    (tiny models x 1, 2 ranks x six methods; its probes are the default sweep's naive and fl cells, trained for real,
+    the checkpoint prunes the rest), `status`, the adaptive sweep again (nothing to do), then the exhaustive naive +
+    fl sweep over the same results (only the tables rebuilt). The folder as they leave it is copied to `work` for
+    the search's tests; `default_sweep` goes on in the original (`shared`), measuring only what the probes did not."""
+    import shutil
+
+    import polars as pl
+
+    shared = tmp_path_factory.mktemp("default-sweep")
+    sweep = {"models": ADAPTIVE_MODELS, "gpus": ["cpu"], "nodes": [1], "gpus_per_node": ADAPTIVE_RANKS}
+    common = {"launcher": DEMO_LAUNCHER, "benchmark": DEMO_BENCH}
+    adaptive = write_config(shared / "adaptive.yaml", sweep={**sweep, "methods": ADAPTIVE_METHODS},
+                            search={"strategy": "adaptive"}, **common)  # fmt: skip
+    exhaustive = write_config(shared / "exhaustive.yaml", sweep={**sweep, "methods": ["naive", "fl"]}, **common)
+    profile = ["--profile", str(REPO / "cluster/local"), "--cores", "2"]
+    dry = snakemake(shared, "-n", "--cores", "2", "--configfile", str(adaptive))
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    first = snakemake(shared, *profile, "--configfile", str(adaptive))
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-6000:]
+    tables = {name: pl.read_csv(shared / f"results/tables/{name}.csv") for name in ("cells", "benchmark_cost")}
+    tables["report"] = (shared / "results/report.md").read_text()
+    cmd = [sys.executable, "-m", "pretrain_planner", "status", "--results", str(shared / "results")]
+    status = subprocess.run(cmd, cwd=shared, capture_output=True, text=True, timeout=120)
+    again = snakemake(shared, *profile, "--configfile", str(adaptive))
+    second = snakemake(shared, *profile, "--configfile", str(exhaustive))
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-6000:]
+    work = tmp_path_factory.mktemp("adaptive")
+    shutil.copytree(shared / "results", work / "results", symlinks=True)
+    return {"work": work, "shared": shared, "dry": dry, "first": first, "again": again, "second": second,
+            "tables": tables, "status": status}  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def default_sweep(adaptive_sweep):
+    """The default sweep (config/config.yaml's grid, its loss check and costs, the cpu stand-in's nominal price) with
+    DEMO_BENCH, through the local profile, in the folder the adaptive runs left: their cells are this sweep's naive
+    and fl cells, so it measures fl+ac and the loss checks. (folder, config, the run)."""
+    work = adaptive_sweep["shared"]
+    cfg = write_config(
+        work / "sweep.yaml", sweep=DEMO["sweep"], launcher=DEMO_LAUNCHER, benchmark=DEMO_BENCH, costs=DEMO["costs"],
+        train={"steps": 5},  # the README's train target on this sweep
+    )  # fmt: skip
+    proc = snakemake(work, "--profile", str(REPO / "cluster/local"), "--cores", "2", "--configfile", str(cfg))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return work, cfg, proc
+
+
+SHARDING_METHODS = ["naive", "naive+ac", "naive+fsdp-grad", "naive+fsdp-full", "naive+fsdp-full+off", "fl+fsdp-full"]
+ZERO_METHODS = ["naive+zero1", "naive+zero2", "naive+zero3", "naive+zero2+off", "naive+zero3+off"]
+
+
+@pytest.fixture(scope="session")
+def methods_sweep(tmp_path_factory):
+    """One Snakemake run of tiny-bert (fp32: losses agree across methods to float rounding) on 2 gloo ranks:
+    tests/test_sharding.py's DDP, activation checkpointing, FSDP2 in both modes, with CPU offload and compiled, and,
+    where DeepSpeed is installed, tests/test_deepspeed.py's ZeRO-1/2/3 with and without offload; one naive cell,
+    one set of tables for both. The folder."""
+    methods = SHARDING_METHODS + (ZERO_METHODS if HAVE_DS else [])
+    return run_sweep(tmp_path_factory.mktemp("methods"), ["tiny-bert"], methods, timeout=SWEEP_TIMEOUT_S)
+
+
 # ---------------------------------------- recorded settings against the export's
 def plan_row(method: str, nodes: int, gpn: int, mb: int, accum: int) -> dict:
-    return {"best_method": method, "nodes": nodes, "gpus_per_node": gpn, "micro_batch_size": mb,
+    return {"best_method": method, "nodes": nodes, "gpus_per_node": gpn, "micro_batch": mb,
             "grad_accum_steps": accum, "step_time_s": 1.0, "training_days": 1.0}  # fmt: skip
 
 
@@ -501,7 +597,7 @@ def assert_recorded_is_exported(work: Path, model: str, method: str, ranks: int,
     folder = layout.setting_folder(model, gpu, 1, ranks)
     result = json.loads(Path(layout.cell_file(work / "results", folder, method)).read_text())
     recorded = result["method_settings"]
-    row = plan_row(method, 1, ranks, result["micro_batch_size"], result["grad_accum_steps"])
+    row = plan_row(method, 1, ranks, result["micro_batch"], result["grad_accum_steps"])
     spec_model, spec_gpu = CATALOG.model(model), CATALOG.gpus[gpu]
     planned = export.settings_for(spec_model, spec_gpu, row, recorded)
     assert set(KEYS) <= set(recorded), sorted(set(KEYS) - set(recorded))
@@ -559,7 +655,7 @@ def write_plan(folder: Path, model: str, mb: int = 4, gpus_per_node: int = 1, me
     gb = spec.recipe.global_batch
     plan = {
         "model": spec.to_dict(), "gpu": gpu.to_dict(), "nodes": 1, "gpus_per_node": gpus_per_node, "method": method,
-        "measured": {"micro_batch_size": mb, "grad_accum_steps": gb // (mb * gpus_per_node), "step_time_s": 0.5,
+        "measured": {"micro_batch": mb, "grad_accum_steps": gb // (mb * gpus_per_node), "step_time_s": 0.5,
                      "samples_per_s": gb / 0.5, "tokens_per_s": gb * (spec.recipe.sequence_length or 0) / 0.5 or None},
     }  # fmt: skip
     # the method's concrete settings, as the export records them

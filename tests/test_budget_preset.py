@@ -41,7 +41,7 @@ def test_preset_resolves_to_the_published_recipe(tmp_path):
     # batch: 4096 = 32 per GPU x 16 accumulation x 8 GPUs
     assert tr["global_batch"] == 4096 and tr["micro_batch"] == 32
     s = cfg["setting"]
-    assert (s["source"], s["global_batch"], s["micro_batch"], s["grad_accum_steps"], s["world_size"]) == (
+    assert (s.source, s.global_batch, s.micro_batch, s.grad_accum_steps, s.world_size) == (
         "config", 4096, 32, 16, 8)  # fmt: skip
     # data: 128 tokens, 15% masking (at most 20), 10 copies, the reference's short_seq_prob
     assert d["seq_len"] == 128 and d["mlm_probability"] == 0.15 and d["max_predictions"] == 20

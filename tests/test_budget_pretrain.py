@@ -39,6 +39,7 @@ def uninterrupted(tmp_path_factory):
     return cfg, tmp, result
 
 
+@pytest.mark.slow  # a training run (the module's uninterrupted run and more)
 def test_budget_run(uninterrupted):
     _, tmp, result = uninterrupted
     # fake clock: 1 s per step, budget 12 s -> 12 steps, stopped by the budget
@@ -57,6 +58,7 @@ def test_budget_run(uninterrupted):
     assert result["sparse_prediction"] and result["model_class"].endswith("WithSparsePrediction")
 
 
+@pytest.mark.slow  # a training run (the module's uninterrupted run and more)
 def test_a_budget_of_n_fake_seconds_takes_n_steps(uninterrupted):
     """57 / 3600 h is 57.00000000000001 s as `hours * 3600`: the run took a 58th step (CI's chaos soak: 512 steps
     for a budget of 511)."""
@@ -69,6 +71,7 @@ def test_a_budget_of_n_fake_seconds_takes_n_steps(uninterrupted):
     assert [s["step"] for s in _steps(tmp / "n57/run")] == list(range(1, 58))
 
 
+@pytest.mark.slow  # a training run (the module's uninterrupted run and more)
 def test_what_checkpointing_cost_is_recorded_and_the_default_writes_only_the_last(uninterrupted):
     """Every 4 s of training: steps 4, 8, 12 and the end, their write time in the result and the summary; the default
     (null, the reference run's) writes the end's alone."""
@@ -89,6 +92,7 @@ def test_what_checkpointing_cost_is_recorded_and_the_default_writes_only_the_las
     assert "none during the run (the reference's" in (tmp / "once/summary.md").read_text()
 
 
+@pytest.mark.slow  # a training run (the module's uninterrupted run and more)
 def test_validation_rotates_through_the_held_out_shards(uninterrupted):
     """Each validation takes the next held-out shard, round the held-out set, as the reference's pretrain_validation
     (shard index mod n), not always the first samples; the shards are named in validation.jsonl and the result."""
@@ -130,6 +134,7 @@ def test_sigkill_and_resume_matches_uninterrupted(uninterrupted):
     assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
 
 
+@pytest.mark.slow  # a training run (the module's uninterrupted run and more)
 def test_early_stop_and_max_steps(uninterrupted):
     cfg, tmp, _ = uninterrupted
     stop = {**cfg, "train": {**cfg["train"], "early_stop": [{"at_fraction": 0.2, "max_loss": 0.5}]}}
@@ -143,6 +148,7 @@ def test_early_stop_and_max_steps(uninterrupted):
     assert res["steps"] == 2 and 0 < res["loss_last"] < 20
 
 
+@pytest.mark.slow  # a training run (the module's uninterrupted run and more)
 def test_checkpoint_of_another_config_is_refused(uninterrupted):
     cfg, tmp, _ = uninterrupted
     other = {**cfg, "train": {**cfg["train"], "lr": 5e-4}}
@@ -150,6 +156,7 @@ def test_checkpoint_of_another_config_is_refused(uninterrupted):
         _run(other, tmp, "a", threads=1)
 
 
+@pytest.mark.slow  # a training run (the module's uninterrupted run and more)
 def test_sigterm_checkpoints_then_resumes(uninterrupted):
     """Pre-emption (SLURM sends SIGTERM / SIGUSR1): checkpoint after the current step, exit, resume exactly."""
     cfg, tmp, result = uninterrupted
@@ -165,6 +172,7 @@ def test_sigterm_checkpoints_then_resumes(uninterrupted):
     assert resumed["steps"] == result["steps"]
 
 
+@pytest.mark.slow  # a training run (the module's uninterrupted run and more)
 def test_debug_launcher_runs_in_process_and_refuses_ranks(uninterrupted):
     cfg, tmp, _ = uninterrupted
     capped = {**cfg, "train": {**cfg["train"], "max_steps": 2}}
@@ -206,6 +214,7 @@ def test_wall_clock_counts_what_training_time_does_not(uninterrupted, monkeypatc
     assert [s["lr"] for s in steps] != [s["lr"] for s in _steps(tmp / "wall-t/run")][: len(steps)], "lr on wall time"
 
 
+@pytest.mark.slow  # a training run (the module's uninterrupted run and more)
 def test_a_nan_loss_stops_the_run_with_its_reason(uninterrupted, monkeypatch):
     """A NaN loss (the weights poisoned inside the second step, as a diverged model would be) ends the run after
     the step that saw it, with the reason in stop_reason."""

@@ -23,7 +23,7 @@ CATALOG = load_catalog(REPO / "config/models.yaml", REPO / "config/gpus.yaml")
 
 def _write_plan(results, method="fl+ac", mb=4, accum=2, gpn=2):
     """A plan.json as the export_plan rule writes it, for catalog model tiny-bert on 1 x gpn cpu."""
-    row = {"best_method": method, "nodes": 1, "gpus_per_node": gpn, "micro_batch_size": mb, "grad_accum_steps": accum,
+    row = {"best_method": method, "nodes": 1, "gpus_per_node": gpn, "micro_batch": mb, "grad_accum_steps": accum,
            "step_time_s": 0.1, "training_days": 1.0}  # fmt: skip
     rec = _plan_record(CATALOG.model("tiny-bert"), CATALOG.gpu("cpu"), row, [])
     path = results / "optimal/tiny-bert/cpu" / f"1x{gpn}" / "plan.json"
@@ -46,17 +46,17 @@ def test_setting_from_benchmark_plan_config_or_error(tmp_path):
     assert "train.setting: benchmark" in msg and str(results / "optimal/tiny-bert/cpu/1x2/plan.json") in msg
     assert "train.gpu" in msg and "export_plan" in msg
     plan = _write_plan(results)
-    s = bconfig.load(path, results=results)["setting"]
+    s = bconfig.load(path, results=results)["setting"].to_json()
     assert s == {"gpu": "cpu", "nodes": 1, "gpus_per_node": 2, "world_size": 2, "source": "benchmark",
                  "plan": str(plan), "micro_batch": 4, "grad_accum_steps": 2, "global_batch": 16,
                  "method": "fl+ac", "grad_sync": None}  # fmt: skip
-    assert bconfig.load(_cfg(tmp_path, gpus_per_node=2, setting="auto"), results=results)["setting"]["source"] == (
+    assert bconfig.load(_cfg(tmp_path, gpus_per_node=2, setting="auto"), results=results)["setting"].source == (
         "benchmark"
     )
     own = bconfig.load(_cfg(tmp_path, gpus_per_node=2, setting="config", micro_batch=2), results=results)["setting"]
-    assert (own["source"], own["micro_batch"], own["grad_accum_steps"], own["method"]) == ("config", 2, 2, "fl")
+    assert (own.source, own.micro_batch, own.grad_accum_steps, own.method.slug) == ("config", 2, 2, "fl")
     # auto without a plan for that count: the config's
-    assert bconfig.load(_cfg(tmp_path, gpus_per_node=1), results=results)["setting"]["source"] == "config"
+    assert bconfig.load(_cfg(tmp_path, gpus_per_node=1), results=results)["setting"].source == "config"
     with pytest.raises(ConfigError, match=r"global batch \d+ is not a multiple of micro-batch 4 x 4 ranks"):
         bconfig.load(_cfg(tmp_path, gpus_per_node=4, setting="config"), results=results)
 
@@ -71,7 +71,7 @@ def test_fsdp_gradient_sync_comes_from_the_plan(tmp_path):
     rec["method_settings"]["fsdp_policy"]["grad_sync"] = "every"  # as a cell that fitted only so records it
     plan.write_text(json.dumps(rec))
     s = bconfig.load(_cfg(tmp_path, gpus_per_node=2, setting="benchmark"), results=results)["setting"]
-    assert s["method"] == "naive+fsdp-grad" and s["grad_sync"] == "every"
+    assert s.method.slug == "naive+fsdp-grad" and s.grad_sync == "every"
 
 
 @pytest.mark.slow  # Snakemake's dry run in a subprocess
@@ -83,7 +83,7 @@ def test_missing_plan_warns_at_parse_and_stops_the_pretrain_job(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]  # a benchmark sweep can still run (and write the plan)
     assert "warning" in proc.stderr and "results/optimal/tiny-bert/cpu/1x1/plan.json" in proc.stderr
     cfg = bconfig.load(path, results=tmp_path / "results")
-    assert cfg["setting"]["source"] == "missing"
+    assert cfg["setting"].source == "missing"
     with pytest.raises(ConfigError, match="train.setting: benchmark, but there is no benchmark plan"):
         jobs.pretrain(cfg, {"kind": "debug", "timeout_min": 1, "slurm": None}, "i", "m", "r", "run", "log")
     _write_plan(tmp_path / "results", gpn=1)

@@ -155,7 +155,7 @@ def test_the_driver_follows_the_job_id_and_progress_and_a_reattached_job_runs_on
 
 def test_the_console_line_of_each_outcome():
     cell = {"model": "m", "gpu": "a100", "nodes": 1, "gpus_per_node": 4, "method": "fl"}
-    ok = {"status": "ok", "micro_batch_size": 8, "grad_accum_steps": 2, "step_time_s": 0.51234, "tokens_per_s": 1.2e5}
+    ok = {"status": "ok", "micro_batch": 8, "grad_accum_steps": 2, "step_time_s": 0.51234, "tokens_per_s": 1.2e5}
     line = cell_line(cell, ok, None, 42)
     assert line == "cell m/a100/1x4/fl: ok, micro-batch 8 x 2, step 0.5123 s, 120,000 tokens/s (42 s)"
     suspect = {**ok, "suspect": True, "suspect_reason": "MFU 97% above 85%"}

@@ -95,6 +95,7 @@ def test_tiny_stand_ins_are_fp32(host):
     assert tiny and all(m.recipe.precision == "fp32" for m in tiny), [(m.name, m.recipe.precision) for m in tiny]
 
 
+@pytest.mark.slow  # Snakemake's dry run in a subprocess
 def test_the_dry_run_of_a_bf16_sweep_on_an_emulating_host_says_why(tmp_path):
     """A user's bf16 sweep on the `cpu` type of a host without bf16 instructions stops before anything runs, with
     the reason per model (nothing left to run); on a native host the same dry run plans it."""

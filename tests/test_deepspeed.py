@@ -10,20 +10,21 @@ from pretrain_planner.planning.catalog import load_catalog
 from pretrain_planner.planning.grid import Cell
 from pretrain_planner.planning.spec import cell_spec
 
-from .conftest import HAVE_DS, REPO, TIMED, cell, leftover_processes, losses, run_sweep
+from .conftest import HAVE_DS, REPO, TIMED, cell, leftover_processes, losses
+from .conftest import ZERO_METHODS as ZERO
 
 needs_ds = pytest.mark.skipif(not HAVE_DS, reason="DeepSpeed is not installed (bash envs/setup.sh test)")
 
 MODEL = "tiny-bert"
-ZERO = ["naive+zero1", "naive+zero2", "naive+zero3", "naive+zero2+off", "naive+zero3+off"]
 METHODS = ["naive", *ZERO]
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
+def sweep(request):
+    """tests/conftest.py's `methods_sweep` (tiny-bert's methods on 2 gloo ranks, shared with test_sharding.py)."""
     if not HAVE_DS:
         pytest.skip("DeepSpeed is not installed (bash envs/setup.sh test)")
-    return run_sweep(tmp_path_factory.mktemp("deepspeed"), [MODEL], METHODS)
+    return request.getfixturevalue("methods_sweep")
 
 
 def _run_config(model: str, method: str, ranks: int = 2, gpu: str = "cpu", precision: str | None = None):
@@ -62,7 +63,7 @@ def test_every_stage_ran(sweep):
     for method in METHODS:
         result, steps = cell(sweep, MODEL, method)
         assert result["status"] == "ok", (method, result.get("reason"))
-        assert (result["micro_batch_size"], result["grad_accum_steps"]) == (4, 2)
+        assert (result["micro_batch"], result["grad_accum_steps"]) == (4, 2)
         assert len(steps) == TIMED
         assert result["versions"]["deepspeed"]
 
@@ -214,6 +215,7 @@ print(json.dumps({"raised": raised, "result": json.load(open(f"{out}/result.json
 """
 
 
+@pytest.mark.slow  # a cell through run_rank in a subprocess
 def test_broken_deepspeed_import_is_unsupported(tmp_path):
     """Issue 28: a DeepSpeed whose import raises something other than ImportError (here: a pydantic-core of
     another version than pydantic requires, shadowing the real one on PYTHONPATH, so `import pydantic` inside

@@ -89,6 +89,7 @@ def _orphan(work: Path) -> subprocess.Popen:
 STYLES = ["script", "module", "api", "dryrun-profile"]
 
 
+@pytest.mark.slow  # Snakemake in a subprocess
 @pytest.mark.parametrize("style", STYLES)
 def test_a_second_driver_is_refused_however_snakemake_is_run(tmp_path, style):
     """A live driver holds results/ (its lock file and record, as `acquire` leaves them): an executing run is
@@ -119,6 +120,7 @@ def test_a_second_driver_is_refused_however_snakemake_is_run(tmp_path, style):
         assert not (tmp_path / TARGET).exists()
 
 
+@pytest.mark.slow  # Snakemake in a subprocess
 @pytest.mark.parametrize("style", STYLES)
 def test_repair_and_orphan_clean_up_however_snakemake_is_run(tmp_path, style):
     """No other driver: an executing run moves the damaged result to damaged/<time>/ (WHY.txt), ends the dead
@@ -200,6 +202,7 @@ except KeyboardInterrupt:
 """
 
 
+@pytest.mark.slow  # Snakemake in a subprocess
 def test_a_stop_signal_while_snakemake_holds_its_scheduler_lock_still_stops_the_driver(tmp_path):
     """SIGTERM handled while the main thread holds the scheduler's lock: the handler set STOP at once, named the
     SLURM job it left queued (as it was when the signal came: its cell's thread leaves at once), and Snakemake's

@@ -118,9 +118,13 @@ def test_deepspeed_configs(exported):
 
 
 def test_every_key_is_a_training_argument(exported, TrainingArguments):
-    folder, _ = exported
+    folder, index = exported
     fields = {f.name for f in dataclasses.fields(TrainingArguments)}
-    for path in folder.glob("**/training_arguments.json"):
+    paths = sorted(folder.glob("**/training_arguments.json"))
+    # every planned setting has one (an empty glob passed before), and only those
+    assert [str(p.parent.relative_to(folder)) for p in paths] == sorted(e["folder"] for e in index if e["best_method"])
+    assert len(paths) == 7
+    for path in paths:
         assert set(json.loads(path.read_text())) <= fields, path
 
 
@@ -186,7 +190,7 @@ def test_export_imports_neither_torch_nor_transformers(tmp_path):
         "import pretrain_planner.tables.export, pretrain_planner.tables.status, pretrain_planner.cli\n"
         "from pretrain_planner.planning.catalog import load_catalog\n"
         f"cat = load_catalog('{REPO}/config/models.yaml', '{REPO}/config/gpus.yaml')\n"
-        "row = {'best_method': 'fl+zero3+off', 'micro_batch_size': 16, 'grad_accum_steps': 16, 'nodes': 1,\n"
+        "row = {'best_method': 'fl+zero3+off', 'micro_batch': 16, 'grad_accum_steps': 16, 'nodes': 1,\n"
         "       'gpus_per_node': 4, 'step_time_s': 1.0, 'training_days': 2.0}\n"
         "from pretrain_planner.tables.export import training_arguments\n"
         "args, ds, _ = training_arguments(cat.models['pythia-1b'], cat.gpus['a100'], row)\n"
@@ -209,12 +213,12 @@ def test_one_plan_is_written_without_polars_snakemake_or_torch(tmp_path):
         "from pretrain_planner.planning.catalog import load_catalog\n"
         f"cat = load_catalog('{REPO}/config/models.yaml', '{REPO}/config/gpus.yaml')\n"
         "row = {'model': 'pythia-410m', 'gpu': 'h200', 'nodes': 1, 'gpus_per_node': 1, 'best_method': 'fl+flce',\n"
-        "       'micro_batch_size': 16, 'grad_accum_steps': 64, 'step_time_s': 30.0, 'training_days': 50.0}\n"
+        "       'micro_batch': 16, 'grad_accum_steps': 64, 'step_time_s': 30.0, 'training_days': 50.0}\n"
         f"target = Path('{tmp_path}') / 'plan'\n"
         "target.mkdir()\n"
         "entry = export.write_plan(target, cat.model('pythia-410m'), cat.gpu('h200'), row, None)\n"
         "plan = json.loads((target / 'plan.json').read_text())\n"
-        "assert plan['method'] == 'fl+flce' and plan['measured']['micro_batch_size'] == 16, plan\n"
+        "assert plan['method'] == 'fl+flce' and plan['measured']['micro_batch'] == 16, plan\n"
         "assert entry['files'] == 'training_arguments.json launch.sh plan.json', entry\n"
         "assert not {'polars', 'snakemake', 'torch'} & set(sys.modules)\n"
     )

@@ -31,7 +31,7 @@ CASES = [
 def _plan(tmp_path, method: str, ranks: int):
     model, gpu = CATALOG.model(MODEL), CATALOG.gpus["cpu"]
     accum = model.recipe.global_batch // ranks // 2
-    row = {"best_method": method, "nodes": 1, "gpus_per_node": ranks, "micro_batch_size": 2,
+    row = {"best_method": method, "nodes": 1, "gpus_per_node": ranks, "micro_batch": 2,
            "grad_accum_steps": accum, "step_time_s": 0.1, "training_days": 0.01}  # fmt: skip
     settings = export.settings_for(model, gpu, row)
     args, _, notes = export.training_arguments(model, gpu, row, settings=settings)

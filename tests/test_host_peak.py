@@ -36,6 +36,7 @@ print(hostpeak.matmul_tflops("fp32", size=1024, reps=5)[0])
 """
 
 
+@pytest.mark.slow  # a busy loop beside the probe, timed: load-sensitive
 def test_a_neighbour_on_the_same_core_does_not_lower_the_peak():
     """A busy loop pinned to the probe's core takes it about half the time: each 1024^3 product (tens of ms, longer
     than the scheduler's slice) then takes twice its wall time, but not twice the CPU time it needed, by which the
@@ -73,6 +74,7 @@ def cell(tmp_path_factory):
     return root, json.loads((folder / "result.json").read_text())
 
 
+@pytest.mark.slow  # a training run (a real cell, in-process)
 def test_a_cpu_cell_records_the_measured_peak_and_its_mfu(cell):
     _, r = cell
     assert r["status"] == "ok", r.get("reason")
@@ -83,6 +85,7 @@ def test_a_cpu_cell_records_the_measured_peak_and_its_mfu(cell):
     assert 0 < r["mfu"] < 1 and r["suspect"] is False  # a real step stays below the host's own matmul rate
 
 
+@pytest.mark.slow  # a training run (a real cell, in-process)
 def test_the_tables_use_it_and_say_it_is_measured(cell):
     root, r = cell
     paths = [str(root / "cells/tiny-gptneox/cpu/1x1/naive/result.json")]

@@ -44,7 +44,7 @@ def test_the_settings_carry_the_mesh_and_the_export_says_what_the_trainer_cannot
     assert s.parallel == "fsdp2" and s.fsdp_policy["reshard_after_forward"] is True
     assert s.fsdp_policy["mesh"] == {"replicate": 2, "shard": 4}
     assert resolve(RunSpec(MODEL, GPU, methods.parse("fl+fsdp-full"), 8, nodes=2), 4, 8).fsdp_policy["mesh"] is None
-    row = {"nodes": 2, "gpus_per_node": 4, "best_method": "fl+hsdp", "micro_batch_size": 4, "grad_accum_steps": 8}
+    row = {"nodes": 2, "gpus_per_node": 4, "best_method": "fl+hsdp", "micro_batch": 4, "grad_accum_steps": 8}
     settings = export.settings_for(MODEL, GPU, row)
     assert settings["fsdp_policy"]["mesh"] == {"replicate": 2, "shard": 4}
     parts = {n["part"]: n["reason"] for n in export.not_expressible(MODEL, settings)}

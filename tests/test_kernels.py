@@ -59,6 +59,7 @@ def test_kernel_from_ops(names, kernel):
     assert kernels.kernel_from_ops(names)[0] == kernel
 
 
+@pytest.mark.slow  # a training run (one cell through run_rank)
 @pytest.mark.parametrize(
     ("model", "method", "attn", "kernel"),
     [
@@ -76,6 +77,7 @@ def test_attention_kernel_recorded_per_cell(catalog, tmp_path, model, method, at
     assert s["attention"]["attention_ops"], s["attention"]
 
 
+@pytest.mark.slow  # a training run (one cell through run_rank)
 def test_no_attention_no_kernel(catalog, tmp_path):
     result = _run(catalog, tmp_path, "tiny-convnext", "naive")
     assert result["status"] == "ok", result.get("reason")

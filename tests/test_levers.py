@@ -145,6 +145,7 @@ def test_flce_lowers_peak_memory_with_a_large_vocabulary(record_property):
     assert ratio < 0.6, peaks
 
 
+@pytest.mark.slow  # two training runs, one with a compiled step (~30 s on 2 cores)
 def test_cstep_same_update_as_an_eager_step(tmp_path):
     """`cstep` compiles the optimizer step (with clipping): after two steps, the same weights as eager."""
     from pretrain_planner.planning.catalog import load_catalog

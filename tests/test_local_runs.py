@@ -46,9 +46,10 @@ def test_a_user_config_gets_the_schema_defaults_not_the_demo_caps(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     (result,) = _results(tmp_path).values()
     # (the defaults apply: on a busy machine this timing may come out `noisy`, which is not what is tested here)
-    assert result["status"] in ("ok", "noisy") and result["micro_batch_size"] == 16 and result["grad_accum_steps"] == 1
+    assert result["status"] in ("ok", "noisy") and result["micro_batch"] == 16 and result["grad_accum_steps"] == 1
 
 
+@pytest.mark.slow  # Snakemake's dry run in a subprocess
 def test_the_demo_sweep_shows_where_its_settings_come_from(tmp_path):
     """Without --configfile the demo applies, and the dry run says so (the profile's --config too)."""
     proc = snakemake(tmp_path, "-n", "--profile", str(REPO / "cluster/slurm"))

@@ -65,7 +65,7 @@ def test_best_may_take_same_and_not_checked_only():
 
 # --- the run plan -----------------------------------------------------------------------------------------------
 def rows(**methods):
-    return {m: {"method": m, "status": st, "step_time_s": t, "micro_batch_size": 4, "suspect": False}
+    return {m: {"method": m, "status": st, "step_time_s": t, "micro_batch": 4, "suspect": False}
             for m, (st, t) in methods.items()}  # fmt: skip
 
 

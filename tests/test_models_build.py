@@ -255,6 +255,7 @@ def test_kernel_info(catalog):
 # ------------------------------------------------------------------------- one real step of each tiny model
 
 
+@pytest.mark.slow  # a training run (one cell through run_rank)
 @pytest.mark.parametrize("name", ["tiny-vit", "tiny-convnext", "tiny-mamba"])
 def test_tiny_model_trains_one_step_through_run_rank(catalog, tmp_path, name):
     from pretrain_planner.trainer.run import run_rank
@@ -270,7 +271,7 @@ def test_tiny_model_trains_one_step_through_run_rank(catalog, tmp_path, name):
     run_rank(spec)
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["status"] == "ok", result.get("reason")
-    assert (result["micro_batch_size"], result["grad_accum_steps"]) == (2, 2)
+    assert (result["micro_batch"], result["grad_accum_steps"]) == (2, 2)
     assert math.isfinite(result["final_loss"])
     assert result["step_time_s"] > 0
     assert result["flops_per_step"] and result["flops_per_step"] > 0

@@ -42,11 +42,11 @@ def test_both_ranks_halve_together(halved, method):
     assert first["micro_batch"] == 4 and first["fits"] is False and first["oom_ranks"] == [1]
     assert "PRETRAIN_PLANNER_FAKE_OOM_ABOVE" in first["error"]
     assert second == {**second, "micro_batch": 2, "fits": True}
-    assert (result["micro_batch_size"], result["grad_accum_steps"]) == (2, 4)
+    assert (result["micro_batch"], result["grad_accum_steps"]) == (2, 4)
     settings = result["method_settings"]
     assert settings["process_group_rebuilds"] == 1  # the group rank 1 aborted was replaced, on both ranks
     assert "fake_oom" in settings["test_hooks"]
-    assert len(steps) == 3 and all(s["micro_batch_size"] == 2 for s in steps)
+    assert len(steps) == 3 and all(s["micro_batch"] == 2 for s in steps)
 
 
 @pytest.mark.slow

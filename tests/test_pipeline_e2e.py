@@ -1,6 +1,8 @@
 """End to end on CPU: the default sweep's grid and prices (config/config.yaml) through the real Snakemake CLI, the
 local submitit launcher, 1- and 2-rank gloo cells; then what a newcomer reads of it: every plot shows data, and
-Snakemake's HTML report opened in headless Chromium shows every figure and caption without a console error."""
+Snakemake's HTML report opened in headless Chromium shows every figure and caption without a console error. The sweep
+runs in the folder tests/test_search_e2e.py's adaptive runs left (tests/conftest.py `default_sweep`): their probes are
+its naive and fl cells, measured once for both modules."""
 
 from __future__ import annotations
 
@@ -9,44 +11,25 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-import yaml
 
-from .conftest import BIN, REPO, snakemake, write_config
+from .conftest import BIN, DEMO, DEMO_BENCH, REPO, TIMED, snakemake
 from .readme_text import readme_command
 
 pytestmark = pytest.mark.slow
 
-DEMO = yaml.safe_load((REPO / "config/config.yaml").read_text())
 MODELS = DEMO["sweep"]["models"]  # tiny-gptneox, tiny-bert
 RANKS = DEMO["sweep"]["gpus_per_node"]  # 1, 2
 METHODS = DEMO["sweep"]["methods"]  # naive, fl, fl+ac
-TIMED = 3
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
-    """The default sweep (its grid and its costs section, the cpu stand-in's nominal price), with fewer timed steps
-    and a wide spread limit: the wiring is the subject, not the timings."""
-    work = tmp_path_factory.mktemp("e2e")
-    cfg = write_config(
-        work / "sweep.yaml",
-        sweep={**DEMO["sweep"], "models": MODELS, "gpus_per_node": RANKS, "methods": METHODS},
-        launcher={"kind": "local", "timeout_min": 15},
-        benchmark={
-            "warmup_steps": 1,
-            "timed_steps": TIMED,
-            "max_micro_batch": 4,
-            "max_spread": 50,  # wiring
-            "loss_check": DEMO["benchmark"]["loss_check"],
-        },  # the demo's: every method checked
-        costs=DEMO["costs"],
-        train={"steps": 5},  # the README's train target on this sweep
-    )
+def sweep(default_sweep):
+    """The default sweep (its grid, its loss check and its costs section, the cpu stand-in's nominal price), with
+    fewer timed steps and a wide spread limit (the wiring is the subject, not the timings): (folder, config, run)."""
     # the README's first command, `.venv/bin/snakemake --profile cluster/local`, on this config
     assert readme_command("bash envs/setup.sh && .venv/bin/snakemake --profile cluster/local")
-    proc = snakemake(work, "--profile", str(REPO / "cluster/local"), "--cores", "2", "--configfile", str(cfg))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return work, cfg, proc
+    assert DEMO_BENCH["timed_steps"] == TIMED and DEMO_BENCH["loss_check"] == DEMO["benchmark"]["loss_check"]
+    return default_sweep
 
 
 def _cell_dirs(work):
@@ -83,7 +66,7 @@ def test_ok_cells_are_measured(sweep):
         assert all(json.loads(ln)["time_s"] > 0 for ln in lines)
         world = result["world_size"]
         # per-rank batch 16 / world, micro-batch capped at 4: accumulation makes up the rest
-        assert result["micro_batch_size"] == 4
+        assert result["micro_batch"] == 4
         assert result["grad_accum_steps"] == 16 // world // 4
         settings = result["method_settings"]
         assert settings["parallel"] == ("ddp" if world == 2 else "single")

@@ -31,7 +31,7 @@ RUNS = {
     # the default sweep: CI's set-up runs envs/setup.sh (test mode, a superset); test_pipeline_e2e runs the default
     # sweep's grid and prices through `snakemake --profile cluster/local`
     "bash envs/setup.sh && .venv/bin/snakemake --profile cluster/local": "e2e",
-    "bash envs/setup.sh test && .venv/bin/python -m pytest": "ci",
+    'bash envs/setup.sh test && .venv/bin/python -m pytest -m "not slow" && .venv/bin/python -m pytest -m slow': "ci",
     ".venv/bin/pretrain-planner best --model tiny-gptneox --gpu cpu --count 2": "here",
     ".venv/bin/pretrain-planner status": "here",
     ".venv/bin/pretrain-planner status --watch": "here",
@@ -95,6 +95,7 @@ def _words(text: str) -> str:
     return " ".join(text.split())
 
 
+@pytest.mark.slow  # the README's commands in subprocesses (Snakemake among them) on demo results
 @pytest.mark.parametrize("command", [c for c, how in {**RUNS, **PROSE}.items() if how in ("here", "dry")])
 def test_the_readme_command_runs(checkout, command):
     how = {**RUNS, **PROSE}[command]

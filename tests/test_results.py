@@ -30,7 +30,7 @@ def _result(**extra):
         "method": "fl+zero3+off",
         "precision": "bf16",
         "global_batch": 16,
-        "micro_batch_size": 4,
+        "micro_batch": 4,
         "grad_accum_steps": 2,
         "step_time_s": 0.125,
         "suspect": False,

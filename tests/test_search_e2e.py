@@ -4,6 +4,8 @@ One working directory, two runs. First the adaptive sweep (tiny models x 1, 2 ra
 probes are the default CPU sweep's cells (naive, fl), trained for real; the checkpoint then prunes the
 rest. Then the exhaustive default sweep over the same results: every cell it needs is there, so it only
 rebuilds the tables, and replaying the search on those measured results must pick the same optimum.
+The runs are tests/conftest.py's `adaptive_sweep`: tests/test_pipeline_e2e.py's default sweep goes on in their
+folder, its naive and fl cells measured by these probes; the tests here read a copy taken before it.
 """
 
 from __future__ import annotations
@@ -16,48 +18,18 @@ from pretrain_planner import search as search
 from pretrain_planner.tables import aggregate
 from pretrain_planner.tables.aggregate import parse_result
 
-from .conftest import REPO, snakemake, write_config
+from .conftest import ADAPTIVE_METHODS as METHODS
+from .conftest import ADAPTIVE_MODELS as MODELS
+from .conftest import ADAPTIVE_RANKS as RANKS
 
 pytestmark = pytest.mark.slow
 
-MODELS = ["tiny-gptneox", "tiny-bert"]
-RANKS = [1, 2]
-METHODS = ["naive", "fl", "fl+ac", "fl+fsdp-grad", "fl+ac+fsdp-grad", "fl+fsdp-grad+off"]
-COMMON = {
-    "launcher": {"kind": "local", "timeout_min": 15},
-    "benchmark": {"warmup_steps": 1, "timed_steps": 2, "max_micro_batch": 4, "max_spread": 50},
-}
-
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    work = tmp_path_factory.mktemp("adaptive")
-    sweep = {"models": MODELS, "gpus": ["cpu"], "nodes": [1], "gpus_per_node": RANKS}
-    adaptive = write_config(
-        work / "adaptive.yaml", sweep={**sweep, "methods": METHODS}, search={"strategy": "adaptive"}, **COMMON
-    )
-    exhaustive = write_config(work / "exhaustive.yaml", sweep={**sweep, "methods": ["naive", "fl"]}, **COMMON)
-    profile = ["--profile", str(REPO / "cluster/local"), "--cores", "2"]
-    dry = snakemake(work, "-n", "--cores", "2", "--configfile", str(adaptive))
-    assert dry.returncode == 0, dry.stderr[-3000:]
-    first = snakemake(work, *profile, "--configfile", str(adaptive))
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-6000:]
-    tables = {name: pl.read_csv(work / f"results/tables/{name}.csv") for name in ("cells", "benchmark_cost")}
-    tables["report"] = (work / "results/report.md").read_text()
-    status = snakemake_status(work)
-    again = snakemake(work, *profile, "--configfile", str(adaptive))
-    second = snakemake(work, *profile, "--configfile", str(exhaustive))
-    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-6000:]
-    return {"work": work, "dry": dry, "first": first, "again": again, "second": second, "tables": tables,
-            "status": status}  # fmt: skip
-
-
-def snakemake_status(work):
-    import subprocess
-    import sys
-
-    cmd = [sys.executable, "-m", "pretrain_planner", "status", "--results", str(work / "results")]
-    return subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=120)
+def runs(adaptive_sweep):
+    """dry, first (adaptive), again (adaptive), second (exhaustive): the runs; tables and status after the first;
+    work: a copy of the results folder after the second."""
+    return adaptive_sweep
 
 
 def test_dry_run_shows_both_bounds(runs):

@@ -1,10 +1,9 @@
 """FSDP2 and activation checkpointing end to end on CPU: 2 gloo ranks through the real Snakemake pipeline.
 
-One Snakemake run (module-scoped) measures tiny-bert (fp32) with DDP, activation checkpointing, FSDP2 in
-both modes, FSDP2 + CPU offload and one compiled FSDP2 cell; the tests check that each method was in
-effect (the evidence in method_settings) and that the losses of the timed steps agree across methods.
-The helpers here (a Snakemake run that cannot outlive its timeout, result loading) serve
-test_deepspeed.py and test_oom.py too.
+One Snakemake run measures tiny-bert (fp32) with DDP, activation checkpointing, FSDP2 in both modes, FSDP2 + CPU
+offload and one compiled FSDP2 cell (and test_deepspeed.py's ZeRO cells: one sweep for both, tests/conftest.py
+`methods_sweep`); the tests check that each method was in effect (the evidence in method_settings) and that the
+losses of the timed steps agree across methods.
 """
 
 from __future__ import annotations
@@ -13,24 +12,24 @@ import json
 
 import pytest
 
-from .conftest import TIMED, cell, leftover_processes, losses, run_sweep
+from .conftest import SHARDING_METHODS as METHODS
+from .conftest import TIMED, cell, leftover_processes, losses
 
 pytestmark = pytest.mark.slow
 
 MODEL = "tiny-bert"  # fp32 recipe: losses agree across methods to float rounding
-METHODS = ["naive", "naive+ac", "naive+fsdp-grad", "naive+fsdp-full", "naive+fsdp-full+off", "fl+fsdp-full"]
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
-    return run_sweep(tmp_path_factory.mktemp("sharding"), [MODEL], METHODS)
+def sweep(methods_sweep):
+    return methods_sweep
 
 
 def test_every_cell_ran(sweep):
     for method in METHODS:
         result, steps = cell(sweep, MODEL, method)
         assert result["status"] == "ok", (method, result.get("reason"))
-        assert (result["micro_batch_size"], result["grad_accum_steps"]) == (4, 2)
+        assert (result["micro_batch"], result["grad_accum_steps"]) == (4, 2)
         assert len(steps) == TIMED and all(s["time_s"] > 0 for s in steps)
 
 

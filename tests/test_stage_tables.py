@@ -119,7 +119,7 @@ def test_throughput_record_writes_its_tables_by_the_rule(tmp_path):
     steps = [{"step": 1, "step_time_s": 9.0, "warmup": True}, {"step": 2, "step_time_s": 0.5},
              {"step": 3, "step_time_s": 0.7}]  # fmt: skip
     result = {"model": "tiny-gptneox", "nodes": 1, "gpus_per_node": 1, "gpu": "cpu", "method": "naive",
-              "micro_batch_size": 4, "grad_accum_steps": 4, "world_size": 1, "data": {"label": "generated, corpus"},
+              "micro_batch": 4, "grad_accum_steps": 4, "world_size": 1, "data": {"label": "generated, corpus"},
               "throughput": record.sustained(steps, 16, 128, {"step_time_s": 0.5}),
               "startup": {"total_s": 12.5, "compile_s": 3.25}, "checkpoint": {"write_s": 0.5, "bytes": 123_456_789},
               "starts": [{"step": 0}]}  # fmt: skip

@@ -22,6 +22,8 @@ from pretrain_planner.trainer.data import mlm as data
 
 from .conftest import REPO, budget_cfg, cell_result, steps_of, write_plan, write_set
 
+pytestmark = pytest.mark.slow  # training runs in real processes, killed and resumed
+
 PHASES = ("process_to_rank_s", "model_build_s", "method_wrap_s", "data_ready_s", "compile_s")
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO / "workflow")}
 

@@ -29,7 +29,7 @@ CSV_COLUMNS = {
                         "median_s", "optimal_s", "optimal_method", "free_lunch_s", "speedup_median",
                         "speedup_optimal", "speedup_free_lunch", "in_mean"],
     "optimal_settings": ["model", "gpu", "nodes", "gpus_per_node", "world_size", "best_method", "free_lunch",
-                         "checkpointing", "sharding", "offload", "micro_batch_size", "grad_accum_steps",
+                         "checkpointing", "sharding", "offload", "micro_batch", "grad_accum_steps",
                          "training_days"],
     "gpu_days": ["model", "original_gpus", "original_days", "original_gpu_days", "ours_setting", "ours_method",
                  "ours_days", "ours_gpu_days", "ours_over_original", "original_source"],

@@ -70,7 +70,7 @@ def test_causal_lm_run_from_plan(gpt):
     tmp, _ = gpt
     res, steps = result_of(tmp / "a"), steps_of(tmp / "a")
     assert res["steps"] == 6 and res["stop_reason"] == "steps" and res["task"] == "causal_lm"
-    assert (res["micro_batch_size"], res["grad_accum_steps"], res["world_size"]) == (4, 4, 1)
+    assert (res["micro_batch"], res["grad_accum_steps"], res["world_size"]) == (4, 4, 1)
     assert res["data"]["synthetic"] and "generated corpus" in res["data"]["label"]
     assert res["data"]["blocks"] >= 16 and res["data"]["seq_len"] == 128
     # the recipe's schedule (cosine, 10 warm-up steps) over the run's 6 steps, set every step

@@ -111,7 +111,7 @@ def _comm_cells(model: str, method: str, worlds, comm_s: float, mb: int = 16) ->
     for w in worlds:
         step = t1 / w + (comm_s if w > 1 else 0.0)
         rows.append({"model": model, "gpu": "a100", "nodes": 1, "gpus_per_node": w, "world_size": w, "method": method,
-                     "status": "ok", "suspect": False, "valid": True, "step_time_s": step, "micro_batch_size": mb,
+                     "status": "ok", "suspect": False, "valid": True, "step_time_s": step, "micro_batch": mb,
                      "mfu": flops / (step * w * 312e12),
                      "training_days": spec.recipe.steps * step / 86400})  # fmt: skip
     return pl.DataFrame(rows)

@@ -46,7 +46,7 @@ def checks_for(plan: Plan, rec: dict[str, Any], on_gpu: bool, gpu_spec: dict[str
         (f"fused AdamW {fused}", s.get("fused_optimizer") is fused),
         (
             "micro-batch x accum x ranks = global batch",
-            (r.get("micro_batch_size") or 0) * (r.get("grad_accum_steps") or 0) * plan.ranks == r.get("global_batch"),
+            (r.get("micro_batch") or 0) * (r.get("grad_accum_steps") or 0) * plan.ranks == r.get("global_batch"),
         ),
         ("steps.jsonl has one line per timed step", len(rec.get("steps") or []) == r.get("timed_steps")),
         (

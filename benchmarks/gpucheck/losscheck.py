@@ -69,7 +69,7 @@ def make_spec(plan: LossPlan, catalog: Catalog, gpu: str, threads: int, folder: 
     if not plan.compile_model:
         spec["compile_model"] = False
     conf = {**lc.settings(), "mode": "all", "steps": plan.steps, "global_batch": plan.global_batch}
-    rows = {m: {"method": m, "status": "ok", "micro_batch_size": plan.micro} for m in ("naive", *plan.methods)}
+    rows = {m: {"method": m, "status": "ok", "micro_batch": plan.micro} for m in ("naive", *plan.methods)}
     runs, why, size = lc.plan_runs(rows, conf, spec["model"], spec["gpu"], 1, 1, gpu != "cpu")
     if not runs:
         raise ValueError(f"the loss check plans no runs: {why}")

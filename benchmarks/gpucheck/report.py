@@ -69,7 +69,7 @@ COLUMNS: list[tuple[str, Callable]] = [
     ("cell", lambda rec, r, s: rec["label"]),
     ("status", lambda rec, r, s: status_text(rec)),
     ("checks", lambda rec, r, s: check_text(rec)),
-    ("micro-batch", lambda rec, r, s: f(r.get("micro_batch_size"), "{}")),
+    ("micro-batch", lambda rec, r, s: f(r.get("micro_batch"), "{}")),
     ("accum", lambda rec, r, s: f(r.get("grad_accum_steps"), "{}")),
     (
         "global batch (recipe)",
@@ -123,13 +123,13 @@ def _reference_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
             diffs.append(
                 f"{s.get('autocast')} autocast{' + GradScaler' if s.get('grad_scaler') else ''} (reference: bf16)"
             )
-        if r.get("micro_batch_size") != ref["mb"]:
-            diffs.append(f"micro-batch {r.get('micro_batch_size')} (reference: {ref['mb']})")
+        if r.get("micro_batch") != ref["mb"]:
+            diffs.append(f"micro-batch {r.get('micro_batch')} (reference: {ref['mb']})")
         ratio = r["tokens_per_s"] / ref["tokens_per_s"] if r.get("tokens_per_s") else None
         rows.append(
             [
                 rec["label"],
-                f"mb {r.get('micro_batch_size')}, {f(r.get('tokens_per_s'), '{:,.0f}')}, "
+                f"mb {r.get('micro_batch')}, {f(r.get('tokens_per_s'), '{:,.0f}')}, "
                 f"{f(r.get('mfu'), '{:.1%}')}, {f(r.get('peak_mem_gib'), '{:.1f}')}",
                 f"{ref['what']}: {ref['tokens_per_s']:,}, {ref['mfu']:.1%}, {ref['peak_gib']}",
                 f(ratio, "{:.2f}"),
@@ -203,7 +203,7 @@ def sustained_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
                 rec["label"],
                 rec.get("of") or "–",
                 status_text(rec),
-                f"{p.get('micro_batch_size', '–')} x {p.get('grad_accum_steps', '–')}",
+                f"{p.get('micro_batch', '–')} x {p.get('grad_accum_steps', '–')}",
                 f"{p['step_time_s']:.4f} ({p['step_time_p10_s']:.4f}-{p['step_time_p90_s']:.4f})" if p else "–",
                 f(s.get("mean_step_s"), "{:.4f}"),
                 f(s.get("steps"), "{}"),

@@ -34,7 +34,7 @@ def _levers(summary: dict[str, Any]) -> list[str]:
             [
                 rec["label"],
                 status_text(rec),
-                f"{f(r.get('micro_batch_size'), '{}')} x {f(r.get('grad_accum_steps'), '{}')}",
+                f"{f(r.get('micro_batch'), '{}')} x {f(r.get('grad_accum_steps'), '{}')}",
                 f(r.get("step_time_s"), "{:.4f}"),
                 f(r.get("tokens_per_s"), "{:,.0f}"),
                 f(r.get("mfu"), "{:.1%}"),

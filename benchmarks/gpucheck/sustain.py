@@ -81,13 +81,13 @@ def run_sustained(plan: Plan, s: Settings) -> dict[str, Any]:
             "step_time_p90_s",
             "timed_steps",
             "warmup_steps",
-            "micro_batch_size",
+            "micro_batch",
             "grad_accum_steps",
             "tokens_per_s",
             "mfu",
         )
     }
     with recorded(rec):
-        run = sustained(spec, int(result["micro_batch_size"]), int(plan.steps or 100), int(result["warmup_steps"]))
+        run = sustained(spec, int(result["micro_batch"]), int(plan.steps or 100), int(result["warmup_steps"]))
         rec.update(status="ok", sustained=run, **compare(result, run))
     return rec

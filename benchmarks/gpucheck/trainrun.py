@@ -127,7 +127,7 @@ def run_train(
         notes=res.get("notes"),
         data=res["data"]["label"],
         method=res["method"],
-        micro_batch=res["micro_batch_size"],
+        micro_batch=res["micro_batch"],
         accum=res["grad_accum_steps"],
     )
     with_ckpt = out / layout.TRAIN_RUN / "checkpoint.pt"

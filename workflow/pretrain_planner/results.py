@@ -33,7 +33,7 @@ RESULT_FIELDS: dict[str, str] = {
     "method": "str",
     "precision": "str",
     "global_batch": "int",
-    "micro_batch_size": "int",
+    "micro_batch": "int",
     "grad_accum_steps": "int",
     "step_time_s": "float",
     "step_time_p10_s": "float",
@@ -199,13 +199,31 @@ def write_result(path: str | Path, result: dict[str, Any]) -> None:
     atomic_write_text(path, json.dumps(full, indent=1, sort_keys=False) + "\n")
 
 
+# The keys an earlier version wrote for a quantity that has one name now: read, never written.
+LEGACY_KEYS = {"micro_batch_size": "micro_batch"}
+
+
+def with_current_keys(record: dict[str, Any]) -> dict[str, Any]:
+    """A result, plan `measured` section or table row with its legacy keys under their current names (a record of
+    an earlier version reads as a new one; a current key wins where both are present)."""
+    out = dict(record)
+    for old, new in LEGACY_KEYS.items():
+        if old in out:
+            value = out.pop(old)
+            out.setdefault(new, value)
+    return out
+
+
+_LEGACY = frozenset(LEGACY_KEYS)
+
+
 def write_steps(path: str | Path, steps: list[dict[str, Any]]) -> None:
     atomic_write_text(path, "".join(json.dumps(s) + "\n" for s in steps))
 
 
 def read_result(path: str | Path) -> dict[str, Any]:
     with open(path) as fh:
-        data = json.load(fh)
+        data = with_current_keys(json.load(fh))
     return empty_result(**{k: v for k, v in data.items() if k in RESULT_FIELDS})
 
 
@@ -218,7 +236,7 @@ COORDS = {"model": "str", "gpu": "str", "nodes": "int", "gpus_per_node": "int", 
 
 
 # what a result of each status must carry to be usable
-REQUIRED = {"ok": ("micro_batch_size", "grad_accum_steps", "step_time_s"), "oom": (), "unsupported": ()}
+REQUIRED = {"ok": ("micro_batch", "grad_accum_steps", "step_time_s"), "oom": (), "unsupported": ()}
 REQUIRED["noisy"] = REQUIRED["ok"]
 
 
@@ -273,6 +291,8 @@ def parse_result(path: str | Path) -> tuple[dict[str, Any] | None, str | None]:
         return None, f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}): truncated or corrupt"
     if not isinstance(data, dict):
         return None, f"not a JSON object but a {type(data).__name__}"
+    if not _LEGACY.isdisjoint(data):
+        data = with_current_keys(data)
     get = data.get
     row: dict[str, Any] = {name: get(name) for name in _NAMES}
     problems = []

@@ -47,7 +47,7 @@ rule pretrain:
     threads: BUDGET.pretrain_threads
     params:
         run_dir=f"{BUDGET(pp_layout.BUDGET_PRETRAIN)}/{pp_layout.TRAIN_RUN}",
-        settings=lambda wc: {k: BUDGET.recipes[wc.recipe][k] for k in ("model", "train", "setting")},
+        settings=BUDGET.pretrain_params,
     run:
         from pretrain_planner.budget.jobs import pretrain
 

@@ -12,8 +12,8 @@ from typing import Any
 from pretrain_planner import layout
 from pretrain_planner.launch import stage
 from pretrain_planner.planning.catalog import load_models
-from pretrain_planner.planning.runspec import accumulation
-from pretrain_planner.planning.settings import grad_sync_of
+from pretrain_planner.planning.methods import parse
+from pretrain_planner.planning.runspec import MissingSetting, TrainSetting, accumulation
 from pretrain_planner.schema import ConfigError, load_yaml, resolve_path, validate
 
 
@@ -69,26 +69,19 @@ def plan_path(cfg: dict[str, Any], results: str | Path) -> Path:
 
 def resolve_setting(
     cfg: dict[str, Any], results: str | Path | None, source: str = "budget config", missing_ok: bool = False
-) -> dict[str, Any]:
+) -> TrainSetting | MissingSetting:
     """Micro-batch, accumulation and method of the run: the benchmark's plan (train.setting benchmark, or auto
     when the plan exists) or the config's train.micro_batch / global_batch / method. Read at parse time, so a
     changed plan changes the pretrain rule's params (it reruns). A plan asked for but missing raises, or with
     `missing_ok` gives source "missing" (the workflow's parse: a benchmark sweep may still write it)."""
     tr = cfg["train"]
     world = tr["nodes"] * tr["gpus_per_node"]
-    base = {"gpu": tr["gpu"], "nodes": tr["nodes"], "gpus_per_node": tr["gpus_per_node"], "world_size": world}
     plan = plan_path(cfg, results) if results is not None else None
     if tr["setting"] != "config" and plan is not None and plan.is_file():
         try:
-            rec = json.loads(plan.read_text())
-            mb, accum = int(rec["measured"]["micro_batch_size"]), int(rec["measured"]["grad_accum_steps"])
-            method = str(rec["method"])
-            # FSDP2's gradient synchronisation, as the measurement found it to fit (planning.settings)
-            grad_sync = grad_sync_of(rec.get("method_settings"))
+            return TrainSetting.of_plan(json.loads(plan.read_text()), str(plan))
         except (ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"{plan}: not a plan of the export_plan rule ({type(exc).__name__}: {exc})") from None
-        return {**base, "source": "benchmark", "plan": str(plan), "micro_batch": mb, "grad_accum_steps": accum,
-                "global_batch": mb * accum * world, "method": method, "grad_sync": grad_sync}  # fmt: skip
     if tr["setting"] == "benchmark":
         where = str(plan) if plan is not None else "results/optimal/{model}/{gpu}/{nodes}x{gpus_per_node}/plan.json"
         msg = (
@@ -100,29 +93,40 @@ def resolve_setting(
         if not missing_ok or plan is None:
             raise ConfigError(msg)
         # parsing goes on (a benchmark sweep need not stop); the pretrain job stops with msg (setting_of)
-        return {**base, "source": "missing", "plan": str(plan), "error": msg}
+        return MissingSetting(tr["gpu"], tr["nodes"], tr["gpus_per_node"], str(plan), msg)
     micro, gb = tr["micro_batch"], tr["global_batch"]
     try:
         accum = accumulation(gb, micro, world)
     except ValueError as exc:
         raise ConfigError(f"{source}: train.global_batch and train.micro_batch: {exc} (train.nodes x "
                           "train.gpus_per_node)") from None  # fmt: skip
-    return {**base, "source": "config", "plan": None, "micro_batch": micro, "grad_accum_steps": accum,
-            "global_batch": gb, "method": tr["method"]}  # fmt: skip
+    return TrainSetting(tr["gpu"], tr["nodes"], tr["gpus_per_node"], parse(tr["method"], f"{source}: train.method"),
+                        micro, accum)  # fmt: skip
 
 
-def setting_of(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The resolved setting (a config dict built without `load` gets the config's own). A benchmark plan that
-    was missing when the workflow was parsed raises here, in the pretrain job: a plan read mid-run would not
-    be in the rule's params, and the next run would redo the pre-training."""
+def setting_of(cfg: dict[str, Any]) -> TrainSetting:
+    """The resolved setting: typed where the workflow resolved it, JSON in a job's config (`for_job`), the config's
+    own for a config dict built without `load`. A benchmark plan that was missing when the workflow was parsed
+    raises here, in the pretrain job: a plan read mid-run would not be in the rule's params, and the next run
+    would redo the pre-training."""
     setting = cfg.get("setting") or resolve_setting(cfg, None)
-    if setting["source"] == "missing":
-        later = Path(setting["plan"]).is_file()
+    if isinstance(setting, dict):  # a job's config: the setting as JSON, read back once
+        setting = MissingSetting(**{k: setting[k] for k in ("gpu", "nodes", "gpus_per_node", "plan", "error")}) if (
+            setting.get("source") == "missing") else TrainSetting.of_json(setting, "setting")  # fmt: skip
+    if setting.missing:
+        later = Path(setting.plan).is_file()
         raise ConfigError(
-            setting["error"] + (". It exists now (written after this run started): run the workflow again, "
+            setting.error + (". It exists now (written after this run started): run the workflow again, "
             "which reads it when it starts" if later else "")
         )  # fmt: skip
     return setting
+
+
+def for_job(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The budget config as a job's argument: plain JSON data, its setting turned into JSON here, at the job's
+    boundary (the job reads it back with `setting_of`)."""
+    setting = cfg.get("setting")
+    return {**cfg, "setting": setting.to_json()} if setting is not None and not isinstance(setting, dict) else cfg
 
 
 def launch_settings(main: dict[str, Any], cfg: dict[str, Any], basedir: str | Path) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pretrain_planner.budget.config import setting_of
+from pretrain_planner.budget.config import for_job, setting_of
 from pretrain_planner.launch import stage
 from pretrain_planner.launch.rankjob import EntryJob
 from pretrain_planner.launch.request import JobRequest, RuleLog
@@ -48,11 +48,11 @@ def pretrain(
     """The pretrain rule: the time-budgeted pre-training on train.nodes x train.gpus_per_node ranks.
     `kill_at_step` (testing): rank 0 SIGKILLs itself after that step, a crash mid-run."""
     tr, setting = cfg["train"], setting_of(cfg)
-    world = setting["world_size"]
+    world = setting.world_size
     run = Path(run_dir).resolve()
     on_gpus, per_rank = stage.placement(launch, tr["gpu"], tr["device"], world, threads)
     kwargs = {
-        "cfg": cfg, "index_path": str(Path(index).resolve()), "out_model": str(Path(out_model).resolve()),
+        "cfg": for_job(cfg), "index_path": str(Path(index).resolve()), "out_model": str(Path(out_model).resolve()),
         "out_result": str(Path(out_result).resolve()), "run_dir": str(run), "log": str(Path(log_path).resolve()),
         "threads": per_rank,
     }  # fmt: skip
@@ -61,9 +61,9 @@ def pretrain(
     log = RuleLog(log_path)
     log(
         f"pretrain: launcher {launch['kind']}, {world} rank(s) ({tr['nodes']}x{tr['gpus_per_node']} {tr['gpu']}), "
-        f"setting from {setting['source']}{' (' + setting['plan'] + ')' if setting['plan'] else ''}: micro-batch "
-        f"{setting['micro_batch']} x {setting['grad_accum_steps']} accumulation x {world} = {setting['global_batch']}, "
-        f"method {setting['method']}, {kwargs['threads']} thread(s) per rank"
+        f"setting from {setting.source}{' (' + setting.plan + ')' if setting.plan else ''}: micro-batch "
+        f"{setting.micro_batch} x {setting.grad_accum_steps} accumulation x {world} = {setting.global_batch}, "
+        f"method {setting.method.slug}, {kwargs['threads']} thread(s) per rank"
     )
     req = _request(
         "pretrain", kwargs, launch, run.parent, on_gpus, hours=tr["budget_hours"],
@@ -91,7 +91,7 @@ def finetune(
     out = Path(out_metrics).resolve()
     on_gpus, per_rank = stage.placement(launch, tr["gpu"], tr["device"], 1, threads)
     kwargs = {
-        "cfg": cfg, "task_name": task, "init_model": str(Path(init_model).resolve()), "out_metrics": str(out),
+        "cfg": for_job(cfg), "task_name": task, "init_model": str(Path(init_model).resolve()), "out_metrics": str(out),
         "log": str(Path(log_path).resolve()), "out_model": str(Path(out_model).resolve()) if out_model else None,
         "init_kind": init_kind, "threads": per_rank,
     }  # fmt: skip

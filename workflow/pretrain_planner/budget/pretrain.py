@@ -46,8 +46,7 @@ from pretrain_planner.budget.summary import plot_loss, reference_comparison, wri
 from pretrain_planner.launch.local import torch_job
 from pretrain_planner.planning.catalog import ModelSpec, Optimizer, Recipe
 from pretrain_planner.planning.families import family
-from pretrain_planner.planning.methods import parse
-from pretrain_planner.planning.runspec import RunSpec, device_gpu
+from pretrain_planner.planning.runspec import RunSpec, TrainSetting, device_gpu
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.runlog import fingerprint
 from pretrain_planner.train.run import Training
@@ -75,7 +74,7 @@ def model_dict(cfg: dict[str, Any], index: dict[str, Any]) -> dict[str, Any]:
     return {"name": m["name"], "family": m["family"], "task": "masked_lm", "arch": arch}
 
 
-def run_spec(tr: dict[str, Any], setting: dict[str, Any], mdict: dict[str, Any], index: dict[str, Any], gb: int,
+def run_spec(tr: dict[str, Any], setting: TrainSetting, mdict: dict[str, Any], index: dict[str, Any], gb: int,
              device: torch.device) -> RunSpec:  # fmt: skip
     """The budget's run of the setting's method: the recipe of the budget file (AdamW without weight decay on
     biases and norms; train.precision, train.lr ...) on the prepared data's sequence length; TF32 and
@@ -87,9 +86,9 @@ def run_spec(tr: dict[str, Any], setting: dict[str, Any], mdict: dict[str, Any],
                     image_size=None, precision=tr["precision"], optimizer=opt, schedule={},
                     grad_clip=tr["grad_clip"] or None, mlm_probability=index["mlm_probability"])  # fmt: skip
     model = ModelSpec(mdict["name"], mdict["family"], dict(mdict["arch"]), recipe)
-    method = parse(setting["method"], "train.method")
     gpu = device_gpu(tr["gpu"], on_cuda)
-    return RunSpec(model, gpu, method, setting["world_size"], on_cuda, compile_dynamic=None, compile_model=on_cuda)
+    return RunSpec(model, gpu, setting.method, setting.world_size, on_cuda, compile_dynamic=None,
+                   compile_model=on_cuda)  # fmt: skip
 
 
 def _device(tr: dict[str, Any], local_rank: int = 0) -> torch.device:
@@ -151,13 +150,13 @@ def _pretrain(
     return run.finish(Path(out_model), out_result)
 
 
-def _run_fingerprint(cfg: dict[str, Any], setting: dict[str, Any], index: dict[str, Any], mdict: dict[str, Any]) -> str:
+def _run_fingerprint(cfg: dict[str, Any], setting: TrainSetting, index: dict[str, Any], mdict: dict[str, Any]) -> str:
     """What a checkpoint must match to be resumed: data, seed, model, the training settings that change the
     result and the setting actually used (not the logging, checkpoint cadence, device or thread settings)."""
     keyed = {k: v for k, v in cfg["train"].items() if k not in ("max_steps", "checkpoint_every_s", "log_every",
                                                                   "device", "threads", "setting", "micro_batch",
                                                                   "method", "plot")}  # fmt: skip
-    used = {k: setting[k] for k in ("micro_batch", "grad_accum_steps", "world_size", "method")}
+    used = {k: setting.to_json()[k] for k in ("micro_batch", "grad_accum_steps", "world_size", "method")}
     return fingerprint(index["fingerprint"], cfg["seed"], mdict, keyed, used)
 
 
@@ -186,19 +185,18 @@ class _Run(Training):
         self.cfg, self.tr, self.setting = cfg, cfg["train"], setting_of(cfg)
         tr, setting = self.tr, self.setting
         set_torch_threads(tr, threads)
-        if setting["world_size"] > 1 and "SUBMITIT_EXECUTOR" not in os.environ:
-            raise RuntimeError(f"{setting['world_size']} ranks: run the pre-training through the local or slurm "
+        if setting.world_size > 1 and "SUBMITIT_EXECUTOR" not in os.environ:
+            raise RuntimeError(f"{setting.world_size} ranks: run the pre-training through the local or slurm "
                                "launcher")  # fmt: skip
-        method = parse(setting["method"], "train.method")
-        super().__init__(setting["world_size"], lambda local: _device(tr, local), method, log, clock)
+        super().__init__(setting.world_size, lambda local: _device(tr, local), setting.method, log, clock)
         self.data_dir, self.index_path = index_path.parent, index_path
         self.index = json.loads(index_path.read_text())
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
         self.budget_s = schedule.budget_seconds(tr["budget_hours"])
         self.clock_kind = tr["clock"]
-        self.micro, self.accum = setting["micro_batch"], setting["grad_accum_steps"]
-        self.global_batch = self.micro * self.accum * self.world
+        self.micro_batch, self.accum = setting.micro_batch, setting.grad_accum_steps
+        self.global_batch = setting.global_batch
         self.pad_id = self.index["special_ids"]["pad"]
         self.mdict = model_dict(cfg, self.index)
         self.fp = _run_fingerprint(cfg, setting, self.index, self.mdict)
@@ -210,7 +208,7 @@ class _Run(Training):
         self.spec = run_spec(self.tr, self.setting, self.mdict, self.index, self.global_batch, self.device)
         self.build_method(
             self.spec, "train.method", self.cfg["seed"], attn=self.tr["attn_implementation"],
-            grad_sync=self.setting.get("grad_sync"), compile_note="the budget stage compiles on CUDA only",
+            grad_sync=self.setting.grad_sync, compile_note="the budget stage compiles on CUDA only",
             lr_schedule="set every step from elapsed training time (trainer.schedule.lr_at)",
         )  # fmt: skip
         self.model, self.method_settings = self.built.net, self.built.settings
@@ -316,8 +314,8 @@ class _Run(Training):
             "start: model %s (%s, %.1fM parameters, attention %s, %s) on %d x %s, budget %.1f s, "
             "batch %d = %d x %d x %d ranks, method %s (setting from %s)",
             mdict["name"], mdict["family"], sum(p.numel() for p in model.parameters()) / 1e6, self.attn,
-            type(model).__name__, world, self.device, self.budget_s, self.global_batch, self.micro, self.accum, world,
-            self.setting["method"], self.setting["source"],
+            type(model).__name__, world, self.device, self.budget_s, self.global_batch, self.micro_batch, self.accum,
+            world, self.setting.method.slug, self.setting.source,
         )  # fmt: skip
 
     # -- validation and fine-tuning checkpoints ---------------------------------------------------------------
@@ -333,7 +331,7 @@ class _Run(Training):
         count = self.state.get("val_count", 0)
         shards = validation_shards(self.index["splits"]["validation"], count, val["rotate"])
         self.state["val_count"] = count + 1
-        loss = validation_loss(self.model, shards, self.data_dir, self.pad_id, self.micro, val["max_samples"],
+        loss = validation_loss(self.model, shards, self.data_dir, self.pad_id, self.micro_batch, val["max_samples"],
                                self.device, self._autocast)  # fmt: skip
         return loss, [sh["name"] for sh in shards]
 
@@ -418,12 +416,13 @@ class _Run(Training):
             "model": mdict["name"], "family": mdict["family"], "device": str(self.device), "precision": tr["precision"],
             "steps": state["step"], "budget_s": self.budget_s, "clock": self.clock_kind,
             "elapsed_s": self._elapsed(state), "train_s": state["elapsed_s"], "wall_s": state["wall_s"],
-            "validation_s": state["val_s"], "stop_reason": state["stop"], "micro_batch": self.micro,
+            "validation_s": state["val_s"], "stop_reason": state["stop"], "micro_batch": self.micro_batch,
             "checkpoint_every_s": tr["checkpoint_every_s"], "checkpoints": state.get("checkpoints", 0),
             "checkpoint_s": state.get("checkpoint_s", 0.0), **self.loop.restart_costs(steps),
             "sequences": state["step"] * gb, "tokens": state["step"] * gb * self.index["seq_len"],
             "reference": reference_comparison(state["step"], state["step"] * gb, self.budget_s),
-            "grad_accum_steps": self.accum, "world_size": self.world, "global_batch": gb, "setting": self.setting,
+            "grad_accum_steps": self.accum, "world_size": self.world, "global_batch": gb,
+            "setting": self.setting.to_json(),
             "method_settings": {**self.method_settings, "observed": self.loop.observed},
             "sparse_prediction": bool(mdict["arch"].get("sparse_prediction")),
             "model_class": type(self.model).__name__,

@@ -18,7 +18,7 @@ from typing import Any
 
 from pretrain_planner.budget.config import or_exit
 from pretrain_planner.budget.glue_report import AVERAGE_BASIS, BASIS_TEXT, average_score
-from pretrain_planner.planning.runspec import accumulation
+from pretrain_planner.planning.runspec import MissingSetting, TrainSetting
 from pretrain_planner.results import atomic_savefig, atomic_write_text
 from pretrain_planner.runlog import FileLog
 from pretrain_planner.schema import ConfigError
@@ -46,18 +46,19 @@ def recipe_name(values: dict[str, Any]) -> str:
     return "-".join(f"{SWEEP_KEYS[k][2]}{v:g}" if not isinstance(v, str) else v for k, v in values.items())
 
 
-def _with_global_batch(setting: dict[str, Any], gb: int, where: str) -> dict[str, Any]:
+def _with_global_batch(
+    setting: TrainSetting | MissingSetting, gb: int, where: str
+) -> TrainSetting | MissingSetting:
     """The setting with its accumulation remade for global batch `gb` (micro-batch, ranks and method kept)."""
-    if setting["source"] == "missing":  # the pretrain job stops with the setting's own message
+    if setting.missing:  # the pretrain job stops with the setting's own message
         return setting
     try:
-        accum = accumulation(gb, setting["micro_batch"], setting["world_size"])
+        return setting.with_global_batch(gb)
     except ValueError as exc:
         raise ConfigError(
-            f"{where}: sweep.global_batch: {exc} (the setting from {setting['source']}"
-            f"{': ' + setting['plan'] if setting.get('plan') else ''})"
+            f"{where}: sweep.global_batch: {exc} (the setting from {setting.source}"
+            f"{': ' + setting.plan if setting.plan else ''})"
         ) from None
-    return {**setting, "global_batch": gb, "grad_accum_steps": accum}
 
 
 def recipes(cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:

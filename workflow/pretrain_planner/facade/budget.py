@@ -34,8 +34,8 @@ class BudgetStage:
     @functools.cached_property
     def cfg(self) -> dict[str, Any]:
         cfg = bconfig.load_or_exit(self.path, self.basedir, self.results)
-        if cfg["setting"]["source"] == "missing":  # the pretrain job stops with this
-            print(f"pretrain-planner: warning: {cfg['setting']['error']}", file=sys.stderr)
+        if cfg["setting"].missing:  # the pretrain job stops with this
+            print(f"pretrain-planner: warning: {cfg['setting'].error}", file=sys.stderr)
         return cfg
 
     @functools.cached_property
@@ -60,7 +60,13 @@ class BudgetStage:
         return driver_cores(self.launch["kind"], ranks, own, self.cores)
 
     def pretrain_threads(self, wildcards: Any = None) -> int:
-        return self.threads(self.cfg["setting"]["world_size"])
+        return self.threads(self.cfg["setting"].world_size)
+
+    def pretrain_params(self, wildcards: Any) -> dict[str, Any]:
+        """What a recipe's pre-training depends on besides its input (a change reruns it): the model, the train
+        section and the setting, as JSON (Snakemake compares params as JSON: a typed value would be left out)."""
+        cfg = bconfig.for_job(self.recipes[wildcards.recipe])
+        return {k: cfg[k] for k in ("model", "train", "setting")}
 
     def job_threads(self, wildcards: Any = None) -> int:
         return self.threads(1)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pretrain_planner.launch.hostpool import HostPool
-from pretrain_planner.planning.grid import OnNodes
+from pretrain_planner.planning.runspec import OnNodes
 from pretrain_planner.results import before_write, disk_full
 
 HISTORY_MAX = 400_000  # characters of earlier attempts kept at the top of a rule's log

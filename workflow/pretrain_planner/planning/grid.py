@@ -15,7 +15,7 @@ from typing import Any
 from pretrain_planner import layout
 from pretrain_planner.planning import hostcpu, methods
 from pretrain_planner.planning.catalog import Catalog, GpuSpec, ModelSpec
-from pretrain_planner.planning.runspec import RunSpec, batch_split_reason
+from pretrain_planner.planning.runspec import OnNodes, RunSpec, batch_split_reason
 from pretrain_planner.schema import ConfigError
 
 WILDCARD_CONSTRAINTS = {
@@ -25,18 +25,6 @@ WILDCARD_CONSTRAINTS = {
     "gpus_per_node": r"\d+",
     "method": r"[a-z0-9][a-z0-9+-]*",
 }
-
-
-class OnNodes:
-    """Coordinates of a run on `nodes` nodes of `gpus_per_node` GPUs each (a cell, a search setting, a job, a
-    costed setting): their world size, defined once."""
-
-    nodes: int
-    gpus_per_node: int
-
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.gpus_per_node
 
 
 @dataclass(frozen=True, order=True)

@@ -194,7 +194,7 @@ def plan_runs(rows: dict[str, dict[str, Any]], conf: dict[str, Any], model: dict
         return [], "the pick is naive itself: nothing to check" if conf["mode"] == "chosen" else None, size
 
     def micro(method: str) -> int:
-        mb = min(int(rows[method]["micro_batch_size"]), size // world)
+        mb = min(int(rows[method]["micro_batch"]), size // world)
         while (size // world) % mb:
             mb -= 1
         return mb

@@ -8,6 +8,7 @@ The extras come after the base so that every slug written before they existed ke
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from pretrain_planner.schema import ConfigError
@@ -129,8 +130,11 @@ class Method:
         return "; ".join([BASES[self.base]] + [ALL_PARTS[p] for p in self.slug.split("+")[1:]])
 
 
+@functools.cache
 def parse(slug: str, where: str = "method") -> Method:
-    """Parse a slug in any part order; raise ConfigError naming `where` and the allowed parts."""
+    """Parse a slug in any part order; raise ConfigError naming `where` and the allowed parts. Once per slug in a
+    process: a Method is immutable, so every caller that asks again gets the same one (a 20k-cell plan asks for
+    each of its few methods thousands of times)."""
     parts = [p.strip() for p in slug.split("+")]
     base, rest = parts[0], parts[1:]
     if base not in BASES:

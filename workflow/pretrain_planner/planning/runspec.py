@@ -13,6 +13,19 @@ from typing import Any
 from pretrain_planner.planning import families
 from pretrain_planner.planning.catalog import GpuSpec, ModelSpec
 from pretrain_planner.planning.methods import HYBRID, Method, parse, shard_ranks
+from pretrain_planner.results import with_current_keys
+
+
+class OnNodes:
+    """Coordinates of a run on `nodes` nodes of `gpus_per_node` GPUs each (a cell, a search setting, a job, a
+    costed setting): their world size, defined once."""
+
+    nodes: int
+    gpus_per_node: int
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
 
 
 def batch_split_reason(global_batch: int, world_size: int, micro_batch: int | None = None) -> str | None:
@@ -33,6 +46,85 @@ def accumulation(global_batch: int, micro_batch: int, world_size: int) -> int:
     if why:
         raise ValueError(why)
     return global_batch // (micro_batch * world_size)
+
+
+def grad_sync_of(method_settings: dict[str, Any] | None) -> str | None:
+    """FSDP2's gradient synchronisation as a cell (or a plan) recorded it - the one setting only the measurement
+    decides; None: not FSDP2, or not recorded."""
+    ms = method_settings if isinstance(method_settings, dict) else {}
+    return (ms.get("fsdp_policy") or {}).get("grad_sync") or (ms.get("fsdp") or {}).get("grad_sync")
+
+
+
+@dataclass(frozen=True)
+class TrainSetting(OnNodes):
+    """How a stage trains: the method and the batch split (micro-batch x accumulation x ranks) on nodes x
+    gpus_per_node GPUs of a type, as the benchmark measured it (`source` benchmark: its plan.json) or the config
+    gives it. One typed value, made once where the stage is planned (budget/config.py, the train stage's plan) and
+    turned into JSON once, at the job's boundary (`to_json` / `of_json`)."""
+
+    gpu: str
+    nodes: int
+    gpus_per_node: int
+    method: Method
+    micro_batch: int
+    grad_accum_steps: int
+    source: str = "config"  # benchmark (a plan.json) | config
+    plan: str | None = None  # the plan.json it came from
+    grad_sync: str | None = None  # FSDP2's gradient synchronisation as the measurement found it to fit
+
+    missing = False
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch * self.grad_accum_steps * self.world_size
+
+    def with_global_batch(self, global_batch: int) -> TrainSetting:
+        """The same micro-batch, ranks and method at another global batch: the accumulation remade (ValueError
+        where it does not split: `accumulation`)."""
+        return replace(self, grad_accum_steps=accumulation(global_batch, self.micro_batch, self.world_size))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"gpu": self.gpu, "nodes": self.nodes, "gpus_per_node": self.gpus_per_node,
+                "world_size": self.world_size, "source": self.source, "plan": self.plan,
+                "micro_batch": self.micro_batch, "grad_accum_steps": self.grad_accum_steps,
+                "global_batch": self.global_batch, "method": self.method.slug, "grad_sync": self.grad_sync}  # fmt: skip
+
+    @classmethod
+    def of_json(cls, data: dict[str, Any], where: str = "setting") -> TrainSetting:
+        """From `to_json`'s record (a job's arguments, a result's `setting`); legacy keys read."""
+        d = with_current_keys(data)
+        return cls(str(d["gpu"]), int(d["nodes"]), int(d["gpus_per_node"]), parse(str(d["method"]), f"{where}.method"),
+                   int(d["micro_batch"]), int(d["grad_accum_steps"]), str(d.get("source") or "config"),
+                   d.get("plan"), d.get("grad_sync"))  # fmt: skip
+
+    @classmethod
+    def of_plan(cls, plan: dict[str, Any], path: str | None = None) -> TrainSetting:
+        """The benchmark's setting an exported plan.json holds (tables/export.py writes it; legacy keys read)."""
+        measured = with_current_keys(plan["measured"])
+        return cls(str(plan["gpu"]["name"]), int(plan["nodes"]), int(plan["gpus_per_node"]),
+                   parse(str(plan["method"]), "plan.json method"), int(measured["micro_batch"]),
+                   int(measured["grad_accum_steps"]), "benchmark", path,
+                   grad_sync_of(plan.get("method_settings")))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class MissingSetting(OnNodes):
+    """A setting asked of the benchmark's plan that does not exist (yet): the workflow's parse goes on (a benchmark
+    sweep may still write it), the job that needs it stops with `error`."""
+
+    gpu: str
+    nodes: int
+    gpus_per_node: int
+    plan: str
+    error: str
+    source = "missing"
+    missing = True
+
+    def to_json(self) -> dict[str, Any]:
+        return {"gpu": self.gpu, "nodes": self.nodes, "gpus_per_node": self.gpus_per_node,
+                "world_size": self.world_size, "source": self.source, "plan": self.plan,
+                "error": self.error}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -72,8 +164,6 @@ class RunSpec:
         by the trainer where the job runs (trainer/methodbuild.py adds what only the host can tell).
         `models_path`: the catalog file a reason about the model names."""
         method, model = self.method, self.model
-        if method.sharding and self.world_size == 1 and not method.offload:
-            return f"{method.sharding} shards across GPUs: needs more than 1 GPU (or offload)"
         if method.sharding in HYBRID and (self.nodes < 2 or self.shard_ranks < 2):
             return (f"{method.sharding} shards among a node's GPUs and replicates across nodes: it needs 2 or more "
                     f"nodes of 2 or more GPUs each (here {self.nodes} x {self.world_size // max(1, self.nodes)}; "
@@ -83,7 +173,10 @@ class RunSpec:
         if method.checkpointing and not model.supports_checkpointing:
             return f"{model.name} does not support activation checkpointing" + (f" ({models_path})" if models_path
                                                                                  else "")  # fmt: skip
-        return self._extras_reason()
+        extras = self._extras_reason()
+        if extras is None and method.sharding and self.world_size == 1 and not method.offload:
+            return f"{method.sharding} shards across GPUs: needs more than 1 GPU (or offload)"
+        return extras
 
     def _extras_reason(self) -> str | None:
         """Why the method's extra parts (fa2, liger, flce, cstep, cg) are meaningless for this run, or None."""

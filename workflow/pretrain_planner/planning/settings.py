@@ -165,13 +165,6 @@ def deepspeed_config(
     return config
 
 
-def grad_sync_of(method_settings: dict[str, Any] | None) -> str | None:
-    """FSDP2's gradient synchronisation as a cell (or a plan) recorded it - the one setting only the measurement
-    decides; None: not FSDP2, or not recorded."""
-    ms = method_settings if isinstance(method_settings, dict) else {}
-    return (ms.get("fsdp_policy") or {}).get("grad_sync") or (ms.get("fsdp") or {}).get("grad_sync")
-
-
 def fsdp_policy(
     method: Method, model: dict[str, Any], cuda: bool, grad_sync: str | None, mesh: list[int] | None = None
 ) -> dict[str, Any] | None:

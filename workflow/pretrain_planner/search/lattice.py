@@ -8,15 +8,17 @@ need; an `Observation` is what a measured cell tells the search. Imports no torc
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pretrain_planner import layout
 from pretrain_planner.planning.flops import tokens_per_sample, train_flops_per_sample
-from pretrain_planner.planning.grid import OnNodes, largest_micro_batch
+from pretrain_planner.planning.grid import largest_micro_batch
 from pretrain_planner.planning.memory import MemoryFacts
 from pretrain_planner.planning.methods import SHARDING_ENGINE, SHARDING_LEVEL, parse
+from pretrain_planner.planning.runspec import OnNodes
 from pretrain_planner.results import gpu_hours
 from pretrain_planner.schema import default
 
@@ -44,6 +46,7 @@ class Shape:
         return not (self.ac or self.sharding or self.offload)
 
 
+@functools.cache
 def shape(slug: str) -> Shape:
     """A slug's place in the lattice (methods.parse's grammar): its family (the base and the parts that save no
     memory) and its memory savers."""
@@ -81,7 +84,7 @@ class Observation:
         noisy = row["status"] == "noisy"  # it ran at that micro-batch, but its timing is not to be trusted
         return cls(
             "ok" if noisy else row["status"],
-            row.get("micro_batch_size"),
+            row.get("micro_batch"),
             row.get("step_time_s"),
             row.get("peak_mem_gib"),
             row.get("peak_mem_kind"),

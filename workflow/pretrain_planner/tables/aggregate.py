@@ -45,7 +45,7 @@ ANALYTIC_COLUMNS = [
     "measured_over_analytic", "peak_kind",
 ]  # fmt: skip
 TIME_TO_TRAIN_COLUMNS = [
-    "model", "gpu", "nodes", "gpus_per_node", "world_size", "best_method", "micro_batch_size",
+    "model", "gpu", "nodes", "gpus_per_node", "world_size", "best_method", "micro_batch",
     "grad_accum_steps", "step_time_s", "step_time_p10_s", "step_time_p90_s", "tokens_per_s", "samples_per_s",
     "mfu", "peak_mem_gib", "training_days", "days_naive", "days_fl", "speedup_vs_naive", "speedup_vs_fl",
     "analytic_step_time_s", "analytic_days", "measured_over_analytic", "analytic_peak_tflops", "peak_kind",
@@ -85,7 +85,7 @@ _STR_COLS = {"model", "gpu", "method", "best_method", "status", "reason", "path"
              "finished_at", "folder", "files", "note", "state", "detail", "strategy", "peak_kind",
              "peak_source", "need_method", "need_source", "cheapest_fix", "other_fixes", "loss", "passed_over",
              "role", "against", "quantity", "test_fault", "curves"}  # fmt: skip
-_INT_COLS = {"nodes", "gpus_per_node", "world_size", "micro_batch_size", "grad_accum_steps", "methods_ok",
+_INT_COLS = {"nodes", "gpus_per_node", "world_size", "micro_batch", "grad_accum_steps", "methods_ok",
              "methods_oom", "methods_unsupported", "methods_suspect", "methods_noisy", "methods_valid",
              "methods_not_measured",
              "global_batch", "timed_steps", "warmup_steps", "recipe_steps", "time_limit_min", "methods_run",

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pretrain_planner.planning.catalog import GpuSpec
-from pretrain_planner.planning.grid import OnNodes
+from pretrain_planner.planning.runspec import OnNodes
 from pretrain_planner.schema import default, section
 
 COST_KINDS = ("hardware", "amortised", "cloud")

@@ -86,14 +86,14 @@ class Explainer:
     def __init__(self, cells: pl.DataFrame, catalog: Catalog) -> None:
         self.catalog = catalog
         cols = set(cells.columns)
-        has = {c: c in cols for c in ("peak_mem_gib", "micro_batch_size")}
+        has = {c: c in cols for c in ("peak_mem_gib", "micro_batch")}
         ran = cells.filter(pl.col("status").is_in(["ok", "noisy"])) if has["peak_mem_gib"] else cells.head(0)
         self.measured_mb1 = {
             (r["model"], r["method"], r["world_size"]): (r["peak_mem_gib"], r["gpu"])
-            for r in ran.filter((pl.col("micro_batch_size") == 1) & pl.col("peak_mem_gib").is_not_null())
+            for r in ran.filter((pl.col("micro_batch") == 1) & pl.col("peak_mem_gib").is_not_null())
             .sort("peak_mem_gib", descending=True)  # the least measured stays
             .iter_rows(named=True)
-        } if has["micro_batch_size"] else {}  # fmt: skip
+        } if has["micro_batch"] else {}  # fmt: skip
         self.oom = {(m, g, w, s) for m, g, w, s in cells.filter(pl.col("status") == "oom")
                     .select("model", "gpu", "world_size", "method").rows()}  # fmt: skip
         self.oom_on: dict[tuple[str, str, int], tuple[float, str]] = {}  # the most memory it did not fit in

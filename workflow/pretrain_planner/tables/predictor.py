@@ -201,7 +201,7 @@ class Predictor:
                   f"own:{r['model']}:{w}:{r['method']}", r["method"], work.precision, (t - (comm or 0.0)) / units,
                   work.flops, work.memory_bytes, public=False, tf32=work.tf32, formula=work.formula,
                   origin="own")  # fmt: skip
-        mb = r.get("micro_batch_size")
+        mb = r.get("micro_batch")
         return run, comm, int(mb) if mb else None
 
     def _nearest(self, spec: ModelSpec, candidates: list[str], same) -> str | None:
@@ -532,7 +532,7 @@ class Predictor:
 CELL_COLUMNS = {
     "model": pl.String, "gpu": pl.String, "nodes": pl.Int64, "gpus_per_node": pl.Int64, "world_size": pl.Int64,
     "method": pl.String, "status": pl.String, "suspect": pl.Boolean, "valid": pl.Boolean, "step_time_s": pl.Float64,
-    "mfu": pl.Float64, "training_days": pl.Float64, "micro_batch_size": pl.Int64,
+    "mfu": pl.Float64, "training_days": pl.Float64, "micro_batch": pl.Int64,
 }  # fmt: skip
 
 

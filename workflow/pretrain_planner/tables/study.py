@@ -125,8 +125,8 @@ _STRING = {"model", "gpu", "best_method", "sharding", "ours_setting", "ours_meth
            "suspect_reason", "source", "status", "method", "why", "basis", "note",
            "evidence", "rests_on", "sources", "transfer", "model_error", "peak_kind"}  # fmt: skip
 _BOOL = {"free_lunch", "checkpointing", "offload", "in_sweep", "suspect", "in_mean", "in_count_mean", "stand_in"}
-_INT = {"nodes", "gpus_per_node", "world_size", "micro_batch_size", "grad_accum_steps", "original_gpus",
-        "memory_saving_methods", "global_batch", "recipe_steps", "micro_batch"}  # fmt: skip
+_INT = {"nodes", "gpus_per_node", "world_size", "micro_batch", "grad_accum_steps", "original_gpus",
+        "memory_saving_methods", "global_batch", "recipe_steps"}  # fmt: skip
 
 
 def read_study_table(path: str | Path) -> pl.DataFrame:
@@ -335,7 +335,7 @@ def optimal_settings(best: pl.DataFrame, catalog: Catalog | None = None) -> pl.D
     out = best.rename({"method": "best_method"}).select(
         *GROUP, "world_size", "best_method", part("free_lunch", pl.Boolean),
         part("checkpointing", pl.Boolean), part("sharding", pl.String, ""),
-        part("offload", pl.Boolean), "micro_batch_size", "grad_accum_steps", "training_days",
+        part("offload", pl.Boolean), "micro_batch", "grad_accum_steps", "training_days",
         _col(best, "mfu", pl.Float64), _col(best, "peak_kind", pl.String), on_stand_in(best).alias("stand_in"),
     )  # fmt: skip
     return study_sort(out, catalog)

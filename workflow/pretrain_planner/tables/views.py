@@ -27,7 +27,7 @@ def _gpus(r: Row) -> str:
 
 
 def _micro(r: Row) -> str:
-    mb, accum = r.get("micro_batch_size"), r.get("grad_accum_steps")
+    mb, accum = r.get("micro_batch"), r.get("grad_accum_steps")
     return "" if mb is None else f"{mb} x {accum}" if accum is not None else str(mb)
 
 

@@ -95,7 +95,7 @@ def write_tables(out_dir: str | Path, result: dict[str, Any]) -> tuple[Path, Pat
         "",
         f"Sustained over the whole run after warm-up: {t['steps_timed']} of {t['steps_total']} steps "
         f"({t['warmup_steps']} warm-up steps left out); the prediction is plan.json's `measured` "
-        f"(the benchmark cell's median step). Micro-batch {result['micro_batch_size']} x {result['grad_accum_steps']} "
+        f"(the benchmark cell's median step). Micro-batch {result['micro_batch']} x {result['grad_accum_steps']} "
         f"accumulation x {result['world_size']} ranks; data: {result['data']['label']}.",
         "",
         table(MD_COLUMNS, ([r[c] for c in COLUMNS] for r in rs)).rstrip("\n"),

@@ -25,9 +25,9 @@ import torch
 
 from pretrain_planner import layout
 from pretrain_planner.launch.local import torch_job
-from pretrain_planner.planning.methods import Method, parse
-from pretrain_planner.planning.runspec import RunSpec, accumulation
-from pretrain_planner.planning.settings import differences, grad_sync_of
+from pretrain_planner.planning.methods import Method
+from pretrain_planner.planning.runspec import RunSpec, TrainSetting, accumulation
+from pretrain_planner.planning.settings import differences
 from pretrain_planner.planning.tasks import TASKS
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.runlog import FileLog, fingerprint
@@ -101,7 +101,7 @@ class Training(Hooks):
         run here, else built with the same weights on every rank."""
         env = self.ranks.env()
         methodbuild.check_stage(spec, env, where)
-        self.built = methodbuild.build(spec, env, self.micro, self.accum, seed, **build)
+        self.built = methodbuild.build(spec, env, self.micro_batch, self.accum, seed, **build)
         return self.built
 
     def time_data(self, make: Any) -> Any:
@@ -124,10 +124,10 @@ class Training(Hooks):
         return self.loop
 
     # -- the loop's hooks every run shares ----------------------------------------------------------------
-    def micro_batch(self, index: int) -> dict[str, torch.Tensor]:
+    def batch(self, index: int) -> dict[str, torch.Tensor]:
         """This rank's slice of the next micro * world samples of the global stream (the sampler's state is the
         same on every rank, so rank 0's checkpoint resumes them all)."""
-        return self.data.micro_batch(self.micro, self.world, self.ranks.rank, self.device)
+        return self.data.batch(self.micro_batch, self.world, self.ranks.rank, self.device)
 
     def data_state(self) -> dict[str, Any]:
         return {"sampler": self.data.state()}
@@ -148,17 +148,16 @@ class _Train(Training):
         self.task, self.recipe = model["task"], model["recipe"]
         if o["threads"]:
             torch.set_num_threads(int(o["threads"]))
-        method = parse(plan["method"], "plan.json method")
-        super().__init__(None, _device_of(plan, o["device"]), method, out / layout.TRAIN_LOG, clock)
+        self.setting = TrainSetting.of_plan(plan, str(plan_path))  # the benchmark's setting, read once
+        super().__init__(None, _device_of(plan, o["device"]), self.setting.method, out / layout.TRAIN_LOG, clock)
         self.notes: list[str] = []
-        m = plan["measured"]
-        self.micro = int(m["micro_batch_size"])
+        self.micro_batch = self.setting.micro_batch
         gb = int(self.recipe["global_batch"])
-        self.accum, self.global_batch = accumulation(gb, self.micro, self.world), gb
-        self.plan_world = int(plan["nodes"]) * int(plan["gpus_per_node"])
+        self.accum, self.global_batch = accumulation(gb, self.micro_batch, self.world), gb
+        self.plan_world = self.setting.world_size
         if self.world != self.plan_world:
             self.notes.append(f"ran on {self.world} rank(s), the plan's setting has {self.plan_world}: accumulation "
-                              f"{self.accum} instead of {m.get('grad_accum_steps')}, so the throughput is not the "
+                              f"{self.accum} instead of {self.setting.grad_accum_steps}, so the throughput is not the "
                               "same setting as the prediction")  # fmt: skip
         self._budget()
         self.time_data(self._data)
@@ -195,16 +194,16 @@ class _Train(Training):
     def build(self) -> None:
         """The plan's method on the plan's model, GPU and recipe values, as a benchmark cell builds it."""
         o, plan = self.o, self.plan
-        nodes = int(plan["nodes"]) if self.world == int(plan["nodes"]) * int(plan["gpus_per_node"]) else 1
+        nodes = self.setting.nodes if self.world == self.plan_world else 1
         spec = RunSpec.of(self.model, plan["gpu"], self.method, self.world, cuda=self.device.type == "cuda",
                           nodes=nodes)  # fmt: skip
         sched = self.recipe.get("schedule") or TASKS[self.task].default_schedule
         self.build_method(
-            spec, "plan.json method", o["seed"], grad_sync=grad_sync_of(plan.get("method_settings")),
+            spec, "plan.json method", o["seed"], grad_sync=self.setting.grad_sync,
             lr_schedule=f"the recipe's {json.dumps(sched)} over the run's {self.budget['mode']} budget, set every step "
                         "(trainer.schedule.recipe_lr)",
         )  # fmt: skip
-        fp = fingerprint(self.model, plan["method"], self.micro, self.accum, self.world, o["seed"], self.budget,
+        fp = fingerprint(self.model, plan["method"], self.micro_batch, self.accum, self.world, o["seed"], self.budget,
                          self.data_info.get("fingerprint"), self.data_info["label"])  # fmt: skip
         self.start_loop(
             self.out / layout.TRAIN_RUN, fp, o["seed"], fake_step_s=o["fake_step_s"],
@@ -241,8 +240,8 @@ class _Train(Training):
             "start: plan %s: model %s (%s) on %d rank(s) (%s, plan %dx%d %s), method %s, batch %d = %d x %d x %d, "
             "%s budget %s (%s), data: %s", self.plan_path, p["model"]["name"], p["model"]["family"], self.world,
             self.device, p["nodes"], p["gpus_per_node"], p["gpu"]["name"], p["method"], self.global_batch,
-            self.micro, self.accum, self.world, self.budget["mode"], self.budget.get("steps", self.budget.get("hours")),
-            self.budget["source"], self.data_info["label"],
+            self.micro_batch, self.accum, self.world, self.budget["mode"],
+            self.budget.get("steps", self.budget.get("hours")), self.budget["source"], self.data_info["label"],
         )  # fmt: skip
 
     # -- the end -------------------------------------------------------------------------------------------
@@ -263,7 +262,7 @@ class _Train(Training):
             "gpu": p["gpu"]["name"], "nodes": p["nodes"], "gpus_per_node": p["gpus_per_node"],
             "world_size": self.world, "plan_world_size": self.plan_world, "method": p["method"],
             "plan": str(self.plan_path), "device": str(self.device), "launched_by": self.ranks.launched_by,
-            "precision": self.recipe["precision"], "micro_batch_size": self.micro, "grad_accum_steps": self.accum,
+            "precision": self.recipe["precision"], "micro_batch": self.micro_batch, "grad_accum_steps": self.accum,
             "global_batch": self.global_batch, "budget": self.budget, "steps": state["step"],
             "elapsed_s": state["elapsed_s"], "stop_reason": state["stop"],
             "starts_at_step": [s["step"] for s in costs["starts"]], **costs,

@@ -8,7 +8,6 @@ from typing import Any
 from pretrain_planner.planning.grid import Cell as CellConfig  # the planner's cell is the run's cell: one definition
 from pretrain_planner.planning.methods import Method, parse_canonical
 from pretrain_planner.planning.runspec import RunSpec
-from pretrain_planner.schema import section
 
 
 @dataclass(frozen=True)
@@ -61,7 +60,7 @@ class RunConfig:
             method=parse_canonical(cell.method),
             model=spec["model"],
             gpu=spec["gpu"],
-            bench=BenchConfig(**section("config", "benchmark", spec["benchmark"])),
+            bench=BenchConfig(**spec["benchmark"]),  # its defaults filled once, by planning.spec.cell_spec
             outputs=Outputs(**spec["outputs"]),
             threads_per_rank=int(spec.get("threads_per_rank", 1)),
             compile_model=bool(spec.get("compile_model", True)),

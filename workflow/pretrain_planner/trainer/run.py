@@ -150,7 +150,7 @@ def measure_cell(
             else None
         ),
         spread=timing.spread,
-        micro_batch_size=mb,
+        micro_batch=mb,
         grad_accum_steps=accum,
         step_time_p10_s=percentile(timing.step_times, 0.1),
         step_time_p90_s=percentile(timing.step_times, 0.9),
@@ -218,7 +218,7 @@ def _throughput(cfg: RunConfig, env: RankEnv, step: TrainStep, timing: Any, sett
 def _step_records(timing: Any, mb: int, accum: int) -> list[dict[str, Any]]:
     """steps.jsonl: one line per timed step (fp16: the scale it ran with and the steps skipped before it)."""
     steps = [
-        {"step": i, "time_s": t, "loss": loss, "micro_batch_size": mb, "grad_accum_steps": accum}
+        {"step": i, "time_s": t, "loss": loss, "micro_batch": mb, "grad_accum_steps": accum}
         for i, (t, loss) in enumerate(zip(timing.step_times, timing.losses, strict=True))
     ]
     if step_scales(timing):

@@ -3,7 +3,7 @@ shapes that the benchmark times (`synthetic_batch`) and the data a run that trai
 train stage for every task, the budget stage's masked LM through `masked_lm_shards`).
 
 A task's data (`TaskData`) is a global sample stream in a seeded order whose position is the checkpoint's `data`;
-every rank walks the same stream and trains on its own slice of each micro-batch (`micro_batch`).
+every rank walks the same stream and trains on its own slice of each micro-batch (`batch`).
 
 - causal LM (GPT-NeoX/Pythia, Mamba): text files or a generated corpus, a tokenizer from a file or a byte-level
   BPE trained here, packed into blocks of the recipe's sequence length (data/text.py);
@@ -45,19 +45,20 @@ class DataRequest:
 
 @dataclass
 class TaskData:
-    """A task's data for one rank: `micro_batch` (this rank's slice of the next micro x world samples, on the
+    """A task's data for one rank: `batch` (this rank's slice of the next micro_batch x world samples, on the
     device), the sampler's position (`state` / `load_state`), what the data is (`info`), the tokens of a sample,
     the model dict with what the data sets in it (a tokenizer's pad id), and notes for the result."""
 
     sampler: Any
-    fetch: Callable[[int, int, int, Any], dict[str, torch.Tensor]]  # (micro, world, rank, device) -> batch
+    fetch: Callable[[int, int, int, Any], dict[str, torch.Tensor]]  # (micro_batch, world, rank, device) -> batch
     info: dict[str, Any]
     tokens_per_sample: int | None
     model: dict[str, Any]
     notes: list[str] = field(default_factory=list)
 
-    def micro_batch(self, micro: int, world: int, rank: int, device: Any) -> dict[str, torch.Tensor]:
-        return self.fetch(micro, world, rank, device)
+    def batch(self, micro_batch: int, world: int, rank: int, device: Any) -> dict[str, torch.Tensor]:
+        """This rank's slice of the next `micro_batch` x `world` samples of the stream."""
+        return self.fetch(micro_batch, world, rank, device)
 
     def state(self) -> dict[str, Any]:
         return self.sampler.state()
@@ -67,10 +68,11 @@ class TaskData:
 
 
 def _indexed(sampler: IndexSampler, get: Callable[[np.ndarray], dict[str, torch.Tensor]]):
-    """A fetch over an IndexSampler: this rank's slice of the next micro x world indices, made a batch by `get`."""
+    """A fetch over an IndexSampler: this rank's slice of the next micro_batch x world indices, made a batch by
+    `get`."""
 
-    def fetch(micro: int, world: int, rank: int, device: Any) -> dict[str, torch.Tensor]:
-        idx = sampler.take(micro * world)[rank * micro : (rank + 1) * micro]
+    def fetch(micro_batch: int, world: int, rank: int, device: Any) -> dict[str, torch.Tensor]:
+        idx = sampler.take(micro_batch * world)[rank * micro_batch : (rank + 1) * micro_batch]
         return {k: v.to(device, non_blocking=True) for k, v in get(idx).items()}
 
     return fetch
@@ -97,8 +99,8 @@ def masked_lm_shards(index_path: Path, seed: int, model: dict[str, Any], info: d
     sampler = shards.ShardSampler(index_path.parent, index["splits"]["train"], index["duplication_factor"], seed)
     pad = index["special_ids"]["pad"]
 
-    def fetch(micro: int, world: int, rank: int, device: Any) -> dict[str, torch.Tensor]:
-        return shards.rank_batch(sampler, micro, world, rank, pad, device)
+    def fetch(micro_batch: int, world: int, rank: int, device: Any) -> dict[str, torch.Tensor]:
+        return shards.rank_batch(sampler, micro_batch, world, rank, pad, device)
 
     return TaskData(sampler, fetch, info, int(index["seq_len"]), model)
 
