@@ -562,8 +562,11 @@ def default_sweep(adaptive_sweep):
         work / "sweep.yaml", sweep=DEMO["sweep"], launcher=DEMO_LAUNCHER, benchmark=DEMO_BENCH, costs=DEMO["costs"],
         train={"steps": 5},  # the README's train target on this sweep
     )  # fmt: skip
+    probes = {p: p.stat().st_mtime_ns for p in (work / "results/cells").glob("*/*/*/*/result.json")}
     proc = snakemake(work, "--profile", str(REPO / "cluster/local"), "--cores", "2", "--configfile", str(cfg))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    # the sharing holds: the probes were not measured again (a cell spec of another benchmark section would be)
+    assert len(probes) == 8 and {p: p.stat().st_mtime_ns for p in probes} == probes
     return work, cfg, proc
 
 
