@@ -14,8 +14,11 @@ bands, themselves calibrated out of sample within what is left), once per kind o
 - a stand-in workload (a model with no evidence of its own, predicted from the nearest-sized one of its kind, the
   same software first): every workload left out, and with its GPU type left out too (crossgpu_loo.leave_one_model_out).
 The error of a prediction is central / published - 1 of the seconds per token (the days to train a fixed number of
-tokens move with it); "inside" means the published figure lies inside the predicted band. Targets (issue 23): mean
-|error| <= 8%, inside >= 90%, band no wider than +-20% of the central value. No training, no torch; about five
+tokens move with it); "inside" means the published figure lies inside the predicted band. Targets (issue 40): to a GPU
+type other software measured, mean |error| <= 6%, inside >= 90%, median band no wider than +-15%; to a GPU type absent
+from the evidence, mean <= 10%, inside >= 90%; the stand-ins keep issue 23's (8%, 90%, +-20%). The figures are also
+given on the runs of the rows shipped before issue 40 (r0001-r0444), so that a source added since is judged by what
+it does to the old runs' predictions as well as by its own. No training, no torch; about five
 minutes on two cores. mosaicml/llm-foundry's benchmark tables are not in the evidence (the held-out acceptance set).
 
 Beside the Markdown, `predict_crossgpu.json` holds its figures by name: the README and the docs quote them, and
@@ -42,7 +45,10 @@ import crossgpu_loo  # noqa: E402
 from pretrain_planner.planning import crossgpu, evidence, evidence_exchange  # noqa: E402
 from pretrain_planner.planning.catalog import load_catalog  # noqa: E402
 
-TARGET_MEAN, TARGET_INSIDE, TARGET_HALF_WIDTH = 0.08, 0.90, 0.20
+TARGET_MEAN, TARGET_INSIDE, TARGET_HALF_WIDTH = 0.08, 0.90, 0.20  # issue 23's, the stand-ins' still
+SEEN_TARGETS = (0.06, 0.90, 0.15)  # issue 40: the same workload to a GPU type other software measured
+UNSEEN_TARGETS = (0.10, 0.90, 0.20)  # issue 40: to a GPU type absent from the evidence (no band target: issue 23's)
+EARLIER_LAST_ROW = "r0444"  # the last row shipped before issue 40's sources
 
 
 def _mfu_transfer(runs, catalog) -> list[float]:
@@ -81,16 +87,17 @@ HEAD = ("| {} | runs | mean abs error | max abs error | mean error (bias) | trut
         "half-width |\n|---|---|---|---|---|---|---|")  # fmt: skip
 
 
-def _targets_table(label: str, holdouts) -> list[str]:
+def _targets_table(label: str, holdouts, targets: tuple[float, float, float] | None = None) -> list[str]:
+    target_mean, target_inside, target_width = targets or (TARGET_MEAN, TARGET_INSIDE, TARGET_HALF_WIDTH)
     items = _items(holdouts)
     mean_abs = statistics.mean(abs(e) for e, _i, _w in items)
     inside = sum(i for _e, i, _w in items) / len(items)
     width = statistics.median(w for _e, _i, w in items)
     met = lambda ok: "met" if ok else "NOT met"  # noqa: E731
     return [
-        f"| {label} | {len(items)} | {mean_abs:.1%} {met(mean_abs <= TARGET_MEAN)} | "
-        f"{max(abs(e) for e, _i, _w in items):.0%} | {inside:.1%} {met(inside >= TARGET_INSIDE)} | "
-        f"+-{width:.0%} {met(width <= TARGET_HALF_WIDTH)} |"
+        f"| {label} | {len(items)} | {mean_abs:.1%} (<= {target_mean:.0%}) {met(mean_abs <= target_mean)} | "
+        f"{max(abs(e) for e, _i, _w in items):.0%} | {inside:.1%} {met(inside >= target_inside)} | "
+        f"+-{width:.0%} (<= +-{target_width:.0%}) {met(width <= target_width)} |"
     ]
 
 
@@ -220,17 +227,29 @@ def report(folder: Path | None = None) -> tuple[str, dict]:
         f"{len({r.source for r in ev.runs})} sources on {len({r.gpu for r in ev.runs})} GPU types ({len(ev.skipped)} "
         "rows not usable, reasons below).", "",
         "## Against the targets", "",
-        "| kind of transfer (how it is left out) | runs predicted | mean abs error (target <= 8%) | max abs error | "
-        "truth inside the band (target >= 90%) | median band half-width (target <= +-20%) |",
+        "| kind of transfer (how it is left out) | runs predicted | mean abs error (target) | max abs error | "
+        "truth inside the band (target >= 90%) | median band half-width (target) |",
         "|---|---|---|---|---|---|",
         *_targets_table("**headline**: the same workload to a GPU type absent from the evidence (each GPU type left "
-                        "out)", logo),
+                        "out)", logo, UNSEEN_TARGETS),
         *_targets_table("the same workload to a GPU type measured by other software (each workload x GPU type x "
-                        "software left out)", cells),
+                        "software left out)", cells, SEEN_TARGETS),
     ]  # fmt: skip
     for kind in crossgpu.KINDS:
         if kind.workload != "same" and by_kind.get(kind):
             lines += _targets_table(f"{kind.label} ({kind.protocol})", by_kind[kind])
+    earlier = {"unseen": [h for h in logo if h.run.id <= EARLIER_LAST_ROW],
+               "seen": [h for h in cells if h.run.id <= EARLIER_LAST_ROW]}  # fmt: skip
+    figures["earlier"] = {k: _figures(v) for k, v in earlier.items() if v}
+    if all(earlier.values()):
+        lines += [
+            "", f"On the runs of the rows shipped before issue 40 (r0001-{EARLIER_LAST_ROW}), predicted from all the "
+            "evidence:", "",
+            "| kind of transfer | runs predicted | mean abs error (target) | max abs error | truth inside the band | "
+            "median band half-width (target) |", "|---|---|---|---|---|---|",
+            *_targets_table("headline: a GPU type absent from the evidence", earlier["unseen"], UNSEEN_TARGETS),
+            *_targets_table("a GPU type measured by other software", earlier["seen"], SEEN_TARGETS),
+        ]  # fmt: skip
     lines += [
         "",
         f"For comparison on the headline protocol: the transfer before issue 23 (compute MFU against the datasheet "
@@ -259,7 +278,9 @@ def report(folder: Path | None = None) -> tuple[str, dict]:
         f"of the target's micro-batch over its basis', the prediction errs by {slope:+.1%} ({n_slope} single-basis "
         "predictions with both micro-batches stated, of the protocol where the target type's effect is known; on "
         "the headline protocol the micro-batch stands in for the unknown effect, larger batches running on the "
-        "bigger types). Not modelled.", "",
+        "bigger types). What the step model prices of it: a rank's model-state traffic per sample (a micro-batch's "
+        "gradient written and accumulated, an optimizer step's parameter and moments: planning/stepmodel."
+        "state_bytes_per_sample), where a row's method replicates the model states.", "",
         "## Fitted on all the evidence (what `pretrain-planner predict` and the what-if use)", "",
         f"{full.params.describe()}. Per-GPU effects (log seconds beyond what the matmul rate and bandwidth say, "
         "relative to the average GPU type; positive: slower): "
@@ -282,11 +303,15 @@ def report(folder: Path | None = None) -> tuple[str, dict]:
                                             _half_width(e)))  # fmt: skip
     lines += [_row(f"{g} ({params[g].describe()})", v) for g, v in sorted(by_target.items())]
     cell_target: dict[str, list] = defaultdict(list)
+    cell_source: dict[str, list] = defaultdict(list)
     for h in cells:
         cell_target[h.run.gpu].append((h.error, h.inside, _half_width(h.estimate)))
+        cell_source[h.run.source].append((h.error, h.inside, _half_width(h.estimate)))
     lines += ["", "## A GPU type measured by other software, per GPU type (each workload x GPU type x software left "
               "out)", "", HEAD.format("predicted")]  # fmt: skip
     lines += [_row(g, v) for g, v in sorted(cell_target.items())]
+    lines += ["", "## A GPU type measured by other software, per source", "", HEAD.format("source")]
+    lines += [_row(s, v) for s, v in sorted(cell_source.items())]
     figures["seen_by_gpu"] = {g: {"runs": len(v), "mean_abs": statistics.mean(abs(e) for e, _i, _w in v),
                                   "max_abs": max(abs(e) for e, _i, _w in v),
                                   "inside": sum(i for _e, i, _w in v) / len(v),

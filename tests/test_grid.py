@@ -351,13 +351,13 @@ def test_check_sweep_unknown_model(catalog):
 
 
 def test_check_sweep_unknown_gpu(catalog):
-    cfg = _config(models=["tiny-bert"], gpus=["cpu", "a100", "b200"])
+    cfg = _config(models=["tiny-bert"], gpus=["cpu", "a100", "mi300x"])
     with pytest.raises(ConfigError) as info:
         grid.check_sweep(cfg, catalog, "config/my.yaml")
     msg = str(info.value)
     assert "config/my.yaml" in msg
     assert "sweep.gpus[2]" in msg
-    assert "'b200'" in msg
+    assert "'mi300x'" in msg
     assert catalog.gpus_path in msg and "gpus.yaml" in msg
     assert "h100" in msg
     with pytest.raises(ConfigError, match=r"sweep\.gpus\[2\]"):

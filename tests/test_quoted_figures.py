@@ -61,8 +61,8 @@ QUOTES = [
                            ("(each workload and its GPU type left out)", "standin_unseen"),
                            ("stand-in of other software, GPU type measured", "other_seen"),
                            ("stand-in of other software, GPU type absent", "other_unseen"))],
-    ("docs/adaptive-search.md", "the error meets the 8% and the band covers {seen_inside} (its width, {seen_width}, "
-                                "does not meet +-20%); the headline, a type absent from the evidence, errs by "
+    ("docs/adaptive-search.md", "software the error is {seen_mean} and the band covers {seen_inside} (its width, "
+                                "{seen_width}); the headline, a type absent from the evidence, errs by "
                                 "{unseen_mean}"),
     ("docs/adaptive-search.md", "known exactly {floor_model} mean error is left after the model's own ratio "
                                 "({floor_raw} with none), and an in-sample fit with a free number per GPU type leaves "

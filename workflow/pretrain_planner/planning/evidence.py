@@ -34,6 +34,9 @@ MODELS_YAML = DATA / "models.yaml"
 SOURCES_MD = DATA / "sources.md"
 HERE = "pretrain-planner"  # the software of this project's trainer: the cells measured here and its public H200 runs
 HERE_SOURCES = ("measured here", "here-h200")
+# A row whose method shards the model states (FSDP, ZeRO, tensor or pipeline parallel): a rank's share of them is not
+# stated in a form to compute, so its model-state traffic is left out (stepmodel.state_bytes_per_sample)
+SHARDED_TEXT = re.compile(r"fsdp|zero|hsdp|megatron|\bTP\s?\d|\bPP\s?\d", re.IGNORECASE)
 UNITS = {"tokens/s/GPU": "token", "images/s/GPU": "sample", "samples/s/GPU": "sample", "sequences/s/GPU": "sample"}
 
 
@@ -95,11 +98,14 @@ def same_software(a: str, b: str) -> bool:
 
 def software_of(row: dict[str, str]) -> str:
     """A public row's software: its source, with the suite for Lambda's benchmark (v0 / v1 / v2 ran different
-    containers: sources.md); this project's own H200 runs ran the planner's trainer."""
+    containers: sources.md) and, where a v2 group names it, the container of its own (-nv2410: NGC 24.10); this
+    project's own H200 runs ran the planner's trainer."""
     if row["source_id"] in HERE_SOURCES or row["source_id"].startswith("site:"):  # another site's planner cells
         return HERE
-    suite = re.match(r"lambda-(v\d+)-", row["group_id"])
-    return f"{row['source_id']} {suite.group(1)}" if suite else row["source_id"]
+    suite = re.match(r"lambda-(v\d+)-.*?(-nv\d+)?$", row["group_id"])
+    if not suite:
+        return row["source_id"]
+    return f"{row['source_id']} {suite.group(1)}{(' ' + suite.group(2)[1:]) if suite.group(2) else ''}"
 
 
 @dataclass
@@ -127,13 +133,15 @@ def origins_text(counts: dict[str, int]) -> str:
 ORIGINS = ("shipped", "imported", "own")
 
 
-def work_of(model: dict[str, Any], eager: bool = False, extra_keys: int = 0, tf32: bool = True) -> Work | None:
+def work_of(model: dict[str, Any], eager: bool = False, extra_keys: int = 0, tf32: bool = True,
+            micro_batch: float | None = None, samples_per_step: float | None = None) -> Work | None:  # fmt: skip
     """A model's (ModelSpec.to_dict()) work per unit: per token for text, per sample for images; None without a
     formula. `extra_keys`: keys attended beyond the sample's tokens (Transformer-XL's memory)."""
     flops, mem = train_flops_per_sample(model), stepmodel.memory_bytes_per_sample(model, eager)
     params = param_count(model)
     if not flops or mem is None or params is None:
         return None
+    mem += stepmodel.state_bytes_per_sample(params, micro_batch, samples_per_step)
     fam = FAMILIES[model["family"]]
     tokens = tokens_per_sample(model) or 1
     if extra_keys:
@@ -148,9 +156,10 @@ def work_of(model: dict[str, Any], eager: bool = False, extra_keys: int = 0, tf3
                 unit, fam.formula or "")  # fmt: skip
 
 
-def catalog_work(spec: Any, eager: bool = False, tf32: bool = True) -> Work | None:
+def catalog_work(spec: Any, eager: bool = False, tf32: bool = True, micro_batch: float | None = None,
+                 samples_per_step: float | None = None) -> Work | None:  # fmt: skip
     """`work_of` a catalog model (a ModelSpec)."""
-    return work_of(spec.to_dict(), eager, tf32=tf32)
+    return work_of(spec.to_dict(), eager, tf32=tf32, micro_batch=micro_batch, samples_per_step=samples_per_step)
 
 
 def precision_of(text: str) -> str | None:
@@ -231,7 +240,11 @@ def run_of_row(row: dict[str, str], entry: dict[str, Any], catalog: Any, suspect
     if unit is None or rate <= 0 or model is None:
         return f"no per-GPU rate in tokens or samples ({row['per_gpu_rate_unit']!r})"
     model["recipe"]["precision"] = precision
-    work = work_of(model, entry.get("attention") == "eager", int(entry.get("extra_keys", 0)), tf32)
+    micro, per_step = None, None  # a replicated rank's model-state traffic per sample (unknown where sharded)
+    if not SHARDED_TEXT.search(row["method"]):
+        micro, per_step = _int(row["micro_batch"]), (_int(row["global_batch"]) or 0) / (_int(row["gpu_count"]) or 1)
+    work = work_of(model, entry.get("attention") == "eager", int(entry.get("extra_keys", 0)), tf32, micro,
+                   per_step or None)  # fmt: skip
     if work is None:
         return f"{row['model']}: its family has no FLOPs or bytes formula"
     peak = gpu.peak_for(precision, tf32=True)

@@ -42,6 +42,14 @@ GRAD_COMM_B = 4  # bytes per gradient element reduced (fp32 gradients of fp32 ma
 CPU_ADAM_B = 16  # model-state bytes per parameter a CPU optimizer step goes through (fp32 parameter, grad, 2 moments)
 FETCH_B = 4  # bytes per parameter fetched from the CPU at full sharding with offload
 
+# Model-state traffic, memory-bound, per parameter: a micro-batch's backward writes its gradient and adds it into the
+# fp32 accumulator (read + write of 4 B and the low-precision gradient's 2 B write and read: GRAD_ACCUM_B, once per
+# micro-batch), and an Adam-type step reads the fp32 parameter, gradient and two moments and writes the parameter and
+# moments back (OPTIMIZER_B, once per optimizer step of a rank's samples). Per sample they shrink with the micro-batch
+# and with the samples per step: what makes a small-memory GPU at a small micro-batch slower than its rates say.
+GRAD_ACCUM_B = 12
+OPTIMIZER_B = 28
+
 KAPPA = 1.0  # the weight of the memory-bound seconds against the matmul seconds (the what-if fits it to evidence)
 
 
@@ -178,6 +186,13 @@ def memory_bytes_per_sample(model: dict[str, Any], eager_attention: bool = False
         return None
     width = 2.0 if model["recipe"].get("precision") == "fp32" else 1.0
     return width * form.memory_bytes(model, eager_attention)
+
+
+def state_bytes_per_sample(params: float, micro_batch: float | None, samples_per_step: float | None) -> float:
+    """Memory-bound model-state bytes per sample of a rank (GRAD_ACCUM_B per parameter per micro-batch, OPTIMIZER_B
+    per parameter per optimizer step of `samples_per_step`); 0 where a batch size is unknown."""
+    out = GRAD_ACCUM_B * params / micro_batch if micro_batch else 0.0
+    return out + (OPTIMIZER_B * params / samples_per_step if samples_per_step else 0.0)
 
 
 def ideal_seconds(flops: float, memory_bytes: float, r: Rates, kappa: float = KAPPA) -> float:

@@ -135,9 +135,14 @@ def _rank_units(spec: ModelSpec, m: methods.Method, world: int) -> float:
     return share * (1 + stepmodel.RECOMPUTE_SHARE if m.checkpointing else 1)
 
 
-def _work(spec: ModelSpec, slug: str) -> Work | None:
+def _work(spec: ModelSpec, slug: str, micro_batch: int | None = None, world: int | None = None) -> Work | None:
+    """A catalog model's work per unit under a method; at a micro-batch on `world` ranks its model-state traffic is
+    in (stepmodel.state_bytes_per_sample) where the method replicates the model states, as for the evidence's rows."""
     m = methods.parse(slug)
-    return pp_evidence.catalog_work(spec, eager=m.base == "naive", tf32=m.base != "naive")
+    replicated = m.sharding is None and micro_batch and world
+    micro, per_step = (micro_batch, spec.recipe.global_batch / world) if replicated else (None, None)
+    return pp_evidence.catalog_work(spec, eager=m.base == "naive", tf32=m.base != "naive", micro_batch=micro,
+                                    samples_per_step=per_step)  # fmt: skip
 
 
 class Predictor:
@@ -189,7 +194,8 @@ class Predictor:
         """A measured cell as a Run: its compute per unit (its communication split off where a one-GPU cell of the
         same method tells it), with its communication seconds and micro-batch."""
         spec = self.catalog.models.get(r["model"])
-        work = _work(spec, r["method"]) if spec else None
+        mb = r.get("micro_batch")
+        work = _work(spec, r["method"], int(mb) if mb else None, r["world_size"]) if spec else None
         if work is None or r["gpu"] not in self.catalog.gpus:
             return None
         t, w = r["step_time_s"], r["world_size"]
@@ -201,7 +207,6 @@ class Predictor:
                   f"own:{r['model']}:{w}:{r['method']}", r["method"], work.precision, (t - (comm or 0.0)) / units,
                   work.flops, work.memory_bytes, public=False, tf32=work.tf32, formula=work.formula,
                   origin="own")  # fmt: skip
-        mb = r.get("micro_batch")
         return run, comm, int(mb) if mb else None
 
     def _nearest(self, spec: ModelSpec, candidates: list[str], same) -> str | None:
@@ -404,7 +409,7 @@ class Predictor:
 
     def _step(self, spec: ModelSpec, slug: str, gpu: str, world: int, mb: int, basis: list[Run],
               measured: list[tuple[Run, float | None, int | None]], nodes: int = 1) -> Step | None:  # fmt: skip
-        work = _work(spec, slug)
+        work = _work(spec, slug, mb, world)
         est = self.model.estimate(basis, work, gpu) if work else None
         if est is None:
             return None
