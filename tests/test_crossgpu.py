@@ -266,3 +266,31 @@ def test_a_stand_ins_quoted_error_is_the_one_measured_held_out(unseen):
         assert quoted.n == len(errors), kind
         assert quoted.mean_abs == pytest.approx(statistics.mean(errors), rel=1e-9), kind
         assert quoted.max_abs == pytest.approx(max(errors), rel=1e-9), kind
+
+
+def test_a_replicated_rank_at_a_small_micro_batch_pays_its_model_state_traffic():
+    """A rank's gradient is written and accumulated once per micro-batch, its optimizer step reads and writes the
+    model states once per step: per sample these shrink with the micro-batch and the samples per step (the V100
+    16 GB at a quarter of its 32 GB twin's batch). Priced where the method replicates the states; a row whose method
+    shards them (FSDP, ZeRO, tensor / pipeline parallel) leaves the term out, as a cell of a sharded method does."""
+    from pretrain_planner.tables.predictor import _work
+
+    assert stepmodel.state_bytes_per_sample(1e9, 4, 64) == pytest.approx(
+        stepmodel.GRAD_ACCUM_B * 1e9 / 4 + stepmodel.OPTIMIZER_B * 1e9 / 64
+    )
+    assert stepmodel.state_bytes_per_sample(1e9, None, None) == 0.0
+    entry = evidence._models_yaml()["BERT-large (SQuAD v1.1 fine-tuning step)"]
+    row = {"row_id": "x1", "group_id": "g", "source_id": "s", "model": "BERT-large (SQuAD v1.1 fine-tuning step)",
+           "n_layers": "24", "hidden": "1024", "heads": "16", "seq_len": "384", "vocab": "30522", "gpu_type": "v100",
+           "gpu_count": "1", "precision": "fp16 (AMP)", "method": "Horovod, Adam", "per_gpu_rate": "50000",
+           "per_gpu_rate_unit": "tokens/s/GPU", "location": "-", "notes": ""}  # fmt: skip
+    small = evidence.run_of_row({**row, "micro_batch": "4", "global_batch": "4"}, entry, CATALOG)
+    large = evidence.run_of_row({**row, "micro_batch": "24", "global_batch": "24"}, entry, CATALOG)
+    assert small.memory_bytes > 1.5 * large.memory_bytes and small.flops == large.flops
+    sharded = {**row, "method": "FSDP, selective AC"}
+    assert evidence.run_of_row({**sharded, "micro_batch": "4", "global_batch": "4"}, entry, CATALOG).memory_bytes == (
+        evidence.run_of_row({**sharded, "micro_batch": "24", "global_batch": "24"}, entry, CATALOG).memory_bytes
+    )
+    spec = CATALOG.model("pythia-1b")
+    assert _work(spec, "fl", 2, 8).memory_bytes > _work(spec, "fl", 16, 8).memory_bytes
+    assert _work(spec, "fl+zero2", 2, 8).memory_bytes == _work(spec, "fl+zero2", 16, 8).memory_bytes

@@ -143,3 +143,13 @@ def test_unmapped_gpu_type_fails_the_slurm_dry_run(tmp_path):
     cfg = write_config(tmp_path / "c.yaml", sweep={**SMALL, "gpus": ["cpu", "v100"]}, launcher={"kind": "slurm"})
     proc = snakemake(tmp_path, "-n", "--cores", "2", "--configfile", str(cfg))
     _assert_refused(proc, tmp_path, "cluster/slurm/site.yaml", "'v100'", "sweep.gpus", "partition")
+
+
+@pytest.mark.slow  # Snakemake in a subprocess
+def test_the_workflow_is_lint_clean():
+    """`snakemake --lint` finds nothing: every rule logs, calls one function of the package with short `run:` blocks
+    (the aggregate and calendar rules' calls were long enough for its 'long run directive' lint)."""
+    out = subprocess.run([str(REPO / ".venv/bin/snakemake"), "--lint", "--profile", "cluster/local"], cwd=REPO,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "Lints for" not in out.stdout + out.stderr, (out.stdout + out.stderr)[-4000:]

@@ -26,10 +26,7 @@ rule aggregate:
         costs=PP.config.get("costs", {}),
         loss_check=PP.loss_check,
     run:
-        pp_aggregate.build_tables(
-            input.plan, input.results, dict(output.items()), log[0], PP.catalog, params.costs,
-            search=input.search, loss_checks=input.loss_checks, loss_check=params.loss_check,
-        )
+        pp_aggregate.aggregate_rule(input, output, log[0], PP.catalog, params)
 
 
 rule export_plan:

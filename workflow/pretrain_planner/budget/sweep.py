@@ -46,9 +46,7 @@ def recipe_name(values: dict[str, Any]) -> str:
     return "-".join(f"{SWEEP_KEYS[k][2]}{v:g}" if not isinstance(v, str) else v for k, v in values.items())
 
 
-def _with_global_batch(
-    setting: TrainSetting | MissingSetting, gb: int, where: str
-) -> TrainSetting | MissingSetting:
+def _with_global_batch(setting: TrainSetting | MissingSetting, gb: int, where: str) -> TrainSetting | MissingSetting:
     """The setting with its accumulation remade for global batch `gb` (micro-batch, ranks and method kept)."""
     if setting.missing:  # the pretrain job stops with the setting's own message
         return setting

@@ -55,7 +55,6 @@ def grad_sync_of(method_settings: dict[str, Any] | None) -> str | None:
     return (ms.get("fsdp_policy") or {}).get("grad_sync") or (ms.get("fsdp") or {}).get("grad_sync")
 
 
-
 @dataclass(frozen=True)
 class TrainSetting(OnNodes):
     """How a stage trains: the method and the batch split (micro-batch x accumulation x ranks) on nodes x

@@ -568,6 +568,14 @@ def build_all(
     }
 
 
+def aggregate_rule(inputs: Any, outputs: Any, log_path: str, catalog: Catalog, params: Any) -> dict[str, pl.DataFrame]:
+    """The `aggregate` rule's call (workflow/rules/aggregate.smk): its named inputs (plan, results, search,
+    loss_checks), outputs and params (costs, loss_check) handed to `build_tables`."""
+    return build_tables(inputs["plan"], list(inputs["results"]), dict(outputs.items()), log_path, catalog,
+                        params["costs"], search=list(inputs["search"]), loss_checks=list(inputs["loss_checks"]),
+                        loss_check=params["loss_check"])  # fmt: skip
+
+
 def build_tables(
     plan_csv: str,
     result_paths: list[str],
