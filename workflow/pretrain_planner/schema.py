@@ -111,7 +111,13 @@ def load_yaml(path: str | Path) -> Any:
 
 def schema_defaults(schema_name: str) -> dict[str, Any]:
     """{'a.b': default} for every key the schema gives a default, nested ones included (also under a
-    section that is itself required and has no default, e.g. sweep.nodes)."""
+    section that is itself required and has no default, e.g. sweep.nodes). A copy: the caller may change it."""
+    return copy.deepcopy(_defaults(schema_name))
+
+
+@cache
+def _defaults(schema_name: str) -> dict[str, Any]:
+    """`schema_defaults`, walked once per schema (a plan asks a section's defaults for every cell)."""
 
     def walk(schema: dict, prefix: str) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -163,5 +169,7 @@ def section(schema_name: str, name: str, given: dict | None) -> dict:
     """A section of a config (e.g. `benchmark`) with the schema's defaults under what is given: for code that
     receives part of a config from a caller other than Snakemake (a test, a benchmark script, the CLI)."""
     prefix = f"{name}."
-    found = {k[len(prefix) :]: v for k, v in schema_defaults(schema_name).items() if k.startswith(prefix)}
-    return {**{k: v for k, v in found.items() if "." not in k}, **(given or {})}
+    found = {k[len(prefix) :]: v for k, v in _defaults(schema_name).items() if k.startswith(prefix)}
+    mutable = (dict, list)  # a default the caller could change is its own copy
+    return {**{k: copy.deepcopy(v) if isinstance(v, mutable) else v for k, v in found.items() if "." not in k},
+            **(given or {})}  # fmt: skip

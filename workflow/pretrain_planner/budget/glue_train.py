@@ -108,7 +108,7 @@ class _Run(Hooks):
         self.losses: list[float] = []
         self.bad = 0
 
-    def batch(self, index: int) -> dict[str, torch.Tensor]:
+    def batch_at(self, index: int) -> dict[str, torch.Tensor]:
         chunk = next(self.chunks, None)
         if chunk is None:  # a new epoch
             self.chunks = iter(torch.randperm(len(self.x), generator=self.gen).split(self.batch))

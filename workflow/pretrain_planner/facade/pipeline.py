@@ -8,6 +8,7 @@ No torch, no scheduler contact, so `snakemake -n` is instant anywhere.
 from __future__ import annotations
 
 import csv
+import functools
 import io
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,9 +76,22 @@ class Pipeline:
             probes += len(rep.rounds[0]) if rep.rounds else 0
         return cells, bound, probes
 
-    @property
+    @functools.cached_property
     def cells(self) -> list[grid.Cell]:
+        """The valid cells (asked for every rule's inputs: made once)."""
         return [p.cell for p in self.planned if p.valid]
+
+    @functools.cached_property
+    def _cells_by_setting(self) -> dict[tuple[str, str, int, int], list[grid.Cell]]:
+        out: dict[tuple[str, str, int, int], list[grid.Cell]] = {}
+        for c in self.cells:
+            out.setdefault((c.model, c.gpu, c.nodes, c.gpus_per_node), []).append(c)
+        return out
+
+    @functools.cached_property
+    def _benchmark(self) -> dict[str, Any]:
+        """The benchmark section every cell's spec holds (its defaults are in the validated config already)."""
+        return self.config["benchmark"]
 
     def cell_files(self, name: str) -> list[str]:
         return [f"{self.results}/{c.path}/{name}" for c in self.cells]
@@ -89,7 +103,7 @@ class Pipeline:
 
     def spec(self, wildcards: Any, output: Any) -> dict[str, Any]:
         cell = grid.Cell.from_wildcards(wildcards)
-        return cell_spec(cell, self.catalog, self.config, output.result, output.steps, self.site)
+        return cell_spec(cell, self.catalog, self.config, output.result, output.steps, self.site, self._benchmark)
 
     @property
     def loss_check(self) -> dict[str, Any]:
@@ -109,15 +123,15 @@ class Pipeline:
 
     def loss_check_cells(self, wildcards: Any) -> list[str]:
         """The result files of a setting's cells (exhaustive search: every valid method's)."""
-        key = _setting_key(wildcards)
-        return [f"{self.results}/{c.path}/{layout.RESULT}" for c in self.cells
-                if (c.model, c.gpu, c.nodes, c.gpus_per_node) == key]  # fmt: skip
+        return [
+            f"{self.results}/{c.path}/{layout.RESULT}" for c in self._cells_by_setting.get(_setting_key(wildcards), [])
+        ]
 
     def loss_check_spec(self, wildcards: Any) -> dict[str, Any]:
         """The check job's spec: the setting's naive cell spec (model, GPU, launcher, site) and the check's config."""
         cell = grid.Cell(*_setting_key(wildcards), "naive")
-        spec = cell_spec(cell, self.catalog, self.config, "", "", self.site)
-        spec["benchmark"]["loss_check"] = self.loss_check
+        spec = cell_spec(cell, self.catalog, self.config, "", "", self.site, self._benchmark)
+        spec["benchmark"] = {**spec["benchmark"], "loss_check": self.loss_check}
         return {**spec, "results": self.results, "name": f"{cell.model}-{cell.gpu}-{cell.nodes}x{cell.gpus_per_node}"}
 
     def loss_check_threads(self, wildcards: Any) -> int:

@@ -37,7 +37,7 @@ class Cell(OnNodes):
 
     @property
     def path(self) -> str:
-        return layout.cell_path(**asdict(self))
+        return layout.cell_path(self.model, self.gpu, self.nodes, self.gpus_per_node, self.method)
 
     @property
     def name(self) -> str:

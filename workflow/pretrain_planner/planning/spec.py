@@ -11,9 +11,16 @@ from pretrain_planner.schema import section
 
 
 def cell_spec(
-    cell: Cell, catalog: Catalog, config: dict[str, Any], result: str, steps: str, site: dict[str, Any] | None = None
+    cell: Cell,
+    catalog: Catalog,
+    config: dict[str, Any],
+    result: str,
+    steps: str,
+    site: dict[str, Any] | None = None,
+    benchmark: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Everything a cell's job needs, as plain JSON data (the job never reads config files)."""
+    """Everything a cell's job needs, as plain JSON data (the job never reads config files). `benchmark`: the
+    config's benchmark section with its defaults, when the caller has it (a plan asks it for every cell)."""
     spec = {
         "cell": {
             "model": cell.model,
@@ -25,7 +32,7 @@ def cell_spec(
         "name": cell.name,
         "model": catalog.model(cell.model).to_dict(),
         "gpu": catalog.gpu(cell.gpu).to_dict(),
-        "benchmark": section("config", "benchmark", config["benchmark"]),
+        "benchmark": benchmark if benchmark is not None else section("config", "benchmark", config["benchmark"]),
         "launcher": {k: v for k, v in config["launcher"].items() if k != "site"},
         "outputs": {"result": str(result), "steps": str(steps)},
     }

@@ -124,7 +124,7 @@ class Training(Hooks):
         return self.loop
 
     # -- the loop's hooks every run shares ----------------------------------------------------------------
-    def batch(self, index: int) -> dict[str, torch.Tensor]:
+    def batch_at(self, index: int) -> dict[str, torch.Tensor]:
         """This rank's slice of the next micro * world samples of the global stream (the sampler's state is the
         same on every rank, so rank 0's checkpoint resumes them all)."""
         return self.data.batch(self.micro_batch, self.world, self.ranks.rank, self.device)

@@ -65,9 +65,9 @@ class _StepOnly:
 
 # ------------------------------------------------------------------------------------------------ hooks
 class Hooks:
-    """What differs between the loop's callers. Every method has a default but `batch` and `lr`."""
+    """What differs between the loop's callers. Every method has a default but `batch_at` and `lr`."""
 
-    def batch(self, index: int) -> dict[str, torch.Tensor]:
+    def batch_at(self, index: int) -> dict[str, torch.Tensor]:
         """This rank's micro-batch `index` (0 .. accum-1) of the next step, on the rank's device."""
         raise NotImplementedError
 
@@ -289,7 +289,7 @@ class Loop:
             # trainer.step: DDP all-reduces on the last micro-batch only (no_sync before), FSDP2 reduce-scatters
             # each (or the last), ZeRO marks the accumulation boundary; autocast / loss scaling; then clipping, the
             # optimizer, zeroed gradients. The losses stay on the device: read once after the step.
-            micro_losses = step_fn.accumulate(self.hooks.batch, accum)
+            micro_losses = step_fn.accumulate(self.hooks.batch_at, accum)
             self.hooks.in_step(state)
             return micro_losses
 

@@ -255,7 +255,7 @@ class _TimedHooks(Hooks):
         self.jitter_now = False
         self.quiet_step_s = 0.0  # the last undisturbed step (a relative jitter's unit)
 
-    def batch(self, index: int) -> dict[str, torch.Tensor]:
+    def batch_at(self, index: int) -> dict[str, torch.Tensor]:
         return self.batches[index % len(self.batches)]
 
     def lr(self, state: dict[str, Any]) -> float:
