@@ -300,7 +300,7 @@ def test_end_to_end_pretraining_and_logs(pipeline):
     assert result["world_size"] == 2 and result["method_settings"]["parallel"] == "ddp"
     assert result["setting"] == {"gpu": "cpu", "nodes": 1, "gpus_per_node": 2, "world_size": 2, "source": "config",
                                  "plan": None, "micro_batch": 8, "grad_accum_steps": 2, "global_batch": 32,
-                                 "method": "fl"}  # fmt: skip
+                                 "method": "fl", "grad_sync": None}  # fmt: skip
     assert result["sparse_prediction"] and result["model_class"].endswith("WithSparsePrediction")
     assert "submitted local job" in (res / "logs/budget/pretrain.log").read_text()
     assert "submitted local job" in (res / "logs/budget/finetune_rte.log").read_text()
