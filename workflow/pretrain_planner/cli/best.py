@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pretrain_planner import layout
-from pretrain_planner.cli.config import CliError, config_catalog, load_config, results_dir
+from pretrain_planner.cli.config import CliError, config_catalog, context
 from pretrain_planner.cli.sources import cells_here, time_to_train
 from pretrain_planner.results import throughput_text
 from pretrain_planner.tables import units
@@ -50,10 +50,7 @@ def query(args: argparse.Namespace) -> Best | NoFit:
 
     from pretrain_planner.tables import costs
 
-    config = load_config(args)
-    results = results_dir(config)
-    catalog = config_catalog(config)
-    catalog.model(args.model), catalog.gpu(args.gpu)  # unknown names: the catalog's known ones
+    config, results, catalog = context(args)  # unknown names: the catalog's known ones
     ttt, source = time_to_train(results, config, args.allow_differs)
     sel = ttt.filter((pl.col("model") == args.model) & (pl.col("gpu") == args.gpu))
     if args.count is not None:

@@ -153,3 +153,15 @@ def per_node(count: int, nodes: int) -> int:
     if count < 1 or nodes < 1 or count % nodes:
         raise CliError(f"--count {count} GPUs cannot be spread evenly over --nodes {nodes}")
     return count // nodes
+
+
+def context(args: argparse.Namespace) -> tuple[dict[str, Any], Path, Any]:
+    """(config, results folder, catalog) a command answers with; the names it asks about (`--model`, `--gpu`) are
+    looked up in the catalog, so that an unknown one ends with the catalog's known names."""
+    config = load_config(args)
+    catalog = config_catalog(config)
+    if getattr(args, "model", None) and isinstance(args.model, str):
+        catalog.model(args.model)
+    if getattr(args, "gpu", None):
+        catalog.gpu(args.gpu)
+    return config, results_dir(config), catalog

@@ -65,9 +65,3 @@ def render_text(a: Cost) -> str:
     lines += [f"  note: {note}" for note in p.notes]
     lines.append(f"  (prices: {a.gpus_path} and the config's costs; {a.config_source})")
     return "\n".join(lines)
-
-
-def run(args: argparse.Namespace) -> int:
-    a = query(args)
-    print(render_json(a) if args.json else render_text(a))
-    return 0

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from pretrain_planner.cli.config import CliError, config_catalog, load_config, per_node, results_dir
+from pretrain_planner.cli.config import CliError, context, per_node
 from pretrain_planner.cli.sources import calendar_site, cells_or_none, predictor_of, startup_median, time_to_train
 
 FIT_LEGEND = (
@@ -53,10 +53,7 @@ class FitsBy:
 def query(args: argparse.Namespace) -> Fits | FitsBy:
     from pretrain_planner.tables import whatif
 
-    config = load_config(args)
-    results = results_dir(config)
-    catalog = config_catalog(config)
-    catalog.gpu(args.gpu)
+    config, results, catalog = context(args)  # unknown names: the catalog's known ones
     models = args.model or None
     for m in models or []:
         catalog.model(m)
@@ -175,9 +172,3 @@ def _text_by(a: FitsBy) -> str:
         md_table(cols, [[x[c] for c in cols] for x in a.rows], keys=1),
         f"({a.sources}; checkpoint rate {a.checkpoint_rate}; {a.config_source})",
     ])  # fmt: skip
-
-
-def run(args: argparse.Namespace) -> int:
-    a = query(args)
-    print(render_json(a) if args.json else render_text(a))
-    return 0

@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--days", type=_positive(float), help="days of training (for the amortised and cloud cost)")
     p.add_argument("--years", type=_positive(float),
                    help="amortisation years (default: the config's costs.amortisation_years)")  # fmt: skip
-    p.set_defaults(func=cost.run)
+    p.set_defaults(func=answer(cost))
 
     p = _command(sub, "best", common, "the best measured setting of --model on --gpu: its method, days, cost, and "
                  "why nothing fits where nothing does")  # fmt: skip
@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "predict", common, "PREDICT days and cost on a GPU type from measurements on others (yours, "
                  "else public ones), with the measured error of that kind of prediction")  # fmt: skip
     _setting(p, model=True, count_required=True)
-    p.set_defaults(func=predict.run)
+    p.set_defaults(func=answer(predict))
 
     p = _command(sub, "fit", common, "what fits in --days on --count x --gpu: per model the fastest setting "
                  "measured or predicted, the tokens it reaches, whether the recipe's run fits")  # fmt: skip
@@ -98,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "(segments, restarts, the queue wait asked of the scheduler)")  # fmt: skip
     p.add_argument("--model", action="append", help="only this model (repeatable; default: every catalog model "
                                                     "with a step count)")  # fmt: skip
-    p.set_defaults(func=fit.run)
+    p.set_defaults(func=answer(fit))
 
     p = _command(sub, "when", common, "if submitted now, when does training --model on --count x --gpu finish: "
                  "compute days (measured, else PREDICTED), segments under the site's time limit, restarts, the queue "
@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--count", type=_positive(int), required=True, help="number of GPUs in all")
     p.add_argument("--nodes", type=_positive(int),
                    help="machines the GPUs are spread over (default: every layout measured, else 1)")  # fmt: skip
-    p.set_defaults(func=when.run)
+    p.set_defaults(func=answer(when))
 
     p = _command(
         sub, "status", common, "where the sweep stands, per GPU type: done / running / failed cells and GPU-hours"
@@ -162,8 +162,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=["auto", "cpu"],
                    help="cpu: a GPU plan on CPU processes (default: the config's train.device)")  # fmt: skip
     p.add_argument("--threads", type=_positive(int), default=1, help="cores for the run's ranks on this host")
-    p.set_defaults(func=train.run)
+    p.set_defaults(func=answer(train))
     return parser
+
+
+def answer(command: Any) -> Any:
+    """The run of a command whose answer is one value: its query, printed by its render_text (or render_json with
+    --json)."""
+
+    def run(args: argparse.Namespace) -> int:
+        a = command.query(args)
+        print(command.render_json(a) if args.json else command.render_text(a))
+        return 0
+
+    return run
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pretrain_planner.cli.config import config_catalog, load_config, per_node, results_dir
+from pretrain_planner.cli.config import context, per_node
 from pretrain_planner.cli.sources import predictor_of
 from pretrain_planner.tables import units
 from pretrain_planner.tables.units import days as _days
@@ -31,10 +31,7 @@ class Predicted:
 def query(args: argparse.Namespace) -> Predicted:
     from pretrain_planner.planning.evidence_exchange import evidence_folder
 
-    config = load_config(args)
-    results = results_dir(config)
-    catalog = config_catalog(config)
-    catalog.model(args.model), catalog.gpu(args.gpu)  # unknown names: a clear error
+    config, results, catalog = context(args)  # unknown names: the catalog's known ones
     predictor, source = predictor_of(config, catalog, results)
     p = predictor.predict(args.model, args.gpu, args.nodes, per_node(args.count, args.nodes))
     return Predicted(p, args.model, args.gpu, args.nodes, source, evidence_folder(config), args.answer_source)
@@ -84,9 +81,3 @@ def render_text(a: Predicted) -> str:
         lines.append(f"  note: {p.note}")
     lines.append(f"  (cells: {a.source}; {a.config_source})")
     return "\n".join(lines)
-
-
-def run(args: argparse.Namespace) -> int:
-    a = query(args)
-    print(render_json(a) if args.json else render_text(a))
-    return 0

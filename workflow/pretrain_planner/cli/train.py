@@ -55,9 +55,3 @@ def render_text(a: Trained) -> str:
     return (f"{res['model']} on {res['nodes']}x{res['gpus_per_node']} {res['gpu']} ({res['method']}): {res['steps']} "
             f"steps ({res['stop_reason']}), sustained step {t.get('step_time_s')} s, train / prediction "
             f"{ratio.get('step_time_s')}; {out / layout.RESULT}, {out / layout.THROUGHPUT_MD}")  # fmt: skip
-
-
-def run(args: argparse.Namespace) -> int:
-    a = query(args)
-    print(render_json(a) if args.json else render_text(a))
-    return 0

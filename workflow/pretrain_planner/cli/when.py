@@ -11,7 +11,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pretrain_planner.cli.config import CliError, config_catalog, load_config, per_node, results_dir
+from pretrain_planner.cli.config import CliError, context, per_node
 from pretrain_planner.cli.sources import calendar_site, cells_or_none, predictor_of, startup_median, time_to_train
 from pretrain_planner.tables import units
 from pretrain_planner.tables.units import days as _days
@@ -31,10 +31,7 @@ class When:
 def query(args: argparse.Namespace) -> When:
     from pretrain_planner.tables.calendar import price, rank
 
-    config = load_config(args)
-    results = results_dir(config)
-    catalog = config_catalog(config)
-    catalog.model(args.model), catalog.gpu(args.gpu)
+    config, results, catalog = context(args)  # unknown names: the catalog's known ones
     per_node(args.count, args.nodes or 1)
     settings, source = _settings(args, config, catalog, results)
     where = calendar_site(config, [args.gpu])
@@ -106,9 +103,3 @@ def render_text(a: When) -> str:
             lines.append(f"  note: {r['note']}")
     lines.append(f"  (compute {a.source}; {a.config_source})")
     return "\n".join(lines)
-
-
-def run(args: argparse.Namespace) -> int:
-    a = query(args)
-    print(render_json(a) if args.json else render_text(a))
-    return 0

@@ -312,16 +312,11 @@ def load(
     return Pipeline(config, catalog, planned, site, sources, cores)
 
 
-def load_or_exit(
-    config: dict[str, Any],
-    basedir: str | Path,
-    source: str = "config",
-    sources: list[tuple[str, Any]] | None = None,
-    cores: int | None = None,
-) -> Pipeline:
-    """`load` for the Snakefile: a config mistake ends the run with the message alone, no traceback."""
+def load_or_exit(*args: Any, **kwargs: Any) -> Pipeline:
+    """`load` (its arguments) for the Snakefile: a config mistake ends the run with the message alone, no
+    traceback."""
     try:
-        return load(config, basedir, source, sources, cores)
+        return load(*args, **kwargs)
     except ConfigError as exc:
         raise SystemExit(f"pretrain-planner: configuration error\n{exc}") from None
 
