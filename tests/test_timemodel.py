@@ -17,7 +17,7 @@ PARAMS, WORLD, BATCH, SAT = 6.9e9, 4, 256, 4
 
 def truth(f, tau: float, bus: float, cpu: float = 5e9, pcie: float = 25e9, e: float = 0.5) -> float:
     """A step on a machine with these speeds, by the model's formula."""
-    slow = (SAT / f.mb) ** e if f.mb < SAT else 1.0
+    slow = (SAT / f.micro_batch) ** e if f.micro_batch < SAT else 1.0
     compute = BATCH * (1 + RECOMPUTE_SHARE if f.ac else 1.0) * slow * tau
     sync = 2 * GRAD_B * PARAMS * (WORLD - 1) / WORLD / bus
     return compute + f.syncs * sync + f.cpu * 16 * PARAMS / cpu + f.fetches * 4 * PARAMS / pcie

@@ -94,14 +94,14 @@ def resolve_setting(
             raise ConfigError(msg)
         # parsing goes on (a benchmark sweep need not stop); the pretrain job stops with msg (setting_of)
         return MissingSetting(tr["gpu"], tr["nodes"], tr["gpus_per_node"], str(plan), msg)
-    micro, gb = tr["micro_batch"], tr["global_batch"]
+    micro_batch, gb = tr["micro_batch"], tr["global_batch"]
     try:
-        accum = accumulation(gb, micro, world)
+        accum = accumulation(gb, micro_batch, world)
     except ValueError as exc:
         raise ConfigError(f"{source}: train.global_batch and train.micro_batch: {exc} (train.nodes x "
                           "train.gpus_per_node)") from None  # fmt: skip
     return TrainSetting(tr["gpu"], tr["nodes"], tr["gpus_per_node"], parse(tr["method"], f"{source}: train.method"),
-                        micro, accum)  # fmt: skip
+                        micro_batch, accum)  # fmt: skip
 
 
 def setting_of(cfg: dict[str, Any]) -> TrainSetting:

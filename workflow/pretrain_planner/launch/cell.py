@@ -175,8 +175,8 @@ def cell_line(cell: dict[str, Any], result: dict[str, Any] | None, error: str | 
         return f"cell {name}: failed ({took}): {(error or 'no result')[:300]}"
     status, parts = result.get("status"), []
     if status in ("ok", "noisy"):
-        mb, accum = result.get("micro_batch"), result.get("grad_accum_steps")
-        parts.append(f"micro-batch {mb}" + (f" x {accum}" if accum and accum > 1 else ""))
+        micro_batch, accum = result.get("micro_batch"), result.get("grad_accum_steps")
+        parts.append(f"micro-batch {micro_batch}" + (f" x {accum}" if accum and accum > 1 else ""))
         if result.get("step_time_s") is not None:
             parts.append(f"step {result['step_time_s']:.4g} s")
         if throughput_text(result):

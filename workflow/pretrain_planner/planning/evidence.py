@@ -240,10 +240,11 @@ def run_of_row(row: dict[str, str], entry: dict[str, Any], catalog: Any, suspect
     if unit is None or rate <= 0 or model is None:
         return f"no per-GPU rate in tokens or samples ({row['per_gpu_rate_unit']!r})"
     model["recipe"]["precision"] = precision
-    micro, per_step = None, None  # a replicated rank's model-state traffic per sample (unknown where sharded)
+    micro_batch, per_step = None, None  # a replicated rank's model-state traffic per sample (unknown where sharded)
     if not SHARDED_TEXT.search(row["method"]):
-        micro, per_step = _int(row["micro_batch"]), (_int(row["global_batch"]) or 0) / (_int(row["gpu_count"]) or 1)
-    work = work_of(model, entry.get("attention") == "eager", int(entry.get("extra_keys", 0)), tf32, micro,
+        micro_batch = _int(row["micro_batch"])
+        per_step = (_int(row["global_batch"]) or 0) / (_int(row["gpu_count"]) or 1)
+    work = work_of(model, entry.get("attention") == "eager", int(entry.get("extra_keys", 0)), tf32, micro_batch,
                    per_step or None)  # fmt: skip
     if work is None:
         return f"{row['model']}: its family has no FLOPs or bytes formula"

@@ -193,26 +193,26 @@ def plan_runs(rows: dict[str, dict[str, Any]], conf: dict[str, Any], model: dict
     if not methods:
         return [], "the pick is naive itself: nothing to check" if conf["mode"] == "chosen" else None, size
 
-    def micro(method: str) -> int:
-        mb = min(int(rows[method]["micro_batch"]), size // world)
-        while (size // world) % mb:
-            mb -= 1
-        return mb
+    def micro_batch_of(method: str) -> int:
+        micro_batch = min(int(rows[method]["micro_batch"]), size // world)
+        while (size // world) % micro_batch:
+            micro_batch -= 1
+        return micro_batch
 
-    def settings_of(method: str, mb: int) -> Any:
+    def settings_of(method: str, micro_batch: int) -> Any:
         spec = RunSpec.of(model, gpu, method, world, cuda=cuda, nodes=nodes)
-        return resolve(spec, mb, size // (world * mb))
+        return resolve(spec, micro_batch, size // (world * micro_batch))
 
     def naive_runs(suffix: str, overrides: dict[str, Any], role: str) -> list[dict[str, Any]]:
-        mb = micro("naive")
-        out = [{"name": f"naive{suffix}", "method": "naive", "micro_batch": mb, "dropout_seed": 0,
+        micro_batch = micro_batch_of("naive")
+        out = [{"name": f"naive{suffix}", "method": "naive", "micro_batch": micro_batch, "dropout_seed": 0,
                 "overrides": overrides, "role": role}]  # fmt: skip
-        if mb >= 2:
+        if micro_batch >= 2:
             out.append(
                 {
-                    "name": f"naive{suffix}~mb{mb // 2}",
+                    "name": f"naive{suffix}~mb{micro_batch // 2}",
                     "method": "naive",
-                    "micro_batch": mb // 2,
+                    "micro_batch": micro_batch // 2,
                     "dropout_seed": 0,
                     "overrides": overrides,
                     "role": "variant",
@@ -220,17 +220,17 @@ def plan_runs(rows: dict[str, dict[str, Any]], conf: dict[str, Any], model: dict
                 }
             )
         for seed in range(1, int(conf["seeds"])):
-            out.append({"name": f"naive{suffix}~dropout{seed}", "method": "naive", "micro_batch": mb,
+            out.append({"name": f"naive{suffix}~dropout{seed}", "method": "naive", "micro_batch": micro_batch,
                         "dropout_seed": seed, "overrides": overrides, "role": "variant", "of": f"naive{suffix}",
                         "only_if_dropout": True})  # fmt: skip
         return out
 
     runs = naive_runs("", {}, "reference")
-    base = precision_key(settings_of("naive", micro("naive")))
+    base = precision_key(settings_of("naive", micro_batch_of("naive")))
     precisions: dict[tuple[Any, ...], str] = {}
     for m in methods:
-        key = precision_key(settings_of(m, micro(m)))
-        entry = {"name": m, "method": m, "micro_batch": micro(m), "dropout_seed": 0, "role": "method",
+        key = precision_key(settings_of(m, micro_batch_of(m)))
+        entry = {"name": m, "method": m, "micro_batch": micro_batch_of(m), "dropout_seed": 0, "role": "method",
                  "against": "naive"}  # fmt: skip
         if key != base:
             name = precisions.get(key)

@@ -199,10 +199,10 @@ def largest_micro_batch(
     if states.at_step > capacity:
         return 0
     full = top if per_rank_batch is None else per_rank_batch
-    mb = top
-    while mb >= 1 and states.at_forward(mb < full) + mb * per_sample > capacity:
-        mb //= 2
-    return mb
+    micro_batch = top
+    while micro_batch >= 1 and states.at_forward(micro_batch < full) + micro_batch * per_sample > capacity:
+        micro_batch //= 2
+    return micro_batch
 
 
 def predicted_micro_batch(

@@ -62,7 +62,7 @@ class Features:
     syncs: float  # all-reduce volumes per step
     cpu: float  # CPU optimizer steps over the full model states (1 / ranks when sharded)
     fetches: float  # parameter fetches over PCIe per step
-    mb: int
+    micro_batch: int
     slug: str = ""
     hybrid: bool = False  # shards inside a node, replicates across nodes (methods.HYBRID)
 
@@ -73,26 +73,26 @@ def features(  # fmt: skip
     level: int,
     sharded: bool,
     offload: bool,
-    mb: int,
+    micro_batch: int,
     batch: int,
     world: int,
     slug: str = "",
     hybrid: bool = False,
 ) -> Features:
-    """A method's step (sharding `level`: 0 none .. 3 full) at micro-batch `mb` of a per-rank `batch`."""
-    accum = max(1, batch // mb)
+    """A method's step (sharding `level`: 0 none .. 3 full) at micro-batch `micro_batch` of a per-rank `batch`."""
+    accum = max(1, batch // micro_batch)
     syncs = 0.0 if world == 1 else (accum if sharded else 1) * (FULL_SHARD_VOLUME if level >= 3 else 1.0)
     cpu = (1 / world if sharded else 1.0) if offload else 0.0
-    return Features(family, ac, syncs, cpu, float(accum) if offload and level >= 3 else 0.0, mb, slug, hybrid)
+    return Features(family, ac, syncs, cpu, float(accum) if offload and level >= 3 else 0.0, micro_batch, slug, hybrid)
 
 
-def of_method(slug: str, mb: int, batch: int, world: int) -> Features:
+def of_method(slug: str, micro_batch: int, batch: int, world: int) -> Features:
     """`features` of a method slug (methods.py grammar)."""
     from pretrain_planner.planning.methods import HYBRID, parse
 
     m = parse(slug)
-    return features(m.base, m.checkpointing, m.sharding_level, bool(m.sharding), m.offload, mb, batch, world, slug,
-                    m.sharding in HYBRID)  # fmt: skip
+    return features(m.base, m.checkpointing, m.sharding_level, bool(m.sharding), m.offload, micro_batch, batch, world,
+                    slug, m.sharding in HYBRID)  # fmt: skip
 
 
 def allreduce_bytes(params: float, world: int) -> float:

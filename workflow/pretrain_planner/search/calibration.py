@@ -43,18 +43,18 @@ def _states(setting: Setting, s: Shape) -> float:
 
 
 def largest_fitting(cap: int, states: float, per_sample: float, capacity: float) -> int:
-    mb = cap
-    while mb >= 1 and states + mb * per_sample > capacity:
-        mb //= 2
-    return mb
+    micro_batch = cap
+    while micro_batch >= 1 and states + micro_batch * per_sample > capacity:
+        micro_batch //= 2
+    return micro_batch
 
 
-def anchor_note(setting: Setting, mb: int) -> str:
-    if mb == setting.per_rank_batch:
-        return f"micro-batch {mb} = per-GPU batch"
-    if mb == setting.top:
-        return f"micro-batch {mb} = the largest tried (benchmark.max_micro_batch)"
-    return f"micro-batch {mb}"
+def anchor_note(setting: Setting, micro_batch: int) -> str:
+    if micro_batch == setting.per_rank_batch:
+        return f"micro-batch {micro_batch} = per-GPU batch"
+    if micro_batch == setting.top:
+        return f"micro-batch {micro_batch} = the largest tried (benchmark.max_micro_batch)"
+    return f"micro-batch {micro_batch}"
 
 
 def bound(setting: Setting, s: Shape, observed: Mapping[str, Observation], measured_act: float | None):
@@ -119,16 +119,16 @@ def optimistic_mb(setting: Setting, s: Shape, cap: int, guess: int, observed: Ma
     mine = states(s)
     fitted = _overhead_and_activation(anchors)
     sa, peak, ma = min(anchors, key=lambda a: abs(a[0] - mine))
-    mb = min([cap] + [m for st, _p, m in anchors if st <= mine])
-    while mb > guess:
+    micro_batch = min([cap] + [m for st, _p, m in anchors if st <= mine])
+    while micro_batch > guess:
         if fitted:
-            need = mine + fitted[0] + mb * fitted[1]
+            need = mine + fitted[0] + micro_batch * fitted[1]
         else:
-            need = peak + mine - sa + (mb - ma) * ACTIVATION_LB_SHARE * (peak - sa) / ma
+            need = peak + mine - sa + (micro_batch - ma) * ACTIVATION_LB_SHARE * (peak - sa) / ma
         if need <= mem.capacity:
             break
-        mb //= 2
-    return max(guess, mb)
+        micro_batch //= 2
+    return max(guess, micro_batch)
 
 
 def _overhead_and_activation(cells: list[tuple[float, float, int]]) -> tuple[float, float] | None:

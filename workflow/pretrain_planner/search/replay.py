@@ -44,16 +44,16 @@ def predicted_table(setting: Setting, hours: Mapping[str, float]) -> dict[str, O
     mem, table = setting.memory, {}
     for slug in setting.methods:
         s = shape(slug)
-        mb = setting.top
+        micro_batch = setting.top
         if mem.capacity and mem.params and mem.activation_est:
             states = mem.states(s.sharding, s.offload, setting.world_size).peak * 1.2
             share = AC_ESTIMATE_SHARE if s.ac else 1.0
-            mb = largest_fitting(mb, states, mem.activation_est * share, mem.capacity)
-        ok = mb >= 1
+            micro_batch = largest_fitting(micro_batch, states, mem.activation_est * share, mem.capacity)
+        ok = micro_batch >= 1
         # relative step time: the work order's factors, and the saturation of small micro-batches
         step = (1 + AC_EXTRA_WORK * s.ac) * (1.5 if s.offload else 1.0) * 1.05**s.level
-        step *= min(setting.top, setting.saturated) / min(max(mb, 1), setting.saturated)
+        step *= min(setting.top, setting.saturated) / min(max(micro_batch, 1), setting.saturated)
         table[slug] = Observation(
-            "ok" if ok else "oom", mb if ok else None, step if ok else None, gpu_hours=hours[slug]
+            "ok" if ok else "oom", micro_batch if ok else None, step if ok else None, gpu_hours=hours[slug]
         )
     return table

@@ -81,8 +81,8 @@ class Decision:
     pruned: dict[str, str]  # method -> why it cannot win
 
 
-def _fits(mb: int, ob: Observation) -> str:
-    return f"reached micro-batch {mb}" if ob.status == "ok" else "does not fit micro-batch 1"
+def _fits(micro_batch: int, ob: Observation) -> str:
+    return f"reached micro-batch {micro_batch}" if ob.status == "ok" else "does not fit micro-batch 1"
 
 
 def _cannot_win(setting: Setting, s: Shape, cap: int, why: str, observed: Mapping[str, Observation]) -> str | None:
@@ -170,11 +170,11 @@ def decide(setting: Setting, observed: Mapping[str, Observation]) -> Decision:
             for slug in open_:
                 if slug in pruned:
                     continue
-                mb = hopeful[slug]
-                t, hardware = tm.lower(_features(setting, shape(slug), mb))
+                micro_batch = hopeful[slug]
+                t, hardware = tm.lower(_features(setting, shape(slug), micro_batch))
                 if t >= best[0] * (1 - setting.tolerance):
                     pruned[slug] = (
-                        f"{slug}: predicted at least {t:.4g} s a step at micro-batch {mb}"
+                        f"{slug}: predicted at least {t:.4g} s a step at micro-batch {micro_batch}"
                         f"{f' ({hardware})' if hardware else ''} >= {best[0]:.4g} s of {best[1]} less the "
                         f"{setting.tolerance:.0%} tolerance (the time model: {tm.describe()}; a prediction, "
                         f"not a proof)"
@@ -266,19 +266,20 @@ def _saver_pays(k: Knowledge, slug: str, s: Shape, mb_self: int) -> tuple[str, s
         if not getattr(s, saver):
             continue
         x = variant(slug, **{saver: False})
-        st, mb = k.state(x)
+        st, micro_batch = k.state(x)
         # a sharded step communicates every micro-batch: there a larger one pays even beyond saturation
         sat = k.setting.top if s.sharding and k.setting.world_size > 1 else k.setting.saturated
         enough = min(mb_self, sat, k.setting.top)
-        busy = f" and {sat} samples keep the GPU busy" if mb >= sat and sat < k.setting.top else ""
-        if st == "fits" and mb >= enough:
-            return "prune", f"{finding}: {x} fits micro-batch {mb}, {slug} is expected to reach {mb_self}{busy}"
-        if st == "pruned" and mb >= 1 and mb >= enough:
+        busy = f" and {sat} samples keep the GPU busy" if micro_batch >= sat and sat < k.setting.top else ""
+        if st == "fits" and micro_batch >= enough:
+            return "prune", (f"{finding}: {x} fits micro-batch {micro_batch}, {slug} is expected to reach "
+                             f"{mb_self}{busy}")  # fmt: skip
+        if st == "pruned" and micro_batch >= 1 and micro_batch >= enough:
             return "prune", (
-                f"{finding}: {x} is expected to fit micro-batch {mb}, {slug} {mb_self}{busy}, and {x} was pruned "
-                f"({k.pruned[x].split(': ', 1)[1]})"
+                f"{finding}: {x} is expected to fit micro-batch {micro_batch}, {slug} {mb_self}{busy}, and {x} was "
+                f"pruned ({k.pruned[x].split(': ', 1)[1]})"
             )
-        if st == "open" and mb >= 1 and mb >= enough:
+        if st == "open" and micro_batch >= 1 and micro_batch >= enough:
             return "defer", f"{x} first"
     return None
 
@@ -295,18 +296,18 @@ def _memory_forces_sharding(k: Knowledge, slug: str, s: Shape, mb_self: int) -> 
     waits = []
     for sh in lower:
         x = variant(slug, sharding=sh)
-        st, mb = k.state(x)
-        if st == "fits" and mb >= mb_self:
+        st, micro_batch = k.state(x)
+        if st == "fits" and micro_batch >= mb_self:
             return "prune", (
-                f"full sharding only when memory forces it: {x} shards less and fits micro-batch {mb}, no less "
-                f"than the {mb_self} {slug} is expected to reach"
+                f"full sharding only when memory forces it: {x} shards less and fits micro-batch {micro_batch}, no "
+                f"less than the {mb_self} {slug} is expected to reach"
             )
-        if st == "pruned" and mb >= 1 and mb >= mb_self:
+        if st == "pruned" and micro_batch >= 1 and micro_batch >= mb_self:
             return "prune", (
-                f"full sharding only when memory forces it: {x} shards less, is expected to fit micro-batch {mb} "
-                f"(no less than {slug}'s {mb_self}) and was pruned"
+                f"full sharding only when memory forces it: {x} shards less, is expected to fit micro-batch "
+                f"{micro_batch} (no less than {slug}'s {mb_self}) and was pruned"
             )
-        if st == "open" and mb >= 1 and mb >= mb_self:
+        if st == "open" and micro_batch >= 1 and micro_batch >= mb_self:
             waits.append(x)
     return ("defer", f"{', '.join(waits)} first") if waits else None
 
@@ -340,9 +341,11 @@ def time_model(setting: Setting, observed: Mapping[str, Observation]) -> Hypothe
     return hyp.fit(timed)
 
 
-def _features(setting: Setting, s: Shape, mb: int) -> Features:
+def _features(setting: Setting, s: Shape, micro_batch: int) -> Features:
     st = setting
-    return features(s.family, s.ac, s.level, bool(s.sharding), s.offload, mb, st.per_rank_batch, st.world_size, s.slug)
+    return features(
+        s.family, s.ac, s.level, bool(s.sharding), s.offload, micro_batch, st.per_rank_batch, st.world_size, s.slug
+    )
 
 
 def _next(setting: Setting, open_: Mapping[str, int], predicted: Mapping[str, int], tm: Hypotheses) -> list[str]:
@@ -358,10 +361,10 @@ def _next(setting: Setting, open_: Mapping[str, int], predicted: Mapping[str, in
         pool = list(open_)
         return [m for m in pool if not any(o != m and covers(shapes[o], shapes[m]) for o in pool)]
     if tm.cells or tm.tau_floor:
-        times = {m: tm.central(_features(setting, shapes[m], mb)) for m, mb in fitting.items()}
+        times = {m: tm.central(_features(setting, shapes[m], micro_batch)) for m, micro_batch in fitting.items()}
         return [min(fitting, key=lambda m: (times[m], lattice_rank(m)))]
     # no time model (no FLOPs and nothing measured): the least work among those expected to reach the most
-    capped = {m: min(mb, setting.saturated) for m, mb in fitting.items()}
+    capped = {m: min(micro_batch, setting.saturated) for m, micro_batch in fitting.items()}
     target = max(capped.values())
     pool = [m for m in fitting if capped[m] == target]
     return [m for m in pool if not any(o != m and covers(shapes[m], shapes[o]) for o in pool)]

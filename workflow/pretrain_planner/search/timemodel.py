@@ -35,13 +35,13 @@ from pretrain_planner.planning.stepmodel import Features, compute_units, offload
 BUS_B_S = np.geomspace(5e9, 1.6e12, 26)  # all-reduce bus bandwidth: Ethernet / PCIe 3 class .. NVLink 5
 CPU_ADAM_B_S = np.geomspace(0.5e9, 64e9, 15)  # model-state bytes a CPU optimizer step gets through per second
 PCIE_B_S = np.geomspace(4e9, 128e9, 11)  # host-to-device bandwidth for offloaded parameters
-EXPONENTS = np.array([0.25, 0.375, 0.5, 0.625, 0.75])  # below saturation: step time ~ (saturated / mb) ** e
+EXPONENTS = np.array([0.25, 0.375, 0.5, 0.625, 0.75])  # below saturation: step time ~ (saturated / micro_batch) ** e
 CENTRAL_MFU_SHARE = 0.5  # a family not measured yet runs at half the MFU ceiling (for the order only)
 
 
 def _same_kind(a: Features, b: Features) -> bool:
     """Same checkpointing, offload and communication per micro-batch (engines and micro-batches may differ)."""
-    return a.ac == b.ac and (a.cpu > 0) == (b.cpu > 0) and a.syncs / a.mb == b.syncs / b.mb
+    return a.ac == b.ac and (a.cpu > 0) == (b.cpu > 0) and a.syncs / a.micro_batch == b.syncs / b.micro_batch
 
 
 @dataclass
@@ -80,7 +80,7 @@ class Hypotheses:
 
     def _compute_units(self, f: Features) -> np.ndarray:
         """Samples' worth of compute per hypothesis (the exponent varies)."""
-        slow = (self.saturated / f.mb) ** self.e if f.mb < self.saturated else np.ones_like(self.e)
+        slow = (self.saturated / f.micro_batch) ** self.e if f.micro_batch < self.saturated else np.ones_like(self.e)
         return compute_units(f, self.batch) * slow
 
     def _rest(self, f: Features) -> np.ndarray:
@@ -118,7 +118,7 @@ class Hypotheses:
         mine = [(a, t) for a, t in self.measured if a.family == f.family and _same_kind(a, f)]
         if not mine:
             return pred, None
-        a, t = min(mine, key=lambda at: (abs(np.log2(at[0].mb / f.mb)), at[1]))
+        a, t = min(mine, key=lambda at: (abs(np.log2(at[0].micro_batch / f.micro_batch)), at[1]))
         return pred * (t / self.predict(a)), a.slug
 
     def central(self, f: Features) -> float:
@@ -135,7 +135,7 @@ class Hypotheses:
         parts = [f"bus {bus:.3g} GB/s"] if f.syncs else []
         parts += [f"CPU Adam {cpu:.3g} GB/s"] if f.cpu else []
         parts += [f"PCIe {pcie:.3g} GB/s"] if f.fetches else []
-        parts += [f"small-batch exponent {self.e[i]:g}"] if f.mb < self.saturated else []
+        parts += [f"small-batch exponent {self.e[i]:g}"] if f.micro_batch < self.saturated else []
         parts += [f"scaled from {anchor}"] if anchor else []
         return float(pred[i]), ", ".join(parts)
 

@@ -158,16 +158,18 @@ def training_arguments(
     s = settings or settings_for(model, gpu, row)
     r, opt = model.recipe, model.recipe.optimizer
     cpu = _is_cpu(gpu)
-    mb, accum = int(row["micro_batch"]), int(row["grad_accum_steps"])
+    micro_batch, accum = int(row["micro_batch"]), int(row["grad_accum_steps"])
     world = int(row["nodes"]) * int(row["gpus_per_node"])
     max_steps = _max_steps(model, row.get("step_time_s"))
     notes: list[str] = []
-    if mb * accum * world != r.global_batch:
-        notes.append(f"micro-batch {mb} x {accum} x {world} GPUs != the recipe's global batch {r.global_batch}")
+    if micro_batch * accum * world != r.global_batch:
+        notes.append(
+            f"micro-batch {micro_batch} x {accum} x {world} GPUs != the recipe's global batch {r.global_batch}"
+        )
     slug = s["method"].replace("+", "-")
     args: dict[str, Any] = {
         "output_dir": output_dir or f"runs/{model.name}-{gpu.name}-{row['nodes']}x{row['gpus_per_node']}-{slug}",
-        "per_device_train_batch_size": mb,
+        "per_device_train_batch_size": micro_batch,
         "gradient_accumulation_steps": accum,
         "max_steps": max_steps,
         "learning_rate": opt.lr,

@@ -113,7 +113,7 @@ class Step:
     """One method's predicted step on the target, seconds: (optimistic, central, pessimistic)."""
 
     slug: str
-    mb: int
+    micro_batch: int
     compute: tuple[float, float, float]
     comm: tuple[float, float, float]
     estimate: Estimate
@@ -170,7 +170,9 @@ class Predictor:
         ok = ran(cells).filter(pl.col("mfu").is_not_null() & (pl.col("mfu") > 0))
         one = {(r["model"], r["gpu"], r["method"]): r["step_time_s"]
                for r in ok.filter(pl.col("world_size") == 1).iter_rows(named=True)}  # fmt: skip
-        self.own: dict[str, list[tuple[Run, float | None, int | None]]] = defaultdict(list)  # model -> (run, comm, mb)
+        self.own: dict[str, list[tuple[Run, float | None, int | None]]] = defaultdict(
+            list
+        )  # model -> (run, comm, micro-batch)
         self.own_nodes: dict[str, int] = {}  # a measured cell's run id -> its nodes (its layout's bandwidths)
         for r in ok.iter_rows(named=True):
             got = self._own_run(r, one.get((r["model"], r["gpu"], r["method"])))
@@ -194,8 +196,8 @@ class Predictor:
         """A measured cell as a Run: its compute per unit (its communication split off where a one-GPU cell of the
         same method tells it), with its communication seconds and micro-batch."""
         spec = self.catalog.models.get(r["model"])
-        mb = r.get("micro_batch")
-        work = _work(spec, r["method"], int(mb) if mb else None, r["world_size"]) if spec else None
+        micro_batch = r.get("micro_batch")
+        work = _work(spec, r["method"], int(micro_batch) if micro_batch else None, r["world_size"]) if spec else None
         if work is None or r["gpu"] not in self.catalog.gpus:
             return None
         t, w = r["step_time_s"], r["world_size"]
@@ -207,7 +209,7 @@ class Predictor:
                   f"own:{r['model']}:{w}:{r['method']}", r["method"], work.precision, (t - (comm or 0.0)) / units,
                   work.flops, work.memory_bytes, public=False, tf32=work.tf32, formula=work.formula,
                   origin="own")  # fmt: skip
-        return run, comm, int(mb) if mb else None
+        return run, comm, int(micro_batch) if micro_batch else None
 
     def _nearest(self, spec: ModelSpec, candidates: list[str], same) -> str | None:
         size = math.log(max(param_count(spec.to_dict()) or 1.0, 1.0))
@@ -332,9 +334,10 @@ class Predictor:
             return False, f"memory model: at least {gib_text(need / GIB)} per GPU > {g.memory_gib:g} GiB"
         return True, ""
 
-    def _need(self, spec: ModelSpec, m: methods.Method, world: int, mb: int, nodes: int = 1) -> float:
-        """The memory model's bytes per GPU at micro-batch `mb` (tables/memfix.py: its one use of the memory model)."""
-        return memfix.need_bytes(spec, m, world, mb, nodes)
+    def _need(self, spec: ModelSpec, m: methods.Method, world: int, micro_batch: int, nodes: int = 1) -> float:
+        """The memory model's bytes per GPU at micro-batch `micro_batch` (tables/memfix.py: its one use of the memory
+        model)."""
+        return memfix.need_bytes(spec, m, world, micro_batch, nodes)
 
     def _largest_mb(self, spec: ModelSpec, slug: str, gpu: str, world: int, nodes: int = 1) -> int:
         """The largest power-of-two micro-batch (up to the per-GPU batch) the memory model lets fit; 0 = none."""
@@ -342,10 +345,10 @@ class Predictor:
         cap = self.catalog.gpu(gpu).memory_gib
         if not cap:
             return per_rank
-        m, mb = methods.parse(slug), per_rank
-        while mb >= 1 and self._need(spec, m, world, mb, nodes) > cap * GIB:
-            mb //= 2
-        return mb
+        m, micro_batch = methods.parse(slug), per_rank
+        while micro_batch >= 1 and self._need(spec, m, world, micro_batch, nodes) > cap * GIB:
+            micro_batch //= 2
+        return micro_batch
 
     def _link(self, gpu: str, nodes: int) -> tuple[float | None, float | None]:
         """(GPU-to-GPU link per direction, network per GPU to other nodes), bytes/s, as the catalog (and the site
@@ -363,7 +366,7 @@ class Predictor:
             return None
         return stepmodel.comm_seconds(f, params, nodes, world // nodes, link, net)
 
-    def _comm(self, spec: ModelSpec, slug: str, mb: int, gpu: str, world: int,
+    def _comm(self, spec: ModelSpec, slug: str, micro_batch: int, gpu: str, world: int,
               measured: list[tuple[Run, float | None, int | None]],
               nodes: int = 1) -> tuple[float, float, float]:  # fmt: skip
         """(optimistic, central, pessimistic) communication seconds per step on the target's layout: measured splits
@@ -376,7 +379,7 @@ class Predictor:
 
         per_rank = spec.recipe.global_batch // world
         params = param_count(spec.to_dict()) or 0.0
-        f = stepmodel.of_method(slug, mb, per_rank, world)
+        f = stepmodel.of_method(slug, micro_batch, per_rank, world)
         target = self._comm_model(f, params, gpu, nodes, world)
         got = []
         for run, comm, mb_src in measured:
@@ -407,16 +410,16 @@ class Predictor:
         slow = stepmodel.comm_seconds(f, params, nodes, gpn, slow_link, slow_net)
         return fast, math.sqrt(fast * slow), slow
 
-    def _step(self, spec: ModelSpec, slug: str, gpu: str, world: int, mb: int, basis: list[Run],
+    def _step(self, spec: ModelSpec, slug: str, gpu: str, world: int, micro_batch: int, basis: list[Run],
               measured: list[tuple[Run, float | None, int | None]], nodes: int = 1) -> Step | None:  # fmt: skip
-        work = _work(spec, slug, mb, world)
+        work = _work(spec, slug, micro_batch, world)
         est = self.model.estimate(basis, work, gpu) if work else None
         if est is None:
             return None
         m = methods.parse(slug)
         units = _rank_units(spec, m, world)
         compute = (est.low * units, est.central * units, est.high * units)
-        return Step(slug, mb, compute, self._comm(spec, slug, mb, gpu, world, measured, nodes), est)
+        return Step(slug, micro_batch, compute, self._comm(spec, slug, micro_batch, gpu, world, measured, nodes), est)
 
     # ---------------------------------------------------------------------------------------- predict
 
@@ -462,9 +465,9 @@ class Predictor:
                 if not fits:
                     refused.append(f"{slug}: {why}")
                     continue
-                mbs = [mb for run, _c, mb in measured if run.method == slug and mb]
-                mb = min(max(mbs) if mbs else r.global_batch // world, r.global_batch // world)
-                step = self._step(spec, slug, gpu, world, mb, runs, measured, nodes)
+                mbs = [micro_batch for run, _c, micro_batch in measured if run.method == slug and micro_batch]
+                micro_batch = min(max(mbs) if mbs else r.global_batch // world, r.global_batch // world)
+                step = self._step(spec, slug, gpu, world, micro_batch, runs, measured, nodes)
                 if step:
                     options.append(step)
         else:
@@ -474,11 +477,11 @@ class Predictor:
                 if grid.invalid_reason(cell, spec, g, "slurm", self.catalog):
                     continue
                 fits, why = self._fits(model, slug, gpu, world, nodes)
-                mb = self._largest_mb(spec, slug, gpu, world, nodes) if fits else 0
-                if not fits or mb < 1:
+                micro_batch = self._largest_mb(spec, slug, gpu, world, nodes) if fits else 0
+                if not fits or micro_batch < 1:
                     refused.append(f"{slug}: {why or 'the memory model fits no micro-batch'}")
                     continue
-                step = self._step(spec, slug, gpu, world, mb, runs, [], nodes)
+                step = self._step(spec, slug, gpu, world, micro_batch, runs, [], nodes)
                 if step:
                     options.append(step)
         if not options:
@@ -487,7 +490,7 @@ class Predictor:
         best = min(options, key=lambda s: (s.seconds[1], PUBLIC_METHODS.index(s.slug) if s.slug in PUBLIC_METHODS
                                            else 0, s.slug))  # fmt: skip
         opt, central, pess = best.seconds
-        p.method, p.micro_batch = best.slug, best.mb
+        p.method, p.micro_batch = best.slug, best.micro_batch
         p.mfu_high, p.mfu_central, p.mfu_low = (flops / (world * peak * 1e12 * s) for s in (opt, central, pess))
         p.comm_share = best.comm[1] / central if central else None
         p.days_optimistic, p.days_central, p.days_pessimistic = (r.steps * s / 86400 for s in (opt, central, pess))
@@ -496,9 +499,10 @@ class Predictor:
         p.transfer = best.estimate.kind.short + (" (near)" if best.estimate.nearest < NEAR else " (far)")
         p.model_error = best.estimate.band_note
         what = "measured method(s)" if kind == OWN else "data-parallel method(s) (public evidence)"
+        basis_gpus = ", ".join(sorted({b.gpu for b, _t, _w in best.estimate.basis}))
         p.why = (f"fastest of {len(options)} {what} that fit {world} x {gpu}"
-                 f"{' (' + str(g.memory_gib) + ' GiB)' if g.memory_gib else ''} at micro-batch {best.mb}; compute "
-                 f"from {p.basis} on {', '.join(sorted({b.gpu for b, _t, _w in best.estimate.basis}))}")  # fmt: skip
+                 f"{' (' + str(g.memory_gib) + ' GiB)' if g.memory_gib else ''} at micro-batch {best.micro_batch}; "
+                 f"compute from {p.basis} on {basis_gpus}")  # fmt: skip
         if refused:
             p.note = "; ".join(x for x in (p.note, "does not fit: " + "; ".join(refused)) if x)
         if nodes > 1:

@@ -27,8 +27,8 @@ def _gpus(r: Row) -> str:
 
 
 def _micro(r: Row) -> str:
-    mb, accum = r.get("micro_batch"), r.get("grad_accum_steps")
-    return "" if mb is None else f"{mb} x {accum}" if accum is not None else str(mb)
+    micro_batch, accum = r.get("micro_batch"), r.get("grad_accum_steps")
+    return "" if micro_batch is None else f"{micro_batch} x {accum}" if accum is not None else str(micro_batch)
 
 
 def _throughput(r: Row) -> str:

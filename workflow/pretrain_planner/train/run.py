@@ -74,9 +74,9 @@ class Training(Hooks):
     launcher started), rank 0's log, the task's data (`data`: trainer/tasks.py), the method through the trainer's
     one build path (`build_method`: checked, then built) and the shared loop with this object as its hooks
     (`start_loop`). The stages are recipes of it: a plan's run (`_Train` below) and the budget stage's
-    time-budgeted masked LM (budget/pretrain.py). A subclass sets `micro`, `accum` and `data` before building."""
+    time-budgeted masked LM (budget/pretrain.py). A subclass sets `micro_batch`, `accum` and `data` before building."""
 
-    micro: int
+    micro_batch: int
     accum: int
     data: tasks.TaskData
 
@@ -125,7 +125,7 @@ class Training(Hooks):
 
     # -- the loop's hooks every run shares ----------------------------------------------------------------
     def batch_at(self, index: int) -> dict[str, torch.Tensor]:
-        """This rank's slice of the next micro * world samples of the global stream (the sampler's state is the
+        """This rank's slice of the next micro_batch * world samples of the global stream (the sampler's state is the
         same on every rank, so rank 0's checkpoint resumes them all)."""
         return self.data.batch(self.micro_batch, self.world, self.ranks.rank, self.device)
 

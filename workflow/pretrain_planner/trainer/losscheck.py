@@ -79,12 +79,12 @@ def global_batch(model: dict[str, Any], size: int, step: int, seed: int) -> dict
             "labels": torch.where(masked, ids, torch.full_like(ids, -100))}  # fmt: skip
 
 
-def rank_micro_batches(batch: dict[str, torch.Tensor], env: RankEnv, micro: int, accum: int,
+def rank_micro_batches(batch: dict[str, torch.Tensor], env: RankEnv, micro_batch: int, accum: int,
                        ) -> list[dict[str, torch.Tensor]]:  # fmt: skip
     """This rank's slice of the global batch, as `accum` micro-batches of `micro` samples on its device."""
-    per_rank = micro * accum
+    per_rank = micro_batch * accum
     start = env.rank * per_rank
-    return [{k: v[start + i * micro: start + (i + 1) * micro].to(env.device) for k, v in batch.items()}
+    return [{k: v[start + i * micro_batch: start + (i + 1) * micro_batch].to(env.device) for k, v in batch.items()}
             for i in range(accum)]  # fmt: skip
 
 
@@ -129,8 +129,8 @@ def _break(built: methodbuild.Built, fault: str, accum: int) -> None:
     """A test's deliberate fault in one run (FAULT_ENV)."""
     step = built.step
     if fault == "unscaled_accum":
-        micro = step.micro
-        step.micro = lambda batch, scale, sync_grads: micro(batch, scale * accum, sync_grads)
+        micro_batch = step.micro
+        step.micro = lambda batch, scale, sync_grads: micro_batch(batch, scale * accum, sync_grads)
     elif fault == "lr_x2":
         opt = built.engine.optimizer if built.engine is not None else step.optimizer
         for g in opt.param_groups:
@@ -142,9 +142,9 @@ def _break(built: methodbuild.Built, fault: str, accum: int) -> None:
 def run_curve(cfg: RunConfig, env: RankEnv, run: dict[str, Any], check: dict[str, Any],
               init: dict[str, torch.Tensor], fault: str | None) -> dict[str, Any]:  # fmt: skip
     """One run of the check: its loss and gradient norm per step (rank 0's view of the global values)."""
-    micro, world = int(run["micro_batch"]), cfg.cell.world_size
+    micro_batch, world = int(run["micro_batch"]), cfg.cell.world_size
     size = int(check["global_batch"])
-    accum = size // (world * micro)
+    accum = size // (world * micro_batch)
     spec = RunSpec.of(cfg.model, cfg.gpu, run["method"], world, cuda=env.device.type == "cuda",
                       compile_model=cfg.compile_model, nodes=cfg.cell.nodes)  # fmt: skip
     out: dict[str, Any] = {**run, "grad_accum_steps": accum, "loss": [], "grad_norm": []}
@@ -152,7 +152,7 @@ def run_curve(cfg: RunConfig, env: RankEnv, run: dict[str, Any], check: dict[str
         methodbuild.check(spec, env)
     except Unsupported as exc:
         return {**out, "error": f"unsupported: {exc}"}
-    built = methodbuild.build(spec, env, micro, accum, int(check["seed"]), lr_every_step=False,
+    built = methodbuild.build(spec, env, micro_batch, accum, int(check["seed"]), lr_every_step=False,
                               lr_schedule="constant (the loss check)", init_state=init,
                               overrides=run.get("overrides") or None)  # fmt: skip
     if run.get("only_if_dropout") and not _has_dropout(built.net):
@@ -167,7 +167,9 @@ def run_curve(cfg: RunConfig, env: RankEnv, run: dict[str, Any], check: dict[str
     ranks = Ranks.of(env)
     torch.manual_seed(DROPOUT_SEED + int(run.get("dropout_seed", 0)))
     for step_no in range(int(check["steps"])):
-        batches = rank_micro_batches(global_batch(cfg.model, size, step_no, int(check["seed"])), env, micro, accum)
+        batches = rank_micro_batches(
+            global_batch(cfg.model, size, step_no, int(check["seed"])), env, micro_batch, accum
+        )
         losses = [built.step.micro(b, 1.0 / accum, sync_grads=i == accum - 1).float()
                   for i, b in enumerate(batches)]  # fmt: skip
         norm = _grad_norm(built)

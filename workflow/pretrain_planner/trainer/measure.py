@@ -80,8 +80,8 @@ def _close(env: RankEnv, step: TrainStep | None) -> None:
     free_memory(env)
 
 
-def _trial_entry(mb: int, verdict: Verdict, seconds: float, **extra: Any) -> dict[str, Any]:
-    entry: dict[str, Any] = {"micro_batch": mb, "fits": not verdict.oom, **extra, "seconds": round(seconds, 4)}
+def _trial_entry(micro_batch: int, verdict: Verdict, seconds: float, **extra: Any) -> dict[str, Any]:
+    entry: dict[str, Any] = {"micro_batch": micro_batch, "fits": not verdict.oom, **extra, "seconds": round(seconds, 4)}
     if verdict.oom:
         entry["oom_ranks"] = verdict.ranks
         entry["error"] = verdict.message
@@ -114,30 +114,30 @@ def find_micro_batch(cfg: RunConfig, env: RankEnv, build: Builder, start: int | 
     step: TrainStep | None = None
     options: tuple[str, ...] = ()  # the gradient synchronisations the method offers (FSDP2: last, every)
     try:
-        for mb in candidates if start is None else [c for c in candidates if c < start]:
+        for micro_batch in candidates if start is None else [c for c in candidates if c < start]:
             sync_modes: list[str | None] = [None]
             while sync_modes:
                 sync = sync_modes.pop(0)
                 t0 = time.perf_counter()
 
-                def trial(mb: int = mb, sync: str | None = sync) -> None:
+                def trial(micro_batch: int = micro_batch, sync: str | None = sync) -> None:
                     nonlocal step, options
-                    if step is None or not step.accepts(mb):
+                    if step is None or not step.accepts(micro_batch):
                         _close(env, step)
                         step = None
-                        step = build(mb, per_rank // mb)
+                        step = build(micro_batch, per_rank // micro_batch)
                     options = step.grad_sync_options()
                     if sync is not None:
                         step.set_grad_sync(sync)
-                    batch = batches_for(cfg, env, mb, 1)
-                    step.trial(batch[0], env.distributed, accumulates=per_rank // mb > 1)
+                    batch = batches_for(cfg, env, micro_batch, 1)
+                    step.trial(batch[0], env.distributed, accumulates=per_rank // micro_batch > 1)
 
                 verdict = guarded(env, trial)
                 used = sync or (options[0] if options else None)
                 extra = {"grad_sync": used} if used else {}
-                search.trials.append(_trial_entry(mb, verdict, time.perf_counter() - t0, **extra))
+                search.trials.append(_trial_entry(micro_batch, verdict, time.perf_counter() - t0, **extra))
                 k, fits = len(search.trials), "OOM" if verdict.oom else "fits"
-                progress.mark(k, f"micro-batch search trial {k}: micro-batch {mb} {fits}"
+                progress.mark(k, f"micro-batch search trial {k}: micro-batch {micro_batch} {fits}"
                               + (f" (gradient sync {used})" if used else ""), always=True)  # fmt: skip
                 if verdict.oom:
                     phase = step.trial_phase if step is not None else 0
@@ -145,12 +145,12 @@ def find_micro_batch(cfg: RunConfig, env: RankEnv, build: Builder, start: int | 
                     # a step with accumulation that ran out of memory while holding its accumulated (unsharded)
                     # gradients: try the same size with one reduce-scatter per micro-batch
                     # (a collective: its condition must not depend on what this rank managed to build)
-                    if sync is None and per_rank // mb > 1 and env.distributed:
+                    if sync is None and per_rank // micro_batch > 1 and env.distributed:
                         mine = len(options) > 1 and env.rank in verdict.ranks and phase >= ACCUMULATING
                         if _agree_any(env, mine):  # a rank got that far: every rank built the step, has options
                             sync_modes = list(options[1:])
                     continue
-                search.micro_batch, search.grad_sync = mb, used
+                search.micro_batch, search.grad_sync = micro_batch, used
                 search.trial_micro_s = step.trial_micro_s if step is not None else None
                 break
             if search.micro_batch is not None:
@@ -362,15 +362,17 @@ def measure(cfg: RunConfig, env: RankEnv, build: Builder) -> Measured:
         trials.extend(search.trials)
         if search.micro_batch is None:
             return Measured(None, None, None, trials)
-        mb = search.micro_batch
+        micro_batch = search.micro_batch
         held: dict[str, Any] = {}
         t0 = time.perf_counter()
 
-        def timed(mb: int = mb, held: dict[str, Any] = held, sync: str | None = search.grad_sync) -> None:
-            held["step"] = build(mb, per_rank // mb)
+        def timed(
+            micro_batch: int = micro_batch, held: dict[str, Any] = held, sync: str | None = search.grad_sync
+        ) -> None:
+            held["step"] = build(micro_batch, per_rank // micro_batch)
             if sync is not None:
                 held["step"].set_grad_sync(sync)
-            held["timing"] = time_steps(cfg, env, held["step"], mb)
+            held["timing"] = time_steps(cfg, env, held["step"], micro_batch)
 
         verdict = guarded(env, timed)
         if not verdict.oom:
@@ -378,8 +380,8 @@ def measure(cfg: RunConfig, env: RankEnv, build: Builder) -> Measured:
             spreads = [first.spread]
             if first.spread > cfg.bench.max_spread:  # a disturbed timing: once more, on the same instance
 
-                def again(mb: int = mb, held: dict[str, Any] = held) -> None:
-                    held["timing"] = time_steps(cfg, env, held["step"], mb, repeat=1)
+                def again(micro_batch: int = micro_batch, held: dict[str, Any] = held) -> None:
+                    held["timing"] = time_steps(cfg, env, held["step"], micro_batch, repeat=1)
 
                 second = guarded(env, again)
                 if not second.oom:
@@ -388,11 +390,11 @@ def measure(cfg: RunConfig, env: RankEnv, build: Builder) -> Measured:
                     held["timing"] = first
                     if second.group_broken:
                         env.rebuild_group()
-            return Measured(mb, held["timing"], held["step"], trials, spreads, cfg.bench.max_spread, first,
+            return Measured(micro_batch, held["timing"], held["step"], trials, spreads, cfg.bench.max_spread, first,
                             search.trial_micro_s)  # fmt: skip
         # allocator growth or fragmentation: the trial fitted, the steps did not
-        trials.append(_trial_entry(mb, verdict, time.perf_counter() - t0, **{"while": "timing"}))
+        trials.append(_trial_entry(micro_batch, verdict, time.perf_counter() - t0, **{"while": "timing"}))
         _close(env, held.get("step"))
         if verdict.group_broken:
             env.rebuild_group()
-        start = mb
+        start = micro_batch

@@ -200,7 +200,7 @@ class Built:
 def build(
     spec: RunSpec,
     env: RankEnv,
-    micro: int,
+    micro_batch: int,
     accum: int,
     seed: int,
     *,
@@ -227,7 +227,7 @@ def build(
     env.sync()
     t0 = time.perf_counter()
     m = spec.method
-    s = resolve(spec, micro, accum, grad_sync)
+    s = resolve(spec, micro_batch, accum, grad_sync)
     if overrides:
         s = dataclasses.replace(s, **overrides)
     attn_req = attn if attn is not None and m.free_lunch and not m.flash_attn else s.attn_implementation
@@ -236,7 +236,7 @@ def build(
     meta = bool(m.sharding and SHARDING_ENGINE[m.sharding] == "fsdp" and env.distributed and env.rank != 0)
     model = spec.model.to_dict()
     if fake_oom is not None:
-        fake_oom.at_build(micro, env.rank)
+        fake_oom.at_build(micro_batch, env.rank)
     net, attn_used, extras = build_with_extras(model, m, attn_req, fused_ce, seed, meta=meta)
     if init_state is not None and not meta:
         net.load_state_dict(init_state, strict=True)

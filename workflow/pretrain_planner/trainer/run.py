@@ -131,15 +131,17 @@ def measure_cell(
         last = measured.trials[-1] if measured.trials else {}
         where = f" (out of memory on rank {', '.join(map(str, last.get('oom_ranks') or []))}: {last.get('error')})"
         return {**result, "status": "oom", "reason": "micro-batch 1 does not fit on every rank" + where}, []
-    step, timing, mb = measured.step, measured.timing, measured.micro_batch
-    settings = _evidence(cfg, env, step, mb, timing)
+    step, timing, micro_batch = measured.step, measured.timing, measured.micro_batch
+    settings = _evidence(cfg, env, step, micro_batch, timing)
     settings["timing_spreads"] = measured.spreads
     result["method_settings"] = settings
     result.update(_throughput(cfg, env, step, timing, settings))
-    result["step_split"] = collectives.step_split(cfg, env, timing.median, mb)  # every rank: it is a collective
+    result["step_split"] = collectives.step_split(
+        cfg, env, timing.median, micro_batch
+    )  # every rank: it is a collective
     result["startup"] = _startup(env, clock, timings[0] if timings else {}, measured)  # every rank: a collective
     step.close()
-    accum = cfg.recipe["global_batch"] // cfg.cell.world_size // mb
+    accum = cfg.recipe["global_batch"] // cfg.cell.world_size // micro_batch
     spreads = " then ".join(f"{x:.2f}" for x in measured.spreads)
     result.update(
         status="noisy" if measured.noisy else "ok",
@@ -150,7 +152,7 @@ def measure_cell(
             else None
         ),
         spread=timing.spread,
-        micro_batch=mb,
+        micro_batch=micro_batch,
         grad_accum_steps=accum,
         step_time_p10_s=percentile(timing.step_times, 0.1),
         step_time_p90_s=percentile(timing.step_times, 0.9),
@@ -162,19 +164,19 @@ def measure_cell(
         skipped_steps=timing.skipped_steps if step_scales(timing) else None,
         loss_scale=timing.loss_scales[-1] if timing.loss_scales else None,
     )
-    return result, _step_records(timing, mb, accum)
+    return result, _step_records(timing, micro_batch, accum)
 
 
-def _evidence(cfg: RunConfig, env: RankEnv, step: TrainStep, mb: int, timing: Any) -> dict[str, Any]:
+def _evidence(cfg: RunConfig, env: RankEnv, step: TrainStep, micro_batch: int, timing: Any) -> dict[str, Any]:
     """The method's settings with the proof it was in effect: what the step observed, the attention kernel
     that ran, what compilation covered, the collectives of a step, the loss scaling."""
     settings = step.settings
     settings["observed"] = step.observed()
-    settings["attention"] = _attention_evidence(cfg, env, step, mb)
+    settings["attention"] = _attention_evidence(cfg, env, step, micro_batch)
     settings["attention_kernel"] = (settings["attention"] or {}).get("attention_kernel")
     if settings.get("compile"):  # what compilation covered (ZeRO-3 breaks the graph at every hooked module)
         settings["compile_observed"] = (settings["attention"] or {}).get("compile_observed") or _compile_evidence(
-            cfg, env, step, mb
+            cfg, env, step, micro_batch
         )
     settings["collectives_per_step"] = timing.collectives  # c10d ops of one whole step (last warm-up step)
     settings["loss_scaling"] = _loss_scaling_record(step, timing)
@@ -215,10 +217,10 @@ def _throughput(cfg: RunConfig, env: RankEnv, step: TrainStep, timing: Any, sett
     }
 
 
-def _step_records(timing: Any, mb: int, accum: int) -> list[dict[str, Any]]:
+def _step_records(timing: Any, micro_batch: int, accum: int) -> list[dict[str, Any]]:
     """steps.jsonl: one line per timed step (fp16: the scale it ran with and the steps skipped before it)."""
     steps = [
-        {"step": i, "time_s": t, "loss": loss, "micro_batch": mb, "grad_accum_steps": accum}
+        {"step": i, "time_s": t, "loss": loss, "micro_batch": micro_batch, "grad_accum_steps": accum}
         for i, (t, loss) in enumerate(zip(timing.step_times, timing.losses, strict=True))
     ]
     if step_scales(timing):

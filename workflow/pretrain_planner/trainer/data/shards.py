@@ -94,11 +94,11 @@ def to_batch(arrays: dict[str, np.ndarray], pad_id: int, device: Any) -> dict[st
     }
 
 
-def rank_batch(sampler: ShardSampler, micro: int, world: int, rank: int, pad_id: int, device: Any):
+def rank_batch(sampler: ShardSampler, micro_batch: int, world: int, rank: int, pad_id: int, device: Any):
     """This rank's slice of the next micro x world samples of the global stream, as model inputs (the sampler's
     state stays the same on every rank, so rank 0's checkpoint resumes them all)."""
-    part = sampler.take(micro * world)
-    return to_batch({a: v[rank * micro : (rank + 1) * micro] for a, v in part.items()}, pad_id, device)
+    part = sampler.take(micro_batch * world)
+    return to_batch({a: v[rank * micro_batch : (rank + 1) * micro_batch] for a, v in part.items()}, pad_id, device)
 
 
 def validation_shards(shards: list[dict[str, Any]], index: int, rotate: bool) -> list[dict[str, Any]]:
@@ -108,22 +108,22 @@ def validation_shards(shards: list[dict[str, Any]], index: int, rotate: bool) ->
     return [shards[index % len(shards)]] if rotate and shards else list(shards)
 
 
-def validation_loss(model, sampler_shards, data_dir, pad_id, micro, max_samples, device, autocast) -> float:
+def validation_loss(model, sampler_shards, data_dir, pad_id, micro_batch, max_samples, device, autocast) -> float:
     """Mean masked-LM loss over the first `max_samples` samples of `sampler_shards` (every masked token weighs the
     same)."""
     import torch
 
     with torch.no_grad():
-        return _validation_loss(model, sampler_shards, data_dir, pad_id, micro, max_samples, device, autocast)
+        return _validation_loss(model, sampler_shards, data_dir, pad_id, micro_batch, max_samples, device, autocast)
 
 
-def _validation_loss(model, sampler_shards, data_dir, pad_id, micro, max_samples, device, autocast) -> float:
+def _validation_loss(model, sampler_shards, data_dir, pad_id, micro_batch, max_samples, device, autocast) -> float:
     model.eval()
     total, count, seen = 0.0, 0, 0
     for shard in sampler_shards:
         arrays = load_shard(data_dir, shard["name"])
-        for start in range(0, shard["samples"], micro):
-            take = min(micro, shard["samples"] - start, max_samples - seen)
+        for start in range(0, shard["samples"], micro_batch):
+            take = min(micro_batch, shard["samples"] - start, max_samples - seen)
             if take <= 0:
                 break
             batch = to_batch({a: np.asarray(v[0][start : start + take]) for a, v in arrays.items()}, pad_id, device)
