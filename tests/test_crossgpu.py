@@ -6,6 +6,7 @@ transfer between GPU types moves by the measured matmul rate and the bandwidth, 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 import statistics
 import sys
@@ -294,3 +295,17 @@ def test_a_replicated_rank_at_a_small_micro_batch_pays_its_model_state_traffic()
     spec = CATALOG.model("pythia-1b")
     assert _work(spec, "fl", 2, 8).memory_bytes > _work(spec, "fl", 16, 8).memory_bytes
     assert _work(spec, "fl+zero2", 2, 8).memory_bytes == _work(spec, "fl+zero2", 16, 8).memory_bytes
+
+
+def test_a_fit_is_made_once_per_process_for_the_same_runs_and_gpu_types():
+    """Every Predictor, the what-if rule and the CLI fit the same evidence: the second ask is the first fit (its bands
+    took seconds of out-of-sample refits), another set of runs or another catalog's rates a fit of its own."""
+    from pretrain_planner.planning.catalog import load_catalog
+
+    runs = evidence.public_evidence(CATALOG).runs
+    first = crossgpu.fit(runs, CATALOG.gpus)
+    again = load_catalog(REPO / "config/models.yaml", REPO / "config/gpus.yaml")
+    assert crossgpu.fit(list(runs), again.gpus) is first
+    assert crossgpu.fit(runs[:-1], CATALOG.gpus) is not first
+    faster = {**CATALOG.gpus, "h100": dataclasses.replace(CATALOG.gpus["h100"], memory_gb_s=9999)}
+    assert crossgpu.fit(runs, faster) is not first

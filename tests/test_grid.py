@@ -494,12 +494,12 @@ def test_family_tables_agree_with_the_trainer():
 
 def test_the_batch_and_layout_rules_have_one_home(catalog, tmp_path):
     """A global batch that does not split over the ranks, and a sharding method on one GPU without offload, are
-    judged by one rule each (planning/runspec: batch_split_reason, RunSpec.reason): the grid, the what-if, the
+    judged by one rule each (planning/runspec: batch_split_reason, sharding_reason): the grid, the what-if, the
     loss check, the budget stage's config and the train stage's accumulation all give its words."""
     from pretrain_planner.budget import config as bconfig
     from pretrain_planner.planning.losscheck import plan_runs
     from pretrain_planner.planning.methods import parse
-    from pretrain_planner.planning.runspec import RunSpec, accumulation, batch_split_reason
+    from pretrain_planner.planning.runspec import RunSpec, accumulation, batch_split_reason, sharding_reason
     from pretrain_planner.tables.predictor import Predictor
 
     from .conftest import budget_cfg
@@ -518,8 +518,10 @@ def test_the_batch_and_layout_rules_have_one_home(catalog, tmp_path):
                       train={"gpus_per_node": 3, "setting": "config", "micro_batch": 4})  # fmt: skip
     with pytest.raises(ConfigError, match="is not divisible by 3 GPUs"):
         bconfig.load(path, results=tmp_path / "results")
-    # a sharding method on one GPU: RunSpec.reason, asked by the grid and the what-if's fit check
-    shards = RunSpec(catalog.model("tiny-gptneox"), catalog.gpu("a100"), parse("naive+zero2"), 1).reason()
+    # a sharding method on one GPU: the study's rule (sharding_reason), asked by the grid and the what-if's fit
+    # check; the method itself runs there (RunSpec.reason: the GPU check exercises FSDP and ZeRO on one GPU)
+    shards = sharding_reason(parse("naive+zero2"), 1)
     assert shards == "zero2 shards across GPUs: needs more than 1 GPU (or offload)"
+    assert RunSpec(catalog.model("tiny-gptneox"), catalog.gpu("a100"), parse("naive+zero2"), 1).reason() is None
     assert _reason(catalog, "tiny-gptneox", "a100", method="naive+zero2") == shards
     assert measured._fits("tiny-gptneox", "naive+zero2", "a100", 1) == (False, shards)

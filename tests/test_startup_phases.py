@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -144,7 +145,7 @@ def test_a_train_run_killed_and_resumed_records_both_starts_and_its_checkpoints(
     predicted = checkpoint_bytes(param_count(CATALOG.model("tiny-gptneox").to_dict()))
     assert abs(predicted / ck["bytes"] - 1) < 0.10, (predicted, ck["bytes"])
     md = (out / layout.THROUGHPUT_MD).read_text()
-    assert "## What a restart costs" in md and "| checkpoint_bytes |" in md and "2 start(s)" in md
+    assert "## What a restart costs" in md and re.search(r"\| checkpoint_bytes +\|", md) and "2 start(s)" in md
     csv = (out / layout.THROUGHPUT_CSV).read_text()
     assert "\ncheckpoint_bytes," in csv and "\nstartup_s," in csv
 

@@ -601,11 +601,28 @@ def _bands(errors: Mapping[Kind, list[_Error]], gpus: list[str]) -> Calibration:
 MIN_FIT_GPUS = 3
 
 
+_FITS: dict[tuple[Any, ...], CrossGpu] = {}  # the last fits of this process, by their runs and GPU types
+_FITS_KEPT = 8
+
+
 def fit(runs: Sequence[Run], gpus: Mapping[str, Any], calibration: Calibration | None = None) -> CrossGpu:
     """The parameters and per-GPU effects that predict the runs best from their groups' other GPU types, and the
     bands from errors made out of sample (the in-sample errors of the fit are smaller than those of new cases);
     `calibration` given, its bands instead (a replay's many refits: the out-of-sample checks are most of a fit's
-    time)."""
+    time). A fit of the same runs on the same GPU types is made once per process (every Predictor, the what-if
+    rule and the CLI ask it; a CrossGpu is not changed once fitted)."""
+    key = (tuple(runs), tuple(sorted((name, repr(spec)) for name, spec in gpus.items())))
+    if calibration is None and key in _FITS:
+        return _FITS[key]
+    model = _fit(runs, gpus, calibration)
+    if calibration is None:
+        _FITS[key] = model
+        while len(_FITS) > _FITS_KEPT:
+            _FITS.pop(next(iter(_FITS)))
+    return model
+
+
+def _fit(runs: Sequence[Run], gpus: Mapping[str, Any], calibration: Calibration | None) -> CrossGpu:
     model = CrossGpu(gpus)
     usable = [r for r in runs if model.parts(r.flops, r.memory_bytes, r.gpu, r.precision, r.tf32)]
     if not usable:

@@ -39,6 +39,15 @@ def batch_split_reason(global_batch: int, world_size: int, micro_batch: int | No
     return None
 
 
+def sharding_reason(method: Method, world_size: int) -> str | None:
+    """The study's rule on sharding, beside the method's own validity (`RunSpec.reason`): a sharding method on one
+    GPU without offload divides nothing, so the sweep does not measure it (the trainer still runs it: the GPU check
+    exercises FSDP's and ZeRO's code on one GPU). Asked by the grid and by the what-if's fit check."""
+    if method.sharding and world_size == 1 and not method.offload:
+        return f"{method.sharding} shards across GPUs: needs more than 1 GPU (or offload)"
+    return None
+
+
 def accumulation(global_batch: int, micro_batch: int, world_size: int) -> int:
     """The micro-batches each rank accumulates per optimizer step; ValueError (`batch_split_reason`) where the
     global batch does not split into them."""
@@ -172,10 +181,7 @@ class RunSpec:
         if method.checkpointing and not model.supports_checkpointing:
             return f"{model.name} does not support activation checkpointing" + (f" ({models_path})" if models_path
                                                                                  else "")  # fmt: skip
-        extras = self._extras_reason()
-        if extras is None and method.sharding and self.world_size == 1 and not method.offload:
-            return f"{method.sharding} shards across GPUs: needs more than 1 GPU (or offload)"
-        return extras
+        return self._extras_reason()
 
     def _extras_reason(self) -> str | None:
         """Why the method's extra parts (fa2, liger, flce, cstep, cg) are meaningless for this run, or None."""
