@@ -13,7 +13,7 @@ from pretrain_planner import layout
 from pretrain_planner.launch import stage
 from pretrain_planner.planning.catalog import load_models
 from pretrain_planner.planning.methods import parse
-from pretrain_planner.planning.runspec import MissingSetting, TrainSetting, accumulation
+from pretrain_planner.planning.runspec import MissingSetting, TrainSetting, accumulation, setting_of_json
 from pretrain_planner.schema import ConfigError, load_yaml, resolve_path, validate
 
 
@@ -111,8 +111,7 @@ def setting_of(cfg: dict[str, Any]) -> TrainSetting:
     would redo the pre-training."""
     setting = cfg.get("setting") or resolve_setting(cfg, None)
     if isinstance(setting, dict):  # a job's config: the setting as JSON, read back once
-        setting = MissingSetting(**{k: setting[k] for k in ("gpu", "nodes", "gpus_per_node", "plan", "error")}) if (
-            setting.get("source") == "missing") else TrainSetting.of_json(setting, "setting")  # fmt: skip
+        setting = setting_of_json(setting)
     if setting.missing:
         later = Path(setting.plan).is_file()
         raise ConfigError(

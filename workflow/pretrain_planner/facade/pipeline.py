@@ -42,17 +42,15 @@ class Pipeline:
     def adaptive(self) -> bool:
         return self.config["search"]["strategy"] == "adaptive"
 
-    @property
+    @functools.cached_property
     def settings(self) -> dict[str, pp_search.Setting]:
         """The adaptive search's settings by folder ({model}/{gpu}/{N}x{G}), each with its valid methods."""
-        if not hasattr(self, "_settings"):
-            s, b = self.config["search"], self.config["benchmark"]
-            found = pp_search.settings(
-                self.planned, self.catalog, b["max_micro_batch"], s["saturated_tokens"], b["suspect_mfu"],
-                s["tolerance"], s["model_error"],
-            )  # fmt: skip
-            self._settings = {x.folder: x for x in found}
-        return self._settings
+        s, b = self.config["search"], self.config["benchmark"]
+        found = pp_search.settings(
+            self.planned, self.catalog, b["max_micro_batch"], s["saturated_tokens"], b["suspect_mfu"],
+            s["tolerance"], s["model_error"],
+        )  # fmt: skip
+        return {x.folder: x for x in found}
 
     def setting(self, wildcards: Any) -> pp_search.Setting:
         return self.settings[layout.setting_folder(*_setting_key(wildcards))]
@@ -88,22 +86,22 @@ class Pipeline:
             out.setdefault((c.model, c.gpu, c.nodes, c.gpus_per_node), []).append(c)
         return out
 
-    @functools.cached_property
-    def _benchmark(self) -> dict[str, Any]:
-        """The benchmark section every cell's spec holds (its defaults are in the validated config already)."""
-        return self.config["benchmark"]
-
     def cell_files(self, name: str) -> list[str]:
         return [f"{self.results}/{c.path}/{name}" for c in self.cells]
 
+    def _cores(self, ranks: int) -> int:
+        """Cores a job of `ranks` ranks holds on the driver's host: one per rank when they run here, else 1."""
+        return driver_cores(self.config["launcher"]["kind"], ranks, 1, self.cores)
+
     def threads(self, wildcards: Any) -> int:
-        """Cores a cell occupies on the driver's host: one per rank when ranks run here, else 1."""
-        return driver_cores(self.config["launcher"]["kind"], grid.Cell.from_wildcards(wildcards).world_size, 1,
-                            self.cores)  # fmt: skip
+        """A cell's rule `threads:` (`_cores` of its ranks)."""
+        return self._cores(grid.Cell.from_wildcards(wildcards).world_size)
 
     def spec(self, wildcards: Any, output: Any) -> dict[str, Any]:
         cell = grid.Cell.from_wildcards(wildcards)
-        return cell_spec(cell, self.catalog, self.config, output.result, output.steps, self.site, self._benchmark)
+        # every spec shares the validated config's benchmark section (its defaults are in it already)
+        return cell_spec(cell, self.catalog, self.config, output.result, output.steps, self.site,
+                         self.config["benchmark"])  # fmt: skip
 
     @property
     def loss_check(self) -> dict[str, Any]:
@@ -116,7 +114,7 @@ class Pipeline:
             return []
         if self.adaptive:
             return list(self.settings)
-        return sorted({layout.setting_folder(c.model, c.gpu, c.nodes, c.gpus_per_node) for c in self.cells})
+        return sorted(layout.setting_folder(*key) for key in self._cells_by_setting)
 
     def loss_check_files(self) -> list[str]:
         return [f"{layout.loss_check_dir(self.results, f)}/{layout.LOSS_CURVES}" for f in self.loss_check_folders()]
@@ -130,13 +128,13 @@ class Pipeline:
     def loss_check_spec(self, wildcards: Any) -> dict[str, Any]:
         """The check job's spec: the setting's naive cell spec (model, GPU, launcher, site) and the check's config."""
         cell = grid.Cell(*_setting_key(wildcards), "naive")
-        spec = cell_spec(cell, self.catalog, self.config, "", "", self.site, self._benchmark)
+        spec = cell_spec(cell, self.catalog, self.config, "", "", self.site, self.config["benchmark"])
         spec["benchmark"] = {**spec["benchmark"], "loss_check": self.loss_check}
         return {**spec, "results": self.results, "name": f"{cell.model}-{cell.gpu}-{cell.nodes}x{cell.gpus_per_node}"}
 
     def loss_check_threads(self, wildcards: Any) -> int:
         _, _, nodes, gpus_per_node = _setting_key(wildcards)
-        return driver_cores(self.config["launcher"]["kind"], nodes * gpus_per_node, 1, self.cores)
+        return self._cores(nodes * gpus_per_node)
 
     def time_limit_min(self, gpu: str) -> int:
         if self.site:
@@ -237,7 +235,7 @@ class Pipeline:
     def train_threads(self, wildcards: Any) -> int:
         """Cores a train run holds on the driver's host: one per rank (local, debug), one for a SLURM job."""
         _, _, nodes, gpus_per_node = _setting_key(wildcards)
-        return driver_cores(self.config["launcher"]["kind"], nodes * gpus_per_node, 1, self.cores)
+        return self._cores(nodes * gpus_per_node)
 
     def plan_params(self) -> dict[str, Any]:
         """What plan.csv depends on besides the catalog files (a change re-plans)."""

@@ -15,7 +15,7 @@ from typing import Any
 from pretrain_planner import layout
 from pretrain_planner.planning import hostcpu, methods
 from pretrain_planner.planning.catalog import Catalog, GpuSpec, ModelSpec
-from pretrain_planner.planning.runspec import OnNodes, RunSpec, batch_split_reason, sharding_reason
+from pretrain_planner.planning.runspec import OnNodes, RunSpec, batch_split_reason
 from pretrain_planner.schema import ConfigError
 
 WILDCARD_CONSTRAINTS = {
@@ -121,9 +121,7 @@ def invalid_reason(cell: Cell, model: ModelSpec, gpu: GpuSpec, launcher: str, ca
             f"{precision} (recipe precision of {model.name}) is not supported by {gpu.name} "
             f"({catalog.gpus_path}: {gpu.name}.{precision} = false)"
         )
-    why = sharding_reason(method, world) or RunSpec(model, gpu, method, world, nodes=cell.nodes).reason(
-        catalog.models_path
-    )
+    why = RunSpec(model, gpu, method, world, nodes=cell.nodes).sweep_reason(catalog.models_path)
     if why:
         return why
     if launcher in ("local", "debug") and cell.nodes > 1:

@@ -135,6 +135,13 @@ class MissingSetting(OnNodes):
                 "error": self.error}  # fmt: skip
 
 
+def setting_of_json(data: dict[str, Any]) -> TrainSetting | MissingSetting:
+    """Either setting from its `to_json` record (a job's arguments)."""
+    if data.get("source") == MissingSetting.source:
+        return MissingSetting(data["gpu"], int(data["nodes"]), int(data["gpus_per_node"]), data["plan"], data["error"])
+    return TrainSetting.of_json(data)
+
+
 @dataclass(frozen=True)
 class RunSpec:
     model: ModelSpec  # its recipe is the run's: the catalog's, or a stage's own (`with_recipe`)
@@ -182,6 +189,11 @@ class RunSpec:
             return f"{model.name} does not support activation checkpointing" + (f" ({models_path})" if models_path
                                                                                  else "")  # fmt: skip
         return self._extras_reason()
+
+    def sweep_reason(self, models_path: str | None = None) -> str | None:
+        """Why the sweep does not measure this run's method: the study's sharding rule (`sharding_reason`), then the
+        method's own validity (`reason`). Asked by the grid and by the what-if's fit check."""
+        return sharding_reason(self.method, self.world_size) or self.reason(models_path)
 
     def _extras_reason(self) -> str | None:
         """Why the method's extra parts (fa2, liger, flce, cstep, cg) are meaningless for this run, or None."""

@@ -54,7 +54,7 @@ from pretrain_planner.planning.crossgpu import NEAR, STAND_IN_RATIO, CrossGpu, E
 from pretrain_planner.planning.evidence import HERE, Evidence, Run, Work
 from pretrain_planner.planning.flops import param_count, tokens_per_sample, train_flops_per_sample
 from pretrain_planner.planning.memory import GIB
-from pretrain_planner.planning.runspec import RunSpec, batch_split_reason, sharding_reason
+from pretrain_planner.planning.runspec import RunSpec, batch_split_reason
 from pretrain_planner.tables import costs as pp_costs
 from pretrain_planner.tables import memfix
 from pretrain_planner.tables.study import ran
@@ -321,7 +321,7 @@ class Predictor:
     def _fits(self, model: str, slug: str, gpu: str, world: int, nodes: int = 1) -> tuple[bool, str]:
         spec, g = self.catalog.model(model), self.catalog.gpu(gpu)
         m = methods.parse(slug)
-        why = sharding_reason(m, world) or RunSpec(spec, g, m, world, nodes=nodes).reason()
+        why = RunSpec(spec, g, m, world, nodes=nodes).sweep_reason()
         if why:
             return False, why
         for gg in self.oom.get((model, slug, world), []):
