@@ -59,7 +59,9 @@ if PP.adaptive:
         params:
             search=PP.search_params,
         run:
-            pp_search.write_round(PP.setting(wildcards), wildcards.k, input, RESULTS, output[0], log[0])
+            pp_search.write_round(
+                PP.setting(wildcards), wildcards.k, input, RESULTS, output[0], log[0], PP.search_prior(wildcards)
+            )
 
     rule search_done:
         input:

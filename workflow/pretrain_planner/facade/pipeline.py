@@ -19,6 +19,8 @@ from pretrain_planner import search as pp_search
 from pretrain_planner.launch.request import driver_cores
 from pretrain_planner.planning import grid, losscheck
 from pretrain_planner.planning.catalog import Catalog, load_catalog
+from pretrain_planner.planning.evidence_exchange import evidence_folder
+from pretrain_planner.planning.evidence_prior import EvidencePrior
 from pretrain_planner.planning.site import for_gpus, read_site, resolve_limits, within_limits
 from pretrain_planner.planning.spec import cell_spec
 from pretrain_planner.results import atomic_write_text
@@ -54,6 +56,13 @@ class Pipeline:
 
     def setting(self, wildcards: Any) -> pp_search.Setting:
         return self.settings[layout.setting_folder(*_setting_key(wildcards))]
+
+    def search_prior(self, wildcards: Any) -> EvidencePrior:
+        """The evidence a setting's search orders a family with no measured cell by: the shipped rows, those
+        imported into the evidence folder and the model's cells in the results folder (read when first needed)."""
+        st = self.setting(wildcards)
+        return EvidencePrior(self.catalog, st.model, st.gpu, self.results, evidence_folder(self.config),
+                             self.config["benchmark"]["suspect_mfu"])  # fmt: skip
 
     def search_files(self) -> list[str]:
         """Each setting's final search decision (adaptive), what the aggregation waits for."""

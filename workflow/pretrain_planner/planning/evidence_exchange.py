@@ -23,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from pretrain_planner import layout
 from pretrain_planner.planning import methods
 from pretrain_planner.planning.evidence import (
     PUBLIC_CSV,
@@ -33,7 +34,7 @@ from pretrain_planner.planning.evidence import (
     public_evidence,
     run_of_row,
 )
-from pretrain_planner.results import atomic_write_text
+from pretrain_planner.results import atomic_write_text, parse_result
 
 with open(PUBLIC_CSV, newline="") as _f:
     SHIPPED_COLUMNS: tuple[str, ...] = tuple(next(csv.reader(_f)))
@@ -86,14 +87,14 @@ def _identity(row: dict[str, Any]) -> str:
 
 def export_rows(cells: Any, catalog: Any, site: str, commit: str | None = None, today: str | None = None,
                 interconnect: str = "") -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:  # fmt: skip
-    """The ok cells of a cells table (aggregate.cells_table: not suspect, not noisy) as evidence rows, and the cells
-    left out with the reason: (rows, [(cell folder, why)])."""
+    """The ok cells of a cells table (aggregate.cells_table, or result rows as results.parse_result reads them: not
+    suspect, not noisy) as evidence rows, and the cells left out with the reason: (rows, [(cell folder, why)])."""
     if not site or any(c in site for c in ',\n"') or site != site.strip():
         raise EvidenceError(f"the site's name {site!r} must be a non-empty word without commas, quotes or newlines")
     commit = commit or planner_commit()
     today = today or dt.date.today().isoformat()
     rows, left = [], []
-    for r in cells.iter_rows(named=True):
+    for r in cells.iter_rows(named=True) if hasattr(cells, "iter_rows") else cells:
         folder = f"{r['model']}/{r['gpu']}/{r['nodes']}x{r['gpus_per_node']}/{r['method']}"
         if r.get("status") != "ok":
             continue
@@ -262,13 +263,37 @@ def imported_evidence(catalog: Any, folder: str | Path | None, suspect_mfu: floa
         if why:
             out.skipped.append((row["row_id"], why))
             continue
-        m = methods.parse(row["method"])
-        got = run_of_row(row, {"catalog": row["model"], "attention": "eager" if m.base == "naive" else ""}, catalog,
-                         suspect_mfu, origin="imported", tf32=m.base != "naive")  # fmt: skip
-        if isinstance(got, str):
-            out.skipped.append((row["row_id"], got))
-        else:
-            out.runs.append(got)
+        _add(out, row, catalog, suspect_mfu, "imported")
+    return out
+
+
+def _add(out: Evidence, row: dict[str, Any], catalog: Any, suspect_mfu: float, origin: str) -> None:
+    """An exported row (a catalog model's cell, its method a slug) as a Run of `origin`, else skipped with why."""
+    m = methods.parse(row["method"])
+    got = run_of_row({k: str(v) for k, v in row.items()},
+                     {"catalog": row["model"], "attention": "eager" if m.base == "naive" else ""}, catalog,
+                     suspect_mfu, origin=origin, tf32=m.base != "naive")  # fmt: skip
+    if isinstance(got, str):
+        out.skipped.append((row["row_id"], got))
+    else:
+        out.runs.append(got)
+
+
+OWN_SITE = "own"  # the site name of this results folder's own cells read as evidence rows
+
+
+def own_evidence(catalog: Any, results: str | Path | None, model: str | None = None,
+                 suspect_mfu: float = 0.85) -> Evidence:  # fmt: skip
+    """The ok cells of a results folder (of `model` only, if given) as Runs of origin `own`: the rows `evidence
+    export` would write (the suspect, noisy and CPU cells left out), read straight from their result.json."""
+    out = Evidence()
+    if not results or not Path(results).is_dir():
+        return out
+    pattern = f"{layout.CELLS}/{model or '*'}/*/*/*/{layout.RESULT}"
+    parsed = (parse_result(p)[0] for p in sorted(Path(results).glob(pattern)))
+    rows, _left = export_rows([r for r in parsed if r], catalog, OWN_SITE, commit=OWN_SITE)
+    for row in rows:
+        _add(out, row, catalog, suspect_mfu, "own")
     return out
 
 

@@ -5,11 +5,12 @@ no torch."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pretrain_planner.search.calibration import AC_ESTIMATE_SHARE, largest_fitting
 from pretrain_planner.search.lattice import Observation, Setting, shape
 from pretrain_planner.search.rules import decide
+from pretrain_planner.search.timemodel import Prior
 
 AC_EXTRA_WORK = 0.25  # checkpointing's extra time, for the guess of the next method only
 
@@ -21,14 +22,17 @@ class Replay:
     rounds: list[list[str]]
     gpu_hours: float
     gpu_hours_exhaustive: float
+    order: dict[str, str] = field(default_factory=dict)  # a family ordered without a measured cell -> on what
 
 
-def replay(setting: Setting, table: Mapping[str, Observation]) -> Replay:
-    """Run the search against a complete table of cell results (measured or synthetic), training nothing."""
+def replay(setting: Setting, table: Mapping[str, Observation], prior: Prior | None = None) -> Replay:
+    """Run the search against a complete table of cell results (measured or synthetic), training nothing; `prior`:
+    the evidence the order of an untimed family rests on."""
     observed: dict[str, Observation] = {}
-    rounds = []
+    rounds, order = [], {}
     while True:
-        decision = decide(setting, observed)
+        decision = decide(setting, observed, prior)
+        order.update(decision.order)
         if not decision.run:
             break
         rounds.append(decision.run)
@@ -36,7 +40,7 @@ def replay(setting: Setting, table: Mapping[str, Observation]) -> Replay:
             observed[m] = table[m]
     spent = sum(table[m].gpu_hours for m in observed)
     total = sum(table[m].gpu_hours for m in setting.methods)
-    return Replay(list(observed), decision.pruned, rounds, spent, total)
+    return Replay(list(observed), decision.pruned, rounds, spent, total, order)
 
 
 def predicted_table(setting: Setting, hours: Mapping[str, float]) -> dict[str, Observation]:

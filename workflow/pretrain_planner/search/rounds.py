@@ -14,6 +14,7 @@ from pretrain_planner import layout
 from pretrain_planner.results import atomic_write_text, parse_result
 from pretrain_planner.search.lattice import Observation, Setting
 from pretrain_planner.search.rules import decide
+from pretrain_planner.search.timemodel import Prior
 
 
 def cell_result(results: str, setting: Setting, method: str) -> str:
@@ -31,10 +32,17 @@ def round_results(results: str, path: str | Path) -> list[str]:
 
 
 def write_round(
-    setting: Setting, k: int | str, inputs: Any, results: str, out_json: str, log_path: str | None = None
+    setting: Setting,
+    k: int | str,
+    inputs: Any,
+    results: str,
+    out_json: str,
+    log_path: str | None = None,
+    prior: Prior | None = None,
 ) -> dict[str, Any]:
     """The `search_round` checkpoint: read the results so far, prune and schedule, write the decision.
-    `inputs` is the rule's input (a mapping; round 0 has none, later rounds name the `previous` round)."""
+    `inputs` is the rule's input (a mapping; round 0 has none, later rounds name the `previous` round); `prior`: the
+    evidence (planning/evidence_prior.py) the order of a family with no measured cell rests on."""
 
     k = int(k)
     previous = inputs.get("previous") if hasattr(inputs, "get") else None
@@ -43,7 +51,7 @@ def write_round(
     for m in ran:
         row, _problem = parse_result(cell_result(results, setting, m))
         observed[m] = Observation.of(row, setting.world_size)
-    decision = decide(setting, observed)
+    decision = decide(setting, observed, prior)
     data = {
         "setting": {"model": setting.model, "gpu": setting.gpu, "nodes": setting.nodes,
                     "gpus_per_node": setting.gpus_per_node},
@@ -54,6 +62,7 @@ def write_round(
         "run": decision.run,
         "ran": ran + decision.run,
         "pruned": decision.pruned,
+        "order": decision.order,  # a family with no measured cell -> what its order rested on
         "done": not decision.run,
         "gpu_hours_spent": sum(ob.gpu_hours for ob in observed.values()),
     }  # fmt: skip
@@ -61,6 +70,7 @@ def write_round(
     if log_path:
         lines = [f"{setting.folder} round {k}: measured {len(observed)}, run {decision.run or 'nothing (done)'}"]
         lines += [f"PRUNED {why}" for why in decision.pruned.values()]
+        lines += [f"ORDER {fam} (no measured cell): {why}" for fam, why in decision.order.items()]
         atomic_write_text(log_path, "\n".join(lines) + "\n")
     return data
 

@@ -49,14 +49,14 @@ CPU-Adam and PCIe bandwidth and small-batch slowdown on wide grids is a hypothes
 measured cells; a method is pruned when even the most favourable kept hypothesis, at the largest micro-batch
 it may plausibly reach (`optimistic_mb`), puts it no more than `search.tolerance` faster than the best
 measured step, the reason showing that price and the hardware behind it; among the candidates it orders what
-to measure (`_next`).
+to measure (`_next`), a family with no measured cell by the evidence (`prior`, timemodel.Prior) where given.
 Imports no torch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pretrain_planner.planning.methods import SHARDING_ENGINE, SHARDING_LEVEL
 from pretrain_planner.planning.stepmodel import RECOMPUTE_SHARE, Features, features
@@ -72,13 +72,14 @@ from pretrain_planner.search.lattice import (
     shape,
     variant,
 )
-from pretrain_planner.search.timemodel import Hypotheses
+from pretrain_planner.search.timemodel import Hypotheses, Prior
 
 
 @dataclass
 class Decision:
     run: list[str]  # to measure now
     pruned: dict[str, str]  # method -> why it cannot win
+    order: dict[str, str] = field(default_factory=dict)  # family with no measured cell -> what its order rests on
 
 
 def _fits(micro_batch: int, ob: Observation) -> str:
@@ -124,13 +125,13 @@ def _cannot_win(setting: Setting, s: Shape, cap: int, why: str, observed: Mappin
     return None
 
 
-def decide(setting: Setting, observed: Mapping[str, Observation]) -> Decision:
+def decide(setting: Setting, observed: Mapping[str, Observation], prior: Prior | None = None) -> Decision:
     """One round: prune what cannot win (with the reason), schedule what might; nothing scheduled = done.
 
     First the sound rules (`bound`, `_cannot_win`), then the study's findings (`_domain_rules`), then the
     time model (timemodel.py): it prunes what even its most favourable prediction puts no more than
     `search.tolerance` faster than the best measured step, and picks the one candidate to measure next (probes
-    first, all in round 0)."""
+    first, all in round 0; a family with no measured cell ordered by the evidence, `prior`)."""
     measured_act = measured_activation(setting, observed)
     pruned: dict[str, str] = {}
     open_: dict[str, int] = {}
@@ -153,7 +154,7 @@ def decide(setting: Setting, observed: Mapping[str, Observation]) -> Decision:
     hopeful = {m: optimistic_mb(setting, shape(m), cap, predicted[m], observed) for m, cap in open_.items()}
     best = best_measured(observed)
     probes = [m for m in open_ if shape(m).is_probe]
-    tm = None if probes else time_model(setting, observed)  # probes first: round 0 needs no time model
+    tm = None if probes else time_model(setting, observed, prior)  # probes first: round 0 needs no time model
     deferred: set[str] = set()
     for _ in range(len(setting.methods) + 1):  # until nothing changes: a pruning can release a deferred method
         before = len(pruned)
@@ -184,7 +185,8 @@ def decide(setting: Setting, observed: Mapping[str, Observation]) -> Decision:
     candidates = {m: cap for m, cap in open_.items() if m not in pruned and m not in deferred}
     if probes:
         return Decision([m for m in probes if m in candidates], pruned)
-    return Decision(_next(setting, candidates, predicted, tm), pruned)
+    run = _next(setting, candidates, predicted, tm)
+    return Decision(run, pruned, {fam: why for fam, (_t, why) in tm.guesses.items()})
 
 
 def _family_winner(setting: Setting, observed: Mapping[str, Observation]) -> tuple[list[str], str] | None:
@@ -326,14 +328,16 @@ def _domain_rules(k: Knowledge, slug: str) -> tuple[str, str]:
     )
 
 
-def time_model(setting: Setting, observed: Mapping[str, Observation]) -> Hypotheses:
-    """The setting's hardware hypotheses fitted to its timed cells (timemodel.py)."""
+def time_model(setting: Setting, observed: Mapping[str, Observation], prior: Prior | None = None) -> Hypotheses:
+    """The setting's hardware hypotheses fitted to its timed cells (timemodel.py), with the evidence (`prior`) for
+    the order of a family none of them times."""
     mem = setting.memory
     hyp = Hypotheses.grid(
         mem.params or 0.0, setting.world_size, setting.per_rank_batch, setting.saturated,
         setting.compute_floor_s / setting.per_rank_batch, setting.model_error,
         any(shape(m).offload for m in setting.methods),
     )  # fmt: skip
+    hyp.prior = prior
     timed = [
         (_features(setting, shape(m), ob.micro_batch), ob.step_time_s) for m, ob in observed.items()
         if ob.status == "ok" and not ob.suspect and ob.step_time_s and ob.micro_batch

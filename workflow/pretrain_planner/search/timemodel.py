@@ -20,6 +20,12 @@ rules out the hypotheses that made it look good (fitting one bus speed to cells 
 micro-batch cannot tell communication from compute; a fixed prior there booked communication as compute and
 pruned the winner, benchmarks/results/search_robustness.md).
 
+A family none of whose cells in the setting has a time (its probe ran out of memory or was unsupported) is ordered
+by the evidence's seconds per sample for the model on this GPU type (`Prior`: planning/evidence_prior.py, the
+shipped, imported and own rows the what-if uses, each named in `guesses`), never below the MFU ceiling's, else at
+CENTRAL_MFU_SHARE of the ceiling. Only the order: its most favourable price, which prunes, stays the MFU ceiling
+(benchmarks/results/search_evidence.md measures what the order is worth and the uses of the evidence not adopted).
+
 Imports numpy, no torch.
 """
 
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -36,7 +43,15 @@ BUS_B_S = np.geomspace(5e9, 1.6e12, 26)  # all-reduce bus bandwidth: Ethernet / 
 CPU_ADAM_B_S = np.geomspace(0.5e9, 64e9, 15)  # model-state bytes a CPU optimizer step gets through per second
 PCIE_B_S = np.geomspace(4e9, 128e9, 11)  # host-to-device bandwidth for offloaded parameters
 EXPONENTS = np.array([0.25, 0.375, 0.5, 0.625, 0.75])  # below saturation: step time ~ (saturated / micro_batch) ** e
-CENTRAL_MFU_SHARE = 0.5  # a family not measured yet runs at half the MFU ceiling (for the order only)
+CENTRAL_MFU_SHARE = 0.5  # a family not measured yet, without evidence, runs at half the MFU ceiling (order only)
+
+
+class Prior(Protocol):
+    """What the evidence says a family's compute costs on the setting (planning/evidence_prior.EvidencePrior)."""
+
+    def seconds_per_sample(self, family: str) -> tuple[float | None, str]:
+        """(seconds per sample on one GPU, or None; what it rests on, or why there is none)."""
+        ...
 
 
 def _same_kind(a: Features, b: Features) -> bool:
@@ -61,6 +76,8 @@ class Hypotheses:
     kept: np.ndarray  # mask: hypotheses that explain the measured cells
     misfit: np.ndarray
     measured: list[tuple[Features, float]] = field(default_factory=list)
+    prior: Prior | None = None  # the evidence, for the order of a family with no measured cell
+    guesses: dict[str, tuple[float, str]] = field(default_factory=dict)  # family -> (seconds per sample, why)
 
     @classmethod
     def grid(
@@ -103,18 +120,33 @@ class Hypotheses:
         self.kept = self.misfit <= self.misfit.min() + self.error
         return self
 
-    def predict(self, f: Features, unmeasured_mfu_share: float = 1.0) -> np.ndarray:
-        """Step seconds under every hypothesis (a family never measured: compute at this share of the MFU
-        ceiling)."""
-        tau = self.tau.get(f.family, self.tau_floor / unmeasured_mfu_share)
+    def predict(self, f: Features, unmeasured_tau: float | None = None) -> np.ndarray:
+        """Step seconds under every hypothesis (a family never measured: compute at `unmeasured_tau` seconds per
+        sample, by default the MFU ceiling's)."""
+        tau = self.tau.get(f.family, self.tau_floor if unmeasured_tau is None else unmeasured_tau)
         return self._compute_units(f) * tau + self._rest(f)
 
-    def anchored(self, f: Features, unmeasured_mfu_share: float = 1.0) -> tuple[np.ndarray, str | None]:
+    def guess(self, family: str) -> float:
+        """Seconds per sample of a family with no measured cell, for the order: the evidence's (`prior`), never
+        below the MFU ceiling's, else CENTRAL_MFU_SHARE of the ceiling; kept with what it rests on in `guesses`."""
+        if family not in self.guesses:
+            value, why = self.prior.seconds_per_sample(family) if self.prior else (None, "no evidence was given")
+            if value is None:
+                value = self.tau_floor / CENTRAL_MFU_SHARE
+                why = f"{CENTRAL_MFU_SHARE:.0%} of the MFU ceiling, a guess ({why})"
+            elif value < self.tau_floor:
+                value, why = self.tau_floor, f"the MFU ceiling's {self.tau_floor:.4g} s (the evidence says {why})"
+            else:
+                why = f"the evidence: {why}"
+            self.guesses[family] = (value, why)
+        return self.guesses[family][0]
+
+    def anchored(self, f: Features, unmeasured_tau: float | None = None) -> tuple[np.ndarray, str | None]:
         """Predictions scaled, per hypothesis, by its error on a measured cell of the same kind (family,
         checkpointing, offload and syncs per micro-batch; the closest micro-batch): the model predicts a change of
         micro-batch or engine better than a step, and the other engine at the same sharding and micro-batch is
         predicted at the measured time under every hypothesis. A method of another kind: the plain prediction."""
-        pred = self.predict(f, unmeasured_mfu_share)
+        pred = self.predict(f, unmeasured_tau)
         mine = [(a, t) for a, t in self.measured if a.family == f.family and _same_kind(a, f)]
         if not mine:
             return pred, None
@@ -122,9 +154,10 @@ class Hypotheses:
         return pred * (t / self.predict(a)), a.slug
 
     def central(self, f: Features) -> float:
-        """The median prediction of the kept hypotheses (what to measure first; an unmeasured family at
-        CENTRAL_MFU_SHARE of the ceiling)."""
-        return float(np.median(self.anchored(f, CENTRAL_MFU_SHARE)[0][self.kept]))
+        """The median prediction of the kept hypotheses (what to measure first; a family with no measured cell at
+        its `guess`)."""
+        guess = None if f.family in self.tau else self.guess(f.family)
+        return float(np.median(self.anchored(f, guess)[0][self.kept]))
 
     def lower(self, f: Features) -> tuple[float, str]:
         """The most favourable step time the kept hypotheses allow, and which hardware gives it."""
