@@ -103,6 +103,13 @@ def test_the_evidence_is_shipped_imported_and_own_rows_each_named(tmp_path):
     assert base < both < slower
 
 
+def test_an_unreadable_evidence_folder_leaves_the_guess_and_says_why(setting, tmp_path):
+    (tmp_path / ex.IMPORTED_CSV).write_text("not,an,evidence,file\n1,2,3,4\n")
+    d = search.decide(setting, _probes_oom(setting), EvidencePrior(CATALOG, "pythia-2.8b", "a100", None, tmp_path))
+    assert d.run == ["fl+ac"]
+    assert "a guess (the evidence could not be read: " in d.order["fl"] and ex.IMPORTED_CSV in d.order["fl"], d.order
+
+
 def test_no_evidence_for_a_gpu_type_without_rates():
     value, why = EvidencePrior(CATALOG, "tiny-gptneox", "cpu").seconds_per_sample("fl")
     assert value is None and "cpu has no matmul rate" in why

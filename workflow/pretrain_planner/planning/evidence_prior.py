@@ -56,7 +56,10 @@ class EvidencePrior:
             return None, f"{self.model}: its family has no FLOPs formula"
         if crossgpu.CrossGpu(self.catalog.gpus).rates(self.gpu, work.precision) is None:
             return None, f"{self.gpu} has no matmul rate and memory bandwidth for {work.precision} in the catalog"
-        runs = self.runs
+        try:
+            runs = self.runs
+        except exchange.EvidenceError as exc:  # the order must not stop the search: it keeps its guess, saying why
+            return None, f"the evidence could not be read: {exc}"
         basis = [r for r in runs if r.model == self.model]
         if not basis:
             key = crossgpu.stand_in(self.model, param_count(spec.to_dict()) or 1.0, spec.task,
