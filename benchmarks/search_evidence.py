@@ -60,7 +60,6 @@ SIZE_BUS_EXPONENT = 0.3  # 3's second case: the bus an all-reduce reaches x (par
 class SimulatedCompute:
     """The simulator's own seconds per sample of a family (timemodel.Prior), `scale` times off."""
 
-    setting: search.Setting
     spec: object
     peak_tflops: float
     scale: float = 1.0
@@ -128,7 +127,7 @@ def _untimed_rows(b: Bench) -> list[str]:
         return shipped[key]
 
     def simulated(scale: float) -> Callable[[search.Setting], SimulatedCompute]:
-        return lambda st: SimulatedCompute(st, *lattices.model_and_peak(b.paper, st), scale)
+        return lambda st: SimulatedCompute(*lattices.model_and_peak(b.paper, st), scale)
 
     priors: list[tuple[str, Callable | None]] = [
         ("none: half the MFU ceiling (the guess before)", None),
@@ -185,15 +184,14 @@ def _oracle_order(b: Bench) -> Iterator[dict]:
 
 
 @contextmanager
-def _ratio_order(elsewhere: dict) -> Iterator[dict]:
+def _ratio_order(elsewhere: dict) -> Iterator[None]:
     """rules._next ordering every candidate the other machine measured by its ratio to the setting's timed cells
-    there; the rest by the time model's median."""
-    current: dict = {}
+    there (the time model's measured cells); the rest by the time model's median."""
     saved = rules._next
 
     def by_ratio(setting, open_, predicted, tm):
         got = saved(setting, open_, predicted, tm)
-        here = {m: ob.step_time_s for m, ob in current.items() if ob.status == "ok" and ob.step_time_s}
+        here = {f.slug: t for f, t in tm.measured}
         there = {m: ob.step_time_s for m, ob in elsewhere.items() if ob.status == "ok" and ob.step_time_s}
         fitting = {m: predicted.get(m, cap) for m, cap in open_.items() if predicted.get(m, cap) >= 1}
         if len(got) != 1 or not fitting or not here:
@@ -207,24 +205,9 @@ def _ratio_order(elsewhere: dict) -> Iterator[dict]:
 
     rules._next = by_ratio
     try:
-        yield current
+        yield
     finally:
         rules._next = saved
-
-
-def _replay_tracking(st: search.Setting, table: dict, current: dict) -> search.Replay:
-    """search.replay, keeping `current` (what the wrapped rules read) at the cells measured so far."""
-    current.clear()
-    observed: dict = {}
-    while True:
-        current.clear()
-        current.update(observed)
-        decision = rules.decide(st, observed)
-        if not decision.run:
-            break
-        observed.update({m: table[m] for m in decision.run})
-    total = sum(table[m].gpu_hours for m in st.methods)
-    return search.Replay(list(observed), decision.pruned, [], sum(table[m].gpu_hours for m in observed), total)
 
 
 def _ratio_rows(b: Bench) -> list[str]:
@@ -236,8 +219,8 @@ def _ratio_rows(b: Bench) -> list[str]:
             scores = []
             for st in settings:
                 table = b.simulate(st, hw)
-                with _ratio_order(b.simulate(st, other)) as current:
-                    scores.append(_score(st, table, _replay_tracking(st, table, current)))
+                with _ratio_order(b.simulate(st, other)):
+                    scores.append(_score(st, table, search.replay(st, table)))
             cells.append(_total(scores))
         rows.append(f"| {_hw(hw)} | {_hw(other)} | " + " | ".join(cells) + " |")
         print(rows[-1], flush=True)

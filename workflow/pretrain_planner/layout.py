@@ -116,9 +116,9 @@ def cell_coords(path: str | Path) -> dict[str, Any] | None:
     return {**d, "nodes": int(d["nodes"]), "gpus_per_node": int(d["gpus_per_node"])}
 
 
-def all_results(results: str | Path) -> list[Path]:
-    """Every cell's result.json under the results folder."""
-    return sorted(Path(results).glob(f"{CELLS}/*/*/*/*/{RESULT}"))
+def all_results(results: str | Path, model: str = "*") -> list[Path]:
+    """Every cell's result.json under the results folder (of one `model`, if given)."""
+    return sorted(Path(results).glob(f"{CELLS}/{model}/*/*/*/{RESULT}"))
 
 
 def search_dir(results: str | Path, folder: str) -> str:

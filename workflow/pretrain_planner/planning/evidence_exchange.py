@@ -289,8 +289,7 @@ def own_evidence(catalog: Any, results: str | Path | None, model: str | None = N
     out = Evidence()
     if not results or not Path(results).is_dir():
         return out
-    pattern = f"{layout.CELLS}/{model or '*'}/*/*/*/{layout.RESULT}"
-    parsed = (parse_result(p)[0] for p in sorted(Path(results).glob(pattern)))
+    parsed = (parse_result(p)[0] for p in layout.all_results(results, model or "*"))
     rows, _left = export_rows([r for r in parsed if r], catalog, OWN_SITE, commit=OWN_SITE)
     for row in rows:
         _add(out, row, catalog, suspect_mfu, "own")
