@@ -160,14 +160,14 @@ def h200_rows(cat=None) -> list[dict[str, Any]]:
 def measure(model: str, world: int, methods, timeout_s: float = 900, precision: str | None = None) -> dict[str, Any]:
     """What each engine holds on `world` gloo ranks on CPU (rank 0's walk; tests/memory_workers.py), at `precision`
     (None: the recipe's)."""
-    from multirank import run_ranks
+    from multirank import failure, run_ranks
 
     payload = {"model": model, "methods": list(methods), "world": world, "precision": precision}
     out = run_ranks("tests.memory_workers:measure", world, payload, timeout_s)
-    rec = out[0]
-    if rec["returncode"] != 0 or rec.get("timed_out"):
-        raise RuntimeError(f"{model} x{world}: {rec.get('error')}\n{rec.get('traceback')}\n{rec['stderr'][-3000:]}")
-    return rec["result"]
+    why = failure(out[0])
+    if why:
+        raise RuntimeError(f"{model} x{world}: {why}")
+    return out[0]["result"]
 
 
 def measured_rows(model: str, world: int, results: dict[str, Any], precision: str) -> list[dict[str, Any]]:

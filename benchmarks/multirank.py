@@ -8,6 +8,13 @@ CUDA_VISIBLE_DEVICES. A run that outlives `timeout_s` is killed, the whole proce
 and says so: a hang can neither block a test nor leave processes behind.
 
     results = run_ranks("mymodule:fn", 2, {"x": 1}, timeout_s=120)  # fn(payload) -> JSON-able, on each rank
+
+A rank leaves as soon as its outcome is written, without the interpreter's teardown (`leave`): DeepSpeed's module
+and autograd hooks keep its engines, and so their gloo process groups, alive to the end of the process, and a gloo
+worker thread that drops a finished collective's tensors while the interpreter is finalising takes the GIL and
+aborts the process (pytorch/pytorch#190489). CI saw it once: the ZeRO-3 rank that had recovered from an
+out-of-memory error ended with SIGABRT after its peer had written an `ok` result. Each rank's Python traceback on a
+fatal signal goes to its stderr (PYTHONFAULTHANDLER).
 """
 
 from __future__ import annotations
@@ -69,6 +76,7 @@ def run_ranks(
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
             "HF_HUB_OFFLINE": "1",
+            "PYTHONFAULTHANDLER": "1",
             **(extra_env(rank) if extra_env else {}),
         }
         err = (tmp / f"rank{rank}.err").open("w")
@@ -96,9 +104,42 @@ def run_ranks(
         res = tmp / f"rank{rank}.json"
         if res.is_file():
             rec.update(json.loads(res.read_text()))
-        rec["stderr"] = (tmp / f"rank{rank}.err").read_text(errors="replace")[-4000:]
+        rec["stderr"] = stderr_tail((tmp / f"rank{rank}.err").read_text(errors="replace"))
         out.append(rec)
     return out
+
+
+def stderr_tail(text: str, limit: int = 4000) -> str:
+    """The last `limit` characters of a rank's stderr with every line that already appeared left out: DeepSpeed's
+    deprecation warnings repeat hundreds of times (one per collective) and would push out what the rank said last
+    (a fatal signal's traceback, a C++ abort's message)."""
+    seen: set[str] = set()
+    kept, dropped = [], 0
+    for line in text.splitlines():
+        if line in seen:
+            dropped += 1
+            continue
+        seen.add(line)
+        kept.append(line)
+    note = [f"({dropped} repeated lines left out)"] if dropped else []
+    return "\n".join(note + kept)[-limit:]
+
+
+def failure(rec: dict[str, Any]) -> str | None:
+    """Why one rank of `run_ranks` failed, for an error message (None: it did not): how it ended (an exit status,
+    the signal that ended it, a timeout), its error and traceback, its stderr's tail."""
+    code = rec["returncode"]
+    if code == 0 and not rec.get("timed_out"):
+        return None
+    if rec.get("timed_out"):
+        how = "timed out (a hang?)"
+    elif code is not None and code < 0:
+        how = f"ended by {signal.Signals(-code).name}" if -code in signal.valid_signals() else f"exit {code}"
+    else:
+        how = f"exit {code}"
+    parts = [f"rank {rec['rank']} {how}: {rec.get('error') or 'no Python error (its outcome file says none)'}"]
+    parts += [rec.get("traceback") or "", rec["stderr"][-3000:]]
+    return "\n".join(p for p in parts if p)
 
 
 def tiny_step_s() -> float:
@@ -106,8 +147,9 @@ def tiny_step_s() -> float:
     tests/rank_workers.py:tiny_step_time): what a run that must last some seconds is sized by, so that it lasts as
     long on a fast CPU as on a slow one (the tests' `step_s`, the chaos soak's stage runs)."""
     (rank,) = run_ranks("tests.rank_workers:tiny_step_time", 1, {"model": "tiny-gptneox"}, 300)
-    if rank["returncode"] != 0 or rank.get("timed_out"):
-        raise RuntimeError(f"measuring a step failed: {rank.get('error')}\n{rank['stderr'][-3000:]}")
+    why = failure(rank)
+    if why:
+        raise RuntimeError(f"measuring a step failed: {why}")
     return float(rank["result"]["step_s"])
 
 
@@ -128,5 +170,17 @@ def _main(argv: list[str]) -> int:
         return 1
 
 
+def leave(code: int) -> None:
+    """End this rank's process now that its outcome is on disk: flush what it printed and logged, then exit
+    without the interpreter's teardown (see the module docstring: the teardown can abort a rank that succeeded)."""
+    import logging
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))
+    leave(_main(sys.argv[1:]))

@@ -297,3 +297,23 @@ def tiny_step_time(payload: dict[str, Any]) -> dict[str, Any]:
     finally:
         close_rank(env)
     return {"step_s": min(times[2:])}  # the machine at its quickest: a run sized by it lasts at least as long
+
+
+def aborts_at_exit(payload: dict[str, Any]) -> dict[str, Any]:
+    """Succeed, leaving an interpreter whose teardown aborts the process: what DeepSpeed's leaked gloo groups did to a
+    rank once (benchmarks/multirank.py's docstring)."""
+    import atexit
+
+    atexit.register(os.abort)
+    return {"done": True}
+
+
+def warns_then_aborts(payload: dict[str, Any]) -> dict[str, Any]:
+    """The same warning many times, a last word, then SIGABRT from C: a rank that dies by a signal mid-run."""
+    import sys
+
+    for _ in range(payload.get("repeats", 500)):
+        print("FutureWarning: `torch.distributed.reduce_scatter_tensor` is deprecated.", file=sys.stderr)
+    print("last words of the rank", file=sys.stderr, flush=True)
+    os.abort()
+    return {}

@@ -185,7 +185,7 @@ def _visible_gpus() -> list[str]:
 
 def _run_multi(plan: Plan, spec: dict[str, Any], on_gpu: bool, cells_dir: Path) -> None:
     """Run a plan's ranks as separate processes; raise if a rank failed."""
-    from multirank import run_ranks
+    from multirank import failure, run_ranks
 
     gpus = _visible_gpus() if on_gpu else []
     if on_gpu and len(gpus) < plan.ranks:
@@ -200,11 +200,9 @@ def _run_multi(plan: Plan, spec: dict[str, Any], on_gpu: bool, cells_dir: Path) 
     recs = run_ranks(
         "gpucheck.cells:rank_worker", plan.ranks, {"spec": spec}, 300 if on_gpu else 150, extra_env, cells_dir
     )
-    bad = [r for r in recs if r["returncode"] != 0 or r["timed_out"]]
-    if bad:
-        r = bad[0]
-        why = "timed out (a hang?)" if r["timed_out"] else f"exit {r['returncode']}"
-        raise RuntimeError(f"rank {r['rank']} {why}: {r.get('error')}\n{r.get('traceback', '')}\n{r['stderr'][-3000:]}")
+    why = next(filter(None, map(failure, recs)), None)
+    if why:
+        raise RuntimeError(why)
 
 
 def run_cell(plan: Plan, catalog: Catalog, s: Settings) -> dict[str, Any]:

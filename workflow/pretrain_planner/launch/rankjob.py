@@ -3,6 +3,7 @@ Picklable and torch-free until called."""
 
 from __future__ import annotations
 
+import faulthandler
 import importlib
 import json
 import os
@@ -91,6 +92,9 @@ class RankJob(submitit.helpers.Checkpointable):
         self.context: dict[str, Any] = {}
 
     def __call__(self) -> Any:
+        # a rank that dies by a signal (SIGSEGV, SIGABRT from C++: gloo, NCCL, a kernel) prints every thread's
+        # Python stack into its task's stderr log, where otherwise only "exit -6" would say it ended
+        faulthandler.enable()
         ctx = getattr(self, "context", None) or {}
         place = ctx.get("placement")
         if place:
