@@ -237,6 +237,42 @@ def deepspeed_groups(payload: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def zero3_engines_freed(payload: dict[str, Any]) -> dict[str, Any]:
+    """One rank: two ZeRO-3 steps built, run and closed one after the other, as a micro-batch trial and the timed
+    build are; how many DeepSpeed engines and bytes of tensors are left once the garbage is collected."""
+    import gc
+
+    import torch
+    from deepspeed.runtime.engine import DeepSpeedEngine
+    from pretrain_planner.trainer.measure import batches_for
+    from pretrain_planner.trainer.rank import close_rank, init_rank
+    from pretrain_planner.trainer.run import make_builder
+
+    def left() -> dict[str, int]:
+        gc.collect()
+        live = gc.get_objects()
+        tensors = [o for o in live if isinstance(o, torch.Tensor)]
+        engines = sum(isinstance(o, DeepSpeedEngine) for o in live)
+        return {"engines": engines, "tensor_bytes": sum(t.untyped_storage().nbytes() for t in tensors)}
+
+    cfg, _ = run_config("tiny-gptneox", "naive+zero3", 1)
+    env = init_rank(cfg)
+    out: dict[str, Any] = {}
+    try:
+        for micro_batch in (4, 2):
+            step = make_builder(cfg, env, [])(micro_batch, 1)
+            batches = batches_for(cfg, env, micro_batch, 1)
+            for _ in range(3):  # ZeRO-3 records its trace in the first step and uses (and caches) it after
+                step(batches, 1)
+            out[f"while_{micro_batch}"] = left()
+            step.close()
+            del step
+        out["after"] = left()
+    finally:
+        close_rank(env)
+    return out
+
+
 def bf16_paths(payload: dict[str, Any]) -> dict[str, Any]:
     """tiny-gptneox in bf16 on this rank for each method of the payload (autocast + DDP, FSDP2's bf16 mixed precision,
     DeepSpeed's bf16 engine): the settings applied, what the model computes in, and the losses of 2 steps on the same

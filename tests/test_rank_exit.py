@@ -47,7 +47,9 @@ class Aborts(RankJob):
     def run(self):
         os.abort()
 
-Aborts()()
+job = Aborts()
+job.context = {"kind": "local"}
+job()
 """
 
 

@@ -3,6 +3,7 @@ Picklable and torch-free until called."""
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import importlib
 import json
@@ -81,6 +82,14 @@ def observe_rank() -> dict[str, Any]:
     return out
 
 
+def _stacks_on_fatal_signal() -> None:
+    """A rank that dies by a signal (SIGSEGV, SIGABRT from C++: gloo, NCCL, a kernel) prints every thread's Python
+    stack into its task's stderr log, where otherwise only its exit status would say it ended. Not where stderr has
+    no file descriptor (a captured stream): nothing could be written there."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # io.UnsupportedOperation is an OSError
+        faulthandler.enable()
+
+
 class RankJob(submitit.helpers.Checkpointable):
     """A job's callable. The launcher sets `context` before submitting: the job's folder (`workdir`), its
     record file, the devices it holds on this host (`placement`, local jobs) and what a refusal to requeue
@@ -92,10 +101,9 @@ class RankJob(submitit.helpers.Checkpointable):
         self.context: dict[str, Any] = {}
 
     def __call__(self) -> Any:
-        # a rank that dies by a signal (SIGSEGV, SIGABRT from C++: gloo, NCCL, a kernel) prints every thread's
-        # Python stack into its task's stderr log, where otherwise only "exit -6" would say it ended
-        faulthandler.enable()
         ctx = getattr(self, "context", None) or {}
+        if ctx.get("kind") in ("local", "slurm"):  # a process of its own (the debug launcher's runs in the driver's)
+            _stacks_on_fatal_signal()
         place = ctx.get("placement")
         if place:
             cpus = place["cpus_by_rank"][_local_rank() % len(place["cpus_by_rank"])]
