@@ -9,9 +9,9 @@ and says so: a hang can neither block a test nor leave processes behind.
 
     results = run_ranks("mymodule:fn", 2, {"x": 1}, timeout_s=120)  # fn(payload) -> JSON-able, on each rank
 
-A rank leaves as soon as its outcome is written, without the interpreter's teardown (`leave`): DeepSpeed's module
-and autograd hooks keep its engines, and so their gloo process groups, alive to the end of the process, and a gloo
-worker thread that drops a finished collective's tensors while the interpreter is finalising takes the GIL and
+A rank leaves as soon as its outcome is written, without the interpreter's teardown (`leave`): process groups can
+live to the end of the process (a ZeRO-3 engine cut by an out-of-memory error keeps its own, trainer/zero.py), and a
+gloo worker thread that drops a finished collective's tensors while the interpreter is finalising takes the GIL and
 aborts the process (pytorch/pytorch#190489). CI saw it once: the ZeRO-3 rank that had recovered from an
 out-of-memory error ended with SIGABRT after its peer had written an `ok` result. Each rank's Python traceback on a
 fatal signal goes to its stderr (PYTHONFAULTHANDLER).
