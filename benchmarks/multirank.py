@@ -10,7 +10,7 @@ and says so: a hang can neither block a test nor leave processes behind.
     results = run_ranks("mymodule:fn", 2, {"x": 1}, timeout_s=120)  # fn(payload) -> JSON-able, on each rank
 
 A rank leaves as soon as its outcome is written, without the interpreter's teardown (`leave`): process groups can
-live to the end of the process (a ZeRO-3 engine cut by an out-of-memory error keeps its own, trainer/zero.py), and a
+live to the end of the process (held by a library's engine: ZeRO-3's were, until trainer/zero.py freed them), and a
 gloo worker thread that drops a finished collective's tensors while the interpreter is finalising takes the GIL and
 aborts the process (pytorch/pytorch#190489). CI saw it once: the ZeRO-3 rank that had recovered from an
 out-of-memory error ended with SIGABRT after its peer had written an `ok` result. Each rank's Python traceback on a

@@ -239,7 +239,8 @@ def deepspeed_groups(payload: dict[str, Any]) -> dict[str, Any]:
 
 def zero3_engines_freed(payload: dict[str, Any]) -> dict[str, Any]:
     """One rank: two ZeRO-3 steps built, run and closed one after the other, as a micro-batch trial and the timed
-    build are; how many DeepSpeed engines and bytes of tensors are left once the garbage is collected."""
+    build are (with `abort`: each closed on an aborted group, as after an out-of-memory error); how many DeepSpeed
+    engines and bytes of tensors are left once the garbage is collected."""
     import gc
 
     import torch
@@ -265,7 +266,12 @@ def zero3_engines_freed(payload: dict[str, Any]) -> dict[str, Any]:
             for _ in range(3):  # ZeRO-3 records its trace in the first step and uses (and caches) it after
                 step(batches, 1)
             out[f"while_{micro_batch}"] = left()
-            step.close()
+            if payload.get("abort"):  # as after an out-of-memory error: the group aborted, the step closed, a new group
+                env.abort_group()
+                step.close()
+                env.rebuild_group()
+            else:
+                step.close()
             del step
         out["after"] = left()
     finally:

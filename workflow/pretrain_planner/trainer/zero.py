@@ -149,9 +149,13 @@ class DeepSpeedStep(TrainStep):
     def close(self) -> None:
         engine, self.engine = self.engine, None
         if engine is not None:
-            # a scratch engine whose process group was aborted: drop it all the same
-            with contextlib.suppress(Exception):
+            # a scratch engine whose process group was aborted: drop it all the same. Its destroy() then stops at
+            # its first log line (DeepSpeed's print_rank_0 asks the aborted group for the rank) before removing its
+            # hooks, which autograd holds: they are removed here instead
+            try:
                 engine.destroy()
+            except Exception:  # noqa: BLE001
+                remove_zero3_hooks(engine)
             release_zero3_references(getattr(engine, "module", None))
         super().close()
 
@@ -165,6 +169,24 @@ def _lru_cache_in(fn: Any) -> Any:
         inner = [c.cell_contents for c in (getattr(fn, "__closure__", None) or ()) if callable(c.cell_contents)]
         fn = getattr(fn, "__wrapped__", None) or (inner[0] if inner else None)
     return None
+
+
+def remove_zero3_hooks(engine: Any) -> int:
+    """Remove the hooks a ZeRO-3 engine registered (the optimizer's gradient-accumulation and leaf-module hooks, the
+    parameter offload's module hooks), as `destroy()` would have: autograd and the modules hold them, and through
+    them the engine. Returns how many were removed."""
+    opt = getattr(engine, "optimizer", None)
+    offload = getattr(opt, "parameter_offload", None)
+    handles = [*(getattr(opt, "_grad_acc_hooks", None) or []), *(getattr(opt, "_leaf_module_hooks", None) or []),
+               *(getattr(offload, "forward_hooks", None) or []), *(getattr(offload, "backward_hooks", None) or []),
+               getattr(offload, "fwd_pre_hook", None)]  # fmt: skip
+    removed = 0
+    for handle in handles:
+        if handle is not None:
+            with contextlib.suppress(Exception):
+                handle.remove()
+                removed += 1
+    return removed
 
 
 def release_zero3_references(module: torch.nn.Module | None) -> list[str]:
