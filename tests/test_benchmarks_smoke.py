@@ -139,7 +139,7 @@ def test_a_lever_that_trains_another_model_fails_its_check(tmp_path, monkeypatch
     import time
 
     from pretrain_planner.planning.catalog import load_catalog
-    from pretrain_planner.trainer.losscheck import FAULT_ENV
+    from pretrain_planner.planning.losscheck import FAULT_ENV
 
     monkeypatch.setenv(FAULT_ENV, "fl+flce=lr_x2")
     plan = losscheck.LossPlan("tiny-gptneox", ("fl+flce",), 2, 8, 6, compile_model=False, fp32=True)

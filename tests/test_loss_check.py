@@ -18,9 +18,9 @@ import pytest
 from pretrain_planner.launch import losscheck as driver
 from pretrain_planner.planning import losscheck as lc
 from pretrain_planner.planning.catalog import load_catalog
+from pretrain_planner.planning.losscheck import FAULT_ENV
 from pretrain_planner.schema import section
 from pretrain_planner.tables import aggregate
-from pretrain_planner.trainer.losscheck import FAULT_ENV
 
 from .conftest import HAVE_DS, REPO
 

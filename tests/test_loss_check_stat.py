@@ -157,3 +157,30 @@ def test_best_passes_over_a_faster_method_that_differs(tmp_path, capsys):
                      "--allow-differs"]) == 0  # fmt: skip
     out = capsys.readouterr().out
     assert "best method fl+zero1," in out and "picked anyway (--allow-differs)" in out
+
+
+def test_a_run_is_kept_for_a_later_check_only_while_nothing_it_depends_on_changed(tmp_path, monkeypatch):
+    """A setting's check job runs again whenever one of its cells changes; each run it made before is kept by its key
+    (its definition and the check's identity, steps, batch, seed, initial weights): a changed definition or check is
+    another key, a run a test broke is never kept, nor one a test asks to break now."""
+    import json
+
+    run = {"name": "naive", "method": "naive", "micro_batch": 4, "dropout_seed": 0, "overrides": {},
+           "role": "reference"}  # fmt: skip
+    check = {"identity": "abc", "steps": 10, "global_batch": 16, "seed": 0, "init": "/x/init-seed0.pt"}
+    key = lc.run_key(run, check)
+    assert key == lc.run_key(dict(run), dict(check))
+    assert all(lc.run_key(run, {**check, k: v}) != key for k, v in
+               (("identity", "def"), ("steps", 20), ("global_batch", 32), ("seed", 1), ("init", "/y.pt")))  # fmt: skip
+    assert lc.run_key({**run, "micro_batch": 2}, check) != key
+    path = tmp_path / f"{key}.json"
+    assert lc.kept_run(path, run) is None  # nothing kept yet
+    done = {**run, "loss": [6.2, 6.1], "grad_norm": [1.0, 0.9]}
+    path.write_text(json.dumps(done))
+    assert lc.kept_run(path, run) == done
+    assert lc.kept_run(path, {**run, "micro_batch": 2}) is None  # another run's record
+    monkeypatch.setenv(lc.FAULT_ENV, "naive=lr_x2")
+    assert lc.kept_run(path, run) is None  # a test breaks it now: it runs
+    monkeypatch.delenv(lc.FAULT_ENV)
+    assert not lc.keepable({**done, "test_fault": "lr_x2"}) and not lc.keepable({**run, "loss": [6.2, None]})
+    assert lc.keepable({**run, "skipped": "no dropout"})

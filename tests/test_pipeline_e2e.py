@@ -218,6 +218,8 @@ def test_damaged_or_missing_results_are_measured_again(sweep):
     (no_steps / "steps.jsonl").unlink()
     (deleted / "result.json").unlink()
     untouched = {d: (d / "result.json").stat().st_mtime_ns for d in dirs[3:]}
+    check = work / "results/loss_check/tiny-gptneox/cpu/1x1"
+    curves = json.loads((check / "curves.json").read_text())
     dry = snakemake(work, "-n", "--profile", str(REPO / "cluster/local"), "--cores", "2", "--configfile", str(cfg))
     assert dry.returncode == 0 and "Nothing to be done" not in dry.stdout + dry.stderr
     assert f"damaged result in results/cells/{garbage.relative_to(work / 'results/cells')}" in dry.stderr
@@ -237,6 +239,11 @@ def test_damaged_or_missing_results_are_measured_again(sweep):
     assert {d: (d / "result.json").stat().st_mtime_ns for d in dirs[3:]} == untouched
     problems = pl.read_csv(work / "results/tables/problems.csv")
     assert problems.height == 0
+    # the setting's loss check ran again (its cells changed) and kept every run of the earlier check: the same runs
+    # of the same check (the cells measured again chose the same micro-batches), no job
+    assert "no job (every run is kept from an earlier check)" in (check / "check.log").read_text()
+    again = json.loads((check / "curves.json").read_text())
+    assert [(r["name"], r["loss"]) for r in again["runs"]] == [(r["name"], r["loss"]) for r in curves["runs"]]
 
 
 def test_exported_plans_are_what_ran_and_launch_the_train_stage(sweep, tmp_path):

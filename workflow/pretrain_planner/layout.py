@@ -9,7 +9,8 @@ planner, the launcher, the search, the tables, the CLI, the trainer's loop and t
       cells/{model}/{gpu}/{N}x{G}/{method}/      one cell: result.json, steps.jsonl, cell.log, state.json ...
       search/{model}/{gpu}/{N}x{G}/              the adaptive search's rounds: round{k}.json, search.json
       tables/ plots/ report.md                   the aggregation
-      loss_check/{model}/{gpu}/{N}x{G}/          the loss-equivalence check of a setting: curves.json, check.log
+      loss_check/{model}/{gpu}/{N}x{G}/          the loss-equivalence check of a setting: curves.json, check.log,
+                                                 runs/ (each run's curve by its key: a later check reuses it)
       loss_check/{model}/init-seed{S}.pt         the one initial state every run of the check loads
       optimal/{model}/{gpu}/{N}x{G}/             the plan to run (plan.json, training_arguments.json, launch.sh)
       budget/                                    the time-budgeted BERT stage: data/, pretrain/, glue/, glue.{csv,md};
@@ -39,6 +40,7 @@ OPTIMAL = "optimal"
 LOSS_CHECK = "loss_check"
 LOSS_CURVES = "curves.json"  # a setting's check runs: every step's loss and gradient norm
 LOSS_CHECK_LOG = "check.log"
+LOSS_CHECK_RUNS = "runs"  # a setting's check runs kept by key (not a rule's output: Snakemake leaves them)
 BUDGET = "budget"
 TRAIN = "train"
 LOGS = "logs"
@@ -189,6 +191,11 @@ def loss_check_dir_pattern(results: str) -> str:
     """The loss_check rule's setting folder, with Snakemake wildcards."""
     w = {k: wildcard(k) for k in ("model", "gpu", "nodes", "gpus_per_node")}
     return loss_check_dir(results, SETTING_PATTERN.format(**w))
+
+
+def loss_check_run(curves: str | Path, key: str) -> Path:
+    """Where the run of key `key` of the check whose curves file is `curves` is kept."""
+    return Path(curves).parent / LOSS_CHECK_RUNS / f"{key}.json"
 
 
 def loss_check_init(results: str | Path, model: str, seed: int) -> str:

@@ -106,11 +106,17 @@ class Pipeline:
         """A cell's rule `threads:` (`_cores` of its ranks)."""
         return self._cores(grid.Cell.from_wildcards(wildcards).world_size)
 
+    @functools.cached_property
+    def _cell_benchmark(self) -> dict[str, Any]:
+        """The benchmark section a cell's job is given, shared by every cell spec (its defaults are in it already):
+        all of it but the loss check, which is the check job's (loss_check_spec). A cell's spec is its rule's params,
+        whose change measures the cell again: a loss-check setting changes no measurement."""
+        return {k: v for k, v in self.config["benchmark"].items() if k != "loss_check"}
+
     def spec(self, wildcards: Any, output: Any) -> dict[str, Any]:
         cell = grid.Cell.from_wildcards(wildcards)
-        # every spec shares the validated config's benchmark section (its defaults are in it already)
         return cell_spec(cell, self.catalog, self.config, output.result, output.steps, self.site,
-                         self.config["benchmark"])  # fmt: skip
+                         self._cell_benchmark)  # fmt: skip
 
     @property
     def loss_check(self) -> dict[str, Any]:

@@ -33,7 +33,8 @@ def cell_rows(paths: list[str]) -> dict[str, dict[str, Any]]:
 
 def run_check(spec: dict[str, Any], cell_results: list[str], curves: str, log_path: str, threads: int = 1,
               ) -> dict[str, Any]:  # fmt: skip
-    """The rule: plan the setting's runs, launch them (or record why there are none), leave `curves` behind."""
+    """The rule: plan the setting's runs, launch those that an earlier check of the setting did not make already
+    (layout.loss_check_run: each run kept by its key), or record why there are none; leave `curves` behind."""
     c, conf = spec["cell"], spec["benchmark"]["loss_check"]
     world = c["nodes"] * c["gpus_per_node"]
     rows = cell_rows(cell_results)
@@ -42,16 +43,41 @@ def run_check(spec: dict[str, Any], cell_results: list[str], curves: str, log_pa
     log = RuleLog(log_path)
     check = {"steps": conf["steps"], "global_batch": size, "seed": spec["benchmark"]["seed"],
              "init": str(Path(layout.loss_check_init(spec["results"], c["model"], spec["benchmark"]["seed"]))
-                         .resolve())}  # fmt: skip
+                         .resolve()), "identity": losscheck.identity(spec)}  # fmt: skip
     step_s = (rows.get("naive") or {}).get("step_time_s")
     check["gpu_hours_estimate"] = losscheck.cost_gpu_hours(len(runs), conf["steps"], step_s, world)
+    where = layout.setting_folder(**{k: c[k] for k in ("model", "gpu", "nodes", "gpus_per_node")})
     if not runs:
         record = {"setting": c, "check": check, "runs": [], "note": why}
-        log(f"loss check of {layout.setting_folder(**{k: c[k] for k in ('model', 'gpu', 'nodes', 'gpus_per_node')})}:"
-            f" no job ({why})")  # fmt: skip
+        log(f"loss check of {where}: no job ({why})")
         atomic_write_text(curves, json.dumps(record, indent=1) + "\n")
         return record
-    return launch_check(spec, runs, check, curves, log_path, threads)
+    keys = {r["name"]: losscheck.run_key(r, check) for r in runs}
+    kept = {}
+    for r in runs:
+        got = losscheck.kept_run(layout.loss_check_run(curves, keys[r["name"]]), r)
+        if got is not None:
+            kept[r["name"]] = got
+    todo = [r for r in runs if r["name"] not in kept]
+    if kept:
+        log(f"loss check of {where}: {len(kept)} of {len(runs)} run(s) kept from an earlier check of the setting (the "
+            f"same run of the same check): {', '.join(kept)}")  # fmt: skip
+    made: dict[str, dict[str, Any]] = {}
+    if todo:
+        record = launch_check(spec, todo, check, curves, log_path, threads)
+        made = {r["name"]: r for r in record["runs"]}
+        for r in todo:
+            if r["name"] in made and losscheck.keepable(made[r["name"]]):
+                atomic_write_text(layout.loss_check_run(curves, keys[r["name"]]), json.dumps(made[r["name"]]) + "\n")
+    else:
+        log(f"loss check of {where}: no job (every run is kept from an earlier check)")
+        record = {"setting": c, "check": {**check, "wall_s": 0.0}}
+    if kept:
+        record["runs"] = [kept.get(r["name"]) or made[r["name"]] for r in runs]
+        # what the check's runs cost, the kept ones' in the earlier jobs included (each run's share of its job)
+        record["check"]["gpu_hours_spent"] = sum(r.get("gpu_hours") or 0.0 for r in record["runs"])
+        atomic_write_text(curves, json.dumps(record, indent=1) + "\n")
+    return record
 
 
 def launch_check(spec: dict[str, Any], runs: list[dict[str, Any]], check: dict[str, Any], curves: str,
@@ -86,6 +112,8 @@ def launch_check(spec: dict[str, Any], runs: list[dict[str, Any]], check: dict[s
     # what the check spent, measured: the job's wall time (start-up included) x its ranks
     record["check"]["wall_s"] = time.time() - t0
     record["check"]["gpu_hours_spent"] = record["check"]["wall_s"] * world / 3600
+    for run in record["runs"]:  # each run's share, for a later check that keeps it (run_check)
+        run["gpu_hours"] = record["check"]["gpu_hours_spent"] / len(record["runs"])
     atomic_write_text(out, json.dumps(record, indent=1) + "\n")
     for run in record["runs"]:
         log(f"  {run['name']}: " + (run.get("error") or run.get("skipped")

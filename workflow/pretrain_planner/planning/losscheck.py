@@ -23,19 +23,26 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pretrain_planner.planning.runspec import batch_split_reason
+from pretrain_planner.runlog import fingerprint
 from pretrain_planner.schema import section
+from pretrain_planner.versions import installed_versions
 
 FLOOR_REL = 1e-4  # the band's floor, relative to the reference: float32 rounding of a loss is ~1e-7
 NOT_CHECKED = "not checked"
 SAME = "same"
 DIFFERS = "differs"
 QUANTITIES = ("loss", "grad_norm")  # compared where both runs recorded them, in this order
+FAULT_ENV = "PRETRAIN_PLANNER_TEST_LOSS_FAULT"  # a test's faults in named runs (trainer/losscheck.py breaks them)
+FAULTS = ("unscaled_accum", "lr_x2", "bf16_no_master")
+# what a run's curve depends on besides its own definition and the check's data: the code that trains it
+SOFTWARE = ("torch", "transformers", "deepspeed", "pretrain-planner")
 
 
 def settings(given: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -244,6 +251,52 @@ def plan_runs(rows: dict[str, dict[str, Any]], conf: dict[str, Any], model: dict
             entry["against"] = f"naive{name}"
         runs.append(entry)
     return runs, None, size
+
+
+def faults() -> dict[str, str]:
+    """Run name -> the fault a test asks to break it with (FAULT_ENV="run=fault[;run=fault]"; never set by the
+    pipeline)."""
+    raw = os.environ.get(FAULT_ENV, "").strip()
+    out = {}
+    for part in filter(None, (p.strip() for p in raw.split(";"))):
+        name, _, fault = part.partition("=")
+        if fault not in FAULTS:
+            raise ValueError(f"{FAULT_ENV}={raw!r}: fault {fault!r} is not one of {', '.join(FAULTS)}")
+        out[name] = fault
+    return out
+
+
+def identity(spec: dict[str, Any]) -> str:
+    """What a setting's check runs on besides each run's definition: the model and GPU type as planned, the setting's
+    layout and the software that trains it (a digest; a check record holds it, so a later check knows which of its
+    runs still stand)."""
+    c = spec["cell"]
+    return fingerprint(spec["model"], spec["gpu"], [c["model"], c["gpu"], c["nodes"], c["gpus_per_node"]],
+                       spec["benchmark"].get("device"), installed_versions(SOFTWARE))  # fmt: skip
+
+
+def run_key(run: dict[str, Any], check: dict[str, Any]) -> str:
+    """A run's key: its definition and what its curve depends on besides (the check's identity, steps, global batch,
+    seed and initial weights). Equal keys, equal curves: a setting's check job runs again whenever a cell of the
+    setting changes (a method added, a cell measured again), and the runs it made before need not run again."""
+    return fingerprint(run, [check.get(k) for k in ("identity", "steps", "global_batch", "seed", "init")])
+
+
+def keepable(run: dict[str, Any]) -> bool:
+    """A run's record worth keeping for a later check: not broken by a test's fault, and finished (its loss at every
+    step, or skipped, or refused with the reason)."""
+    return not run.get("test_fault") and bool(run.get("skipped") or run.get("error") or _complete(run.get("loss")))
+
+
+def kept_run(path: Path, run: dict[str, Any]) -> dict[str, Any] | None:
+    """The kept record at `path` of the run `run` (None: none, unreadable, another run's, or asked to be broken now
+    by a test's fault)."""
+    if run["name"] in faults():
+        return None
+    got = read(path)
+    if not got or any(got.get(k) != v for k, v in run.items()) or not keepable(got):
+        return None
+    return got
 
 
 def cost_gpu_hours(runs: int, steps: int, step_time_s: float | None, world: int) -> float | None:

@@ -13,9 +13,10 @@ The data is learnable so the curves move: tokens from a fixed sparse Markov chai
 successors), masked as the masked-LM task masks; images labelled by a fixed linear teacher.
 
 Faults for the check's own tests (never set by the pipeline): PRETRAIN_PLANNER_TEST_LOSS_FAULT =
-"run=fault[;run=fault]" breaks the named run after it is built: `unscaled_accum` (each micro-batch's loss not
-divided by the accumulation), `lr_x2` (the optimizer's learning rate doubled), `bf16_no_master` (the weights
-themselves in bf16, updated without fp32 master copies). The fault is recorded in the run's curve.
+"run=fault[;run=fault]" (planning/losscheck.faults) breaks the named run after it is built: `unscaled_accum` (each
+micro-batch's loss not divided by the accumulation), `lr_x2` (the optimizer's learning rate doubled),
+`bf16_no_master` (the weights themselves in bf16, updated without fp32 master copies). The fault is recorded in the
+run's curve.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 
 import torch
 
+from pretrain_planner.planning.losscheck import faults
 from pretrain_planner.planning.runspec import RunSpec
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.trainer import methodbuild
@@ -34,23 +36,10 @@ from pretrain_planner.trainer.config import RunConfig
 from pretrain_planner.trainer.rank import RankEnv, Unsupported, close_rank, init_rank
 from pretrain_planner.trainer.ranks import Ranks
 
-FAULT_ENV = "PRETRAIN_PLANNER_TEST_LOSS_FAULT"
-FAULTS = ("unscaled_accum", "lr_x2", "bf16_no_master")
 BRANCH = 4  # successors per token of the Markov chain: entropy ln 4 = 1.39 nats, far below ln(vocab)
 TABLE_SEED = 20240611  # the chain and the image teacher: fixed, the same for every run and seed
 DATA_SEED = 7919  # a step's samples: DATA_SEED x (seed + 1) + step
 DROPOUT_SEED = 104729  # the global RNG right before the first step: DROPOUT_SEED + dropout_seed
-
-
-def faults() -> dict[str, str]:
-    raw = os.environ.get(FAULT_ENV, "").strip()
-    out = {}
-    for part in filter(None, (p.strip() for p in raw.split(";"))):
-        name, _, fault = part.partition("=")
-        if fault not in FAULTS:
-            raise ValueError(f"{FAULT_ENV}={raw!r}: fault {fault!r} is not one of {', '.join(FAULTS)}")
-        out[name] = fault
-    return out
 
 
 # --- data ------------------------------------------------------------------------------------------------------
