@@ -338,6 +338,8 @@ class _Table:
         self.pairs = np.array([(i, j) for idx in by_group.values() for i in idx for j in idx
                                if runs[i].gpu != runs[j].gpu], int).reshape(-1, 2)  # fmt: skip
         self.dist = np.abs(self.feat[self.pairs[:, 0]] - self.feat[self.pairs[:, 1]]).sum(1)
+        self._masks: dict[bytes, _Masked] = {}  # what a mask of the runs fixes, for the effects' fit
+        self._moments: dict[bytes, tuple[Any, ...]] = {}  # ... and for empirical_lambda's moments
 
     def li(self, kappa: float) -> np.ndarray:
         return np.log(self.mm + kappa * self.mem)
@@ -346,63 +348,126 @@ class _Table:
         """Per-GPU effects (log) from the masked runs: a two-way ridge fit (group levels free, effects shrunk by
         `lam`); NaN for a GPU type without a masked run in a group shared with another type (a group measured on one
         type alone says nothing of its effect), 0 for the others with lam = inf."""
+        m = self._masked(mask)
         b = np.full(len(self.gpus), np.nan)
-        types = np.zeros((len(self.groups), len(self.gpus)), bool)
-        types[self.gg[mask], self.pg[mask]] = True
-        shared = types.sum(1) >= 2
-        mask = mask & shared[self.gg]
-        present = np.unique(self.pg[mask])
-        if lam == math.inf or not mask.any():
-            b[present] = 0.0
+        if lam == math.inf or m.base is None:
+            b[m.present] = 0.0
             return b
         # the group levels eliminated: (Z'MZ + lam I) b = Z'Mr, M removing each group's mean (Z: GPU indicators)
-        gg, pi, r = self.gg[mask], np.searchsorted(present, self.pg[mask]), (self.y - li)[mask]
-        ng, npr = len(self.groups), len(present)
-        size = np.bincount(gg, minlength=ng).astype(float)
-        counts = np.zeros((ng, npr))
-        np.add.at(counts, (gg, pi), 1.0)
-        keep = size > 0
-        c, n_g = counts[keep], size[keep]
-        lhs = np.diag(counts.sum(0)) - c.T @ (c / n_g[:, None]) + lam * np.eye(npr)
-        rhs = np.bincount(pi, r, npr) - c.T @ (np.bincount(gg, r, ng)[keep] / n_g)
-        b[present] = np.linalg.solve(lhs, rhs)
+        r = (self.y - li)[m.mask]
+        lhs = m.base + lam * np.eye(len(m.present))
+        rhs = np.bincount(m.pi, r, len(m.present)) - m.c.T @ (np.bincount(m.gg, r, len(self.groups))[m.keep] / m.n_g)
+        b[m.present] = np.linalg.solve(lhs, rhs)
         return b
+
+    def _masked(self, mask: np.ndarray) -> _Masked:
+        """What the effects' fit takes of a mask of the runs, made once per mask: a fit solves it for every kappa_mem
+        and lambda, and the out-of-sample checks refit the same masks."""
+        key = mask.tobytes()
+        got = self._masks.get(key)
+        if got is None:
+            got = self._masks[key] = _Masked.of(self, mask)
+        return got
 
     def empirical_lambda(self, li: np.ndarray, mask: np.ndarray) -> float:
         """Noise variance / effects' variance of the two-way model on the masked runs (method of moments), within
         LAMBDA_RANGE; inf (no effects) with fewer than 3 GPU types or no variance between them."""
         b = self.effects(li, mask, 1e-6)
         mask = mask & np.isfinite(b[self.pg])  # the runs in groups shared between GPU types
-        gg, pg, y, li = self.gg[mask], self.pg[mask], self.y[mask], li[mask]
-        groups, gpus = np.unique(gg), np.unique(pg)
-        ng = len(self.groups)
-        level = np.bincount(gg, y - li - b[pg], ng) / np.maximum(np.bincount(gg, minlength=ng), 1)
+        key = mask.tobytes()
+        if key not in self._moments:  # what the mask fixes: the groups and GPU types, their sizes, the freedom left
+            gg, pg = self.gg[mask], self.pg[mask]
+            gpus = np.unique(pg)
+            self._moments[key] = (gg, pg, np.maximum(np.bincount(gg, minlength=len(self.groups)), 1),
+                                  len(gg) - len(np.unique(gg)) - len(gpus) + 1, gpus,
+                                  np.bincount(pg, minlength=len(self.gpus))[gpus])  # fmt: skip
+        gg, pg, sizes, dof, gpus, counts = self._moments[key]
+        y, li = self.y[mask], li[mask]
+        level = np.bincount(gg, y - li - b[pg], len(self.groups)) / sizes
         res = y - li - level[gg] - b[pg]
-        dof = len(res) - len(groups) - len(gpus) + 1
         if dof <= 0 or len(gpus) < 3:
             return math.inf
         noise = float(np.sum(res**2) / dof)
-        counts = np.bincount(pg, minlength=len(self.gpus))[gpus]
         centred = b[gpus] - np.average(b[gpus], weights=counts)
         between = float(np.var(centred) - np.mean(noise / counts))
         if between <= 0:
             return math.inf
         return float(np.clip(noise / between, *LAMBDA_RANGE))
 
-    def transfer_errors(self, li: np.ndarray, b: np.ndarray, tau: float, pairs: np.ndarray, dist: np.ndarray):
-        """log(truth / central) of each target of `pairs` (target, basis) with its nearest distance and spread; `b`:
-        the effects, NaN where a GPU type is absent (no correction to or from it: CrossGpu.correction)."""
-        ti, bj = pairs[:, 0], pairs[:, 1]
+    def transfer_errors(self, li: np.ndarray, b: np.ndarray, tau: float, pairs: np.ndarray | _Pairs,
+                        dist: np.ndarray | None = None, spread: bool = True):  # fmt: skip
+        """log(truth / central) of each target of `pairs` (target, basis; or their _Pairs) with its nearest distance
+        and spread (None with spread=False); `b`: the effects, NaN where a GPU type is absent (no correction to or
+        from it: CrossGpu.correction)."""
+        p = pairs if isinstance(pairs, _Pairs) else _Pairs.of(pairs, dist)
+        ti, bj = p.ti, p.bj
         corr = b[self.pg[ti]] - b[self.pg[bj]]
         pred = self.y[bj] - li[bj] + li[ti] + np.where(np.isfinite(corr), corr, 0.0)
-        targets, idx = np.unique(ti, return_inverse=True)
-        nearest = np.full(len(targets), np.inf)
-        np.minimum.at(nearest, idx, dist)
-        w = np.ones_like(dist) if tau == math.inf else np.exp(-(dist - nearest[idx]) / tau)
-        den = np.bincount(idx, w, len(targets))
-        mean = np.bincount(idx, w * pred, len(targets)) / den
-        spread = np.sqrt(np.maximum(np.bincount(idx, w * pred**2, len(targets)) / den - mean**2, 0.0))
-        return targets, self.y[targets] - mean, nearest, spread
+        w, den = p.weights(tau)
+        n = len(p.targets)
+        mean = np.bincount(p.idx, w * pred, n) / den
+        sd = np.sqrt(np.maximum(np.bincount(p.idx, w * pred**2, n) / den - mean**2, 0.0)) if spread else None
+        return p.targets, self.y[p.targets] - mean, p.nearest, sd
+
+
+@dataclass
+class _Masked:
+    """The parts of the effects' two-way fit that a mask of the runs fixes (`_Table._masked`): the runs in groups
+    measured on two GPU types or more, the GPU types present there, the group sizes and the matrix without lambda."""
+
+    mask: np.ndarray
+    present: np.ndarray
+    base: np.ndarray | None = None  # Z'MZ; None: no run to fit on
+    gg: np.ndarray | None = None
+    pi: np.ndarray | None = None
+    c: np.ndarray | None = None
+    n_g: np.ndarray | None = None
+    keep: np.ndarray | None = None
+
+    @classmethod
+    def of(cls, t: _Table, mask: np.ndarray) -> _Masked:
+        types = np.zeros((len(t.groups), len(t.gpus)), bool)
+        types[t.gg[mask], t.pg[mask]] = True
+        shared = types.sum(1) >= 2
+        mask = mask & shared[t.gg]
+        present = np.unique(t.pg[mask])
+        if not mask.any():
+            return cls(mask, present)
+        gg, pi = t.gg[mask], np.searchsorted(present, t.pg[mask])
+        ng, npr = len(t.groups), len(present)
+        size = np.bincount(gg, minlength=ng).astype(float)
+        counts = np.zeros((ng, npr))
+        np.add.at(counts, (gg, pi), 1.0)
+        keep = size > 0
+        c, n_g = counts[keep], size[keep]
+        return cls(mask, present, np.diag(counts.sum(0)) - c.T @ (c / n_g[:, None]), gg, pi, c, n_g, keep)
+
+
+class _Pairs:
+    """(target, basis) pairs of runs with what does not change between the fit's trials: each target's index and
+    nearest basis distance, and the weights of each tau (`transfer_errors` is asked for every kappa_mem x tau)."""
+
+    def __init__(self, pairs: np.ndarray, dist: np.ndarray):
+        self.ti, self.bj, self.dist = pairs[:, 0], pairs[:, 1], dist
+        self.targets, self.idx = np.unique(self.ti, return_inverse=True)
+        self.nearest = np.full(len(self.targets), np.inf)
+        np.minimum.at(self.nearest, self.idx, dist)
+        self._weights: dict[float, tuple[np.ndarray, np.ndarray]] = {}
+
+    @classmethod
+    def of(cls, pairs: np.ndarray, dist: np.ndarray | None) -> _Pairs:
+        if dist is None:
+            raise ValueError("transfer_errors: pairs without their distances")
+        return cls(pairs, dist)
+
+    def weights(self, tau: float) -> tuple[np.ndarray, np.ndarray]:
+        """exp(-(distance - the target's nearest) / tau) per pair (1 with tau = inf) and their sum per target."""
+        got = self._weights.get(tau)
+        if got is None:
+            d = self.dist
+            w = np.ones_like(d) if tau == math.inf else np.exp(-(d - self.nearest[self.idx]) / tau)
+            got = self._weights[tau] = (w, np.bincount(self.idx, w, len(self.targets)))
+        return got
 
 
 def _choose(t: _Table, mask: np.ndarray | None = None) -> Params | None:
@@ -412,14 +477,14 @@ def _choose(t: _Table, mask: np.ndarray | None = None) -> Params | None:
     sel = mask[t.pairs[:, 0]] & mask[t.pairs[:, 1]]
     if not sel.any() or len(np.unique(t.pg[mask])) < MIN_FIT_GPUS:
         return None
-    pairs, dist = t.pairs[sel], t.dist[sel]
+    pairs = _Pairs(t.pairs[sel], t.dist[sel])
     best = None
     for km in KAPPA_MEM:
         li = t.li(km)
         lam = t.empirical_lambda(li, mask)
         b = t.effects(li, mask, lam)
         for tau in TAUS:
-            _t, u, _n, _s = t.transfer_errors(li, b, tau, pairs, dist)
+            _t, u, _n, _s = t.transfer_errors(li, b, tau, pairs, spread=False)
             key = (float(np.mean(np.abs(u))), tau == math.inf, km)
             if best is None or key < best[0]:
                 best = (key, Params(km, tau, lam))

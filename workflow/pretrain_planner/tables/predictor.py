@@ -145,6 +145,17 @@ def _work(spec: ModelSpec, slug: str, micro_batch: int | None = None, world: int
                                     samples_per_step=per_step)  # fmt: skip
 
 
+Measured = tuple[Run, float | None, int | None]  # a measured cell as a run, its communication seconds, its micro-batch
+
+
+def _by_method(rows: list[Measured]) -> dict[str, list[Measured]]:
+    """A model's measured runs by method, in their order."""
+    out: dict[str, list[Measured]] = defaultdict(list)
+    for row in rows:
+        out[row[0].method].append(row)
+    return out
+
+
 class Predictor:
     """Predictions from a `cells` table (aggregate.cells_table), the catalog and the public evidence (`public`: the
     shipped evidence and the rows imported into `evidence_folder` by default; an Evidence to use another, None for
@@ -174,11 +185,19 @@ class Predictor:
             list
         )  # model -> (run, comm, micro-batch)
         self.own_nodes: dict[str, int] = {}  # a measured cell's run id -> its nodes (its layout's bandwidths)
+        # what every prediction asks again of the same model, method and layout, made once (a what-if table asks
+        # thousands): a catalog model's parameter count, its work per unit, a measured run's communication model
+        self._param_counts: dict[str, float | None] = {}
+        self._works: dict[tuple[str, str, int | None, int | None], Work | None] = {}
+        self._sources: dict[tuple[str, str, int | None], tuple[float | None, float]] = {}
         for r in ok.iter_rows(named=True):
             got = self._own_run(r, one.get((r["model"], r["gpu"], r["method"])))
             if got:
                 self.own[r["model"]].append(got)
                 self.own_nodes[got[0].id] = int(r["nodes"])
+        self.own_by_method: dict[str, dict[str, list[Measured]]] = {
+            model: _by_method(rows) for model, rows in self.own.items()
+        }
         # the sweep's own cells join the fit (issue 40): a setting measured on two of your GPU types gives each its
         # own offset, which every other prediction for them then uses; the out-of-sample errors count them (`own`)
         self.model: CrossGpu = fit([*self.public.runs, *(run for rs in self.own.values() for run, _c, _m in rs)],
@@ -197,7 +216,8 @@ class Predictor:
         same method tells it), with its communication seconds and micro-batch."""
         spec = self.catalog.models.get(r["model"])
         micro_batch = r.get("micro_batch")
-        work = _work(spec, r["method"], int(micro_batch) if micro_batch else None, r["world_size"]) if spec else None
+        mb = int(micro_batch) if micro_batch else None
+        work = self._work(spec, r["method"], mb, r["world_size"]) if spec else None
         if work is None or r["gpu"] not in self.catalog.gpus:
             return None
         t, w = r["step_time_s"], r["world_size"]
@@ -211,8 +231,21 @@ class Predictor:
                   origin="own")  # fmt: skip
         return run, comm, int(micro_batch) if micro_batch else None
 
+    def _param_count(self, spec: ModelSpec) -> float | None:
+        """The catalog model's parameter count (planning/flops.param_count), once per model."""
+        if spec.name not in self._param_counts:
+            self._param_counts[spec.name] = param_count(spec.to_dict())
+        return self._param_counts[spec.name]
+
+    def _work(self, spec: ModelSpec, slug: str, micro_batch: int | None, world: int | None) -> Work | None:
+        """`_work` of the module, once per model, method, micro-batch and ranks (a Work is frozen)."""
+        key = (spec.name, slug, micro_batch, world)
+        if key not in self._works:
+            self._works[key] = _work(spec, slug, micro_batch, world)
+        return self._works[key]
+
     def _nearest(self, spec: ModelSpec, candidates: list[str], same) -> str | None:
-        size = math.log(max(param_count(spec.to_dict()) or 1.0, 1.0))
+        size = math.log(max(self._param_count(spec) or 1.0, 1.0))
         pool = [m for m in candidates if same(m)
                 and abs(math.log(max(self._params(m), 1.0)) - size) <= math.log(STAND_IN_RATIO)]  # fmt: skip
         if not pool:
@@ -221,7 +254,7 @@ class Predictor:
 
     def _params(self, model: str) -> float:
         if model in self.catalog.models:
-            return param_count(self.catalog.models[model].to_dict()) or 1.0
+            return self._param_count(self.catalog.models[model]) or 1.0
         runs = self.public_by_model.get(model)
         return runs[0].params if runs else 1.0
 
@@ -247,7 +280,7 @@ class Predictor:
         if near:
             return PUBLIC, near, f"public measurements of the nearest-sized model of family {spec.family}: {near}"
         run0 = {m: self.public_by_model[m][0] for m in pub}
-        near = stand_in(spec.name, param_count(spec.to_dict()) or 1.0, spec.task, spec.kind.formula or "", HERE,
+        near = stand_in(spec.name, self._param_count(spec) or 1.0, spec.task, spec.kind.formula or "", HERE,
                         {m: (m, r.params, r.kind, r.formula, r.software) for m, r in run0.items()})  # fmt: skip
         if near:
             return PUBLIC, near, (f"public measurements of the nearest-sized {spec.task} {spec.kind.formula} (this "
@@ -282,7 +315,7 @@ class Predictor:
         """The measured model nearest in size to `spec` of its family (your cells on other GPU types, public runs)
         or of its kind (public workloads of its task and formula, any software), at any size ratio: (its name, its
         parameters / the model's). What `basis` would have used, were it within STAND_IN_RATIO."""
-        size = max(param_count(spec.to_dict()) or 1.0, 1.0)
+        size = max(self._param_count(spec) or 1.0, 1.0)
         own = {m for m, rs in self.own.items() if any(r.gpu != gpu and self._rated(r) for r, _c, _m in rs)}
         pool: list[tuple[float, bool, str]] = []
         for m in sorted(own | set(self.public_by_model)):
@@ -378,23 +411,18 @@ class Predictor:
         from pretrain_planner.search.timemodel import BUS_B_S
 
         per_rank = spec.recipe.global_batch // world
-        params = param_count(spec.to_dict()) or 0.0
+        params = self._param_count(spec) or 0.0
         f = stepmodel.of_method(slug, micro_batch, per_rank, world)
         target = self._comm_model(f, params, gpu, nodes, world)
         got = []
         for run, comm, mb_src in measured:
             if run.world == 1 or comm is None or run.gpu == gpu or run.method != slug:
                 continue
-            src = self.catalog.models[run.model]
-            src_rank = src.recipe.global_batch // run.world
-            src_f = stepmodel.of_method(slug, mb_src or src_rank, src_rank, run.world)
-            src_params = param_count(src.to_dict()) or 0.0
-            source = self._comm_model(src_f, src_params, run.gpu, self.own_nodes.get(run.id, 1), run.world)
+            source, src_volume = self._source(run, slug, mb_src)
             if source and target:
                 got.append(comm * target / source)
                 continue
             # a bandwidth unknown: the volume ratio alone (the same bus)
-            src_volume = stepmodel.sync_bytes(src_f, src_params, run.world)
             if src_volume > 0:
                 got.append(comm * stepmodel.sync_bytes(f, params, world) / src_volume)
         if got:
@@ -410,9 +438,22 @@ class Predictor:
         slow = stepmodel.comm_seconds(f, params, nodes, gpn, slow_link, slow_net)
         return fast, math.sqrt(fast * slow), slow
 
+    def _source(self, run: Run, slug: str, micro_batch: int | None) -> tuple[float | None, float]:
+        """A measured run's communication under method `slug` at its micro-batch: (the step model's seconds at its
+        layout's bandwidths, None where one is unknown; the bytes it synchronises per step), once per run."""
+        key = (run.id, slug, micro_batch)
+        if key not in self._sources:
+            src = self.catalog.models[run.model]
+            src_rank = src.recipe.global_batch // run.world
+            src_f = stepmodel.of_method(slug, micro_batch or src_rank, src_rank, run.world)
+            src_params = self._param_count(src) or 0.0
+            source = self._comm_model(src_f, src_params, run.gpu, self.own_nodes.get(run.id, 1), run.world)
+            self._sources[key] = (source, stepmodel.sync_bytes(src_f, src_params, run.world))
+        return self._sources[key]
+
     def _step(self, spec: ModelSpec, slug: str, gpu: str, world: int, micro_batch: int, basis: list[Run],
               measured: list[tuple[Run, float | None, int | None]], nodes: int = 1) -> Step | None:  # fmt: skip
-        work = _work(spec, slug, micro_batch, world)
+        work = self._work(spec, slug, micro_batch, world)
         est = self.model.estimate(basis, work, gpu) if work else None
         if est is None:
             return None
@@ -455,9 +496,9 @@ class Predictor:
         p.evidence = kind
         options, refused = [], []
         if kind == OWN:
-            measured = self.own[source_model]
+            measured = self.own_by_method[source_model]  # the model's cells by method
             by_method: dict[str, list[Run]] = defaultdict(list)
-            for run, _c, _m in measured:
+            for run, _c, _m in self.own[source_model]:
                 if run.gpu != gpu and self._rated(run):
                     by_method[run.method].append(run)
             for slug, runs in sorted(by_method.items()):
@@ -465,9 +506,9 @@ class Predictor:
                 if not fits:
                     refused.append(f"{slug}: {why}")
                     continue
-                mbs = [micro_batch for run, _c, micro_batch in measured if run.method == slug and micro_batch]
+                mbs = [micro_batch for _run, _c, micro_batch in measured[slug] if micro_batch]
                 micro_batch = min(max(mbs) if mbs else r.global_batch // world, r.global_batch // world)
-                step = self._step(spec, slug, gpu, world, micro_batch, runs, measured, nodes)
+                step = self._step(spec, slug, gpu, world, micro_batch, runs, measured[slug], nodes)
                 if step:
                     options.append(step)
         else:
