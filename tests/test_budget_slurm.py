@@ -11,6 +11,7 @@ import subprocess
 
 import pytest
 import yaml
+from pretrain_planner.tables import units
 
 from .conftest import BIN, PROFILE, REPO, SITE, last_job_id, sacct, wait_for, write_config
 
@@ -52,7 +53,15 @@ def test_pretrain_job_on_the_gpu_partition_requeues_and_resumes(slurm_cluster, t
             os.killpg(driver.pid, signal.SIGKILL)
     result = json.loads((tmp_path / target).read_text())
     assert result["stop_reason"] == "budget" and result["world_size"] == 2 and result["slurm_job_id"] == job["JobID"]
-    assert result["elapsed_s"] == pytest.approx(25, abs=2) and result["loss_last"] < result["loss_first"]
+    # the budget (wall clock, 25 s) ends the run at the first check after the step that used it up: the check before
+    # the last step saw less than 25 s (the step before it ended earlier), the stop came at or after 25 s; what came
+    # after it (the last validation, checkpoint, model write) is measured apart, in result.json and summary.md
+    records = [json.loads(ln) for ln in steps.read_text().splitlines()]
+    assert records[-2]["wall_s"] < 25 <= result["stopped_s"], (records[-2:], result["stopped_s"])
+    assert result["elapsed_s"] == pytest.approx(result["stopped_s"] + result["finish_s"]) and result["finish_s"] < 60
+    summary = (tmp_path / target).with_name("summary.md").read_text()
+    assert f"took {units.duration_s(result['finish_s'])} more" in summary, summary
+    assert result["loss_last"] < result["loss_first"]
     log = (tmp_path / "results/logs/budget/pretrain.log").read_text()
     assert "submitted SLURM job" in log and "resumed at step" in log, log[-3000:]
     done = wait_for(lambda: [j for j in sacct(since, name) if j["State"] == "COMPLETED"], 30, "sacct to see it end")

@@ -181,6 +181,7 @@ class _Run(Training):
         self.wall_base = 0.0  # wall time of the run before this process (a resumed run's, from the checkpoint)
         self.train_base = 0.0  # training time likewise
         self.real_step_s = 0.0  # under the fake clock: the real time of this process's steps (replaced by fake)
+        self.stopped_s: float | None = None  # the clock when the loop stopped (finish)
         self._step_t0: float | None = None
         self.cfg, self.tr, self.setting = cfg, cfg["train"], setting_of(cfg)
         tr, setting = self.tr, self.setting
@@ -382,6 +383,7 @@ class _Run(Training):
         folder; rank 0 writes the result JSON. Closes the process group."""
         state = self.state
         self._tick()
+        self.stopped_s = self._elapsed(state)  # the run's clock when it stopped: what the budget bounds
         self.logger.info("stopped (%s) at step %d, %.1f s of training time, %.1f s of wall time", state["stop"],
                          state["step"], state["elapsed_s"], state["wall_s"])  # fmt: skip
         if state["last_val_loss"] is None or self.val_idx < len(self.val_points):
@@ -416,6 +418,9 @@ class _Run(Training):
             "model": mdict["name"], "family": mdict["family"], "device": str(self.device), "precision": tr["precision"],
             "steps": state["step"], "budget_s": self.budget_s, "clock": self.clock_kind,
             "elapsed_s": self._elapsed(state), "train_s": state["elapsed_s"], "wall_s": state["wall_s"],
+            # the budget ends the run at the first check after it ran out (a check before every step): `stopped_s`;
+            # what follows on the clock (the last validation, checkpoint and model write) is `finish_s`
+            "stopped_s": self.stopped_s, "finish_s": self._elapsed(state) - self.stopped_s,
             "validation_s": state["val_s"], "stop_reason": state["stop"], "micro_batch": self.micro_batch,
             "checkpoint_every_s": tr["checkpoint_every_s"], "checkpoints": state.get("checkpoints", 0),
             "checkpoint_s": state.get("checkpoint_s", 0.0), **self.loop.restart_costs(steps),

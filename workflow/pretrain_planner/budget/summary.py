@@ -32,6 +32,20 @@ def reference_comparison(steps: int, sequences: int, budget_s: float) -> dict[st
     }  # fmt: skip
 
 
+def stop_note(result: dict[str, Any]) -> str:
+    """Where on the run's clock it stopped against its budget, and what the finish (the last validation, checkpoint
+    and model write) added after."""
+    stopped, finish = result.get("stopped_s"), result.get("finish_s")
+    if stopped is None:
+        return ""
+    clock = "wall time" if result["clock"] == "wall" else "training time"
+    return (
+        f"Stopped ({result['stop_reason']}) at {units.duration_s(stopped)} of {clock} (budget "
+        f"{units.duration_s(result['budget_s'])}: the first check after the step that used it up); the finish "
+        f"(last validation, checkpoint, model) took {units.duration_s(finish or 0.0)} more."
+    )
+
+
 def checkpoint_note(result: dict[str, Any]) -> str:
     """What checkpointing cost the run: how many were written, their wall time and its share of the budget."""
     every = result.get("checkpoint_every_s")
@@ -65,7 +79,7 @@ def write_summary(result: dict[str, Any], out_dir: Path) -> None:
     head = ["run", "budget_h", "clock", "steps", "global_batch", "sequences", "wall_h", "train_h", "stop_reason",
             "val_loss"]  # fmt: skip
     md = (table(head, rows) + f"\nsequences = steps x global batch. Reference: {ref['source']}.\n"
-          f"\n{checkpoint_note(result)}\n")  # fmt: skip
+          f"\n{stop_note(result)} {checkpoint_note(result)}\n")  # fmt: skip
     atomic_write_text(out_dir / layout.PRETRAIN_SUMMARY.format(ext="csv"), csv_text(head, rows))
     atomic_write_text(out_dir / layout.PRETRAIN_SUMMARY.format(ext="md"), md)
 
