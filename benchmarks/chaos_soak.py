@@ -105,9 +105,9 @@ BLOCKING = ("ctld_restart", "dbd_restart")
 def sized_stages(p: Preset, step_s: float) -> Preset:
     """The preset with budget and train runs long enough to be drilled on this machine: a stage can be hit from its
     15th step to 5 before its end (Round._stage_ready), and that window lasts about DRILL_S at the yardstick's step
-    (multirank.tiny_step_s; a stage's step is of its size: 16 samples of a tiny model). A count of steps that fits
-    one CPU is over in a blink on a faster one (a fast machine's train run ended during a controller restart,
-    undrilled); a slow one keeps the preset's."""
+    (multirank.tiny_step_s; a stage's step is of its size: 16 samples of a tiny model), or at the pace (--pace). A
+    count of steps that fits one CPU is over in a blink on a faster one (a fast machine's train run ended during a
+    controller restart, undrilled); a slow one keeps the preset's."""
     need = 20 + math.ceil(DRILL_S / step_s)
     return dataclasses.replace(p, budget_steps=max(p.budget_steps, need), train_steps=max(p.train_steps, need))
 
@@ -880,6 +880,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=26)
     ap.add_argument("--work", type=Path, help="folder for the runs (default: a temporary one, removed if all passed)")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks/results/chaos_soak.md")
+    pace = (
+        "every training step lasts at least this many seconds, the rest slept (the loop's test hook "
+        "PP_TEST_STEP_S): the stages stay drillable as long without keeping the cores busy"
+    )
+    ap.add_argument("--pace", type=float, default=None, help=pace)
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         raise SystemExit("chaos_soak.py stops SLURM daemons (cluster/testbed/daemon.sh): run it as root")
@@ -897,9 +902,16 @@ def main(argv: list[str] | None = None) -> int:
 
         vocab = yaml.safe_load((REPO / "config/budget.yaml").read_text())["tokenizer"]["vocab_size"]
         train_tokenizer(sorted(str(p) for p in (REPO / "tests/data/corpus").glob("*.txt")), vocab, True, tokenizer)
-    from multirank import tiny_step_s
+    if args.pace:
+        from pretrain_planner.trainer.loop import PACE_ENV
 
-    preset = sized_stages(preset, tiny_step_s())
+        os.environ[PACE_ENV] = str(args.pace)  # every driver's environment (Round.env), so every job's
+        step_s = args.pace
+    else:
+        from multirank import tiny_step_s
+
+        step_s = tiny_step_s()
+    preset = sized_stages(preset, step_s)
     log(f"stages sized to this machine: budget {preset.budget_steps} steps, train {preset.train_steps} steps")
     reference = Round(work / "fault-free", preset, "fault-free", tokenizer)
     rounds: list[Round] = []

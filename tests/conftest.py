@@ -30,6 +30,7 @@ from pretrain_planner.planning.runspec import RunSpec
 from pretrain_planner.planning.settings import KEYS, differences, resolve
 from pretrain_planner.results import write_result
 from pretrain_planner.tables import export
+from pretrain_planner.trainer.loop import PACE_ENV
 from snakemake.utils import update_config
 
 # The smallest GPT-NeoX the catalog accepts: shared by the catalog and grid unit tests.
@@ -153,6 +154,45 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(f"tests of a shared sweep outside tests/conftest.py SWEEP_UNITS: {stray}")
 
 
+# Every test phase's start, end and xdist worker, for benchmarks/suite_time.py (each module's time, each worker's
+# timeline, the critical path): one JSON line per phase in .pytest_cache/suite_times/<subset>.jsonl, written by the
+# controller as the reports come in (on xdist the workers' reports reach it with their worker), after a first line
+# with the session's start; a run of the same subset replaces the file.
+_TIMES: dict = {}
+
+
+def pytest_sessionstart(session):
+    if os.environ.get("PYTEST_XDIST_WORKER") or session.config.option.collectonly:
+        return
+    expr = session.config.option.markexpr or "all"
+    subset = re.sub(r"[^a-z0-9]+", "-", expr.lower()).strip("-") or "all"
+    folder = Path(session.config.rootpath) / ".pytest_cache/suite_times"
+    with contextlib.suppress(OSError):
+        folder.mkdir(parents=True, exist_ok=True)
+        _TIMES["file"] = open(folder / f"{subset}.jsonl", "w")  # noqa: SIM115 - open for the whole session
+        workers = getattr(session.config.option, "numprocesses", None)
+        head = {"session": {"start": time.time(), "markexpr": expr, "workers": workers}}
+        _TIMES["file"].write(json.dumps(head) + "\n")
+
+
+def pytest_runtest_logreport(report):
+    fh = _TIMES.get("file")
+    if fh is None:
+        return
+    node = getattr(report, "node", None)
+    worker = getattr(getattr(node, "gateway", None), "id", None) or "main"
+    fh.write(json.dumps({"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome, "worker": worker,
+                         "start": report.start, "stop": report.stop, "duration": report.duration}) + "\n")  # fmt: skip
+    fh.flush()
+
+
+def pytest_sessionfinish(session):
+    fh = _TIMES.pop("file", None)
+    if fh is not None:
+        fh.write(json.dumps({"session": {"stop": time.time()}}) + "\n")
+        fh.close()
+
+
 @pytest.fixture(autouse=True)
 def _environment_as_it_was():
     """Each test leaves os.environ as it found it: on an xdist worker the next test is any module's, and a variable
@@ -195,20 +235,18 @@ def slurm_cluster():
     return True
 
 
-@pytest.fixture(scope="session")
-def step_s() -> float:
-    """Seconds per benchmark step of tiny-gptneox (micro-batch 4 x 4, one thread) measured on this machine, once: a
-    test that needs a run to last (to catch it running, to outlast a time limit) asks `steps_lasting(s, step_s)`
-    steps, so it lasts as long on a fast CPU as on a slow one."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    from multirank import tiny_step_s
-
-    return tiny_step_s()
+# A drill's job must run for a while (to be caught running, killed, requeued, to outlast a time limit): its steps are
+# paced (trainer/loop.py PP_TEST_STEP_S: each step lasts PACE_S, the rest slept), so it lasts as long on a fast host as
+# on a slow one and keeps no core busy meanwhile (unpaced, such drills burned a core each for their whole length: a
+# tenth of the suite's CPU on a 2-core host). A drill asks steps_lasting(seconds) steps and passes PACED in the
+# environment of the process that starts the job (the driver, `pretrain-planner train`): its ranks inherit it.
+PACE_S = 0.5
+PACED = {PACE_ENV: str(PACE_S)}
 
 
-def steps_lasting(seconds: float, step_s: float) -> int:
-    """Timed steps for a run of about `seconds` at `step_s` per step (a cell's start-up comes on top)."""
-    return max(10, math.ceil(seconds / step_s))
+def steps_lasting(seconds: float) -> int:
+    """Steps of a paced run (PACED) that lasts about `seconds` (a job's start-up comes on top)."""
+    return max(10, math.ceil(seconds / PACE_S))
 
 
 # ---------------------------------------- synthetic cell results and the catalog (tables, export, CLI, plots)
@@ -394,6 +432,16 @@ def sacct(after: int, name: str | None = None) -> list[dict[str, str]]:
     return [r for r in rows if int(r["JobID"].split("_")[0]) > after]
 
 
+LIVE_STATES = ("PENDING", "CONFIGURING", "RUNNING", "REQUEUED", "COMPLETING", "SUSPENDED", "RESIZING")
+
+
+def ended(after: int, name: str, timeout: float = 90) -> list[dict[str, str]]:
+    """The jobs named `name` once accounting shows each one ended: a driver moves on as soon as a job's results
+    are on disk, while the job itself may still be exiting (RUNNING in sacct for a moment longer)."""
+    done = lambda: (jobs := sacct(after, name)) and not any(j["State"].startswith(LIVE_STATES) for j in jobs) and jobs  # noqa: E731
+    return wait_for(done, timeout, f"sacct to record the end of {name}")
+
+
 def last_job_id() -> int:
     """The newest job id so far: a test counts only the jobs it submitted itself."""
     return max((int(j["JobID"].split("_")[0]) for j in sacct(-1)), default=0)
@@ -413,12 +461,14 @@ def cell_results(work: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted((work / "results/cells").glob("*/*/*/*/result.json"))]
 
 
-def start_driver(work: Path, cfg: Path) -> subprocess.Popen:
-    cmd = [str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "-d", str(work), "--profile", PROFILE,
+def start_driver(work: Path, cfg: Path, *targets: str, env: dict | None = None) -> subprocess.Popen:
+    """The SLURM profile's driver in the background (its output in work/driver.log), building `targets` (none:
+    everything); `env` over this process's environment (PACED for a drill's paced steps)."""
+    cmd = [str(BIN / "snakemake"), *targets, "-s", str(REPO / "Snakefile"), "-d", str(work), "--profile", PROFILE,
            "--configfile", str(cfg)]  # fmt: skip
     log = open(work / "driver.log", "a")  # noqa: SIM115 - the driver outlives this function
-    return subprocess.Popen(cmd, cwd=work, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONFAULTHANDLER": "1"})  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONFAULTHANDLER": "1", **(env or {})}
+    return subprocess.Popen(cmd, cwd=work, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
 
 
 def dump_driver_threads(driver: subprocess.Popen) -> None:
@@ -434,7 +484,8 @@ def dump_driver_threads(driver: subprocess.Popen) -> None:
 TIMED = 3
 
 
-BENCH = {"warmup_steps": 1, "timed_steps": TIMED, "max_micro_batch": 4, "max_spread": 50}  # wiring, not noise
+# wiring, not noise; no loss check (tests/test_loss_check.py checks it: these sweeps' tests read cells and plans)
+BENCH = {"warmup_steps": 1, "timed_steps": TIMED, "max_micro_batch": 4, "max_spread": 50, "loss_check": {"mode": "off"}}
 
 
 def snakemake_bounded(workdir: Path, *args: str, env: dict | None = None, timeout: int = 600):
@@ -455,7 +506,16 @@ def snakemake_bounded(workdir: Path, *args: str, env: dict | None = None, timeou
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-def run_sweep(work: Path, models: list[str], methods: list[str], env: dict | None = None, timeout: int = 600):
+def run_sweep(
+    work: Path,
+    models: list[str],
+    methods: list[str],
+    env: dict | None = None,
+    timeout: int = 600,
+    targets: tuple[str, ...] = ("cells",),
+):
+    """A local sweep of `models` x `methods` on 2 CPU ranks (BENCH), building `targets` (the cells; their tables and
+    reports only where a test reads them)."""
     cfg = write_config(
         work / "sweep.yaml",
         sweep={"models": models, "gpus": ["cpu"], "nodes": [1], "gpus_per_node": [2], "methods": methods},
@@ -463,7 +523,7 @@ def run_sweep(work: Path, models: list[str], methods: list[str], env: dict | Non
         benchmark=BENCH,
     )
     proc = snakemake_bounded(
-        work, "--profile", str(REPO / "cluster/local"), "--cores", "2", "--configfile", str(cfg), env=env,
+        work, *targets, "--profile", str(REPO / "cluster/local"), "--cores", "2", "--configfile", str(cfg), env=env,
         timeout=timeout,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
@@ -508,8 +568,8 @@ HAVE_DS = importlib.util.find_spec("deepspeed") is not None
 DEMO = yaml.safe_load((REPO / "config/config.yaml").read_text())
 DEMO_LAUNCHER = {"kind": "local", "timeout_min": 15}
 # the default sweep's benchmark with fewer timed steps and a wide spread limit (the wiring is the subject, not the
-# timings); the adaptive runs use it too, so their cells' specs (Snakemake's params) are the default sweep's and its
-# run finds them measured
+# timings); the adaptive runs use it too, without the loss check, which is the default sweep's (a cell's spec, its
+# Snakemake params, leaves the loss check out: the default sweep finds the adaptive runs' cells measured)
 DEMO_BENCH = {"warmup_steps": 1, "timed_steps": TIMED, "max_micro_batch": 4, "max_spread": 50,
               "loss_check": DEMO["benchmark"]["loss_check"]}  # fmt: skip
 ADAPTIVE_MODELS = ["tiny-gptneox", "tiny-bert"]
@@ -522,15 +582,16 @@ def adaptive_sweep(tmp_path_factory):
     """tests/test_search_e2e.py's runs, the first in the default sweep's folder: a dry run and the adaptive sweep
     (tiny models x 1, 2 ranks x six methods; its probes are the default sweep's naive and fl cells, trained for real,
     the checkpoint prunes the rest), `status`, the adaptive sweep again (nothing to do), then the exhaustive naive +
-    fl sweep over the same results (only the tables rebuilt). The folder as they leave it is copied to `work` for
-    the search's tests; `default_sweep` goes on in the original (`shared`), measuring only what the probes did not."""
+    fl sweep over the same results (only its cells table rebuilt: what test_search_e2e replays). No loss check: the
+    default sweep checks every setting once, with fl+ac. The folder as they leave it is copied to `work` for the
+    search's tests; `default_sweep` goes on in the original (`shared`), measuring only what the probes did not."""
     import shutil
 
     import polars as pl
 
     shared = tmp_path_factory.mktemp("default-sweep")
     sweep = {"models": ADAPTIVE_MODELS, "gpus": ["cpu"], "nodes": [1], "gpus_per_node": ADAPTIVE_RANKS}
-    common = {"launcher": DEMO_LAUNCHER, "benchmark": DEMO_BENCH}
+    common = {"launcher": DEMO_LAUNCHER, "benchmark": {**DEMO_BENCH, "loss_check": {"mode": "off"}}}
     adaptive = write_config(shared / "adaptive.yaml", sweep={**sweep, "methods": ADAPTIVE_METHODS},
                             search={"strategy": "adaptive"}, **common)  # fmt: skip
     exhaustive = write_config(shared / "exhaustive.yaml", sweep={**sweep, "methods": ["naive", "fl"]}, **common)
@@ -544,7 +605,7 @@ def adaptive_sweep(tmp_path_factory):
     cmd = [sys.executable, "-m", "pretrain_planner", "status", "--results", str(shared / "results")]
     status = subprocess.run(cmd, cwd=shared, capture_output=True, text=True, timeout=120)
     again = snakemake(shared, *profile, "--configfile", str(adaptive))
-    second = snakemake(shared, *profile, "--configfile", str(exhaustive))
+    second = snakemake(shared, "results/tables/cells.parquet", *profile, "--configfile", str(exhaustive))
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-6000:]
     work = tmp_path_factory.mktemp("adaptive")
     shutil.copytree(shared / "results", work / "results", symlinks=True)
@@ -581,7 +642,13 @@ def methods_sweep(tmp_path_factory):
     where DeepSpeed is installed, tests/test_deepspeed.py's ZeRO-1/2/3 with and without offload; one naive cell,
     one set of tables for both. The folder."""
     methods = SHARDING_METHODS + (ZERO_METHODS if HAVE_DS else [])
-    return run_sweep(tmp_path_factory.mktemp("methods"), ["tiny-bert"], methods, timeout=SWEEP_TIMEOUT_S)
+    return run_sweep(
+        tmp_path_factory.mktemp("methods"),
+        ["tiny-bert"],
+        methods,
+        timeout=SWEEP_TIMEOUT_S,
+        targets=("cells", "results/optimal"),
+    )
 
 
 # ---------------------------------------- recorded settings against the export's

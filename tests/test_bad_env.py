@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from pretrain_planner.results import parse_result
 
-from .conftest import BIN, REPO, bench, wait_for, write_config
+from .conftest import BIN, PACED, REPO, bench, wait_for, write_config
 
 pytestmark = pytest.mark.slow
 CELLS = ["tiny-gptneox/cpu/1x1/naive", "tiny-gptneox/cpu/1x1/fl"]
@@ -50,9 +50,10 @@ def _env(work: Path, **more: str) -> dict[str, str]:
     return {**os.environ, "HF_HUB_OFFLINE": "1", "PP_HOST_LOCKS": str(work / "host-locks"), **more}
 
 
-def _snakemake(work: Path, cfg: Path, *extra: str) -> list[str]:
-    return [str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "-d", str(work), "--configfile", str(cfg),
-            "--cores", "2", "--force-use-threads", *extra]  # fmt: skip
+def _snakemake(work: Path, cfg: Path, *extra: str, target: str = "cells") -> list[str]:
+    """Snakemake on `work` building `target` (the cells: what these drills look at; "" for everything)."""
+    return [str(BIN / "snakemake"), *([target] if target else []), "-s", str(REPO / "Snakefile"), "-d", str(work),
+            "--configfile", str(cfg), "--cores", "2", "--force-use-threads", *extra]  # fmt: skip
 
 
 # ---------------------------------------------------------------- a full disk
@@ -116,8 +117,8 @@ def _run_filling(work: Path, cfg: Path, trigger) -> subprocess.CompletedProcess:
     filler = Filler(work / "results", trigger)
     filler.start()
     try:
-        return subprocess.run(_snakemake(work, cfg), cwd=work, capture_output=True, text=True, env=_env(work),
-                              timeout=900)  # fmt: skip
+        return subprocess.run(_snakemake(work, cfg, target=""), cwd=work, capture_output=True, text=True,
+                              env=_env(work), timeout=900)  # fmt: skip
     finally:
         filler.halt.set()
         filler.join()
@@ -155,7 +156,7 @@ def test_a_full_disk_fails_naming_the_path_and_space_and_a_rerun_completes(tmp_p
         assert _usable(results) == [] and all(p.is_file() for p in done)
         (results / "filler").unlink()
 
-        third = subprocess.run(_snakemake(tmp_path, cfg), cwd=tmp_path, capture_output=True, text=True,
+        third = subprocess.run(_snakemake(tmp_path, cfg, target=""), cwd=tmp_path, capture_output=True, text=True,
                                env=_env(tmp_path), timeout=900)  # fmt: skip
         assert third.returncode == 0, (third.stdout + third.stderr)[-4000:]
         assert _usable(results) == []
@@ -246,7 +247,7 @@ def test_results_shared_by_two_hosts_the_lock_sees_the_other_hosts_driver(two_ho
     login2 (only a driver on this host may end it)."""
     shared, on_login2 = two_hosts
     cfg = _long_cell(shared)
-    env = _env(shared, PP_DRIVER_HEARTBEAT_S="1")
+    env = _env(shared, PP_DRIVER_HEARTBEAT_S="1", **PACED)  # the long cell's steps paced: it keeps no core busy
     here = _start(_snakemake(shared, cfg), shared, "here", env)
     rank = None
     try:
@@ -289,7 +290,7 @@ def test_a_frozen_driver_is_not_replaced_here_and_steps_aside_when_another_host_
     cfg = write_config(shared / "c.yaml", sweep={"models": ["tiny-gptneox"], "gpus": ["cpu"], "methods": ["naive"]},
                        launcher={"kind": "local"},
                        benchmark=bench(3000))  # fmt: skip
-    env = _env(shared, PP_DRIVER_HEARTBEAT_S="1")
+    env = _env(shared, PP_DRIVER_HEARTBEAT_S="1", **PACED)  # the long cell's steps paced: it keeps no core busy
     first = _start(_snakemake(shared, cfg), shared, "first", env)
     cell = shared / "results/cells" / CELLS[0]
     rank = second = None

@@ -28,6 +28,7 @@ from pretrain_planner.planning.site import gpu_settings, load_site
 from .conftest import (
     BIN,
     CATALOG,
+    PACED,
     SITE,
     job_ids,
     last_job_id,
@@ -174,8 +175,9 @@ def segmented(short_plan):
     aligner = _aligner(work)
     t0 = time.time()
     with open(work / "train-stage.log", "w") as log:
+        # paced steps (its training time, kept across the segments, is what counts, not how much a step computes)
         proc = subprocess.Popen(cmd, cwd=work, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+                                env={**os.environ, "HF_HUB_OFFLINE": "1", **PACED})  # fmt: skip
     try:
         rc = proc.wait(timeout=900)
     finally:

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from .conftest import REPO
+from .conftest import PACE_S, REPO
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -21,7 +21,7 @@ def test_short_chaos_soak_loses_nothing(slurm_cluster, tmp_path):
         pytest.skip("the soak stops SLURM daemons (cluster/testbed/daemon.sh): it needs root")
     out = tmp_path / "chaos_soak.md"
     cmd = [sys.executable, str(REPO / "benchmarks/chaos_soak.py"), "--short", "--work", str(tmp_path / "work"),
-           "--out", str(out)]  # fmt: skip
+           "--out", str(out), "--pace", str(PACE_S)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, cwd=tmp_path)
     report = out.read_text() if out.is_file() else ""
     assert proc.returncode == 0, report + proc.stderr[-6000:]

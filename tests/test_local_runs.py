@@ -17,7 +17,7 @@ import pytest
 from pretrain_planner.launch import driver
 from pretrain_planner.launch.hostpool import HostPool, alive, start_time
 
-from .conftest import BIN, REPO, bench, snakemake, steps_lasting, write_config
+from .conftest import BIN, PACED, REPO, bench, snakemake, steps_lasting, write_config
 
 LOCAL = str(REPO / "cluster/local")
 
@@ -73,10 +73,11 @@ def test_local_cells_never_share_a_gpu_or_cores(tmp_path):
         launcher={"kind": "local", "local_gpus": 2},
         benchmark={"warmup_steps": 1, "timed_steps": 8, "max_micro_batch": 2, "device": "cpu", "max_spread": 50},
     )
-    proc = snakemake(tmp_path, "--profile", LOCAL, "--cores", "2", "--configfile", str(cfg))
+    proc = snakemake(tmp_path, "cells", "--profile", LOCAL, "--cores", "2", "--configfile", str(cfg))
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = _results(tmp_path)
     assert len(results) == 4 and all(r["status"] == "ok" for r in results.values())
+    assert not (tmp_path / "results/tables").exists()  # the `cells` target: measured, nothing aggregated
     cores = HostPool([0, 1]).cores
     for r in results.values():
         dev = r["devices"]
@@ -95,11 +96,12 @@ def test_local_cells_never_share_a_gpu_or_cores(tmp_path):
 
 
 def _start(work: Path, cfg: Path) -> subprocess.Popen:
-    cmd = [str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "-d", str(work), "--profile", LOCAL,
+    """The local profile's driver of the cells, in the background, its steps paced (PACED)."""
+    cmd = [str(BIN / "snakemake"), "cells", "-s", str(REPO / "Snakefile"), "-d", str(work), "--profile", LOCAL,
            "--cores", "2", "--configfile", str(cfg)]  # fmt: skip
     log = open(work / "driver.log", "a")  # noqa: SIM115 - the driver outlives this function
     return subprocess.Popen(cmd, cwd=work, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+                            env={**os.environ, "HF_HUB_OFFLINE": "1", **PACED})  # fmt: skip
 
 
 def _wait(predicate, timeout: float, what: str):
@@ -113,7 +115,7 @@ def _wait(predicate, timeout: float, what: str):
 
 
 @pytest.mark.slow
-def test_a_killed_drivers_measurement_is_ended_before_the_cell_is_measured_again(tmp_path, step_s):
+def test_a_killed_drivers_measurement_is_ended_before_the_cell_is_measured_again(tmp_path):
     """kill -9 of the driver leaves the cell's rank running; `--unlock` and a rerun end it first (never two
     measurements of one cell at once), keep the first attempt's logs, and measure the cell once."""
     cfg = write_config(
@@ -121,7 +123,7 @@ def test_a_killed_drivers_measurement_is_ended_before_the_cell_is_measured_again
         sweep={"models": ["tiny-gptneox"], "gpus": ["cpu"], "methods": ["naive"]},
         launcher={"kind": "local"},
         # still running when the rerun ends it (well after the driver's kill)
-        benchmark={"warmup_steps": 1, "timed_steps": steps_lasting(600, step_s), "max_micro_batch": 4},
+        benchmark={"warmup_steps": 1, "timed_steps": steps_lasting(600), "max_micro_batch": 4},
     )
     cell = tmp_path / "results/cells/tiny-gptneox/cpu/1x1/naive"
     first = _start(tmp_path, cfg)
@@ -139,7 +141,7 @@ def test_a_killed_drivers_measurement_is_ended_before_the_cell_is_measured_again
                  launcher={"kind": "local"}, benchmark=bench(3))  # fmt: skip
     assert snakemake(tmp_path, "--profile", LOCAL, "--configfile", str(cfg), "--unlock").returncode == 0
     t0 = time.time()
-    proc = snakemake(tmp_path, "--profile", LOCAL, "--cores", "2", "--configfile", str(cfg))
+    proc = snakemake(tmp_path, "cells", "--profile", LOCAL, "--cores", "2", "--configfile", str(cfg))
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert not alive(rank["pid"], rank["start"])
     assert "ended a job an earlier driver left running in results/cells/tiny-gptneox/cpu/1x1/naive" in proc.stderr
@@ -186,7 +188,8 @@ def test_a_spread_out_timing_is_timed_again_then_kept_as_noisy(tmp_path, jitter,
         launcher={"kind": "debug"},
         benchmark={"warmup_steps": 1, "timed_steps": 4, "max_micro_batch": 4, "max_spread": 6.0},
     )
-    proc = snakemake(tmp_path, "--cores", "2", "--configfile", str(cfg), env={"PP_TEST_JITTER": jitter})
+    proc = snakemake(tmp_path, "results/tables/time_to_train.csv", "results/tables/feasibility.csv", "--cores", "2",
+                     "--configfile", str(cfg), env={"PP_TEST_JITTER": jitter})  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     (result,) = _results(tmp_path).values()
     spreads = result["method_settings"]["timing_spreads"]

@@ -14,10 +14,12 @@ import pytest
 
 from .conftest import (
     BIN,
+    PACED,
     PROFILE,
     SITE,
     bench,
     cell_results,
+    ended,
     job_ids,
     last_job_id,
     sacct,
@@ -89,7 +91,8 @@ def test_the_calendar_asks_the_scheduler_and_a_blocked_partition_starts_after_it
     for r in rows:  # asked as the sweep ended (a cell's job still completing is a wait the scheduler says)
         assert r["wait_basis"].startswith(f"sbatch --test-only on {r['gpu']}: expected start"), r
         assert r["first_wait_h"] is not None and r["restart_s"] > 0 and r["segments"] >= 1, r
-    hold = ["sbatch", "--parsable", "-p", "a100", "--gres=gpu:a100:2", "--time=10", "-J", "pp-blocker"]
+    hold = ["sbatch", "--parsable", "-p", "a100", "--gres=gpu:a100:2", "--time=10", "-J", "pp-blocker",
+            "-o", str(work / "blocker.out")]  # fmt: skip
     blocker = subprocess.run([*hold, "--wrap", "sleep 600"], capture_output=True, text=True, check=True)
     job = blocker.stdout.strip().split(";")[0]
     try:
@@ -130,7 +133,7 @@ def _fastest(rows: list[dict], r: dict) -> int:
     return min(mine, key=lambda x: x["calendar_days"])["gpus_per_node"]
 
 
-def test_cancelled_cell_is_retried_preempted_and_timed_out_cells_requeue(slurm_cluster, tmp_path, step_s):
+def test_cancelled_cell_is_retried_preempted_and_timed_out_cells_requeue(slurm_cluster, tmp_path):
     """scancel -> the job fails -> Snakemake retries it; `scontrol requeue` (preemption) and the
     time-limit warning signal (USR2, as SLURM sends it `signal_delay_s` before the limit) -> submitit
     checkpoints and requeues the same job, which restarts cleanly and completes."""
@@ -138,9 +141,9 @@ def test_cancelled_cell_is_retried_preempted_and_timed_out_cells_requeue(slurm_c
     cfg = _config(
         tmp_path / "c.yaml",
         {"models": ["tiny-gptneox"], "gpus_per_node": [1], "methods": ["naive", "fl"]},
-        timed_steps=steps_lasting(20, step_s),
+        timed_steps=steps_lasting(20),
     )  # still running when it is cancelled, requeued, signalled
-    driver = start_driver(tmp_path, cfg)
+    driver = start_driver(tmp_path, cfg, "cells", env=PACED)
     cancel_name, requeue_name = "pp-tiny-gptneox-a100-1x1-naive", "pp-tiny-gptneox-a100-1x1-fl"
     timeout_name = "pp-tiny-gptneox-h100-1x1-fl"
     try:
@@ -161,10 +164,10 @@ def test_cancelled_cell_is_retried_preempted_and_timed_out_cells_requeue(slurm_c
             os.killpg(driver.pid, signal.SIGKILL)
     results = cell_results(tmp_path)
     assert len(results) == 4 and all(r["status"] == "ok" for r in results)
-    cancelled = sacct(since, cancel_name)
+    cancelled = ended(since, cancel_name)
     assert sorted(j["State"].split()[0] for j in cancelled) == ["CANCELLED", "COMPLETED"], cancelled
     for name in (requeue_name, timeout_name):  # same job id, restarted in place, submitted once
-        again = sacct(since, name)
+        again = ended(since, name)
         assert len(again) == 1 and again[0]["State"] == "COMPLETED", again
     out = (tmp_path / f"results/cells/tiny-gptneox/h100/1x1/fl/submitit/{timed['JobID']}_0_log.out").read_text()
     assert "Calling checkpoint method" in out and f"Requeued job {timed['JobID']}" in out, out[-2000:]
@@ -176,7 +179,7 @@ def test_cancelled_cell_is_retried_preempted_and_timed_out_cells_requeue(slurm_c
 def test_killed_driver_reattaches_without_resubmitting(slurm_cluster, tmp_path):
     since = last_job_id()
     cfg = _config(tmp_path / "c.yaml", {"models": ["tiny-gptneox", "tiny-bert"], "gpus_per_node": [1]}, timed_steps=25)
-    driver = start_driver(tmp_path, cfg)
+    driver = start_driver(tmp_path, cfg, "cells")
     records = lambda: list((tmp_path / "results/cells").glob("*/*/*/*/slurm_job.json"))  # noqa: E731
     try:
         wait_for(lambda: len(records()) == 4, 120, "all four cells to be submitted")
@@ -188,7 +191,7 @@ def test_killed_driver_reattaches_without_resubmitting(slurm_cluster, tmp_path):
     wait_for(lambda: any(j["State"] == "COMPLETED" for j in sacct(since)), 180, "a job to finish meanwhile", every=2)
     unlock = snakemake(tmp_path, "--profile", PROFILE, "--configfile", str(cfg), "--unlock")
     assert unlock.returncode == 0, unlock.stderr[-2000:]
-    proc = snakemake(tmp_path, "--profile", PROFILE, "--configfile", str(cfg))
+    proc = snakemake(tmp_path, "cells", "--profile", PROFILE, "--configfile", str(cfg))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     results = cell_results(tmp_path)
     assert len(results) == 4 and all(r["status"] == "ok" for r in results)
@@ -207,7 +210,10 @@ def test_exported_launch_script_runs_under_sbatch(slurm_cluster, tmp_path):
     SLURM tests run on one worker, tests/conftest.py)."""
     cfg = write_config(tmp_path / "c.yaml", sweep={"models": ["tiny-bert"], "gpus": ["cpu"], "gpus_per_node": [1],
                        "methods": ["naive"]}, launcher={"kind": "local"}, benchmark=bench(3))  # fmt: skip
-    proc = snakemake(tmp_path, "--cores", "2", "--configfile", str(cfg))
+    # its cell holds a host of its own (PP_HOST_LOCKS): it needs a plan, not a quiet host, and would wait for the
+    # other workers' CPU cells to free this one
+    proc = snakemake(tmp_path, "results/optimal", "--cores", "2", "--configfile", str(cfg),
+                     env={"PP_HOST_LOCKS": str(tmp_path / "host-locks")})  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     folder = tmp_path / "results/optimal/tiny-bert/cpu/1x1"
     out = tmp_path / "train"
@@ -273,7 +279,7 @@ def multi_node(slurm_cluster, tmp_path_factory):
     since = last_job_id()
     cfg = _config(work / "c.yaml", {"models": ["tiny-gptneox"], "gpus": ["l40s"], "nodes": [2],
                                     "gpus_per_node": [1, 2], "methods": [*MULTI, "naive+hsdp"]})  # fmt: skip
-    proc = snakemake(work, "--profile", PROFILE, "--configfile", str(cfg))
+    proc = snakemake(work, "cells", "results/optimal", "--profile", PROFILE, "--configfile", str(cfg))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return work, since
 
@@ -340,7 +346,7 @@ def test_the_exported_two_node_plan_runs_under_sbatch(multi_node):
     assert _step_tasks(job["JobID"]) == 2  # one torchrun per node
 
 
-def test_the_train_stage_on_two_nodes_requeues_and_resumes_with_a_continuous_step_log(multi_node, step_s):
+def test_the_train_stage_on_two_nodes_requeues_and_resumes_with_a_continuous_step_log(multi_node):
     """Issue 37: `pretrain-planner train` of the exported 2 x 1 plan (in the sweep's folder: its recorded config,
     the slurm launcher, CPU ranks) is one job over both nodes; the pre-emption signal makes it checkpoint and requeue
     itself, and the requeued job resumes: one job, every step once, in order."""
@@ -349,10 +355,10 @@ def test_the_train_stage_on_two_nodes_requeues_and_resumes_with_a_continuous_ste
     out = work / "train-stage-2x1"
     steps = out / "run/steps.jsonl"
     cmd = [str(BIN / "pretrain-planner"), "train", "--plan", "results/optimal/tiny-gptneox/l40s/2x1",
-           "--steps", str(steps_lasting(15, step_s)), "--out", str(out)]  # fmt: skip
+           "--steps", str(steps_lasting(15)), "--out", str(out)]  # fmt: skip
     with open(work / "train-stage.log", "w") as log:
         proc = subprocess.Popen(cmd, cwd=work, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+                                env={**os.environ, "HF_HUB_OFFLINE": "1", **PACED})  # fmt: skip
     name = "pp-train-tiny-gptneox-l40s-2x1"
     try:
         job = wait_for(lambda: [j for j in sacct(since, name) if j["State"] == "RUNNING"], 180, "the train job")[0]

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from .conftest import (
+    PACED,
     PROFILE,
     REPO,
     SITE,
@@ -74,13 +75,13 @@ def _log(work: Path, rel: str) -> str:
     return (work / "results/cells" / rel / "cell.log").read_text()
 
 
-def test_node_failure_reattaches_to_the_requeued_job(slurm_cluster, tmp_path, step_s):
+def test_node_failure_reattaches_to_the_requeued_job(slurm_cluster, tmp_path):
     """A node goes down under a running cell: SLURM requeues the job (sacct says NODE_FAIL for a while); the
     driver waits for the same job instead of failing the cell and submitting a second one."""
     since = last_job_id()
     run_s = 25  # still running when the node goes down, 3 s after the job started (start-up comes on top)
-    cfg = _config(tmp_path / "c.yaml", ["tiny-gptneox"], ["a100"], timed_steps=steps_lasting(run_s, step_s))
-    driver = start_driver(tmp_path, cfg)
+    cfg = _config(tmp_path / "c.yaml", ["tiny-gptneox"], ["a100"], timed_steps=steps_lasting(run_s))
+    driver = start_driver(tmp_path, cfg, "cells", env=PACED)
     try:
         job = wait_for(lambda: [j for j in sacct(since, "pp-tiny-gptneox-a100-1x1-naive") if j["State"] == "RUNNING"],
                     180, "the cell to run")[0]  # fmt: skip
@@ -107,7 +108,7 @@ def test_reattach_collects_finished_jobs_while_slurmdbd_is_down(slurm_cluster, t
     results on disk and submits nothing."""
     since = last_job_id()
     cfg = _config(tmp_path / "c.yaml", ["tiny-gptneox", "tiny-bert"], ["a100", "h100"], timed_steps=10)
-    driver = start_driver(tmp_path, cfg)
+    driver = start_driver(tmp_path, cfg, "cells")
     records = lambda: list((tmp_path / "results/cells").glob("*/*/*/*/slurm_job.json"))  # noqa: E731
     try:
         wait_for(lambda: len(records()) == 4, 120, "all four cells to be submitted")
@@ -120,7 +121,7 @@ def test_reattach_collects_finished_jobs_while_slurmdbd_is_down(slurm_cluster, t
     _daemon("stop", "slurmdbd")
     try:
         assert snakemake(tmp_path, "--profile", PROFILE, "--configfile", str(cfg), "--unlock").returncode == 0
-        proc = snakemake(tmp_path, "--profile", PROFILE, "--configfile", str(cfg), timeout=600)
+        proc = snakemake(tmp_path, "cells", "--profile", PROFILE, "--configfile", str(cfg), timeout=600)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     finally:
         _daemon("start", "slurmdbd")
@@ -136,7 +137,7 @@ def test_controller_down_at_submission_backs_off_and_logs_every_attempt(slurm_cl
     cfg = _config(tmp_path / "c.yaml", ["tiny-bert"], ["h100"], timed_steps=3, submit_wait_min=5)
     _daemon("stop", "slurmctld")
     try:
-        driver = start_driver(tmp_path, cfg)
+        driver = start_driver(tmp_path, cfg, "cells")
         log = tmp_path / "results/cells/tiny-bert/h100/1x1/naive/cell.log"
         wait_for(
             lambda: log.is_file() and log.read_text().count("sbatch attempt") >= 2, 120, "two failed sbatch attempts"
@@ -152,7 +153,7 @@ def test_controller_down_at_submission_backs_off_and_logs_every_attempt(slurm_cl
 
 
 @pytest.fixture(scope="module")
-def time_limit_sweep(slurm_cluster, tmp_path_factory, step_s):
+def time_limit_sweep(slurm_cluster, tmp_path_factory):
     """One sweep, two cells that outlast a 1-minute time limit, side by side on the two nodes (each drill waits on
     SLURM's clock, minutes at its coarsest, so one run serves both): on a100 the USR2 warning arrives right after each
     (re)start (signal_delay_s 90 > the limit), on h100 there is no warning before the limit (signal_delay_s 0)."""
@@ -163,9 +164,9 @@ def time_limit_sweep(slurm_cluster, tmp_path_factory, step_s):
     site_path = work / "site.yaml"
     site_path.write_text(yaml.safe_dump(site))
     since = last_job_id()
-    steps = steps_lasting(300, step_s)  # 5 x the limit: never done within it
+    steps = steps_lasting(300)  # 5 x the limit: never done within it
     cfg = _config(work / "c.yaml", ["tiny-gptneox"], ["a100", "h100"], timed_steps=steps, site=str(site_path))
-    proc = snakemake(work, "--profile", PROFILE, "--configfile", str(cfg), timeout=600)
+    proc = snakemake(work, "cells", "--profile", PROFILE, "--configfile", str(cfg), timeout=600, env=PACED)
     return work, since, proc
 
 
@@ -197,17 +198,17 @@ def test_a_cell_ending_at_its_time_limit_is_not_submitted_again(time_limit_sweep
     assert [j["State"] for j in jobs] == ["TIMEOUT"], jobs
 
 
-def test_second_driver_is_refused_and_sigterm_leaves_jobs_queued(slurm_cluster, tmp_path, step_s):
+def test_second_driver_is_refused_and_sigterm_leaves_jobs_queued(slurm_cluster, tmp_path):
     """`--unlock` while a driver lives does not let a second driver in; SIGTERM stops the first promptly,
     names the jobs it leaves queued, and the next run re-attaches to them."""
     since = last_job_id()
     run_s = 60  # both still running after --unlock, a refused second driver and the first one's SIGTERM
-    cfg = _config(tmp_path / "c.yaml", ["tiny-gptneox"], ["a100", "h100"], timed_steps=steps_lasting(run_s, step_s))
-    driver = start_driver(tmp_path, cfg)
+    cfg = _config(tmp_path / "c.yaml", ["tiny-gptneox"], ["a100", "h100"], timed_steps=steps_lasting(run_s))
+    driver = start_driver(tmp_path, cfg, "cells", env=PACED)
     try:
         wait_for(lambda: len([j for j in sacct(since) if j["State"] == "RUNNING"]) == 2, 180, "both cells to run")
         assert snakemake(tmp_path, "--profile", PROFILE, "--configfile", str(cfg), "--unlock").returncode == 0
-        second = snakemake(tmp_path, "--profile", PROFILE, "--configfile", str(cfg), timeout=120)
+        second = snakemake(tmp_path, "cells", "--profile", PROFILE, "--configfile", str(cfg), timeout=120)
         assert second.returncode != 0
         assert "another driver is working on results" in second.stderr and f"pid {driver.pid}" in second.stderr
         t0 = time.time()
@@ -226,30 +227,30 @@ def test_second_driver_is_refused_and_sigterm_leaves_jobs_queued(slurm_cluster, 
     assert len(left) == 2 and "left queued on SLURM (2)" in out and all(f"job {i})" in out for i in left), out[-3000:]
     assert not cell_results(tmp_path)
     assert snakemake(tmp_path, "--profile", PROFILE, "--configfile", str(cfg), "--unlock").returncode == 0
-    proc = snakemake(tmp_path, "--profile", PROFILE, "--configfile", str(cfg), timeout=600)
+    proc = snakemake(tmp_path, "cells", "--profile", PROFILE, "--configfile", str(cfg), timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     _one_job_per_cell(tmp_path, since)
 
 
-def _two_node_cell(path: Path, step_s: float, run_s: float) -> Path:
+def _two_node_cell(path: Path, run_s: float) -> Path:
     """A 2 x 1 naive cell on the testbed's two-node partition (`l40s` on `multi`) that times for about `run_s`."""
     return write_config(
         path,
         sweep={"models": ["tiny-gptneox"], "gpus": ["l40s"], "nodes": [2], "gpus_per_node": [1], "methods": ["naive"]},
         launcher={"kind": "slurm", "site": SITE},
-        benchmark=bench(steps_lasting(run_s, step_s)),
+        benchmark=bench(steps_lasting(run_s)),
     )
 
 
 TWO_NODE = "pp-tiny-gptneox-l40s-2x1-naive"
 
 
-def test_a_node_lost_under_a_two_node_cell_requeues_it_and_one_job_delivers(slurm_cluster, tmp_path, step_s):
+def test_a_node_lost_under_a_two_node_cell_requeues_it_and_one_job_delivers(slurm_cluster, tmp_path):
     """Issue 37: the second node of a running 2-node cell goes down: SLURM requeues the job, the driver waits for
     the same job (no second submission), and when the node is back exactly that job delivers the result."""
     since = last_job_id()
     run_s = 15
-    driver = start_driver(tmp_path, _two_node_cell(tmp_path / "c.yaml", step_s, run_s))
+    driver = start_driver(tmp_path, _two_node_cell(tmp_path / "c.yaml", run_s), "cells", env=PACED)
     try:
         job = wait_for(lambda: [j for j in sacct(since, TWO_NODE) if j["State"] == "RUNNING"], 180, "the cell")[0]
         time.sleep(3)
@@ -268,7 +269,7 @@ def test_a_node_lost_under_a_two_node_cell_requeues_it_and_one_job_delivers(slur
     assert "requeued 1 time(s)" in _log(tmp_path, "tiny-gptneox/l40s/2x1/naive")
 
 
-def test_a_rank_killed_on_the_second_node_stops_every_rank_and_the_cell_is_rerun(slurm_cluster, tmp_path, step_s):
+def test_a_rank_killed_on_the_second_node_stops_every_rank_and_the_cell_is_rerun(slurm_cluster, tmp_path):
     """Issue 37: SIGKILL of the rank on node-mn1 while the 2-node cell times: every rank of the job is gone within a
     bounded time (no peer left waiting in a collective), the job FAILED, and the cell is measured again by a new
     job as any failed cell is (Snakemake's retry), which delivers."""
@@ -278,7 +279,7 @@ def test_a_rank_killed_on_the_second_node_stops_every_rank_and_the_cell_is_rerun
     from chaos_soak import environ, processes, rank_pid
 
     since = last_job_id()
-    driver = start_driver(tmp_path, _two_node_cell(tmp_path / "c.yaml", step_s, 20))
+    driver = start_driver(tmp_path, _two_node_cell(tmp_path / "c.yaml", 20), "cells", env=PACED)
     try:
         job = wait_for(lambda: [j for j in sacct(since, TWO_NODE) if j["State"] == "RUNNING"], 180, "the cell")[0]
         pid = wait_for(lambda: rank_pid(job["JobID"], 1), 120, "rank 1 to start")

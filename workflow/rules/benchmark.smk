@@ -31,6 +31,13 @@ rule benchmark_cell:
         pp_cell.run_cell(params.spec, log[0], threads)
 
 
+# `snakemake ... cells`: measure every cell of the sweep (the adaptive search's rounds included) and stop there, no
+# loss check, tables or report (they follow when the sweep is run again without a target).
+rule cells:
+    input:
+        unpack(INPUTS.measured),
+
+
 rule loss_check:
     input:
         cells=INPUTS.loss_check,

@@ -96,6 +96,10 @@ class Inputs:
                 out += [result, result[: -len(layout.RESULT)] + layout.STEPS]
         return out
 
+    def measured(self, wildcards: Any = None) -> dict[str, Any]:
+        """What the `cells` target builds: the plan and every cell, no loss check, table or report."""
+        return {"plan": self.files.plan, "cells": self.cell_outputs()}
+
     def loss_check(self, wildcards: Any) -> list[str]:
         """A setting's loss check reads the results of the setting's cells (adaptive: those its search ran)."""
         if self.pp.adaptive:

@@ -43,6 +43,17 @@ from pretrain_planner.trainer.ranks import Ranks
 from pretrain_planner.trainer.signals import stop_signals
 from pretrain_planner.trainer.steplog import append_jsonl, truncate_jsonl
 
+PACE_ENV = "PP_TEST_STEP_S"
+
+
+def paced_step_s() -> float:
+    """Test hook PP_TEST_STEP_S="<seconds>": every step of the loop (a benchmark's timed and warm-up steps, the train
+    and budget stages' steps) lasts at least that long, the rest of it slept. A fault drill needs a job that runs
+    for a while (to kill it, to outlast a time limit); paced, it runs that long without keeping a core busy, and
+    for as long on a fast host as on a slow one. 0: unset (never set by the pipeline)."""
+    raw = os.environ.get(PACE_ENV, "").strip()
+    return float(raw) if raw else 0.0
+
 
 def step_seed(seed: int, rank: int, step: int) -> int:
     """The RNG seed of one rank's step (dropout): a resumed run draws what the uninterrupted one drew."""
@@ -291,8 +302,11 @@ class Loop:
             # optimizer, zeroed gradients. The losses stay on the device: read once after the step.
             micro_losses = step_fn.accumulate(self.hooks.batch_at, accum)
             self.hooks.in_step(state)
+            if pace_s:
+                time.sleep(max(0.0, pace_s - (time.perf_counter() - t0)))
             return micro_losses
 
+        pace_s = paced_step_s()
         host_sync(self.device)
         t0 = time.perf_counter()
         micro_losses = work() if wrap is None else wrap(work)
