@@ -224,3 +224,28 @@ def test_a_dead_rank_ends_its_peers_at_once(tmp_path):
     assert "rank 1 of job" in log_path.read_text() and "ending the other ranks now" in log_path.read_text()
     rank0 = json.loads((tmp_path / "local_ranks/rank0.json").read_text())
     assert not alive(rank0["pid"], rank0["start"])
+
+
+def test_a_host_lock_folder_not_this_users_own_is_refused(tmp_path):
+    """Issue 52: the per-user lock folder lives in the shared /tmp; another user's folder (or a link) of that name
+    would let them hold this host's devices or read our locks: refused, naming the folder, its owner and the way
+    out; a folder it makes itself is this user's alone (0700)."""
+    mine = tmp_path / "mine"
+    with HostPool([], cores=[0], folder=mine).hold(1, on_gpus=False):
+        assert mine.stat().st_mode & 0o777 == 0o700
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "link").symlink_to(elsewhere)
+    with (
+        pytest.raises(RuntimeError, match=r"link\b.*PP_HOST_LOCKS"),
+        HostPool([], [0], tmp_path / "link").hold(1, False),
+    ):
+        pass
+    if os.geteuid() != 0:
+        pytest.skip("giving a folder to another user needs root")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)
+    refused = pytest.raises(RuntimeError, match=r"owned by uid 65534, not this user \(0\).*PP_HOST_LOCKS")
+    with refused, HostPool([], cores=[0], folder=theirs).hold(1, on_gpus=False):
+        pass

@@ -7,7 +7,7 @@ disturbed by any other work, so CPU jobs run one at a time. Each rank is pinned 
 
 Holding is done with `flock` on files in one folder per host and user (PP_HOST_LOCKS overrides it), so it
 also holds between separate drivers and between the threads of one driver, and is released by the kernel
-when a driver dies. Imports no torch.
+when a driver dies. The folder must be this user's own (own_lock_dir). Imports no torch.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import stat
 import subprocess
 import tempfile
 import threading
@@ -27,6 +28,21 @@ from typing import Any
 
 def lock_dir() -> Path:
     return Path(os.environ.get("PP_HOST_LOCKS") or Path(tempfile.gettempdir()) / f"pretrain-planner-{os.getuid()}")
+
+
+def own_lock_dir(folder: Path) -> None:
+    """Make the host-lock folder (only this user may write it: 0700) or check the one there is this user's own and
+    a real folder: under a shared /tmp another user can create `pretrain-planner-<uid>` first, or a link of that
+    name, and hold (or read) every lock of ours."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = folder.lstat()
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        what = "a link" if stat.S_ISLNK(st.st_mode) else "not a folder" if not stat.S_ISDIR(st.st_mode) else None
+        owner = what or f"owned by uid {st.st_uid}, not this user ({os.getuid()})"
+        raise RuntimeError(
+            f"host-lock folder {folder} is {owner}: refusing to use it (another user's locks would hold this "
+            "host's devices, or read ours); remove it, or set PP_HOST_LOCKS to a folder of your own"
+        )
 
 
 def host_cores() -> list[int]:
@@ -118,7 +134,7 @@ class HostPool:
                 f"the job needs {world} GPU(s) but this host lends {len(self.gpus)} to local jobs "
                 f"(launcher.local_gpus; visible: {visible_gpus() or 'none'})"
             )
-        self.folder.mkdir(parents=True, exist_ok=True)
+        own_lock_dir(self.folder)
         t0, said = time.time(), False
         while True:
             got = self._try(world, on_gpus)
