@@ -12,9 +12,11 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -60,9 +62,12 @@ def snakemake(
     env: dict | None = None,
     timeout: int = SWEEP_TIMEOUT_S,
     snakefile: Path = REPO / "Snakefile",
+    python: Path | None = None,
 ) -> subprocess.CompletedProcess:
-    """`snakemake -s <repo>/Snakefile -d <workdir> ...` (or another `snakefile`), output captured."""
-    cmd = [str(BIN / "snakemake"), "-s", str(snakefile), "-d", str(workdir), *args]
+    """`snakemake -s <repo>/Snakefile -d <workdir> ...` (or another `snakefile`), output captured; `python`: run by
+    that interpreter (`python -m snakemake`: another environment's, e.g. `login_env`'s)."""
+    exe = [str(python), "-m", "snakemake"] if python else [str(BIN / "snakemake")]
+    cmd = [*exe, "-s", str(snakefile), "-d", str(workdir), *args]
     full_env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
     return subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, env=full_env, timeout=timeout)
 
@@ -760,17 +765,68 @@ def job_ids() -> set[str]:
     return set(queued.split()) | {j["JobID"] for j in sacct(-1)}
 
 
+# the packages a login node's environment lacks (torch, and what cannot be imported without it)
+TORCH_ONLY = ("torch", "functorch", "deepspeed", "triton", "nvidia")
+
+
+def login_env(folder: Path) -> Path:
+    """A login node's environment: a virtual environment with every package of the project's environment but torch
+    (and what needs it to import), linked, not installed (nothing downloaded); returns its python, which a driver
+    runs with while the site's `python` points the jobs at the project's. `import torch` fails there."""
+    venv = folder / "login"
+    base = getattr(sys, "_base_executable", None) or sys.executable
+    subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
+    ours = Path(sysconfig.get_paths()["purelib"])
+    theirs = venv / ours.relative_to(sys.prefix)
+    for entry in ours.iterdir():
+        if not entry.name.lower().startswith(TORCH_ONLY):
+            (theirs / entry.name).symlink_to(entry)
+    python = venv / "bin/python"
+    probe = subprocess.run([str(python), "-c", "import torch"], capture_output=True, text=True)
+    assert probe.returncode != 0 and "No module named 'torch'" in probe.stderr, probe
+    return python
+
+
+CONTAINER_PYTHON = "/opt/pp-venv/bin/python"  # the project's environment as a container shows it (site_two_envs)
+
+
+def site_two_envs(work: Path) -> Path:
+    """The testbed's site file as a site with a login and a compute environment (issue 52): every job runs the
+    project's interpreter (`python`), loads a module (`module` on PATH: a stand-in that logs each call to
+    work/modules.log), exports `env` and runs a `setup` line (it logs the job's view of an exported value to
+    work/setup.log); a100's jobs run inside a container (bubblewrap: the environment bound read-only at
+    /opt/pp-venv, `container=bwrap` set), h100's outside."""
+    (work / "bin").mkdir(exist_ok=True)
+    module = work / "bin/module"
+    module.write_text(f'#!/bin/sh\necho "module $* (job $SLURM_JOB_ID)" >> {work}/modules.log\n')
+    module.chmod(0o755)
+    site = yaml.safe_load(Path(SITE).read_text())
+    site["defaults"].update(python=str(BIN / "python"), modules=["testbed-mpi/1.0"],
+                            env={"GLOO_SOCKET_IFNAME": "lo", "PP_SITE_NOTE": "it's $HOME `id`"},
+                            setup=[f'echo "job $SLURM_JOB_ID: $PP_SITE_NOTE" >> {work}/setup.log'])  # fmt: skip
+    if shutil.which("bwrap"):
+        inside = Path(CONTAINER_PYTHON).parents[1]
+        prefix = f"bwrap --dev-bind / / --ro-bind {sys.prefix} {inside} --setenv container bwrap"
+        site["gpus"]["a100"].update(python=CONTAINER_PYTHON, container=prefix)
+    path = work / "site-two-envs.yaml"
+    path.write_text(yaml.safe_dump(site, sort_keys=False))
+    return path
+
+
 @pytest.fixture(scope="session")
 def partitions_sweep(slurm_cluster, tmp_path_factory):
     """tiny-gptneox naive 1x1 and 1x2 on a100 and h100 through the slurm profile: one job per cell on each GPU type's
     partition, the tables, the exported plans and the calendar; (folder, config, (the last job id before it, the
-    last after it), the process).
+    last after it), the process). The driver runs in a login environment without torch (`login_env`), the jobs in
+    the site's (`site_two_envs`).
     Shared by the SLURM modules (one xdist worker runs them all): tests/test_slurm.py reads its jobs and calendar,
     tests/test_calendar_slurm.py trains its h100 1x1 plan in segments."""
     work = tmp_path_factory.mktemp("partitions")
     since = last_job_id()
     sweep = {"models": ["tiny-gptneox"], "gpus": ["a100", "h100"], "methods": ["naive"], "gpus_per_node": [1, 2]}
-    cfg = write_config(work / "c.yaml", sweep=sweep, launcher={"kind": "slurm", "site": SITE}, benchmark=bench(3))
-    proc = snakemake(work, "--profile", PROFILE, "--configfile", str(cfg))
+    site = site_two_envs(work)
+    cfg = write_config(work / "c.yaml", sweep=sweep, launcher={"kind": "slurm", "site": str(site)}, benchmark=bench(3))
+    env = {"PATH": f"{work / 'bin'}:{os.environ['PATH']}"}
+    proc = snakemake(work, "--profile", PROFILE, "--configfile", str(cfg), env=env, python=login_env(work))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return work, cfg, (since, last_job_id()), proc

@@ -161,8 +161,8 @@ def test_launch_script(exported):
     assert one.stat().st_mode & 0o111
     text = one.read_text()
     assert subprocess.run(["bash", "-n", str(one)]).returncode == 0
-    assert '"$PYTHON" -m torch.distributed.run --standalone --nnodes=1' in text and "NPROC_PER_NODE=4" in text
-    assert f'PYTHON="${{PYTHON:-{sys.executable}}}"' in text  # the exporting interpreter: no PATH needed
+    assert '"${RUN[@]}" -m torch.distributed.run --standalone --nnodes=1' in text and "NPROC_PER_NODE=4" in text
+    assert f"PYTHON=${{PYTHON:-{sys.executable}}}" in text  # the exporting interpreter: no PATH needed
     assert f"PLAN_DIR={one.parent.resolve()}" in text  # under sbatch, when the spool copy's folder has no plan
     assert "#SBATCH --nodes=1" in text and "#SBATCH --gpus-per-node=4" in text
     assert "srun" in text and '"$PLAN_DIR/training_arguments.json"' in text
@@ -224,3 +224,47 @@ def test_one_plan_is_written_without_polars_snakemake_or_torch(tmp_path):
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_launch_script_asks_what_the_sites_jobs_asked_and_runs_their_interpreter(tmp_path):
+    """Issue 52: exported from a sweep on SLURM, launch.sh asks what the GPU type's cells asked (partition, account,
+    QOS, GPU request, CPUs for its torchrun task, memory, extra options), runs the site's modules, env and setup
+    lines, starts the site's interpreter behind its container prefix, and takes its rendezvous port from the job id
+    (torchrun's fixed 29500 collides with other users' runs on a shared node). A GPU type's free-text label with a
+    newline stays one comment line."""
+    from pretrain_planner.planning.catalog import load_catalog
+    from pretrain_planner.planning.site import load_site
+
+    site_file = tmp_path / "site.yaml"
+    site_file.write_text(json.dumps({"defaults": {"cpus_per_gpu": 6, "mem_per_gpu_gb": 40}, "gpus": {"a100": {
+        "partition": "gpu-a100", "account": "lab1", "qos": "normal", "gres_type": "a100",
+        "python": "/opt/venv/bin/python", "container": "apptainer exec --nv /img/pp.sif", "modules": ["cuda/12.4"],
+        "env": {"NCCL_SOCKET_IFNAME": "ib0", "NOTE": "$(touch pwned)"}, "setup": ["echo ready"],
+        "extra_sbatch": {"exclusive": True, "comment": "grant 7"}}}}))  # fmt: skip
+    site = load_site(site_file, ["a100"])["gpus"]["a100"]
+    cat = load_catalog(REPO / "config/models.yaml", REPO / "config/gpus.yaml")
+    gpu = dataclasses.replace(cat.gpus["a100"], label="A100\nrm -rf ~")
+    row = {"model": "pythia-1b", "gpu": "a100", "best_method": "naive", "micro_batch": 8, "grad_accum_steps": 2,
+           "nodes": 2, "gpus_per_node": 4, "step_time_s": 1.0, "training_days": 1.0}  # fmt: skip
+    text = export.launch_script(cat.models["pythia-1b"], gpu, row, site=site)
+    script = tmp_path / "launch.sh"
+    script.write_text(text)
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    header = [ln for ln in text.splitlines() if ln.startswith("#SBATCH")]
+    for line in ("--partition=gpu-a100", "--account=lab1", "--qos=normal", "--gres=gpu:a100:4", "--cpus-per-task=24",
+                 "--mem=160G", "--exclusive", "--comment=grant 7", "--nodes=2", "--ntasks-per-node=1"):  # fmt: skip
+        assert f"#SBATCH {line}" in header, (line, header)
+    assert not any(ln.startswith("rm -rf") for ln in text.splitlines())  # the label's newline: still a comment
+    lines = text.splitlines()
+    first_cmd = lines.index("module load cuda/12.4")
+    assert lines[first_cmd : first_cmd + 4] == ["module load cuda/12.4", "export NCCL_SOCKET_IFNAME=ib0",
+                                                "export NOTE='$(touch pwned)'", "echo ready"]  # fmt: skip
+    assert "PYTHON=${PYTHON:-/opt/venv/bin/python}" in text
+    assert "CONTAINER=${CONTAINER-'apptainer exec --nv /img/pp.sif'}" in text
+    assert ":29500" not in text and '--rdzv-endpoint="$MASTER_ADDR:$PORT"' in text
+    # the interpreter line as bash runs it: the container's words, then the interpreter
+    probe = text.split("set -euo pipefail", 1)[1].split("# The plan's folder", 1)[0]
+    out = subprocess.run(["bash", "-c", probe + 'printf "%s|" "${RUN[@]}"'], capture_output=True, text=True)
+    assert out.stdout == "apptainer|exec|--nv|/img/pp.sif|/opt/venv/bin/python|", out.stdout + out.stderr
+    no_site = export.launch_script(cat.models["pythia-1b"], cat.gpus["a100"], row)
+    assert "#SBATCH --gpus-per-node=4" in no_site and "--partition" not in no_site and "module load" not in no_site

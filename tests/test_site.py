@@ -3,9 +3,11 @@ accepted lands in the script as one header line per option."""
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 import yaml
-from pretrain_planner.planning.site import load_site, sbatch_parameters
+from pretrain_planner.planning.site import job_lines, load_site, rank_python, sbatch_parameters
 from pretrain_planner.schema import ConfigError
 from submitit.slurm.slurm import _make_sbatch_string
 
@@ -25,6 +27,12 @@ def _site(tmp_path, a100: dict, defaults: dict | None = None):
         ({"extra_sbatch": {"comment": "grant 123\n#SBATCH --time=1"}}, "gpus.a100.extra_sbatch.comment", "one line"),
         ({"extra_sbatch": {"mail type\n#SBATCH --x": "END"}}, "gpus.a100.extra_sbatch", "sbatch option name"),
         ({"setup": ["module load cuda\nexit 0"]}, "gpus.a100.setup[0]", "one line"),
+        ({"python": "/opt/py\nrm -rf ~"}, "gpus.a100.python", "one line"),
+        ({"container": "apptainer exec\nx"}, "gpus.a100.container", "one line"),
+        ({"modules": ["cuda 12"]}, "gpus.a100.modules[0]", "no spaces"),
+        ({"env": {"1BAD": "x"}}, "gpus.a100.env", "environment variable name"),
+        ({"env": {"NCCL_SOCKET_IFNAME": "ib0\nexit"}}, "gpus.a100.env.NCCL_SOCKET_IFNAME", "one line"),
+        ({"srun_args": ["--container-image=x\ny"]}, "gpus.a100.srun_args[0]", "one line"),
     ],
 )
 def test_a_value_that_would_split_the_sbatch_header_is_refused(tmp_path, a100, key, says):
@@ -110,3 +118,38 @@ def test_a_cell_asking_more_time_than_its_partition_runs_a_job_is_refused(tmp_pa
             "asks 90 min (time_limit_min): it would wait in the queue for ever") in str(err.value)  # fmt: skip
     roomy = {"gpus": {"a100": {"partition": "debug", "max_time_h": 2, "time_limit_min": 90}}}
     assert set(_plan(tmp_path, roomy, [1], [1]).values()) == {None}
+
+
+def test_a_jobs_environment_is_the_sites(tmp_path):
+    """Issue 52: how a rank starts is the site's: its modules loaded, its env exported (values quoted: a config value
+    never becomes shell), its setup lines, then its `python` (not the driver's) behind its `container` prefix, and
+    its srun options (pyxis's --container-image) after the project's own."""
+    site = load_site(
+        _site(tmp_path, {"python": "/opt/pp/bin/python", "container": "apptainer exec --nv /img/pp.sif",
+                         "modules": ["cuda/12.4", "nccl"], "setup": ["source ~/pp/bin/activate"],
+                         "env": {"GLOO_SOCKET_IFNAME": "lo", "NOTE": "$(touch x) `id`", "FLAG": True},
+                         "srun_args": ["--container-image=nvcr.io#nvidia/pytorch:25.01-py3"]}),
+        ["a100"],
+    )["gpus"]["a100"]  # fmt: skip
+    lines = job_lines(site)
+    assert lines == [
+        "module load cuda/12.4",
+        "module load nccl",
+        "export FLAG=true",
+        "export GLOO_SOCKET_IFNAME=lo",
+        "export NOTE='$(touch x) `id`'",
+        "source ~/pp/bin/activate",
+    ]  # fmt: skip (the file's order)
+    shown = subprocess.run(["bash", "-c", "\n".join(lines) + '\nprintf "%s|" "$NOTE" "$FLAG"'], cwd=tmp_path,
+                           capture_output=True, text=True)  # fmt: skip
+    assert shown.stdout == "$(touch x) `id`|true|" and not (tmp_path / "x").exists()
+    assert rank_python(site, "/login/bin/python") == "apptainer exec --nv /img/pp.sif /opt/pp/bin/python"
+    assert rank_python({}, "/login/bin/python") == "/login/bin/python"  # no site python: the driver's own
+    home = rank_python({"python": "~/my envs/pp/bin/python"}, "/login/bin/python")  # the job's home, quoted rest
+    shown = subprocess.run(["bash", "-c", f"printf %s {home}"], capture_output=True, text=True, env={"HOME": "/h"})
+    assert shown.stdout == "/h/my envs/pp/bin/python", (home, shown)
+    params = sbatch_parameters(site, 1, 2, "pp-cell")
+    assert params["setup"] == lines
+    assert params["srun_args"] == ["--kill-on-bad-exit=1", "--container-image=nvcr.io#nvidia/pytorch:25.01-py3"]
+    script = _make_sbatch_string(command="python -m x", folder=str(tmp_path), **params)
+    assert "export NOTE='$(touch x) `id`'" in script and "--container-image=nvcr.io" in script

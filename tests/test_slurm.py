@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -14,6 +15,7 @@ import pytest
 
 from .conftest import (
     BIN,
+    CONTAINER_PYTHON,
     PACED,
     PROFILE,
     SITE,
@@ -71,6 +73,42 @@ def test_default_sweep_lands_on_each_gpu_partition(partitions_sweep):
         if r["world_size"] == 2:  # two tasks, and DDP's gradient all-reduce ran across them
             assert _step_tasks(job["JobID"]) == 2
             assert r["method_settings"]["parallel"] == "ddp"
+        # issue 52: the driver ran without torch (login_env); each job ran the site's interpreter, a100's inside
+        # its container (bubblewrap, the environment bound at another path), h100's outside
+        if r["gpu"] == "a100" and shutil.which("bwrap"):
+            inside = str(Path(CONTAINER_PYTHON).parents[1])
+            assert r["interpreter"] == {"python": CONTAINER_PYTHON, "prefix": inside, "container": "bwrap"}, r
+        else:
+            assert r["interpreter"]["python"] == str(BIN / "python") and r["interpreter"]["container"] is None, r
+    # every job loaded the site's module and saw its env (the value quoted: `$HOME` and backquotes kept as written)
+    ids = sorted(r["slurm_job_id"] for r in results)
+    assert sorted((tmp_path / "modules.log").read_text().splitlines()) == [
+        f"module load testbed-mpi/1.0 (job {i})" for i in ids
+    ]
+    assert sorted((tmp_path / "setup.log").read_text().splitlines()) == [f"job {i}: it's $HOME `id`" for i in ids]
+
+
+def test_the_exported_launch_script_asks_what_its_cells_asked(partitions_sweep):
+    """Issue 52: launch.sh of a setting measured on SLURM asks sbatch what its cells asked (partition, GPU request,
+    CPUs for its one torchrun task per node) and prepares the site's environment; submitted held, read back with
+    `scontrol show job`, cancelled: nothing runs."""
+    work = partitions_sweep[0]
+    script = work / "results/optimal/tiny-gptneox/a100/1x2/launch.sh"
+    text = script.read_text()
+    assert "module load testbed-mpi/1.0" in text and "export GLOO_SOCKET_IFNAME=lo" in text
+    if shutil.which("bwrap"):
+        assert f"PYTHON=${{PYTHON:-{CONTAINER_PYTHON}}}" in text and "CONTAINER=${CONTAINER-'bwrap " in text
+    out = subprocess.run(["sbatch", "--parsable", "--hold", "-o", "/dev/null", str(script)], cwd=work,
+                         capture_output=True, text=True)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    job_id = out.stdout.strip().split(";")[0]
+    try:
+        job = scontrol_job(job_id)
+    finally:
+        subprocess.run(["scancel", job_id], check=False)
+    assert job["Partition"] == "a100" and job["JobName"] == "pp-train-tiny-gptneox-a100-1x2", job
+    assert "gpu:a100:2" in job.get("TresPerNode", ""), job
+    assert job["NumNodes"] in ("1", "1-1") and job["CPUs/Task"] == "2", job  # 1-1 while pending
 
 
 def _calendar(work: Path) -> list[dict]:

@@ -7,7 +7,7 @@ set -euo pipefail
 
 # Debian's slurm-wlm daemons, client and accounting database for a cluster on one host. --no-install-recommends
 # matters: with recommends, slurm-wlm drags in ~40 unneeded packages (rocm-smi, hdf5, ...).
-PKGS=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server bindfs)  # bindfs: tests/test_bad_env.py (a second "host"'s view)
+PKGS=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server bindfs bubblewrap)  # bindfs: tests/test_bad_env.py (a second "host"'s view); bubblewrap: a container prefix (tests/conftest.py site_two_envs)
 
 T0=$(date +%s%N)
 log() { echo "[install +$(( ($(date +%s%N) - T0) / 1000000 ))ms] $*"; }

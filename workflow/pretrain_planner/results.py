@@ -60,6 +60,7 @@ RESULT_FIELDS: dict[str, str] = {
     "method_settings": "json",
     "micro_batch_trials": "json",
     "versions": "json",
+    "interpreter": "json",  # the Python that ran the cell and its container (trainer/run.interpreter)
     "device_name": "str",
     "hostname": "str",
     "slurm_job_id": "str",

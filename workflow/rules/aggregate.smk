@@ -43,7 +43,7 @@ rule export_plan:
         seed=PP.config["benchmark"]["seed"],
     run:
         pp_export.export_plans(
-            input.time_to_train, input.feasibility, output[0], log[0], PP.catalog, params.seed
+            input.time_to_train, input.feasibility, output[0], log[0], PP.catalog, params.seed, site=PP.site
         )
 
 

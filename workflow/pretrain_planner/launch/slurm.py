@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import shlex
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ from typing import Any
 from pretrain_planner.launch import driver, progress
 from pretrain_planner.launch.rankjob import SLURM_RECORD
 from pretrain_planner.launch.request import JobFailed, JobRequest, Outcome, RuleLog, spec_hash
-from pretrain_planner.planning.site import sbatch_parameters
+from pretrain_planner.planning.site import rank_python, sbatch_parameters
 from pretrain_planner.results import atomic_write_text, before_write, read_json
 from pretrain_planner.schema import section
 
@@ -215,7 +214,7 @@ def _submit_slurm(req: JobRequest, log: RuleLog):
     if req.record is not None:
         req.record.unlink(missing_ok=True)  # no job but the one submitted now may write the outputs
     submitit.SlurmJob.watcher._delay_s = settings["poll_max_s"]  # one shared sacct poll for all jobs
-    python = GUARDED_PYTHON.format(python=shlex.quote(sys.executable))
+    python = GUARDED_PYTHON.format(python=rank_python(settings, sys.executable))
     ex = submitit.SlurmExecutor(folder=req.folder, max_num_timeout=req.max_num_timeout, python=python)
     params = sbatch_parameters(settings, req.nodes, req.gpus_per_node, req.name)
     ex.update_parameters(**params)

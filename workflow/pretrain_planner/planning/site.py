@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 import subprocess
 from collections.abc import Callable
 from dataclasses import replace
@@ -169,8 +170,39 @@ def sbatch_parameters(settings: dict[str, Any], nodes: int, gpus_per_node: int, 
         extra["reservation"] = settings["reservation"]
     if extra:
         params["additional_parameters"] = extra
-    if settings.get("setup"):
-        params["setup"] = list(settings["setup"])
+    lines = job_lines(settings)
+    if lines:
+        params["setup"] = lines
     # one task failing ends the step: its peers would otherwise wait in a collective until the time limit
-    params["srun_args"] = ["--kill-on-bad-exit=1"]
+    params["srun_args"] = ["--kill-on-bad-exit=1", *(settings.get("srun_args") or [])]
     return params
+
+
+# How a rank starts on the site's compute nodes, in one place for every job (benchmark cells, the budget and train
+# stages) and the exported launch.sh: the login node that plans may have no torch at all, while the compute nodes
+# run a CUDA build from a module, a virtual environment or a container.
+
+
+def job_lines(settings: dict[str, Any]) -> list[str]:
+    """The shell lines a job runs before its ranks start, in order: `module load` of the site's `modules`, `export`
+    of its `env` (values quoted: a config value never becomes shell), then its own `setup` lines (verbatim: they
+    are shell by design, e.g. `source ~/venvs/pp/bin/activate`)."""
+    lines = [f"module load {shlex.quote(m)}" for m in settings.get("modules") or []]
+    for name, value in (settings.get("env") or {}).items():
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        lines.append(f"export {name}={shlex.quote(text)}")
+    return lines + list(settings.get("setup") or [])
+
+
+def rank_python(settings: dict[str, Any], default: str) -> str:
+    """The command a rank's interpreter is started with (shell words): the site's `python` (else `default`, the
+    driver's own), behind the site's `container` prefix where it has one (`apptainer exec --nv IMAGE`)."""
+    python = shell_path(settings.get("python") or default)
+    container = (settings.get("container") or "").strip()
+    return f"{container} {python}" if container else python
+
+
+def shell_path(path: str) -> str:
+    """`path` as one shell word, its `~/` the job's home (a site file's `~/venvs/pp/bin/python`): quoted, so
+    nothing else in it is shell."""
+    return f'"$HOME"/{shlex.quote(path[2:])}' if path.startswith("~/") else shlex.quote(path)

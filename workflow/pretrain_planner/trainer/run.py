@@ -6,6 +6,7 @@ import datetime as dt
 import os
 import platform
 import socket
+import sys
 import time
 from typing import Any
 
@@ -32,6 +33,18 @@ CELL_PACKAGES = ("torch", "transformers", "submitit", "pretrain-planner", "deeps
 def versions(packages: tuple[str, ...] = CELL_PACKAGES) -> dict[str, str | None]:
     """Python, CUDA and each package's installed version (None: not installed), for a result's `versions`."""
     return {"python": platform.python_version(), "cuda": torch.version.cuda, **installed_versions(packages)}
+
+
+# variables a container runtime sets inside (Apptainer/Singularity; systemd's convention, which enroot/pyxis,
+# podman and bubblewrap wrappers follow with --setenv container ...)
+CONTAINER_VARS = ("APPTAINER_CONTAINER", "SINGULARITY_CONTAINER", "container")
+
+
+def interpreter() -> dict[str, str | None]:
+    """The interpreter this rank runs (the site's `python`, else the driver's) and the container it runs in (None:
+    none seen): a result says which environment measured it."""
+    inside = next((os.environ[v] for v in CONTAINER_VARS if os.environ.get(v)), None)
+    return {"python": sys.executable, "prefix": sys.prefix, "container": inside}
 
 
 def _device_name(env: RankEnv | None) -> str:
@@ -316,6 +329,7 @@ def run_rank(spec: dict[str, Any]) -> dict[str, Any]:
         precision=cfg.recipe["precision"],
         global_batch=cfg.recipe["global_batch"],
         versions=versions(),
+        interpreter=interpreter(),
         device_name=_device_name(env),
         hostname=socket.gethostname(),
         slurm_job_id=os.environ.get("SLURM_JOB_ID"),
