@@ -44,7 +44,7 @@ for p in (REPO / "benchmarks", REPO / "workflow"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-from gpucheck.envinfo import gpu_count  # noqa: E402
+from gpucheck.envinfo import gpu_count, gpu_type  # noqa: E402
 from gpucheck.parts import (  # noqa: E402
     SMOKE_BLOCKED,
     SMOKE_SCALE,
@@ -96,7 +96,7 @@ class Run:
         cores = 1 if args.smoke else len(os.sched_getaffinity(0))
         self.settings = Settings(
             smoke=args.smoke,
-            gpu="cpu" if args.smoke else args.gpu_type,
+            gpu="cpu" if args.smoke else args.gpu_type or gpu_type(self.catalog),
             warmup_steps=1,
             timed_steps=3,
             accum_factor=2,
@@ -459,7 +459,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--work", default=None, help="the run's files (default: $TMPDIR/gpu_all-<date>)")
     p.add_argument("--total-s", type=float, default=None, help=f"the whole command's time (default {TOTAL_S})")
     p.add_argument("--parts", default=None, help="comma-separated part names (default: all, in order)")
-    p.add_argument("--gpu-type", default="h200", help="GPU type of config/gpus.yaml (default h200)")
+    p.add_argument("--gpu-type", default=None, help="GPU type of config/gpus.yaml (default: GPU 0's, else h200)")
     p.add_argument("--plan-only", action="store_true", help="print the time plan and stop (no GPU needed)")
     p.add_argument("--block", default=None, help=f"imports made to fail (smoke default: {','.join(SMOKE_BLOCKED)})")
     args = p.parse_args(argv)

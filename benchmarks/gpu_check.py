@@ -34,7 +34,7 @@ from gpucheck import plans as P  # noqa: E402
 from gpucheck import timeplan  # noqa: E402
 from gpucheck.cells import Settings  # noqa: E402
 from gpucheck.checks import cross_checks  # noqa: E402
-from gpucheck.envinfo import gpu_count  # noqa: E402
+from gpucheck.envinfo import gpu_count, gpu_type  # noqa: E402
 from gpucheck.report import SHORT_COLUMNS, cell_table, failed, render_part  # noqa: E402
 from gpucheck.runner import Runner  # noqa: E402
 
@@ -68,7 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timed-steps", type=int, default=3)
     p.add_argument("--accum-factor", type=int, default=2, help="global batch = this x the micro-batch cap")
     p.add_argument("--max-micro-batch", type=int, default=None, help="every cap but the OOM probe's")
-    p.add_argument("--gpu-type", default="h200")
+    p.add_argument("--gpu-type", default=None, help="GPU type of config/gpus.yaml (default: GPU 0's, else h200)")
     return p.parse_args(argv)
 
 
@@ -83,9 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     lanes = args.lanes or (2 if args.smoke else 3)
+    catalog = load_catalog(REPO / "config/models.yaml", REPO / "config/gpus.yaml")
     s = Settings(
         smoke=args.smoke,
-        gpu="cpu" if args.smoke else args.gpu_type,
+        gpu="cpu" if args.smoke else args.gpu_type or gpu_type(catalog),
         warmup_steps=args.warmup_steps,
         timed_steps=args.timed_steps,
         accum_factor=args.accum_factor,
@@ -93,7 +94,6 @@ def main(argv: list[str] | None = None) -> int:
         cells_dir=args.cells_dir,
         max_micro_batch=args.max_micro_batch,
     )
-    catalog = load_catalog(REPO / "config/models.yaml", REPO / "config/gpus.yaml")
     plans = all_plans(args.smoke)
     if args.cells:
         wanted = [w.strip() for w in args.cells.split(",") if w.strip()]

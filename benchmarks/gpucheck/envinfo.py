@@ -62,6 +62,19 @@ def gpu_count() -> int:
     return sum(1 for line in (out or "").splitlines() if line.startswith("GPU "))
 
 
+def gpu_type(catalog, default: str = "h200") -> str:
+    """The catalog's GPU type of GPU 0 (nvidia-smi's name and memory, planning/devices.detect_type), else `default`:
+    a check measured as another type than the device it ran on would be refused by every cell."""
+    from pretrain_planner.planning.devices import detect_type
+
+    out = run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"])
+    first = (out or "").splitlines()[0] if (out or "").strip() else ""
+    name, _, mib = first.rpartition(",")
+    if not name.strip() or not mib.strip().isdigit():
+        return default
+    return detect_type(catalog.gpus.values(), name.strip(), int(mib) * 1024 * 1024) or default
+
+
 def versions() -> dict[str, str | None]:
     return installed_versions(PACKAGES)
 

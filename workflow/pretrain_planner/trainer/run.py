@@ -15,6 +15,7 @@ import torch
 from pretrain_planner.launch.rankjob import job_id_here, observe_rank, recorded_job
 from pretrain_planner.planning import flops
 from pretrain_planner.planning.catalog import GpuSpec
+from pretrain_planner.planning.devices import device_mismatch
 from pretrain_planner.planning.flops import mfu, train_flops_per_sample
 from pretrain_planner.planning.settings import has_attention
 from pretrain_planner.results import write_result, write_steps
@@ -45,6 +46,15 @@ def interpreter() -> dict[str, str | None]:
     none seen): a result says which environment measured it."""
     inside = next((os.environ[v] for v in CONTAINER_VARS if os.environ.get(v)), None)
     return {"python": sys.executable, "prefix": sys.prefix, "container": inside}
+
+
+def check_device(gpu: dict[str, Any], device: torch.device) -> None:
+    """Refuse to measure a device that is not the cell's GPU type (planning/devices: its name and memory against
+    the catalog's): a partition mapped to the wrong type would measure, and predict, the wrong GPU."""
+    props = torch.cuda.get_device_properties(device)
+    why = device_mismatch(GpuSpec.from_dict(gpu), props.name, props.total_memory)
+    if why:
+        raise RuntimeError(why)
 
 
 def _device_name(env: RankEnv | None) -> str:
@@ -287,6 +297,8 @@ def run_rank(spec: dict[str, Any]) -> dict[str, Any]:
     steps: list[dict[str, Any]] = []
     try:
         env = init_rank(cfg)
+        if env.device.type == "cuda":
+            check_device(cfg.gpu, env.device)
         clock.rank_up()
         result, steps = measure_cell(cfg, env, clock)
     except Unsupported as exc:
