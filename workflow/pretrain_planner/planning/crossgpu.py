@@ -394,12 +394,10 @@ class _Table:
             return math.inf
         return float(np.clip(noise / between, *LAMBDA_RANGE))
 
-    def transfer_errors(self, li: np.ndarray, b: np.ndarray, tau: float, pairs: np.ndarray | _Pairs,
-                        dist: np.ndarray | None = None, spread: bool = True):  # fmt: skip
-        """log(truth / central) of each target of `pairs` (target, basis; or their _Pairs) with its nearest distance
-        and spread (None with spread=False); `b`: the effects, NaN where a GPU type is absent (no correction to or
-        from it: CrossGpu.correction)."""
-        p = pairs if isinstance(pairs, _Pairs) else _Pairs.of(pairs, dist)
+    def transfer_errors(self, li: np.ndarray, b: np.ndarray, tau: float, p: _Pairs, spread: bool = True):
+        """log(truth / central) of each target of the (target, basis) pairs `p` with its nearest distance and spread
+        (None with spread=False); `b`: the effects, NaN where a GPU type is absent (no correction to or from it:
+        CrossGpu.correction)."""
         ti, bj = p.ti, p.bj
         corr = b[self.pg[ti]] - b[self.pg[bj]]
         pred = self.y[bj] - li[bj] + li[ti] + np.where(np.isfinite(corr), corr, 0.0)
@@ -453,12 +451,6 @@ class _Pairs:
         self.nearest = np.full(len(self.targets), np.inf)
         np.minimum.at(self.nearest, self.idx, dist)
         self._weights: dict[float, tuple[np.ndarray, np.ndarray]] = {}
-
-    @classmethod
-    def of(cls, pairs: np.ndarray, dist: np.ndarray | None) -> _Pairs:
-        if dist is None:
-            raise ValueError("transfer_errors: pairs without their distances")
-        return cls(pairs, dist)
 
     def weights(self, tau: float) -> tuple[np.ndarray, np.ndarray]:
         """exp(-(distance - the target's nearest) / tau) per pair (1 with tau = inf) and their sum per target."""
@@ -546,7 +538,7 @@ def _calibrate(t: _Table) -> Calibration:
         if not sel.any():
             continue
         q, lq, b = refit(keep)  # b is NaN for g: no correction to it
-        add(Kind("same", False), t.transfer_errors(lq, b, q.tau, t.pairs[sel], t.dist[sel]))
+        add(Kind("same", False), t.transfer_errors(lq, b, q.tau, _Pairs(t.pairs[sel], t.dist[sel])))
     # the same workload x GPU type x software left out, the GPU type's effect from other software's runs
     for m, gpu, sw in sorted(set(zip(t.model, t.gpu, t.software, strict=True))):
         cell = (t.model == m) & (t.gpu == gpu) & (t.software == sw)
@@ -556,7 +548,7 @@ def _calibrate(t: _Table) -> Calibration:
         sel = cell[t.pairs[:, 0]] & keep[t.pairs[:, 1]]
         if sel.any():
             q, lq, b = refit(keep)
-            add(Kind("same", True), t.transfer_errors(lq, b, q.tau, t.pairs[sel], t.dist[sel]))
+            add(Kind("same", True), t.transfer_errors(lq, b, q.tau, _Pairs(t.pairs[sel], t.dist[sel])))
     # a stand-in workload (nearest-sized of the same kind, the same software first), the workload left out; its
     # stand-in's runs on every GPU type (the target's own weigh most), or (unseen) the target's GPU type left out too
     cands = stand_in_candidates(t.runs)
@@ -577,7 +569,7 @@ def _calibrate(t: _Table) -> Calibration:
             seen = np.isfinite(b[t.pg[tg]])
             pairs = np.array([(i, j) for i in tg for j in bs], int)
             dist = np.abs(t.feat[pairs[:, 0]] - t.feat[pairs[:, 1]]).sum(1)
-            got = t.transfer_errors(lq, b, q.tau, pairs, dist)
+            got = t.transfer_errors(lq, b, q.tau, _Pairs(pairs, dist))
             for flag in (True, False):
                 rows = np.isin(got[0], tg[seen == flag])
                 if rows.any():
