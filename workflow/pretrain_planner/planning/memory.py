@@ -84,6 +84,13 @@ class StateBytes:
     def at_step(self) -> float:
         return self.resident + self.step
 
+    def need(self, micro_batch: int, per_sample: float, accumulating: bool = False) -> float:
+        """On the GPU at the most of a step's two instants with `micro_batch` samples of `per_sample` activation
+        bytes: the end of a micro-batch's forward (a later micro-batch's with `accumulating`) and the optimizer step.
+        The one quantity every answer compares with a GPU's memory, so that none can say a micro-batch fits that
+        another refuses."""
+        return max(self.at_forward(accumulating) + micro_batch * per_sample, self.at_step)
+
     @property
     def floor(self) -> float:
         """On the GPU at some instant of every step, whatever the micro-batch."""
@@ -196,13 +203,43 @@ def largest_micro_batch(
     `capacity` bytes (its model states at a forward's end plus `per_sample` bytes per sample, and at the step);
     0: none. An upper bound of the largest that really fits. A micro-batch below `per_rank_batch` (None: the
     same as `top`) accumulates gradients across micro-batches."""
-    if states.at_step > capacity:
-        return 0
     full = top if per_rank_batch is None else per_rank_batch
     micro_batch = top
-    while micro_batch >= 1 and states.at_forward(micro_batch < full) + micro_batch * per_sample > capacity:
+    while micro_batch >= 1 and states.need(micro_batch, per_sample, micro_batch < full) > capacity:
         micro_batch //= 2
     return micro_batch
+
+
+def bounds(model: ModelSpec, method: Method | str, world: int, nodes: int = 1) -> tuple[StateBytes, float] | None:
+    """(the model states per rank, the activation bytes per sample) of `method` on `world` GPUs over `nodes`
+    machines, at the recipe's precision: what `need_bytes` and `predicted_micro_batch` compare with a GPU's memory.
+    Activations of a family without an activation formula count 0 bytes (the model states alone: still a lower
+    bound, the loosest, so that a model no one can fit is still refused); None when the parameters are unknown."""
+    m = method_of(method)
+    params = param_count(model.to_dict())
+    if params is None:
+        return None
+    act = activation_bytes_per_sample(model, m) or 0.0
+    return model_states(m.sharding, m.offload, params, world, model.recipe.precision, nodes), act
+
+
+def need_bytes(
+    model: ModelSpec,
+    method: Method | str,
+    world: int,
+    micro_batch: int = 1,
+    nodes: int = 1,
+    per_rank_batch: int | None = None,
+) -> float | None:
+    """The bytes per GPU `method` needs at `micro_batch` by the lower bounds (StateBytes.need: its activations with
+    the method's head, compilation and checkpointing; a micro-batch below `per_rank_batch` accumulates gradients,
+    None: the step's first micro-batch). A micro-batch fits iff this is within the GPU's memory, the test
+    `predicted_micro_batch` halves by; None when the parameters are unknown."""
+    got = bounds(model, method, world, nodes)
+    if got is None:
+        return None
+    states, act = got
+    return states.need(micro_batch, act, per_rank_batch is not None and micro_batch < per_rank_batch)
 
 
 def predicted_micro_batch(
@@ -215,12 +252,11 @@ def predicted_micro_batch(
     nodes: int = 1,
 ) -> int | None:
     """The largest micro-batch `method` can fit on `world` GPUs of `memory_gib` GiB by the lower bounds (an upper
-    bound of what fits; 0: none); None when the model has no formula."""
-    m = method_of(method)
-    params, act = param_count(model.to_dict()), activation_bytes_per_sample(model, m)
-    if params is None or act is None:
+    bound of what fits; 0: none), halving from `top`; None when the parameters are unknown (no formula)."""
+    got = bounds(model, method, world, nodes)
+    if got is None:
         return None
-    states = model_states(m.sharding, m.offload, params, world, model.recipe.precision, nodes)
+    states, act = got
     return largest_micro_batch(states, act, memory_gib * GIB, top, per_rank_batch)
 
 

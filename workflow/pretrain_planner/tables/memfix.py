@@ -11,8 +11,10 @@ against the GPU's, and the first change, cheapest first, that the planner can sh
 
 "Needed" is measured where a cell of the same model, method and GPU count ran at micro-batch 1 (its peak, on any GPU
 type), else the memory model's lower bound (model states + one sample's activations): such a fix is necessary, not
-proven sufficient, and says so. The memory model is used here only through `need_bytes`, so that the planner's
-memory model can be swapped in one place. Imports no torch.
+proven sufficient, and says so. The memory model is used here only through `need_bytes`, which is
+planning/memory.py's: the same bytes, for the same method, that the what-if's predictions (tables/predictor.py) and
+the adaptive search compare with a GPU's memory, so that an explanation and a prediction cannot disagree on what
+fits. Imports no torch.
 """
 
 from __future__ import annotations
@@ -21,10 +23,9 @@ from dataclasses import dataclass, replace
 
 import polars as pl
 
-from pretrain_planner.planning import grid, methods
+from pretrain_planner.planning import grid, memory, methods
 from pretrain_planner.planning.catalog import Catalog, GpuSpec, ModelSpec
-from pretrain_planner.planning.flops import param_count
-from pretrain_planner.planning.memory import GIB, activation_bytes_per_sample, model_states
+from pretrain_planner.planning.memory import GIB
 from pretrain_planner.tables import units
 
 # memory-saving methods, least slowdown first (the order in which a fix is proposed)
@@ -39,20 +40,13 @@ MIN_SEQUENCE = 64
 
 def need_bytes(
     spec: ModelSpec, method: str | methods.Method, world: int, micro_batch: int = 1, nodes: int = 1
-) -> float:
-    """The memory model's bytes per GPU (a lower bound on the step's peak): the most of two instants, the first
-    micro-batch's activation peak (model states then, by the method's sharding and offload, plus the micro-batch's
-    activations: one block's with checkpointing) and the optimizer step (the states with every gradient; on one GPU
-    16 bytes a parameter where the forward holds 12)."""
-    m = methods.parse(method) if isinstance(method, str) else method
-    params = param_count(spec.to_dict())
-    act = activation_bytes_per_sample(spec) or 0.0
-    if m.checkpointing and spec.arch.get("num_hidden_layers"):
-        act /= spec.arch["num_hidden_layers"]
-    if not params:
-        return micro_batch * act
-    states = model_states(m.sharding, m.offload, params, world, nodes=nodes)
-    return max(states.at_forward() + micro_batch * act, states.at_step)
+) -> float | None:
+    """The memory model's bytes per GPU at `micro_batch` (a lower bound on the step's peak; planning/memory.py's
+    `need_bytes`): the most of two instants, the first micro-batch's activation peak (model states then, by the
+    method's sharding and offload, plus the micro-batch's activations as the method holds them: its head's logits,
+    one block's with checkpointing) and the optimizer step. None when the parameters are unknown. Asked with the
+    method itself, never a method-less estimate: a plain head's fp32 logits are most of a text model's activations."""
+    return memory.need_bytes(spec, method, world, micro_batch, nodes)
 
 
 @dataclass(frozen=True)
@@ -115,7 +109,8 @@ class Explainer:
         if got:
             return Need(got[0], f"measured peak on {world} x {got[1]}")
         spec = self.catalog.models.get(model)
-        model_gib = need_bytes(spec, slug, world) / GIB if spec and param_count(spec.to_dict()) else None
+        need = need_bytes(spec, slug, world) if spec else None
+        model_gib = need / GIB if need is not None else None
         over = self.oom_on.get((model, slug, world))
         if over and (model_gib is None or over[0] >= model_gib):
             return Need(over[0], f"out of memory measured on {world} x {over[1]} ({units.gib(over[0])})")
@@ -132,7 +127,8 @@ class Explainer:
             return False
         if self._measured_oom(spec.name, slug, g, world):
             return False
-        return bool(g.memory_gib) and need_bytes(spec, slug, world) <= g.memory_gib * GIB
+        need = need_bytes(spec, slug, world, nodes=nodes)
+        return bool(g.memory_gib) and need is not None and need <= g.memory_gib * GIB
 
     def _measured_oom(self, model: str, slug: str, g: GpuSpec, world: int) -> bool:
         """Measured out of memory on a GPU with at least g's memory: at any count for an unsharded method (its
@@ -157,7 +153,7 @@ class Explainer:
         out = []
         method = next((s for s in FIX_METHODS if self._fits(spec, s, gpu, world)), None)
         if method:
-            lb = units.gib(need_bytes(spec, method, world) / GIB)
+            lb = units.gib((need_bytes(spec, method, world) or 0.0) / GIB)
             out.append(f"{method} on the same GPUs (memory model: >= {lb} of {g.memory_gib:g} GiB; not measured)")
         more = None if method else next(((w, s) for w in _counts(world) for s in ("fl", *FIX_METHODS)
                                          if self._fits(spec, s, gpu, w)), None)  # fmt: skip

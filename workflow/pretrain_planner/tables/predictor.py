@@ -26,14 +26,15 @@ The band: the cross-GPU model's 5%-95% out-of-sample errors of the prediction's 
 compute (crossgpu.Kind: the same model or a stand-in, of the same software or another, to a GPU type the evidence
 measured or not; near or far; `transfer` names it, `model_error` its measured error), with the least communication at
 the optimistic end and the most at the pessimistic one. The method assumed is the fastest that the memory model
-(planning/memory.py: model-state lower bound plus the micro-batch's activations) lets fit the target: of the methods
-measured (your cells), or, from public evidence, the least-communicating data-parallel method (fl, ZeRO / FSDP sharding,
-checkpointing; no offload) at the largest micro-batch that fits. A method measured out of memory on a GPU with at least
-the target's memory at that count does not fit. With no evidence of the model's family or kind within STAND_IN_RATIO of
-its size, or a target without the step model's rates, only the physics bound is given: the days at the `suspect` limit
-of the target's peak, and why (the nearest model measured, how many times larger or smaller). Cells measured on a GPU
-type without those rates (the `cpu` stand-in) cannot be moved to a GPU and are not used; each prediction of their
-model says so in its `note`. Imports no torch.
+(planning/memory.py: model-state lower bound plus the micro-batch's activations, asked for that very method, its head
+and checkpointing included) lets fit the target: of the methods measured (your cells, at the largest micro-batch
+measured, cut to the memory model's largest on the target), or, from public evidence, the least-communicating
+data-parallel method (fl, ZeRO / FSDP sharding, checkpointing; no offload) at the largest micro-batch that fits. A
+method measured out of memory on a GPU with at least the target's memory at that count does not fit. With no evidence
+of the model's family or kind within STAND_IN_RATIO of its size, or a target without the step model's rates, only the
+physics bound is given: the days at the `suspect` limit of the target's peak, and why (the nearest model measured,
+how many times larger or smaller). Cells measured on a GPU type without those rates (the `cpu` stand-in) cannot be
+moved to a GPU and are not used; each prediction of their model says so in its `note`. Imports no torch.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ import polars as pl
 
 from pretrain_planner.planning import evidence as pp_evidence
 from pretrain_planner.planning import evidence_exchange as pp_exchange
-from pretrain_planner.planning import grid, methods, stepmodel
+from pretrain_planner.planning import grid, memory, methods, stepmodel
 from pretrain_planner.planning.catalog import Catalog, ModelSpec
 from pretrain_planner.planning.crossgpu import NEAR, STAND_IN_RATIO, CrossGpu, Estimate, fit, stand_in
 from pretrain_planner.planning.evidence import HERE, Evidence, Run, Work
@@ -56,7 +57,6 @@ from pretrain_planner.planning.flops import param_count, tokens_per_sample, trai
 from pretrain_planner.planning.memory import GIB
 from pretrain_planner.planning.runspec import RunSpec, batch_split_reason
 from pretrain_planner.tables import costs as pp_costs
-from pretrain_planner.tables import memfix
 from pretrain_planner.tables.study import ran
 from pretrain_planner.tables.units import gib as gib_text
 from pretrain_planner.tables.units import number as number_text
@@ -362,26 +362,22 @@ class Predictor:
                 mem = self.catalog.gpus[gg].memory_gib if gg in self.catalog.gpus else None
                 if mem and g.memory_gib and mem >= g.memory_gib:
                     return False, f"out of memory measured on {world} x {gg} ({mem:g} GiB)"
-        need = self._need(spec, m, world, 1, nodes)
-        if g.memory_gib and need > g.memory_gib * GIB:
+        if self._largest_mb(spec, slug, gpu, world, nodes) < 1:
+            per_rank = spec.recipe.global_batch // world
+            need = memory.need_bytes(spec, m, world, 1, nodes, per_rank) or 0.0
             return False, f"memory model: at least {gib_text(need / GIB)} per GPU > {g.memory_gib:g} GiB"
         return True, ""
 
-    def _need(self, spec: ModelSpec, m: methods.Method, world: int, micro_batch: int, nodes: int = 1) -> float:
-        """The memory model's bytes per GPU at micro-batch `micro_batch` (tables/memfix.py: its one use of the memory
-        model)."""
-        return memfix.need_bytes(spec, m, world, micro_batch, nodes)
-
     def _largest_mb(self, spec: ModelSpec, slug: str, gpu: str, world: int, nodes: int = 1) -> int:
-        """The largest power-of-two micro-batch (up to the per-GPU batch) the memory model lets fit; 0 = none."""
+        """The largest micro-batch, halving from the per-GPU batch, that the memory model lets `slug` fit (0: none):
+        planning/memory.py's `predicted_micro_batch` for this very method, the answer the search and the
+        explanations (tables/memfix.py) give, so that a prediction never names a micro-batch its memory model
+        refuses. The per-GPU batch where the GPU's memory or the model's parameters are unknown (nothing to refuse
+        by)."""
         per_rank = spec.recipe.global_batch // world
         cap = self.catalog.gpu(gpu).memory_gib
-        if not cap:
-            return per_rank
-        m, micro_batch = methods.parse(slug), per_rank
-        while micro_batch >= 1 and self._need(spec, m, world, micro_batch, nodes) > cap * GIB:
-            micro_batch //= 2
-        return micro_batch
+        got = memory.predicted_micro_batch(spec, slug, world, cap, per_rank, nodes=nodes) if cap else None
+        return per_rank if got is None else got
 
     def _link(self, gpu: str, nodes: int) -> tuple[float | None, float | None]:
         """(GPU-to-GPU link per direction, network per GPU to other nodes), bytes/s, as the catalog (and the site
@@ -506,8 +502,11 @@ class Predictor:
                 if not fits:
                     refused.append(f"{slug}: {why}")
                     continue
+                # the micro-batch measured (on another GPU type, maybe of a stand-in model) only as far as the
+                # memory model lets it fit the target: a larger GPU's micro-batch may not
                 mbs = [micro_batch for _run, _c, micro_batch in measured[slug] if micro_batch]
-                micro_batch = min(max(mbs) if mbs else r.global_batch // world, r.global_batch // world)
+                largest = self._largest_mb(spec, slug, gpu, world, nodes)
+                micro_batch = min(max(mbs), largest) if mbs else largest
                 step = self._step(spec, slug, gpu, world, micro_batch, runs, measured[slug], nodes)
                 if step:
                     options.append(step)
