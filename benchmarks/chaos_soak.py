@@ -74,6 +74,7 @@ ENDS = {"scancel": "CANCELLED", "rank_kill": "FAILED", "node_down": "NODE_FAIL"}
 TRAIN_SETTING = ("tiny-gptneox", "cpu", 1, 2)  # a `cpu` setting: every method exports a plan there
 BUDGET_JOB = "pp-budget-pretrain-tiny-bert-24h-a100-1x2"  # the budget stage's pre-training (budget.jobs names it)
 TRAIN_JOB = "pp-train-{}-{}-{}x{}".format(*TRAIN_SETTING)  # the train stage's run (train.jobs)
+PREFLIGHT_JOB = "pp-preflight-"  # + a GPU type: its preflight, one short job before its cells (launch/preflight.py)
 
 
 @dataclass
@@ -308,6 +309,18 @@ class Round:
             f"{m}/{g}/{n}x{k}/{meth}" for m in p.models for g in p.gpus for n in self.nodes
             for k in p.gpus_per_node for meth in p.methods if n == 1 or g == MULTI_GPU
         ]  # fmt: skip
+
+    def _check_preflight(self, name: str, jobs: list[dict[str, str]], fault_of: dict[str, list[Fault]]) -> None:
+        """A GPU type's preflight (one short job before its cells, launch/preflight.py): of a GPU type of the
+        sweep, delivered at least once, every other end explained by a fault (a driver fault may run it again)."""
+        if name.removeprefix(PREFLIGHT_JOB) not in self.preset.gpus:
+            self.mismatches.append(f"sacct: a preflight of a GPU type the sweep does not have: {name}: {jobs}")
+            return
+        for j in jobs:
+            if j["state"] != "COMPLETED" and not any(ENDS.get(f.kind) == j["state"] for f in fault_of.get(j["id"], [])):
+                self.mismatches.append(f"sacct: job {j['id']} ({name}) ended {j['state']} and no fault explains it")
+        if not any(j["state"] == "COMPLETED" for j in jobs):
+            self.mismatches.append(f"sacct: {name} never completed: {jobs}")
 
     def job_names(self) -> set[str]:
         names = {"pp-" + c.replace("/", "-") for c in self.cells()}
@@ -626,6 +639,9 @@ class Round:
         accounted: collections.Counter = collections.Counter()
         delivering: dict[str, list[str]] = {}
         for name, jobs in sorted(by_name.items()):
+            if name.startswith(PREFLIGHT_JOB):
+                self._check_preflight(name, jobs, fault_of)
+                continue
             if name not in expected:
                 self.mismatches.append(f"sacct: unexpected job name {name}: {jobs}")
                 continue

@@ -105,7 +105,14 @@ def write_config(path: Path, **sections) -> Path:
 # restart the daemons and count every job in sacct. The longest units start first (their order below; the rest
 # follows in collection order), so no worker is left with a long one at the end. Two modules that read one sweep
 # (a session fixture: made once per worker process) are one unit too, so the sweep is made once (SWEEP_UNITS).
-SLURM_MODULES = ("test_slurm_faults", "test_chaos_soak", "test_slurm", "test_budget_slurm", "test_calendar_slurm")
+SLURM_MODULES = (
+    "test_slurm_faults",
+    "test_chaos_soak",
+    "test_slurm",
+    "test_budget_slurm",
+    "test_calendar_slurm",
+    "test_preflight_slurm",
+)
 FIRST_MODULES = ("test_pipeline_e2e", "test_search_e2e", "test_benchmarks_smoke", "test_deepspeed", "test_sharding",
                  "test_budget_glue", "test_oom", "test_memory", "test_local_runs", "test_bad_env")  # fmt: skip
 SLURM_UNIT = "the SLURM testbed"
@@ -426,14 +433,19 @@ def bench(timed_steps: int) -> dict:
     return {"warmup_steps": 1, "timed_steps": timed_steps, "max_micro_batch": 4, "device": "cpu", "max_spread": 50}
 
 
-def sacct(after: int, name: str | None = None) -> list[dict[str, str]]:
-    """Jobs (allocations, not steps) with an id above `after`; sacct can lag a moment behind."""
+PREFLIGHT_JOB = "pp-preflight-"  # a GPU type's preflight job (launch/preflight.py), named apart from the cells'
+
+
+def sacct(after: int, name: str | None = None, preflight: bool = False) -> list[dict[str, str]]:
+    """Jobs (allocations, not steps) with an id above `after`; sacct can lag a moment behind. A sweep's preflight
+    jobs (one per GPU type before its cells) are left out unless `preflight`: a test counts its cells' jobs."""
     fields = ["JobID", "JobName", "Partition", "AllocTRES", "State", "NodeList"]
     cmd = ["sacct", "-X", "-n", "-P", "-S", "2020-01-01", "-o", ",".join(f + "%200" for f in fields)]
     if name:
         cmd += ["--name", name]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     rows = [dict(zip(fields, ln.split("|"), strict=True)) for ln in out.splitlines() if ln.strip()]
+    rows = [r for r in rows if preflight or not r["JobName"].startswith(PREFLIGHT_JOB)]
     return [r for r in rows if int(r["JobID"].split("_")[0]) > after]
 
 
@@ -449,7 +461,7 @@ def ended(after: int, name: str, timeout: float = 90) -> list[dict[str, str]]:
 
 def last_job_id() -> int:
     """The newest job id so far: a test counts only the jobs it submitted itself."""
-    return max((int(j["JobID"].split("_")[0]) for j in sacct(-1)), default=0)
+    return max((int(j["JobID"].split("_")[0]) for j in sacct(-1, preflight=True)), default=0)
 
 
 def wait_for(predicate, timeout: float, what: str, every: float = 1.0):
@@ -762,7 +774,7 @@ def job_ids() -> set[str]:
     """Every job id the controller (in any state) and accounting know: what a test that must submit nothing counts."""
     queued = subprocess.run(["squeue", "-h", "-a", "-t", "all", "-o", "%i"], capture_output=True, text=True,
                             check=True).stdout  # fmt: skip
-    return set(queued.split()) | {j["JobID"] for j in sacct(-1)}
+    return set(queued.split()) | {j["JobID"] for j in sacct(-1, preflight=True)}
 
 
 # the packages a login node's environment lacks (torch, and what cannot be imported without it)

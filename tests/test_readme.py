@@ -42,6 +42,8 @@ RUNS = {
     ".venv/bin/snakemake -n --profile cluster/local --configfile my-sweep.yaml": "here",
     ".venv/bin/snakemake -n --profile cluster/slurm --configfile my-sweep.yaml": "here",
     ".venv/bin/snakemake --unlock --profile cluster/slurm --configfile my-sweep.yaml": "here",
+    # submits SLURM jobs: run as written (README_COMMAND) by tests/test_preflight_slurm.py on the testbed
+    ".venv/bin/pretrain-planner preflight --config my-sweep.yaml": "slurm",
     ".venv/bin/snakemake --profile cluster/local results/train/tiny-gptneox/cpu/1x1/result.json": "e2e",
     ".venv/bin/pretrain-planner train --plan results/optimal/tiny-gptneox/cpu/1x1 --steps 20": "e2e",
     "bash results/optimal/tiny-gptneox/cpu/1x1/launch.sh --steps 20": "e2e",
@@ -67,6 +69,10 @@ def test_every_readme_command_has_a_test_and_the_readme_stays_short():
         if how == "e2e":
             starts = re.findall(r'readme_command\("([^"]+)"\)', e2e)
             assert any(command.startswith(s) for s in starts), f"test_pipeline_e2e does not run {command!r}"
+    slurm = (REPO / "tests/test_preflight_slurm.py").read_text()
+    for command, how in RUNS.items():
+        if how == "slurm":
+            assert f'README_COMMAND = "{command}"' in slurm, f"tests/test_preflight_slurm.py does not run {command!r}"
     assert "snakemake --unlock" not in text.replace(".venv/bin/snakemake --unlock", "")  # every command from .venv
 
 

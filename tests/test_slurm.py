@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -80,12 +81,57 @@ def test_default_sweep_lands_on_each_gpu_partition(partitions_sweep):
             assert r["interpreter"] == {"python": CONTAINER_PYTHON, "prefix": inside, "container": "bwrap"}, r
         else:
             assert r["interpreter"]["python"] == str(BIN / "python") and r["interpreter"]["container"] is None, r
-    # every job loaded the site's module and saw its env (the value quoted: `$HOME` and backquotes kept as written)
-    ids = sorted(r["slurm_job_id"] for r in results)
+    # every job (the cells' and each GPU type's preflight) loaded the site's module and saw its env (the value
+    # quoted: `$HOME` and backquotes kept as written)
+    preflights = [json.loads((tmp_path / f"results/site/preflight/{g}.json").read_text()) for g in ("a100", "h100")]
+    ids = sorted([r["slurm_job_id"] for r in results] + [p["job_id"] for p in preflights])
     assert sorted((tmp_path / "modules.log").read_text().splitlines()) == [
         f"module load testbed-mpi/1.0 (job {i})" for i in ids
     ]
     assert sorted((tmp_path / "setup.log").read_text().splitlines()) == [f"job {i}: it's $HOME `id`" for i in ids]
+
+
+def test_each_gpu_type_passed_its_preflight_in_the_sites_environment_and_its_cells_record_it(partitions_sweep):
+    """One preflight job per GPU type, on its partition, before its first cell, in the environment its cells ran
+    in (a100's inside the container); each cell records it. A change to that environment as the driver sees it (a
+    package installed into the site python's venv) runs the preflights again, and re-measures no cell."""
+    tmp_path, cfg, (since, until), _ = partitions_sweep
+    results = cell_results(tmp_path)
+    for gpu in ("a100", "h100"):
+        rec = json.loads((tmp_path / f"results/site/preflight/{gpu}.json").read_text())
+        jobs = [j for j in sacct(since, f"pp-preflight-{gpu}", preflight=True) if int(j["JobID"]) <= until]
+        assert [j["JobID"] for j in jobs] == [rec["job_id"]], jobs
+        assert jobs[0]["Partition"] == gpu and f"gres/gpu:{gpu}=1" in jobs[0]["AllocTRES"]
+        report = rec["report"]
+        assert report["torch_error"] is None and report["env"]["CUDA_VISIBLE_DEVICES"] == "0", report
+        assert report["env"]["GLOO_SOCKET_IFNAME"] == "lo"  # the site's env reached the job
+        if gpu == "a100" and shutil.which("bwrap"):
+            assert report["python"] == CONTAINER_PYTHON and report["container"] == "bwrap", report
+        else:
+            assert report["python"] == str(BIN / "python") and report["container"] is None, report
+        assert any("is not bound to its 1 core(s)" in w for w in rec["warnings"]), rec  # the testbed's task/none
+        mine = [r for r in results if r["gpu"] == gpu]
+        assert len(mine) == 2
+        for r in mine:
+            assert int(r["slurm_job_id"]) > int(rec["job_id"])  # the preflight came first
+            assert r["preflight"]["job_id"] == rec["job_id"] and r["preflight"]["warnings"] == rec["warnings"]
+            assert r["preflight"]["python"] == report["python"]
+    md = (tmp_path / "results/site/preflight.md").read_text()
+    assert "## a100: passed" in md and "## h100: passed" in md
+    packages = next((BIN.parent / "lib").glob("python*/site-packages"))
+    before = packages.stat()
+    env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
+    try:
+        os.utime(packages, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))
+        dry = snakemake(tmp_path, "cells", "-n", "--profile", PROFILE, "--configfile", str(cfg), env=env,
+                        python=tmp_path / "login/bin/python")  # fmt: skip
+    finally:
+        os.utime(packages, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert re.search(r"preflight_gpu\s+2", dry.stdout) and "benchmark_cell" not in dry.stdout, dry.stdout[-3000:]
+    dry = snakemake(tmp_path, "cells", "-n", "--profile", PROFILE, "--configfile", str(cfg), env=env,
+                    python=tmp_path / "login/bin/python")  # fmt: skip
+    assert "Nothing to be done" in dry.stdout + dry.stderr, dry.stdout[-3000:]
 
 
 def test_the_exported_launch_script_asks_what_its_cells_asked(partitions_sweep):
@@ -109,6 +155,9 @@ def test_the_exported_launch_script_asks_what_its_cells_asked(partitions_sweep):
     assert job["Partition"] == "a100" and job["JobName"] == "pp-train-tiny-gptneox-a100-1x2", job
     assert "gpu:a100:2" in job.get("TresPerNode", ""), job
     assert job["NumNodes"] in ("1", "1-1") and job["CPUs/Task"] == "2", job  # 1-1 while pending
+    # the time-limit warning to the batch shell, the site's signal_delay_s ahead (scontrol does not show it), and a
+    # requeue the script asks for after the ranks checkpointed (test_exported_launch_script_runs_under_sbatch)
+    assert job["Requeue"] == "1" and "#SBATCH --signal=B:USR1@30\n" in text, job
 
 
 def _calendar(work: Path) -> list[dict]:
@@ -243,7 +292,8 @@ def test_killed_driver_reattaches_without_resubmitting(slurm_cluster, tmp_path):
 
 def test_exported_launch_script_runs_under_sbatch(slurm_cluster, tmp_path):
     """`sbatch launch.sh` as its header says, from an environment without the venv on PATH: the job runs the train
-    stage with the interpreter the plan was exported with (srun + torchrun inside the allocation). The plan comes
+    stage with the interpreter the plan was exported with (srun + torchrun inside the allocation); the time-limit
+    warning makes it checkpoint and requeue itself, and it resumes. The plan comes
     from a one-cell local sweep of its own, so this test needs no other module's sweep (the tests' workers: the
     SLURM tests run on one worker, tests/conftest.py)."""
     cfg = write_config(tmp_path / "c.yaml", sweep={"models": ["tiny-bert"], "gpus": ["cpu"], "gpus_per_node": [1],
@@ -255,15 +305,27 @@ def test_exported_launch_script_runs_under_sbatch(slurm_cluster, tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     folder = tmp_path / "results/optimal/tiny-bert/cpu/1x1"
     out = tmp_path / "train"
-    env = {**os.environ, "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", **PACED}
     env.pop("PYTHON", None)
-    proc = subprocess.run(["sbatch", "--wait", "--output", str(tmp_path / "job.out"), str(folder / "launch.sh"),
-                           "--steps", "3", "--out", str(out)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
-    log = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").is_file() else ""
-    assert proc.returncode == 0, proc.stdout + proc.stderr + log[-4000:]
+    steps = out / "run/steps.jsonl"
+    n = steps_lasting(12)
+    job = subprocess.run(["sbatch", "--parsable", "--output", str(tmp_path / "job.out"), "--open-mode=append",
+                          str(folder / "launch.sh"), "--steps", str(n), "--out", str(out)], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, check=True).stdout.strip().split(";")[0]  # fmt: skip
+    log = lambda: (tmp_path / "job.out").read_text() if (tmp_path / "job.out").is_file() else ""  # noqa: E731
+    # the time-limit warning as SLURM sends it (--signal=B:USR1: to the batch shell) while it trains: the ranks
+    # checkpoint, the script requeues the job, and its next start resumes there
+    wait_for(lambda: steps.is_file() and len(steps.read_text().splitlines()) > 3, 180, f"training to start: {log()}")
+    subprocess.run(["scancel", "--batch", "--signal", "USR1", job], check=True)
+    final = wait_for(lambda: [j for j in sacct(int(job) - 1) if j["JobID"] == job and j["State"] in
+                              ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")], 300, "the job to end")  # fmt: skip
+    assert final[0]["State"] == "COMPLETED", log()[-4000:]
+    assert "launch.sh: time-limit warning: checkpointing, then requeue" in log()
+    assert scontrol_job(job).get("Restarts") == "1", scontrol_job(job)
     result = json.loads((out / "result.json").read_text())
-    assert result["status"] == "ok" and result["steps"] == 3 and result["world_size"] == 1
+    assert result["status"] == "ok" and result["steps"] == n and result["world_size"] == 1
+    got = [json.loads(ln)["step"] for ln in steps.read_text().splitlines()]
+    assert got == list(range(1, n + 1)), got  # resumed: none lost, none repeated
 
 
 def test_rendezvous_port_is_outside_the_ephemeral_range():

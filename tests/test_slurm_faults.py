@@ -131,14 +131,15 @@ def test_reattach_collects_finished_jobs_while_slurmdbd_is_down(slurm_cluster, t
 
 
 def test_controller_down_at_submission_backs_off_and_logs_every_attempt(slurm_cluster, tmp_path):
-    """sbatch fails while slurmctld is down: the cell waits for the controller (launcher.submit_wait_min)
-    instead of spending Snakemake's retries in seconds, and cell.log keeps every failed attempt."""
+    """sbatch fails while slurmctld is down: the first job the sweep submits (h100's preflight) waits for the
+    controller (launcher.submit_wait_min) instead of spending Snakemake's retries in seconds, and its log keeps every
+    failed attempt; the cell follows once it is back."""
     since = last_job_id()
     cfg = _config(tmp_path / "c.yaml", ["tiny-bert"], ["h100"], timed_steps=3, submit_wait_min=5)
     _daemon("stop", "slurmctld")
+    log = tmp_path / "results/logs/preflight-h100.log"
     try:
         driver = start_driver(tmp_path, cfg, "cells")
-        log = tmp_path / "results/cells/tiny-bert/h100/1x1/naive/cell.log"
         wait_for(
             lambda: log.is_file() and log.read_text().count("sbatch attempt") >= 2, 120, "two failed sbatch attempts"
         )
@@ -147,7 +148,7 @@ def test_controller_down_at_submission_backs_off_and_logs_every_attempt(slurm_cl
     wait_for(lambda: subprocess.run(["sinfo", "-h", "-n", "node-h100", "-o", "%T"], capture_output=True,
                                  text=True).stdout.strip() == "idle", 90, "node-h100 to be idle")  # fmt: skip
     assert driver.wait(timeout=420) == 0, (tmp_path / "driver.log").read_text()[-5000:]
-    text = _log(tmp_path, "tiny-bert/h100/1x1/naive")
+    text = log.read_text()
     assert "sbatch attempt 1 failed (controller unreachable)" in text and "Unable to contact slurm controller" in text
     _one_job_per_cell(tmp_path, since)
 

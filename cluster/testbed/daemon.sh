@@ -2,13 +2,38 @@
 # Stop or start one daemon of the running testbed, for fault drills (tests/test_slurm_faults.py):
 #   bash cluster/testbed/daemon.sh stop  slurmdbd|slurmctld
 #   bash cluster/testbed/daemon.sh start slurmdbd|slurmctld
+#   bash cluster/testbed/daemon.sh task-plugin task/affinity|task/none
+# task-plugin: slurm.conf's TaskPlugin changed and the controller and every slurmd restarted with it, their state
+# kept (jobs, ids, accounting); task/affinity binds each task to its CPUs (the preflight's binding test), task/none
+# (the testbed's own: slurm-up.sh) leaves them unbound. Restore task/none after: slurm-up.sh rebuilds otherwise.
 # Stops by PID file only (never by name). slurmctld keeps its jobs in StateSaveLocation: a restarted
 # controller knows every queued and running job again. Needs root, like slurm-up.sh.
 set -euo pipefail
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin:$PATH
 ROOT=${SLURM_TESTBED_ROOT:-/var/tmp/pp-slurm}
-action=${1:?usage: daemon.sh stop|start slurmdbd|slurmctld}
-name=${2:?usage: daemon.sh stop|start slurmdbd|slurmctld}
+action=${1:?usage: daemon.sh stop|start slurmdbd|slurmctld, or daemon.sh task-plugin task/affinity|task/none}
+name=${2:?usage: daemon.sh stop|start slurmdbd|slurmctld, or daemon.sh task-plugin task/affinity|task/none}
+if [ "$action" = task-plugin ]; then
+  case "$name" in task/affinity|task/none) ;; *) echo "daemon.sh: task plugin $name: task/affinity or task/none" >&2; exit 2 ;; esac
+  conf=/etc/slurm/slurm.conf
+  sed -i "s#^TaskPlugin=.*#TaskPlugin=$name#" "$conf"
+  bash "$0" stop slurmctld
+  nodes=$(sed -n 's/^NodeName=\([^ ]*\).*/\1/p' "$conf")
+  for n in $nodes; do
+    pid=$(cat "$ROOT/run/slurmd-$n.pid" 2>/dev/null || true)
+    if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; fi
+  done
+  for n in $nodes; do
+    for _ in $(seq 1 100); do [ -e "/proc/$(cat "$ROOT/run/slurmd-$n.pid" 2>/dev/null || echo 0)/stat" ] || break; sleep 0.1; done
+    slurmd -N "$n" </dev/null >>"$ROOT/log/slurmd-$n.out" 2>&1 9>&-
+  done
+  bash "$0" start slurmctld
+  for _ in $(seq 1 300); do
+    [ "$(sinfo -h -o '%t' 2>/dev/null | grep -cv '^idle$\|^mix$\|^alloc$')" = 0 ] && break; sleep 0.1
+  done
+  echo "daemon.sh: TaskPlugin=$name, controller and slurmd restarted"
+  exit 0
+fi
 case "$name" in slurmdbd|slurmctld) ;; *) echo "daemon.sh: $name is not slurmdbd or slurmctld" >&2; exit 2 ;; esac
 pidfile="$ROOT/run/$name.pid"
 

@@ -18,6 +18,7 @@ planner, the launcher, the search, the tables, the CLI, the trainer's loop and t
                                                  sweep.{csv,md}, sweep_loss.png
       train/{model}/{gpu}/{N}x{G}/               the train stage (a plan run for real): result.json,
                                                  throughput.{md,csv}, train.log, run/ (checkpoint, steps.jsonl)
+      site/preflight.md, site/preflight/         the preflight of each GPU type's partition and environment (SLURM)
       logs/                                      the rules' logs
 """
 
@@ -44,6 +45,9 @@ LOSS_CHECK_RUNS = "runs"  # a setting's check runs kept by key (not a rule's out
 BUDGET = "budget"
 TRAIN = "train"
 LOGS = "logs"
+PREFLIGHT_DIR = "site/preflight"  # launch/preflight.py: {gpu}.json (passed), {gpu}.stopped.json, {gpu}/ (its job)
+PREFLIGHT_STOPPED = ".stopped.json"
+PREFLIGHT_MD = "site/preflight.md"  # every GPU type's last preflight
 
 # a cell's folder and its files
 RESULT = "result.json"
@@ -201,3 +205,8 @@ def loss_check_run(curves: str | Path, key: str) -> Path:
 def loss_check_init(results: str | Path, model: str, seed: int) -> str:
     """The initial weights every run of a model's check loads (written once by the first check job)."""
     return f"{results}/{LOSS_CHECK}/{model}/init-seed{seed}.pt"
+
+
+def preflight_file(results: str | Path, gpu: str) -> str:
+    """A GPU type's passed preflight (launch/preflight.py), the input of each of its cells."""
+    return f"{results}/{PREFLIGHT_DIR}/{gpu}.json"

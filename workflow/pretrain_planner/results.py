@@ -60,7 +60,7 @@ RESULT_FIELDS: dict[str, str] = {
     "method_settings": "json",
     "micro_batch_trials": "json",
     "versions": "json",
-    "interpreter": "json",  # the Python that ran the cell and its container (trainer/run.interpreter)
+    "interpreter": "json",  # the Python that ran the cell and its container (launch/probe.interpreter)
     "device_name": "str",
     "hostname": "str",
     "slurm_job_id": "str",
@@ -73,6 +73,8 @@ RESULT_FIELDS: dict[str, str] = {
     # what one restart of the setting costs before it trains: process start -> rank up, model build, method wrapping,
     # data, compile, their total_s and the rule they were taken by (trainer/startup.py); None: an older result
     "startup": "json",
+    # the GPU type's preflight before the cell (SLURM, launch/preflight.py): environment, node, cores, its warnings
+    "preflight": "json",
     "finished_at": "str",
 }
 

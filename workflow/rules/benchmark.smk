@@ -2,6 +2,7 @@
 
 import pretrain_planner.launch.cell as pp_cell
 import pretrain_planner.launch.losscheck as pp_losscheck
+import pretrain_planner.launch.preflight as pp_preflight
 
 
 rule plan:
@@ -18,7 +19,29 @@ rule plan:
         pp_pipeline.write_plan(PP, output.plan)
 
 
+# SLURM: one short job per GPU type checks the site's environment before its first cell (launch/preflight.py);
+# a failed one is not retried (its cause is a setting), and stops only that type's cells.
+rule preflight_gpu:
+    output:
+        preflight=pp_layout.preflight_file(RESULTS, "{gpu}"),
+    log:
+        pp_layout.log(RESULTS, "preflight-{gpu}.log"),
+    params:
+        digest=PP.preflight_params,
+    retries: 0
+    run:
+        pp_preflight.run_preflight(PP.preflight_spec(wildcards), output.preflight, log[0])
+
+
+# `snakemake ... preflight` (or `pretrain-planner preflight`): every GPU type's preflight alone.
+rule preflight:
+    input:
+        PP.preflight_files(),
+
+
 rule benchmark_cell:
+    input:
+        preflight=INPUTS.preflight,
     output:
         result=f"{CELL_DIR}/{pp_layout.RESULT}",
         steps=f"{CELL_DIR}/{pp_layout.STEPS}",
@@ -28,7 +51,7 @@ rule benchmark_cell:
     params:
         spec=PP.spec,
     run:
-        pp_cell.run_cell(params.spec, log[0], threads)
+        pp_cell.run_cell(params.spec, log[0], threads, input.preflight)
 
 
 # `snakemake ... cells`: measure every cell of the sweep (the adaptive search's rounds included) and stop there, no

@@ -8,7 +8,7 @@ import argparse
 import sys
 from typing import Any
 
-from pretrain_planner.cli import best, cost, evidence, fit, predict, status, train, when
+from pretrain_planner.cli import best, cost, evidence, fit, predict, preflight, status, train, when
 from pretrain_planner.cli.config import DEFAULT_CONFIG, CliError
 
 
@@ -135,6 +135,14 @@ def build_parser() -> argparse.ArgumentParser:
     i = actions.add_parser("import", parents=[common], help=text, description=text)
     i.add_argument("files", nargs="+", metavar="FILE", help="CSV files written by `evidence export`")
     p.set_defaults(func=evidence.run)
+
+    p = _command(sub, "preflight", common, "check the site before a sweep: one short SLURM job per GPU type of the "
+                 "config's sweep in the site's environment (torch, CUDA, GPUs and cores given, the device's type, "
+                 "other jobs on the node); findings in results/site/preflight.md")  # fmt: skip
+    p.add_argument("--profile", default="cluster/slurm", help="the Snakemake profile (default: cluster/slurm)")
+    p.add_argument("--again", action="store_true", help="run every GPU type's preflight again, even where its site "
+                   "entry and environment did not change")  # fmt: skip
+    p.set_defaults(func=preflight.run)
 
     train_help = (
         "run an exported plan for real (local / SLURM / debug); the config's `train:` section gives the "

@@ -10,18 +10,21 @@ from __future__ import annotations
 import csv
 import functools
 import io
-from dataclasses import dataclass
+import sys
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from pretrain_planner import layout, sweeprecord
+from pretrain_planner import __version__, layout, sweeprecord
 from pretrain_planner import search as pp_search
 from pretrain_planner.launch.request import driver_cores
 from pretrain_planner.planning import grid, losscheck
 from pretrain_planner.planning.catalog import Catalog, load_catalog
 from pretrain_planner.planning.evidence_exchange import evidence_folder
 from pretrain_planner.planning.evidence_prior import EvidencePrior
-from pretrain_planner.planning.site import for_gpus, read_site, resolve_limits, within_limits
+from pretrain_planner.planning.preflight import Expect
+from pretrain_planner.planning.preflight import digest as preflight_digest
+from pretrain_planner.planning.site import for_gpus, gpu_settings, read_site, resolve_limits, within_limits
 from pretrain_planner.planning.spec import cell_spec
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.schema import ConfigError, load_yaml, non_defaults, resolve_path, validate
@@ -117,6 +120,55 @@ class Pipeline:
         cell = grid.Cell.from_wildcards(wildcards)
         return cell_spec(cell, self.catalog, self.config, output.result, output.steps, self.site,
                          self._cell_benchmark)  # fmt: skip
+
+    @property
+    def preflight_on(self) -> bool:
+        """Whether each GPU type's cells wait for its preflight (launch/preflight.py): on SLURM, unless turned off."""
+        return self.config["launcher"]["kind"] == "slurm" and bool(self.config["launcher"]["preflight"])
+
+    @functools.cached_property
+    def preflight_gpus(self) -> list[str]:
+        """The GPU types with a cell to measure: each gets one preflight."""
+        return sorted({c.gpu for c in self.cells})
+
+    def preflight_files(self) -> list[str]:
+        return [layout.preflight_file(self.results, g) for g in self.preflight_gpus] if self.preflight_on else []
+
+    def preflight_input(self, wildcards: Any) -> list[str]:
+        """A cell's preflight (none where preflights are off): its GPU type's."""
+        return [layout.preflight_file(self.results, wildcards.gpu)] if self.preflight_on else []
+
+    @functools.cached_property
+    def _preflights(self) -> dict[str, tuple[Expect, str]]:
+        return {}
+
+    def _preflight(self, gpu: str) -> tuple[Expect, str]:
+        """A GPU type's preflight: what its cells need there and its digest (made once: it stats the environment)."""
+        if gpu not in self._preflights:
+            self._preflights[gpu] = self._make_preflight(gpu)
+        return self._preflights[gpu]
+
+    def _make_preflight(self, gpu: str) -> tuple[Expect, str]:
+        settings = self.site["gpus"][gpu]
+        on_cuda = gpu != "cpu" and self.config["benchmark"]["device"] != "cpu"
+        expect = Expect(
+            gpu_type=gpu, gpu=self.catalog.gpu(gpu).to_dict(), needs_cuda=on_cuda,
+            gpus_asked=0 if settings["gpu_request"] == "none" else 1, cpus_per_gpu=settings["cpus_per_gpu"],
+            site=self.site.get("path") or "the site file", python=settings.get("python"),
+            container=settings.get("container"), catalog=tuple(g.to_dict() for g in self.catalog.gpus.values()),
+        )  # fmt: skip
+        return expect, preflight_digest(expect, settings, sys.executable, __version__)
+
+    def preflight_params(self, wildcards: Any) -> str:
+        """The preflight rule's params: its digest (a change runs it again)."""
+        return self._preflight(wildcards.gpu)[1]
+
+    def preflight_spec(self, wildcards: Any) -> dict[str, Any]:
+        """What a GPU type's preflight job needs: what its cells need there, the launcher and the site's settings."""
+        expect, digest = self._preflight(wildcards.gpu)
+        return {"gpu_type": wildcards.gpu, "expect": asdict(expect), "digest": digest, "results": self.results,
+                "launcher": {k: v for k, v in self.config["launcher"].items() if k != "site"},
+                "slurm": gpu_settings(self.site, wildcards.gpu)}  # fmt: skip
 
     @property
     def loss_check(self) -> dict[str, Any]:

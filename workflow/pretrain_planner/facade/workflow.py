@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from snakemake.io import ancient
+
 from pretrain_planner import layout
 from pretrain_planner import search as pp_search
 from pretrain_planner.facade.pipeline import SETTING_KEYS, Pipeline
@@ -83,6 +85,11 @@ class Inputs:
             if pp_search.read_round(path)["done"]:
                 return {"last": path, "results": pp_search.round_results(self.pp.results, path)}
         raise ValueError(f"adaptive search of {wildcards} did not finish in search.max_rounds rounds")
+
+    def preflight(self, wildcards: Any) -> list[Any]:
+        """A cell's input: its GPU type's preflight (SLURM), by presence, not time (`ancient`): a preflight run again
+        because the site changed re-measures no cell."""
+        return [ancient(f) for f in self.pp.preflight_input(wildcards)]
 
     def cell_outputs(self, wildcards: Any = None) -> list[str]:
         """Every measured cell's result and steps file as targets: a missing one is measured again (as an input

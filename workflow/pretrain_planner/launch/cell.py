@@ -110,14 +110,27 @@ def _host_memory_oom(
     return {"result": result}
 
 
-def _record_ranks(result_path: Path, values: list[Any], job_id: str) -> None:
-    """Add every rank's own view of its devices to result.json (rank 0 wrote its own)."""
+def _record_ranks(result_path: Path, values: list[Any], preflight: dict[str, Any] | None) -> None:
+    """Add every rank's own view of its devices to result.json (rank 0 wrote its own), and the summary of the
+    preflight its GPU type passed before it (SLURM): which environment, node and warnings it was measured under."""
     ranks = [v.get("devices") for v in values if isinstance(v, dict) and v.get("devices")]
     data = read_json(result_path)
-    if not ranks or not isinstance(data, dict) or not isinstance(data.get("devices"), dict):
+    if not isinstance(data, dict):
         return
-    data["devices"]["ranks"] = ranks
+    if ranks and isinstance(data.get("devices"), dict):
+        data["devices"]["ranks"] = ranks
+    if preflight is not None:
+        data["preflight"] = preflight
     atomic_write_text(result_path, json.dumps(data, indent=1) + "\n")
+
+
+def _preflight_summary(paths: list[str] | None) -> dict[str, Any] | None:
+    """The cell's GPU type's passed preflight (launch/preflight.py), as every cell records it."""
+    for path in paths or []:
+        record = read_json(path)
+        if isinstance(record, dict):
+            return {**(record.get("summary") or {}), "checked_at": record.get("checked_at"), "file": str(path)}
+    return None
 
 
 class _Follow(threading.Thread):
@@ -189,7 +202,7 @@ def cell_line(cell: dict[str, Any], result: dict[str, Any] | None, error: str | 
 
 
 def _launch(spec: dict[str, Any], log: RuleLog, log_path: str, on_gpus: bool, per_rank: int, progress_file: Path,
-            ) -> tuple[dict[str, Any], str | None]:  # fmt: skip
+            preflight: dict[str, Any] | None = None) -> tuple[dict[str, Any], str | None]:  # fmt: skip
     """Run the cell's job with its launcher: (rank 0's payload, the job's id; None in-process)."""
     launch = {**spec["launcher"], "slurm": spec.get("slurm")}
     result_path = Path(spec["outputs"]["result"])
@@ -215,13 +228,16 @@ def _launch(spec: dict[str, Any], log: RuleLog, log_path: str, on_gpus: bool, pe
     log(f"job {outcome.job_id} done: status={(payload.get('result') or {}).get('status')}")
     if req.kind == "debug":
         return payload, None
-    _record_ranks(result_path, outcome.values, outcome.job_id)
+    _record_ranks(result_path, outcome.values, preflight)
     return payload, outcome.job_id
 
 
-def run_cell(spec: dict[str, Any], log_path: str, threads: int = 1) -> dict[str, Any]:
+def run_cell(
+    spec: dict[str, Any], log_path: str, threads: int = 1, preflight: list[str] | None = None
+) -> dict[str, Any]:
     """Run one cell to completion with the configured launcher; raise if it crashed (Snakemake retries).
-    Its state record says where it stands at every point; one line on the console says how it ended."""
+    Its state record says where it stands at every point; one line on the console says how it ended. `preflight`:
+    its GPU type's passed preflight record (SLURM), which its result records."""
     kind = spec["launcher"]["kind"]
     world = spec["cell"]["nodes"] * spec["cell"]["gpus_per_node"]
     gpu, device = spec["cell"]["gpu"], spec["benchmark"].get("device")
@@ -248,7 +264,7 @@ def run_cell(spec: dict[str, Any], log_path: str, threads: int = 1) -> dict[str,
     follow.start()
     t0 = time.time()
     try:
-        payload, job_id = _launch(spec, log, log_path, on_gpus, per_rank, progress_file)
+        payload, job_id = _launch(spec, log, log_path, on_gpus, per_rank, progress_file, _preflight_summary(preflight))
         if not result_path.is_file():
             raise RuntimeError(f"cell {spec['cell']} finished but wrote no {result_path}; see {log_path}")
     except Exception as exc:

@@ -235,11 +235,18 @@ def _one_line(text: Any) -> str:
     return " ".join(str(text).split())
 
 
+SIGNAL_DELAY_S = 120  # the site schema's default signal_delay_s: a plan exported without a site file warns as early
+
+
 def _sbatch_lines(site: dict[str, Any] | None, gpu: GpuSpec, nodes: int, gpn: int) -> str:
     """The #SBATCH lines the benchmark's jobs asked of the site for this GPU type (partition, account, QOS, GPU
-    request, CPUs, memory, its extra options), as one torchrun task per node asks them; without a site, GPUs only."""
+    request, CPUs, memory, its extra options), as one torchrun task per node asks them; without a site, GPUs only.
+    Both: the time-limit warning to the batch shell (`--signal=B:USR1@signal_delay_s`: the script has the ranks
+    checkpoint and requeues the job) and `--requeue`."""
+    delay = int((site or {}).get("signal_delay_s") or SIGNAL_DELAY_S)
+    resume = f"#SBATCH --signal=B:USR1@{delay}\n#SBATCH --requeue\n"
     if site is None:
-        return "" if _is_cpu(gpu) else f"#SBATCH --gpus-per-node={gpn}\n"
+        return resume + ("" if _is_cpu(gpu) else f"#SBATCH --gpus-per-node={gpn}\n")
     from pretrain_planner.planning.site import sbatch_parameters
 
     params = sbatch_parameters(site, nodes, gpn, "")
@@ -249,7 +256,7 @@ def _sbatch_lines(site: dict[str, Any] | None, gpu: GpuSpec, nodes: int, gpn: in
     for k, v in (params.get("additional_parameters") or {}).items():
         if v is not False:  # extra_sbatch {exclusive: false}: not asked
             lines.append(f"--{k}" if v is True else f"--{k}={v}")
-    return "".join(f"#SBATCH {line}\n" for line in lines)
+    return resume + "".join(f"#SBATCH {line}\n" for line in lines)
 
 
 def launch_script(
@@ -329,10 +336,28 @@ if [[ -n "${{SLURM_JOB_ID:-}}" ]]; then
   # the rendezvous port from the job id, below the kernel's ephemeral range (the benchmark's jobs' rule): a fixed
   # port (torchrun's 29500) collides with other users' runs on a shared node
   PORT="$("${{RUN[@]}}" -c {shlex.quote(PORT_CODE)} "$SLURM_JOB_ID")"
+  # The time-limit warning (--signal=B:USR1 above) comes to this shell: the ranks' step is sent SIGTERM (the train
+  # stage finishes its step and checkpoints), then the job is requeued and its next start resumes there.
+  WARNED=0
+  # (scancel --signal reaches every step's processes, torchrun's agent and its ranks, not this shell)
+  trap 'WARNED=1; echo "launch.sh: time-limit warning: checkpointing, then requeue" >&2
+        scancel --signal=TERM "$SLURM_JOB_ID" || true' USR1
   srun --nodes="$NNODES" --ntasks-per-node=1 \\
     "${{RUN[@]}}" -m torch.distributed.run --nnodes="$NNODES" --nproc-per-node="$NPROC_PER_NODE" \\
       --rdzv-id="$SLURM_JOB_ID" --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$PORT" \\
-      "${{ENTRY[@]}}" "$@"
+      "${{ENTRY[@]}}" "$@" &
+  STEP=$!
+  while :; do  # a trap ends `wait` early: wait again until the step has ended
+    wait "$STEP" && STATUS=0 || STATUS=$?
+    kill -0 "$STEP" 2>/dev/null || break
+  done
+  if [[ "$WARNED" == 1 ]]; then
+    scontrol requeue "$SLURM_JOB_ID" && exit 0
+    echo "launch.sh: the site refused to requeue job $SLURM_JOB_ID: submit this script again with the same" \\
+      "arguments, it resumes from the checkpoint" >&2
+    exit 1
+  fi
+  exit "$STATUS"
 elif [[ "$NNODES" -eq 1 ]]; then
   "${{RUN[@]}}" -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node="$NPROC_PER_NODE" \\
     "${{ENTRY[@]}}" "$@"

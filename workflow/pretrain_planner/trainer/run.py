@@ -6,12 +6,12 @@ import datetime as dt
 import os
 import platform
 import socket
-import sys
 import time
 from typing import Any
 
 import torch
 
+from pretrain_planner.launch.probe import PACKAGES, interpreter
 from pretrain_planner.launch.rankjob import job_id_here, observe_rank, recorded_job
 from pretrain_planner.planning import flops
 from pretrain_planner.planning.catalog import GpuSpec
@@ -28,24 +28,10 @@ from pretrain_planner.trainer.ranks import Ranks
 from pretrain_planner.trainer.step import TrainStep
 from pretrain_planner.versions import installed_versions
 
-CELL_PACKAGES = ("torch", "transformers", "submitit", "pretrain-planner", "deepspeed", "flash-attn", "liger-kernel")
 
-
-def versions(packages: tuple[str, ...] = CELL_PACKAGES) -> dict[str, str | None]:
+def versions(packages: tuple[str, ...] = PACKAGES) -> dict[str, str | None]:
     """Python, CUDA and each package's installed version (None: not installed), for a result's `versions`."""
     return {"python": platform.python_version(), "cuda": torch.version.cuda, **installed_versions(packages)}
-
-
-# variables a container runtime sets inside (Apptainer/Singularity; systemd's convention, which enroot/pyxis,
-# podman and bubblewrap wrappers follow with --setenv container ...)
-CONTAINER_VARS = ("APPTAINER_CONTAINER", "SINGULARITY_CONTAINER", "container")
-
-
-def interpreter() -> dict[str, str | None]:
-    """The interpreter this rank runs (the site's `python`, else the driver's) and the container it runs in (None:
-    none seen): a result says which environment measured it."""
-    inside = next((os.environ[v] for v in CONTAINER_VARS if os.environ.get(v)), None)
-    return {"python": sys.executable, "prefix": sys.prefix, "container": inside}
 
 
 def check_device(gpu: dict[str, Any], device: torch.device) -> None:
