@@ -3,6 +3,7 @@ accepted lands in the script as one header line per option."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import pytest
@@ -10,6 +11,8 @@ import yaml
 from pretrain_planner.planning.site import job_lines, load_site, rank_python, sbatch_parameters
 from pretrain_planner.schema import ConfigError
 from submitit.slurm.slurm import _make_sbatch_string
+
+from .conftest import REPO
 
 
 def _site(tmp_path, a100: dict, defaults: dict | None = None):
@@ -64,8 +67,6 @@ def test_accepted_values_stay_one_header_line_each(tmp_path):
 def _plan(tmp_path, site: dict, nodes: list[int], gpus_per_node: list[int], gpus: tuple[str, ...] = ("a100",)):
     """The plan of a tiny sweep on the slurm launcher with `site` as its site file (in process: a dry run's)."""
     from pretrain_planner.facade.pipeline import load
-
-    from .conftest import REPO
 
     path = tmp_path / "site.yaml"
     path.write_text(yaml.safe_dump(site))
@@ -153,3 +154,13 @@ def test_a_jobs_environment_is_the_sites(tmp_path):
     assert params["srun_args"] == ["--kill-on-bad-exit=1", "--container-image=nvcr.io#nvidia/pytorch:25.01-py3"]
     script = _make_sbatch_string(command="python -m x", folder=str(tmp_path), **params)
     assert "export NOTE='$(touch x) `id`'" in script and "--container-image=nvcr.io" in script
+
+
+def test_docs_cluster_names_every_site_key_in_its_tables():
+    """docs/cluster.md's site-key tables name every key the site schema accepts, so none is undocumented."""
+    schema = yaml.safe_load((REPO / "workflow/schemas/site.schema.yaml").read_text())
+    top = [k for k in schema["properties"] if k not in ("defaults", "gpus")]
+    keys = [*schema["$defs"]["settings"]["properties"], *top]
+    rows = [ln for ln in (REPO / "docs/cluster.md").read_text().splitlines() if ln.lstrip().startswith("| `")]
+    named = {k for ln in rows for k in re.findall(r"`([a-z_]+)`", ln.split("|")[1])}
+    assert not [k for k in keys if k not in named], [k for k in keys if k not in named]
