@@ -764,6 +764,14 @@ def plain_text(text: str) -> str:
     return " ".join(re.sub(r"[`*]", "", text).split())
 
 
+def slurm_conf(key: str, value: str) -> None:
+    """One slurm.conf setting of the running testbed changed, its daemons restarted with their state kept
+    (cluster/testbed/daemon.sh conf): a restrictive site's setting for a drill; the caller puts it back."""
+    cmd = ["bash", str(REPO / "cluster/testbed/daemon.sh"), "conf", key, value]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 def scontrol_job(job_id: str) -> dict[str, str]:
     """`scontrol show job` of one job as its key=value fields."""
     out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True).stdout
@@ -807,7 +815,7 @@ def site_two_envs(work: Path) -> Path:
     project's interpreter (`python`), loads a module (`module` on PATH: a stand-in that logs each call to
     work/modules.log), exports `env` and runs a `setup` line (it logs the job's view of an exported value to
     work/setup.log); a100's jobs run inside a container (bubblewrap: the environment bound read-only at
-    /opt/pp-venv, `container=bwrap` set), h100's outside."""
+    /opt/pp-venv, `container=bwrap` set), h100's outside; a100's ask an account, a QOS and memory."""
     (work / "bin").mkdir(exist_ok=True)
     module = work / "bin/module"
     module.write_text(f'#!/bin/sh\necho "module $* (job $SLURM_JOB_ID)" >> {work}/modules.log\n')
@@ -820,6 +828,9 @@ def site_two_envs(work: Path) -> Path:
         inside = Path(CONTAINER_PYTHON).parents[1]
         prefix = f"bwrap --dev-bind / / --ro-bind {sys.prefix} {inside} --setenv container bwrap"
         site["gpus"]["a100"].update(python=CONTAINER_PYTHON, container=prefix)
+    # what a site's jobs ask beyond partition and GPUs: an account, a QOS, memory (the testbed enforces no
+    # associations: they are carried, and read back from `scontrol show job`)
+    site["gpus"]["a100"].update(account="pp-lab", qos="normal", mem_per_gpu_gb=1)
     path = work / "site-two-envs.yaml"
     path.write_text(yaml.safe_dump(site, sort_keys=False))
     return path

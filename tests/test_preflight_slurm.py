@@ -15,11 +15,22 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import BIN, PROFILE, REPO, SITE, bench, last_job_id, login_env, sacct, snakemake, wait_for, write_config
+from .conftest import (
+    BIN,
+    PROFILE,
+    SITE,
+    bench,
+    last_job_id,
+    login_env,
+    sacct,
+    slurm_conf,
+    snakemake,
+    wait_for,
+    write_config,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-DAEMON = str(REPO / "cluster/testbed/daemon.sh")
 SWEEP = {"models": ["tiny-gptneox"], "gpus": ["a100"], "methods": ["naive"], "gpus_per_node": [1]}
 STOPPED = "no cell of a100 submitted"
 
@@ -94,7 +105,7 @@ def test_preflight_alone_finds_the_bound_cores_and_a_strangers_job(slurm_cluster
     the node is named (a warning every cell records); with task/none (the testbed's own) a node that claims 4 CPUs
     on a 2-core host gives a job fewer cores than cpus_per_gpu 4: stopped, naming cpus_per_gpu."""
     cfg = _config(tmp_path)
-    subprocess.run(["bash", DAEMON, "task-plugin", "task/affinity"], check=True, capture_output=True, timeout=120)
+    slurm_conf("TaskPlugin", "task/affinity")
     stranger = None
     try:
         out = subprocess.run(["sbatch", "--parsable", "-p", "a100", "-c", "1", "-J", "stranger", "--wrap", "sleep 300"],
@@ -114,7 +125,7 @@ def test_preflight_alone_finds_the_bound_cores_and_a_strangers_job(slurm_cluster
     finally:
         if stranger:
             subprocess.run(["scancel", stranger], capture_output=True)
-        subprocess.run(["bash", DAEMON, "task-plugin", "task/none"], check=True, capture_output=True, timeout=120)
+        slurm_conf("TaskPlugin", "task/none")
     cfg = _config(tmp_path, cpus_per_gpu=4)
     assert cfg.is_file()
     proc, record = _preflight(tmp_path)

@@ -135,9 +135,9 @@ def test_each_gpu_type_passed_its_preflight_in_the_sites_environment_and_its_cel
 
 
 def test_the_exported_launch_script_asks_what_its_cells_asked(partitions_sweep):
-    """Issue 52: launch.sh of a setting measured on SLURM asks sbatch what its cells asked (partition, GPU request,
-    CPUs for its one torchrun task per node) and prepares the site's environment; submitted held, read back with
-    `scontrol show job`, cancelled: nothing runs."""
+    """Issue 52: launch.sh of a setting measured on SLURM asks sbatch what its cells asked (partition, account, QOS,
+    GPU request, CPUs for its one torchrun task per node, memory) and prepares the site's environment; submitted
+    held, read back with `scontrol show job`, cancelled: nothing runs."""
     work = partitions_sweep[0]
     script = work / "results/optimal/tiny-gptneox/a100/1x2/launch.sh"
     text = script.read_text()
@@ -155,6 +155,7 @@ def test_the_exported_launch_script_asks_what_its_cells_asked(partitions_sweep):
     assert job["Partition"] == "a100" and job["JobName"] == "pp-train-tiny-gptneox-a100-1x2", job
     assert "gpu:a100:2" in job.get("TresPerNode", ""), job
     assert job["NumNodes"] in ("1", "1-1") and job["CPUs/Task"] == "2", job  # 1-1 while pending
+    assert job["Account"] == "pp-lab" and job["QOS"] == "normal" and job["MinMemoryNode"] == "2G", job
     # the time-limit warning to the batch shell, the site's signal_delay_s ahead (scontrol does not show it), and a
     # requeue the script asks for after the ranks checkpointed (test_exported_launch_script_runs_under_sbatch)
     assert job["Requeue"] == "1" and "#SBATCH --signal=B:USR1@30\n" in text, job

@@ -23,6 +23,7 @@ from .conftest import (
     dump_driver_threads,
     last_job_id,
     sacct,
+    slurm_conf,
     snakemake,
     start_driver,
     steps_lasting,
@@ -306,3 +307,29 @@ def test_a_rank_killed_on_the_second_node_stops_every_rank_and_the_cell_is_rerun
     assert states[job["JobID"]] == "FAILED" and list(states.values()).count("COMPLETED") == 1, states
     (result,) = cell_results(tmp_path)
     assert result["status"] == "ok" and result["slurm_job_id"] != job["JobID"]
+
+
+def test_a_cell_that_would_pend_for_ever_fails_within_a_minute_naming_the_limit(slurm_cluster, tmp_path):
+    """With EnforcePartLimits=NO (SLURM's default; the testbed's own is ALL, which refuses at submission) a cell
+    asking 10 min of partition `short` (MaxTime 2 min) is accepted and pends for ever (PartitionTimeLimit): the
+    driver cancels it and fails the cell within a minute, naming the reason and the site key, and Snakemake's
+    retries submit nothing more (issue 53)."""
+    since = last_job_id()
+    site = yaml.safe_load(Path(SITE).read_text())
+    site["gpus"]["h100"]["partition"] = "short"  # time_limit_min: the file's 10 min
+    (tmp_path / "site.yaml").write_text(yaml.safe_dump(site))
+    # the cell's own watchdog (the preflight, whose job would pend there too, is another test's)
+    cfg = _config(tmp_path / "c.yaml", ["tiny-gptneox"], ["h100"], 2, site=str(tmp_path / "site.yaml"),
+                  preflight=False)  # fmt: skip
+    slurm_conf("EnforcePartLimits", "NO")
+    try:
+        t0 = time.time()
+        proc = snakemake(tmp_path, "cells", "--profile", PROFILE, "--configfile", str(cfg), timeout=600)
+        took = time.time() - t0
+    finally:
+        slurm_conf("EnforcePartLimits", "ALL")
+    assert proc.returncode != 0 and took < 60, (took, proc.stderr[-3000:])
+    line = next(ln for ln in proc.stderr.splitlines() if ln.startswith("cell tiny-gptneox/h100/1x1/naive: failed"))
+    assert "pended with reason PartitionTimeLimit on short" in line and "gpus.h100.time_limit_min" in line, line
+    jobs = sacct(since)
+    assert [j["State"].split()[0] for j in jobs] == ["CANCELLED"], jobs  # one job: the retries submitted nothing

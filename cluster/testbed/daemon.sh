@@ -2,21 +2,29 @@
 # Stop or start one daemon of the running testbed, for fault drills (tests/test_slurm_faults.py):
 #   bash cluster/testbed/daemon.sh stop  slurmdbd|slurmctld
 #   bash cluster/testbed/daemon.sh start slurmdbd|slurmctld
-#   bash cluster/testbed/daemon.sh task-plugin task/affinity|task/none
-# task-plugin: slurm.conf's TaskPlugin changed and the controller and every slurmd restarted with it, their state
-# kept (jobs, ids, accounting); task/affinity binds each task to its CPUs (the preflight's binding test), task/none
-# (the testbed's own: slurm-up.sh) leaves them unbound. Restore task/none after: slurm-up.sh rebuilds otherwise.
+#   bash cluster/testbed/daemon.sh conf TaskPlugin task/affinity|task/none
+#   bash cluster/testbed/daemon.sh conf EnforcePartLimits NO|ALL
+# conf: one slurm.conf setting changed and the controller and every slurmd restarted with it, their state kept
+# (jobs, ids, accounting): a restrictive site's for a drill (task/affinity binds each task to its CPUs: the
+# preflight's test; EnforcePartLimits=NO, SLURM's default, accepts a job over a partition's limits, which then pends
+# for ever: the pending-reason watchdog's test). Put the testbed's value back after (slurm-up.sh's: TaskPlugin
+# task/none, EnforcePartLimits ALL): slurm-up.sh rebuilds the cluster otherwise.
 # Stops by PID file only (never by name). slurmctld keeps its jobs in StateSaveLocation: a restarted
 # controller knows every queued and running job again. Needs root, like slurm-up.sh.
 set -euo pipefail
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin:$PATH
 ROOT=${SLURM_TESTBED_ROOT:-/var/tmp/pp-slurm}
-action=${1:?usage: daemon.sh stop|start slurmdbd|slurmctld, or daemon.sh task-plugin task/affinity|task/none}
-name=${2:?usage: daemon.sh stop|start slurmdbd|slurmctld, or daemon.sh task-plugin task/affinity|task/none}
-if [ "$action" = task-plugin ]; then
-  case "$name" in task/affinity|task/none) ;; *) echo "daemon.sh: task plugin $name: task/affinity or task/none" >&2; exit 2 ;; esac
+usage="usage: daemon.sh stop|start slurmdbd|slurmctld, or daemon.sh conf TaskPlugin|EnforcePartLimits VALUE"
+action=${1:?$usage}
+name=${2:?$usage}
+if [ "$action" = conf ]; then
+  value=${3:?$usage}
+  case "$name=$value" in
+    TaskPlugin=task/affinity|TaskPlugin=task/none|EnforcePartLimits=NO|EnforcePartLimits=ALL) ;;
+    *) echo "daemon.sh: conf $name $value: TaskPlugin task/affinity|task/none, EnforcePartLimits NO|ALL" >&2; exit 2 ;;
+  esac
   conf=/etc/slurm/slurm.conf
-  sed -i "s#^TaskPlugin=.*#TaskPlugin=$name#" "$conf"
+  sed -i "s#^$name=.*#$name=$value#" "$conf"
   bash "$0" stop slurmctld
   nodes=$(sed -n 's/^NodeName=\([^ ]*\).*/\1/p' "$conf")
   for n in $nodes; do
@@ -31,7 +39,7 @@ if [ "$action" = task-plugin ]; then
   for _ in $(seq 1 300); do
     [ "$(sinfo -h -o '%t' 2>/dev/null | grep -cv '^idle$\|^mix$\|^alloc$')" = 0 ] && break; sleep 0.1
   done
-  echo "daemon.sh: TaskPlugin=$name, controller and slurmd restarted"
+  echo "daemon.sh: $name=$value, controller and slurmd restarted"
   exit 0
 fi
 case "$name" in slurmdbd|slurmctld) ;; *) echo "daemon.sh: $name is not slurmdbd or slurmctld" >&2; exit 2 ;; esac

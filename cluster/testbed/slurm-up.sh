@@ -206,7 +206,19 @@ exec 9>"$ROOT/.lock"
 flock -w 300 9 || die "could not get $ROOT/.lock within 300 s (another slurm-up/down running?)"
 export SLURM_TESTBED_LOCK_HELD=1   # tells slurm-down.sh (called below) not to re-lock
 
+# An account besides root's default one, root a member of it: a site file's `account` is then carried into the
+# jobs and read back (tests/conftest.py site_two_envs); a name SLURM does not know is replaced by the default.
+# Idempotent: on a running cluster too (one started before this account existed gets it here).
+has_account() { sacctmgr -n -P show assoc where account=pp-lab user=root format=user 2>/dev/null | grep -qx root; }
+accounts() {
+  has_account && return 0
+  sacctmgr -i -Q add account pp-lab Description=testbed Organization=testbed >/dev/null 2>&1 || true
+  sacctmgr -i -Q add user root Account=pp-lab >/dev/null 2>&1 || true
+  has_account
+}
+
 if healthy; then
+  accounts || die "could not add the testbed's account pp-lab (sacctmgr)"
   log "cluster already up and healthy; nothing to do"
   exit 0
 fi
@@ -322,5 +334,6 @@ log "smoke srun done (jobs ${jobs[*]})"
 joblist=$(IFS=,; echo "${jobs[*]}")
 wait_for 60 bash -c "[ \"\$(sacct -X -n -P -j $joblist -o State | grep -c '^COMPLETED\$')\" -eq ${#jobs[@]} ]" ||
   die "smoke jobs not COMPLETED in sacct: $(sacct -X -n -P -j "$joblist" -o JobID,State | tr '\n' ' ')"
-log "smoke jobs COMPLETED in sacct; cluster ready"
+accounts || die "could not add the testbed's account pp-lab (sacctmgr)"
+log "smoke jobs COMPLETED in sacct; account pp-lab added; cluster ready"
 sinfo

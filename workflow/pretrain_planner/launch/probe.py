@@ -6,9 +6,11 @@ every question is asked on its own and a failed one is recorded, never raised. I
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
+import signal
 import socket
 import subprocess
 import sys
@@ -94,6 +96,11 @@ def _co_tenants(host: str) -> dict[str, Any]:
 
 def probe(gpus_asked: int) -> dict[str, Any]:
     """The report of this job's environment (plain JSON data). `gpus_asked`: the GPUs the job asked per node."""
+    # SLURM's time-limit warning (USR2) can come right after the start on a partition with a short limit; this job
+    # checkpoints nothing and ends in seconds: ignored, it cannot interrupt `import torch` (submitit's handler would
+    # raise inside it, and the preflight would blame the environment)
+    with contextlib.suppress(ValueError, OSError):
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     host = socket.gethostname()
     affinity = sorted(os.sched_getaffinity(0))
     report: dict[str, Any] = {

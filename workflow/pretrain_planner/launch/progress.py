@@ -134,19 +134,22 @@ def decide_requeue(
                   f"({why}")  # fmt: skip
 
 
-def refuse(folder: str | Path, job_id: str | None, slurm: dict[str, Any] | None, what_happened: str) -> str:
+def refuse(
+    folder: str | Path, job_id: str | None, slurm: dict[str, Any] | None, what_happened: str, whole: bool = False
+) -> str:
     """Write the refusal to requeue or resubmit (`no_progress.json`) and return its reason, which names the site key
-    to raise. `what_happened` is the reason's start; the time settings close its parenthesis."""
+    to raise. `what_happened` is the reason's start; the time settings close its parenthesis (`whole`: it is the
+    whole reason, e.g. a job that pends for ever, launch/pending.py)."""
     from pretrain_planner.results import atomic_write_text
 
     slurm = slurm or {}
     gpu = slurm.get("gpu_type", "<gpu>")
-    reason = (
+    reason = what_happened if whole else (
         f"{what_happened}; time limit {slurm.get('time_limit_min')} min, warning signal "
         f"{slurm.get('signal_delay_s')} s before it). "
         f"Requeueing cannot finish it: raise `time_limit_min` for GPU type {gpu} in the site file "
         f"({slurm.get('site', 'launcher.site')}: gpus.{gpu}.time_limit_min), or lower its `signal_delay_s`."
-    )
+    )  # fmt: skip
     verdict = {"job_id": job_id, "reason": reason, "time_limit_min": slurm.get("time_limit_min"),
                "signal_delay_s": slurm.get("signal_delay_s"), "identity": slurm.get("identity"),
                "pid": os.getpid()}  # fmt: skip

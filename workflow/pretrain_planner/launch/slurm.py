@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pretrain_planner.launch import driver, progress
+from pretrain_planner.launch import driver, pending, progress
 from pretrain_planner.launch.rankjob import SLURM_RECORD
 from pretrain_planner.launch.request import JobFailed, JobRequest, Outcome, RuleLog, spec_hash
 from pretrain_planner.planning.site import rank_python, sbatch_parameters
@@ -186,6 +186,18 @@ def _reattach(req: JobRequest, log: RuleLog):
     return None
 
 
+def _stuck(job: Any, st: SlurmState, req: JobRequest, log: RuleLog) -> str:
+    """A job pending for a reason that never clears (launch/pending.py): cancelled, and the refusal recorded so
+    that Snakemake's retries submit nothing until the site file changes. Returns what the cell fails with."""
+    message = pending.stuck_message(str(job.job_id), st.reason or "", req.slurm)
+    _cancel(str(job.job_id), log, f"pending for ever: {st.reason}")
+    slurm = {**(req.slurm or {}), "identity": spec_hash(req.identity or {})}  # the job's, as its own refusals say
+    progress.refuse(req.workdir, str(job.job_id), slurm, message, whole=True)
+    log(f"not submitted again: {message}")
+    what = (req.fn.context or {}).get("what", req.name) if getattr(req.fn, "context", None) else req.name
+    return f"{what}: {message}"
+
+
 def _ran_out_of_time(req: JobRequest, job_id: str, log: RuleLog) -> str:
     """A job that starts over from scratch (a benchmark cell) ended at its time limit (TIMEOUT: the warning signal
     was not acted on, e.g. it came while the job was starting): a new job with the same limit would end the same
@@ -260,7 +272,7 @@ def _wait_slurm(job: Any, req: JobRequest, log: RuleLog) -> SlurmState | None:
     """Wait until the job has ended for good (a requeue is not an end); the final state, or None when every
     task's result is already on disk."""
     poll_max = float((req.slurm or {}).get("poll_max_s", 60))
-    poll, last, settling_since = 1.0, None, None
+    poll, last, settling_since, stuck_since = 1.0, None, None, None
     while True:
         if _pickles_done(job):
             return None
@@ -278,6 +290,13 @@ def _wait_slurm(job: Any, req: JobRequest, log: RuleLog) -> SlurmState | None:
             last = seen
         if not st.known:
             st = _ask_until_known(job.job_id, req, log)
+        if st.state == "PENDING" and pending.never_clears(st.reason):
+            stuck_since = stuck_since or time.time()
+            if time.time() - stuck_since >= pending.CONFIRM_S:
+                raise RuntimeError(_stuck(job, st, req, log))
+            poll = min(poll, pending.CONFIRM_S)
+        else:
+            stuck_since = None
         if st.live:
             settling_since = None
         elif st.state in SETTLING_STATES and st.source == "controller":
