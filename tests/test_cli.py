@@ -169,6 +169,10 @@ def test_status_without_a_plan_uses_the_config(tmp_path, capsys):
     assert cli.main(["status", "--results", str(tmp_path / "empty")]) == 0
     out = capsys.readouterr().out
     assert "no " in out and "plan.csv yet" in out and "pending" in out
+    # a folder that does not exist (a typo) is named, not answered as a sweep not run yet (issue 56)
+    assert cli.main(["status", "--results", str(tmp_path / "nonexistent")]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and f"--results {tmp_path / 'nonexistent'}: no such folder" in captured.err
 
 
 @pytest.mark.parametrize(

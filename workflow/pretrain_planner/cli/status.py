@@ -64,6 +64,9 @@ def render_text(a: Status) -> str:
 def run(args: argparse.Namespace) -> int:
     from pretrain_planner.tables import status
 
+    if args.results and not Path(args.results).is_dir():  # a typo must not read as a sweep not run yet
+        raise CliError(f"--results {args.results}: no such folder (a sweep writes it when it runs: run one, or name "
+                       "the folder a sweep wrote)")  # fmt: skip
     config = load_config(args)
     results = results_dir(config)
     if args.watch:
