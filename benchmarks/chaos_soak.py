@@ -59,6 +59,7 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(REPO / "workflow"))
 
+from pretrain_planner.launch.preflight import JOB_PREFIX  # noqa: E402  (a GPU type's preflight job's name)
 from pretrain_planner.results import parse_result  # noqa: E402
 
 SITE = REPO / "tests/data/site-testbed.yaml"
@@ -74,7 +75,6 @@ ENDS = {"scancel": "CANCELLED", "rank_kill": "FAILED", "node_down": "NODE_FAIL"}
 TRAIN_SETTING = ("tiny-gptneox", "cpu", 1, 2)  # a `cpu` setting: every method exports a plan there
 BUDGET_JOB = "pp-budget-pretrain-tiny-bert-24h-a100-1x2"  # the budget stage's pre-training (budget.jobs names it)
 TRAIN_JOB = "pp-train-{}-{}-{}x{}".format(*TRAIN_SETTING)  # the train stage's run (train.jobs)
-PREFLIGHT_JOB = "pp-preflight-"  # + a GPU type: its preflight, one short job before its cells (launch/preflight.py)
 
 
 @dataclass
@@ -313,7 +313,7 @@ class Round:
     def _check_preflight(self, name: str, jobs: list[dict[str, str]], fault_of: dict[str, list[Fault]]) -> None:
         """A GPU type's preflight (one short job before its cells, launch/preflight.py): of a GPU type of the
         sweep, delivered at least once, every other end explained by a fault (a driver fault may run it again)."""
-        if name.removeprefix(PREFLIGHT_JOB) not in self.preset.gpus:
+        if name.removeprefix(JOB_PREFIX) not in self.preset.gpus:
             self.mismatches.append(f"sacct: a preflight of a GPU type the sweep does not have: {name}: {jobs}")
             return
         for j in jobs:
@@ -639,7 +639,7 @@ class Round:
         accounted: collections.Counter = collections.Counter()
         delivering: dict[str, list[str]] = {}
         for name, jobs in sorted(by_name.items()):
-            if name.startswith(PREFLIGHT_JOB):
+            if name.startswith(JOB_PREFIX):
                 self._check_preflight(name, jobs, fault_of)
                 continue
             if name not in expected:

@@ -26,6 +26,7 @@ from pretrain_planner import layout
 from pretrain_planner.budget import config as bconfig
 from pretrain_planner.budget import jobs
 from pretrain_planner.facade.pipeline import PLAN_COLUMNS, load
+from pretrain_planner.launch.preflight import JOB_PREFIX
 from pretrain_planner.planning.catalog import load_catalog
 from pretrain_planner.planning.flops import train_flops_per_sample
 from pretrain_planner.planning.runspec import RunSpec
@@ -433,9 +434,6 @@ def bench(timed_steps: int) -> dict:
     return {"warmup_steps": 1, "timed_steps": timed_steps, "max_micro_batch": 4, "device": "cpu", "max_spread": 50}
 
 
-PREFLIGHT_JOB = "pp-preflight-"  # a GPU type's preflight job (launch/preflight.py), named apart from the cells'
-
-
 def sacct(after: int, name: str | None = None, preflight: bool = False) -> list[dict[str, str]]:
     """Jobs (allocations, not steps) with an id above `after`; sacct can lag a moment behind. A sweep's preflight
     jobs (one per GPU type before its cells) are left out unless `preflight`: a test counts its cells' jobs."""
@@ -445,7 +443,7 @@ def sacct(after: int, name: str | None = None, preflight: bool = False) -> list[
         cmd += ["--name", name]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     rows = [dict(zip(fields, ln.split("|"), strict=True)) for ln in out.splitlines() if ln.strip()]
-    rows = [r for r in rows if preflight or not r["JobName"].startswith(PREFLIGHT_JOB)]
+    rows = [r for r in rows if preflight or not r["JobName"].startswith(JOB_PREFIX)]
     return [r for r in rows if int(r["JobID"].split("_")[0]) > after]
 
 

@@ -20,6 +20,7 @@ from pretrain_planner import search as pp_search
 from pretrain_planner.launch.request import driver_cores
 from pretrain_planner.planning import grid, losscheck
 from pretrain_planner.planning.catalog import Catalog, load_catalog
+from pretrain_planner.planning.devices import wants_cuda
 from pretrain_planner.planning.evidence_exchange import evidence_folder
 from pretrain_planner.planning.evidence_prior import EvidencePrior
 from pretrain_planner.planning.preflight import Expect
@@ -140,19 +141,15 @@ class Pipeline:
 
     @functools.cached_property
     def _preflights(self) -> dict[str, tuple[Expect, str]]:
-        return {}
+        """Each GPU type's preflight: what its cells need there and its digest (made once: it stats the
+        environment)."""
+        return {gpu: self._preflight(gpu) for gpu in self.preflight_gpus}
 
     def _preflight(self, gpu: str) -> tuple[Expect, str]:
-        """A GPU type's preflight: what its cells need there and its digest (made once: it stats the environment)."""
-        if gpu not in self._preflights:
-            self._preflights[gpu] = self._make_preflight(gpu)
-        return self._preflights[gpu]
-
-    def _make_preflight(self, gpu: str) -> tuple[Expect, str]:
         settings = self.site["gpus"][gpu]
-        on_cuda = gpu != "cpu" and self.config["benchmark"]["device"] != "cpu"
+        needs_cuda = wants_cuda(gpu, self.config["benchmark"]["device"])
         expect = Expect(
-            gpu_type=gpu, gpu=self.catalog.gpu(gpu).to_dict(), needs_cuda=on_cuda,
+            gpu_type=gpu, gpu=self.catalog.gpu(gpu).to_dict(), needs_cuda=needs_cuda,
             gpus_asked=0 if settings["gpu_request"] == "none" else 1, cpus_per_gpu=settings["cpus_per_gpu"],
             site=self.site.get("path") or "the site file", python=settings.get("python"),
             container=settings.get("container"), catalog=tuple(g.to_dict() for g in self.catalog.gpus.values()),
@@ -161,11 +158,11 @@ class Pipeline:
 
     def preflight_params(self, wildcards: Any) -> str:
         """The preflight rule's params: its digest (a change runs it again)."""
-        return self._preflight(wildcards.gpu)[1]
+        return self._preflights[wildcards.gpu][1]
 
     def preflight_spec(self, wildcards: Any) -> dict[str, Any]:
         """What a GPU type's preflight job needs: what its cells need there, the launcher and the site's settings."""
-        expect, digest = self._preflight(wildcards.gpu)
+        expect, digest = self._preflights[wildcards.gpu]
         return {"gpu_type": wildcards.gpu, "expect": asdict(expect), "digest": digest, "results": self.results,
                 "launcher": {k: v for k, v in self.config["launcher"].items() if k != "site"},
                 "slurm": gpu_settings(self.site, wildcards.gpu)}  # fmt: skip

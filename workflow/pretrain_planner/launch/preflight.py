@@ -28,6 +28,7 @@ from pretrain_planner.planning.preflight import ERROR, WARNING, Expect, Finding,
 from pretrain_planner.results import atomic_write_text, read_json
 
 PROBE = "pretrain_planner.launch.probe:probe"  # what the preflight's one task runs
+JOB_PREFIX = "pp-preflight-"  # + the GPU type: the preflight job's name, apart from the cells' (pp-{model}-...)
 TIME_LIMIT_MIN = 10  # a short job starts sooner (backfill); the probe takes seconds
 # a job ended by these says nothing of the environment (someone cancelled it, its node failed): asked again, up to
 # FAULT_ATTEMPTS jobs in all; a job that FAILED (its interpreter did not start) stops the GPU type at once
@@ -95,7 +96,7 @@ def run_preflight(spec: dict[str, Any], out_json: str | Path, log_path: str | Pa
         # each run of the rule asks anew (--forcerun, a changed site): a job recorded by an earlier run is not
         # re-used (one still queued, of a killed driver, is cancelled as a job of another identity)
         identity = {"preflight": spec["digest"], "run": dt.datetime.now().isoformat(), "attempt": attempt}
-        req = stage.request(job, f"pp-preflight-{gpu}", launch, workdir, identity,
+        req = stage.request(job, f"{JOB_PREFIX}{gpu}", launch, workdir, identity,
                             nodes=1, gpus_per_node=1, threads=expect.cpus_per_gpu)  # fmt: skip
         try:
             outcome = stage.run(req, log, f"preflight of {gpu}", log_path, [])
@@ -111,8 +112,9 @@ def run_preflight(spec: dict[str, Any], out_json: str | Path, log_path: str | Pa
                          f"{', in ' + expect.container if expect.container else ''}): {tail or exc}; set "
                          f"gpus.{gpu}.python (or container, modules, setup) in {expect.site}")  # fmt: skip
             break
-    found = findings(report, expect) if isinstance(report, dict) else []
-    record = _record(spec, job_id, report if isinstance(report, dict) else None, found, job_error)
+    report = report if isinstance(report, dict) else None
+    found = findings(report, expect) if report else []
+    record = _record(spec, job_id, report, found, job_error)
     log(json.dumps(record, indent=1, default=str))
     if record["errors"]:
         atomic_write_text(stopped, json.dumps(record, indent=1) + "\n")

@@ -186,24 +186,26 @@ def _reattach(req: JobRequest, log: RuleLog):
     return None
 
 
+def _what(req: JobRequest) -> str:
+    """What the job is, as its refusals name it: its context's `what` (a cell, a stage's run), else its name."""
+    return (req.fn.context or {}).get("what", req.name) if getattr(req.fn, "context", None) else req.name
+
+
 def _stuck(job: Any, st: SlurmState, req: JobRequest, log: RuleLog) -> str:
     """A job pending for a reason that never clears (launch/pending.py): cancelled, and the refusal recorded so
     that Snakemake's retries submit nothing until the site file changes. Returns what the cell fails with."""
     message = pending.stuck_message(str(job.job_id), st.reason or "", req.slurm)
     _cancel(str(job.job_id), log, f"pending for ever: {st.reason}")
-    slurm = {**(req.slurm or {}), "identity": spec_hash(req.identity or {})}  # the job's, as its own refusals say
-    progress.refuse(req.workdir, str(job.job_id), slurm, message, whole=True)
+    progress.refuse(req.workdir, str(job.job_id), req.context()["slurm"], message, whole=True)  # with its identity
     log(f"not submitted again: {message}")
-    what = (req.fn.context or {}).get("what", req.name) if getattr(req.fn, "context", None) else req.name
-    return f"{what}: {message}"
+    return f"{_what(req)}: {message}"
 
 
 def _ran_out_of_time(req: JobRequest, job_id: str, log: RuleLog) -> str:
     """A job that starts over from scratch (a benchmark cell) ended at its time limit (TIMEOUT: the warning signal
     was not acted on, e.g. it came while the job was starting): a new job with the same limit would end the same
     way. Refuse it as a time-out without progress does (launch/progress.py), so Snakemake's retry submits nothing."""
-    what = (req.fn.context or {}).get("what", req.name) if getattr(req.fn, "context", None) else req.name
-    reason = progress.refuse(req.workdir, job_id, req.slurm, f"{what}: job {job_id} ran into its time limit "
+    reason = progress.refuse(req.workdir, job_id, req.slurm, f"{_what(req)}: job {job_id} ran into its time limit "
                              "(SLURM state TIMEOUT) before finishing (it starts over from its first step")  # fmt: skip
     log(f"not submitted again: {reason}")
     return reason

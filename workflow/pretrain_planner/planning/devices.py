@@ -17,6 +17,12 @@ GIB = 1024**3
 MEMORY_TOLERANCE = 0.15
 
 
+def wants_cuda(gpu_type: str, device: str | None) -> bool:
+    """Whether a job of `gpu_type` runs on CUDA: every GPU type does, unless the config's benchmark.device says cpu
+    (the `cpu` stand-in never): what a rank selects (trainer/rank.py) and what the preflight checks the site has."""
+    return gpu_type != "cpu" and device != "cpu"
+
+
 def model_token(gpu: GpuSpec) -> str:
     """The part of a GPU type's key that its device name carries: `a100` of `a100-40gb-pcie`, `rtx3090`."""
     return re.sub(r"[^a-z0-9]", "", gpu.name.split("-")[0].lower())

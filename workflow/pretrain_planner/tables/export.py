@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pretrain_planner import layout
+from pretrain_planner import layout, schema
 from pretrain_planner.planning import methods
 from pretrain_planner.planning.catalog import Catalog, GpuSpec, ModelSpec
 from pretrain_planner.planning.runspec import RunSpec, grad_sync_of
@@ -235,15 +235,13 @@ def _one_line(text: Any) -> str:
     return " ".join(str(text).split())
 
 
-SIGNAL_DELAY_S = 120  # the site schema's default signal_delay_s: a plan exported without a site file warns as early
-
-
 def _sbatch_lines(site: dict[str, Any] | None, gpu: GpuSpec, nodes: int, gpn: int) -> str:
     """The #SBATCH lines the benchmark's jobs asked of the site for this GPU type (partition, account, QOS, GPU
     request, CPUs, memory, its extra options), as one torchrun task per node asks them; without a site, GPUs only.
     Both: the time-limit warning to the batch shell (`--signal=B:USR1@signal_delay_s`: the script has the ranks
     checkpoint and requeues the job) and `--requeue`."""
-    delay = int((site or {}).get("signal_delay_s") or SIGNAL_DELAY_S)
+    # a plan exported without a site file warns as early as the site schema's default
+    delay = int((site or {}).get("signal_delay_s") or schema.default("site", "defaults.signal_delay_s"))
     resume = f"#SBATCH --signal=B:USR1@{delay}\n#SBATCH --requeue\n"
     if site is None:
         return resume + ("" if _is_cpu(gpu) else f"#SBATCH --gpus-per-node={gpn}\n")

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 
+from pretrain_planner.planning.devices import wants_cuda
 from pretrain_planner.trainer.config import RunConfig
 
 GROUP_TIMEOUT = dt.timedelta(minutes=10)
@@ -202,8 +203,7 @@ def eager_init_kwargs(device: torch.device, world_size: int) -> dict[str, Any]:
 
 
 def _select_device(cfg: RunConfig, local_rank: int) -> torch.device:
-    wants_gpu = cfg.cell.gpu != "cpu" and cfg.bench.device == "auto"
-    if not wants_gpu:
+    if not wants_cuda(cfg.cell.gpu, cfg.bench.device):
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise Unsupported(
