@@ -762,12 +762,40 @@ def plain_text(text: str) -> str:
     return " ".join(re.sub(r"[`*]", "", text).split())
 
 
-def slurm_conf(key: str, value: str) -> None:
-    """One slurm.conf setting of the running testbed changed, its daemons restarted with their state kept
-    (cluster/testbed/daemon.sh conf): a restrictive site's setting for a drill; the caller puts it back."""
-    cmd = ["bash", str(REPO / "cluster/testbed/daemon.sh"), "conf", key, value]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+def slurm_conf(*pairs: str) -> None:
+    """slurm.conf settings of the running testbed changed (KEY, VALUE, KEY, VALUE ...), its daemons restarted once
+    with their state kept (cluster/testbed/daemon.sh conf): a restrictive site's settings for a drill; the caller
+    puts them back."""
+    cmd = ["bash", str(REPO / "cluster/testbed/daemon.sh"), "conf", *pairs]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# The restrictive site (issue 53): a QOS capping a user's submitted jobs enforced, requeue only where a job asks it,
+# a job over its partition's limits accepted (then pending for ever), tasks bound to their CPUs; and the testbed's
+# own values (cluster/testbed/slurm-up.sh) to put back. QOS `pp-cap` (MaxSubmitJobsPerUser=2) is slurm-up.sh's.
+RESTRICTIVE = ("AccountingStorageEnforce", "limits,qos", "JobRequeue", "0", "EnforcePartLimits", "NO",
+               "TaskPlugin", "task/affinity")  # fmt: skip
+PERMISSIVE = ("AccountingStorageEnforce", "none", "JobRequeue", "1", "EnforcePartLimits", "ALL",
+              "TaskPlugin", "task/none")  # fmt: skip
+CAP_QOS, CAP = "pp-cap", 2
+
+
+@contextlib.contextmanager
+def restrictive_site():
+    """The testbed's daemons reconfigured as a restrictive site for the block, the permissive testbed after."""
+    slurm_conf(*RESTRICTIVE)
+    try:
+        yield
+    finally:
+        slurm_conf(*PERMISSIVE)
+
+
+def rpc_counts() -> dict[str, int]:
+    """slurmctld's remote procedure calls so far by message type (`sdiag`): what the controller has been asked."""
+    out = subprocess.run(["sdiag"], capture_output=True, text=True, check=True).stdout
+    section = out.split("by message type", 1)[1].split("by user", 1)[0]
+    return {name: int(n) for name, n in re.findall(r"^\s*(\w+)\s+\(\s*\d+\)\s+count:(\d+)", section, re.M)}
 
 
 def scontrol_job(job_id: str) -> dict[str, str]:

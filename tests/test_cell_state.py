@@ -350,3 +350,34 @@ def test_a_time_out_is_what_submitits_own_signal_handler_says(tmp_path, monkeypa
             assert submitit_timed_out() is expected is handler.has_timed_out()
     finally:
         signal.signal(usr, previous)
+
+
+def test_the_progress_files_of_many_cells_are_read_at_a_bounded_rate(tmp_path):
+    """Issue 53 item 4: sixty live cells' followers are polled by the driver's one follower thread, at most
+    FOLLOW_READS_PER_S progress files a second together (a shared file system), not each cell's every FOLLOW_S.
+    Before: a thread per cell, 60 x 2 reads a second."""
+    from pretrain_planner.launch.cell import FOLLOW_READS_PER_S, _Follow
+    from pretrain_planner.launch.request import RuleLog
+    from pretrain_planner.launch.state import StateRecord
+
+    polls, lock = [0], threading.Lock()
+
+    class Counted(_Follow):
+        def poll(self) -> None:
+            with lock:
+                polls[0] += 1
+            super().poll()
+
+    follows = []
+    for i in range(60):
+        folder = tmp_path / f"c{i}"
+        record = StateRecord(folder, "slurm", "cell.log")
+        record.update("submitted")
+        follows.append(Counted(f"pp-rate-{i}", record, folder / progress.PROGRESS_FILE, RuleLog(folder / "cell.log")))
+    for f in follows:
+        f.start()
+    time.sleep(4)
+    for f in follows:
+        f.finish()
+    during = polls[0] - len(follows)  # finish polls each once more
+    assert 0 < during <= 60 + 4 * FOLLOW_READS_PER_S, during  # a first round of all, then the bounded rate

@@ -151,7 +151,8 @@ def test_a_jobs_environment_is_the_sites(tmp_path):
     assert shown.stdout == "/h/my envs/pp/bin/python", (home, shown)
     params = sbatch_parameters(site, 1, 2, "pp-cell")
     assert params["setup"] == lines
-    assert params["srun_args"] == ["--kill-on-bad-exit=1", "--container-image=nvcr.io#nvidia/pytorch:25.01-py3"]
+    assert params["srun_args"] == ["--kill-on-bad-exit=1", f"--cpus-per-task={site['cpus_per_gpu']}",
+                                   "--container-image=nvcr.io#nvidia/pytorch:25.01-py3"]  # fmt: skip
     script = _make_sbatch_string(command="python -m x", folder=str(tmp_path), **params)
     assert "export NOTE='$(touch x) `id`'" in script and "--container-image=nvcr.io" in script
 

@@ -2,29 +2,40 @@
 # Stop or start one daemon of the running testbed, for fault drills (tests/test_slurm_faults.py):
 #   bash cluster/testbed/daemon.sh stop  slurmdbd|slurmctld
 #   bash cluster/testbed/daemon.sh start slurmdbd|slurmctld
-#   bash cluster/testbed/daemon.sh conf TaskPlugin task/affinity|task/none
-#   bash cluster/testbed/daemon.sh conf EnforcePartLimits NO|ALL
-# conf: one slurm.conf setting changed and the controller and every slurmd restarted with it, their state kept
+#   bash cluster/testbed/daemon.sh conf KEY VALUE [KEY VALUE ...]   (one restart for all), KEY VALUE among
+#       TaskPlugin task/affinity|task/none   EnforcePartLimits NO|ALL   JobRequeue 0|1
+#       AccountingStorageEnforce limits,qos|none
+# conf: slurm.conf settings changed and the controller and every slurmd restarted with them, their state kept
 # (jobs, ids, accounting): a restrictive site's for a drill (task/affinity binds each task to its CPUs: the
 # preflight's test; EnforcePartLimits=NO, SLURM's default, accepts a job over a partition's limits, which then pends
-# for ever: the pending-reason watchdog's test). Put the testbed's value back after (slurm-up.sh's: TaskPlugin
-# task/none, EnforcePartLimits ALL): slurm-up.sh rebuilds the cluster otherwise.
+# for ever: the pending-reason watchdog's test; JobRequeue=0: a job is requeued only if it asked --requeue;
+# AccountingStorageEnforce=limits,qos: the QOS pp-cap's cap of 2 submitted jobs per user is enforced, the
+# restrictive profile of tests/conftest.py). Put the testbed's values back after (slurm-up.sh's: TaskPlugin
+# task/none, EnforcePartLimits ALL, JobRequeue 1, AccountingStorageEnforce none): slurm-up.sh rebuilds otherwise.
 # Stops by PID file only (never by name). slurmctld keeps its jobs in StateSaveLocation: a restarted
 # controller knows every queued and running job again. Needs root, like slurm-up.sh.
 set -euo pipefail
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin:$PATH
 ROOT=${SLURM_TESTBED_ROOT:-/var/tmp/pp-slurm}
-usage="usage: daemon.sh stop|start slurmdbd|slurmctld, or daemon.sh conf TaskPlugin|EnforcePartLimits VALUE"
+usage="usage: daemon.sh stop|start slurmdbd|slurmctld, or daemon.sh conf KEY VALUE [KEY VALUE ...]"
 action=${1:?$usage}
 name=${2:?$usage}
 if [ "$action" = conf ]; then
-  value=${3:?$usage}
-  case "$name=$value" in
-    TaskPlugin=task/affinity|TaskPlugin=task/none|EnforcePartLimits=NO|EnforcePartLimits=ALL) ;;
-    *) echo "daemon.sh: conf $name $value: TaskPlugin task/affinity|task/none, EnforcePartLimits NO|ALL" >&2; exit 2 ;;
-  esac
+  shift
   conf=/etc/slurm/slurm.conf
-  sed -i "s#^$name=.*#$name=$value#" "$conf"
+  while [ $# -gt 0 ]; do
+    name=$1; value=${2:?$usage}; shift 2
+    case "$name=$value" in
+      TaskPlugin=task/affinity|TaskPlugin=task/none|EnforcePartLimits=NO|EnforcePartLimits=ALL) ;;
+      JobRequeue=0|JobRequeue=1|AccountingStorageEnforce=limits,qos|AccountingStorageEnforce=none) ;;
+      *) echo "daemon.sh: conf $name $value: TaskPlugin task/affinity|task/none, EnforcePartLimits NO|ALL," \
+           "JobRequeue 0|1, AccountingStorageEnforce limits,qos|none" >&2; exit 2 ;;
+    esac
+    # in place (the file stays slurm-up.sh's once the values are back); `none`: the line removed (SLURM's default)
+    if [ "$value" = none ]; then sed -i "/^$name=/d" "$conf"
+    elif grep -q "^$name=" "$conf"; then sed -i "s#^$name=.*#$name=$value#" "$conf"
+    else echo "$name=$value" >> "$conf"; fi
+  done
   bash "$0" stop slurmctld
   nodes=$(sed -n 's/^NodeName=\([^ ]*\).*/\1/p' "$conf")
   for n in $nodes; do
@@ -39,7 +50,7 @@ if [ "$action" = conf ]; then
   for _ in $(seq 1 300); do
     [ "$(sinfo -h -o '%t' 2>/dev/null | grep -cv '^idle$\|^mix$\|^alloc$')" = 0 ] && break; sleep 0.1
   done
-  echo "daemon.sh: $name=$value, controller and slurmd restarted"
+  echo "daemon.sh: slurm.conf changed, controller and slurmd restarted"
   exit 0
 fi
 case "$name" in slurmdbd|slurmctld) ;; *) echo "daemon.sh: $name is not slurmdbd or slurmctld" >&2; exit 2 ;; esac

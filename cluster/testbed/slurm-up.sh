@@ -209,16 +209,24 @@ export SLURM_TESTBED_LOCK_HELD=1   # tells slurm-down.sh (called below) not to r
 # An account besides root's default one, root a member of it: a site file's `account` is then carried into the
 # jobs and read back (tests/conftest.py site_two_envs); a name SLURM does not know is replaced by the default.
 # Idempotent: on a running cluster too (one started before this account existed gets it here).
-has_account() { sacctmgr -n -P show assoc where account=pp-lab user=root format=user 2>/dev/null | grep -qx root; }
+# A QOS capping a user's submitted jobs at 2 (pp-cap), root allowed to use it: enforced only where the restrictive
+# profile sets AccountingStorageEnforce=limits,qos (cluster/testbed/daemon.sh conf; tests/conftest.py RESTRICTIVE).
+has_account() {
+  sacctmgr -n -P show assoc where account=pp-lab user=root format=user 2>/dev/null | grep -qx root &&
+    sacctmgr -n -P show qos pp-cap format=maxsubmitpu 2>/dev/null | grep -qx 2 &&
+    sacctmgr -n -P show assoc where user=root format=qos 2>/dev/null | grep -q pp-cap
+}
 accounts() {
   has_account && return 0
   sacctmgr -i -Q add account pp-lab Description=testbed Organization=testbed >/dev/null 2>&1 || true
   sacctmgr -i -Q add user root Account=pp-lab >/dev/null 2>&1 || true
+  sacctmgr -i -Q add qos pp-cap MaxSubmitJobsPerUser=2 >/dev/null 2>&1 || true
+  sacctmgr -i -Q modify user root set qos+=pp-cap >/dev/null 2>&1 || true
   has_account
 }
 
 if healthy; then
-  accounts || die "could not add the testbed's account pp-lab (sacctmgr)"
+  accounts || die "could not add the testbed's account pp-lab and QOS pp-cap (sacctmgr)"
   log "cluster already up and healthy; nothing to do"
   exit 0
 fi
@@ -334,6 +342,6 @@ log "smoke srun done (jobs ${jobs[*]})"
 joblist=$(IFS=,; echo "${jobs[*]}")
 wait_for 60 bash -c "[ \"\$(sacct -X -n -P -j $joblist -o State | grep -c '^COMPLETED\$')\" -eq ${#jobs[@]} ]" ||
   die "smoke jobs not COMPLETED in sacct: $(sacct -X -n -P -j "$joblist" -o JobID,State | tr '\n' ' ')"
-accounts || die "could not add the testbed's account pp-lab (sacctmgr)"
-log "smoke jobs COMPLETED in sacct; account pp-lab added; cluster ready"
+accounts || die "could not add the testbed's account pp-lab and QOS pp-cap (sacctmgr)"
+log "smoke jobs COMPLETED in sacct; account pp-lab and QOS pp-cap added; cluster ready"
 sinfo

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pretrain_planner import layout
-from pretrain_planner.launch import driver, progress, stage
+from pretrain_planner.launch import driver, neighbours, progress, stage
 from pretrain_planner.launch.hostpool import cgroup_oom_kills
 from pretrain_planner.launch.rankjob import RankJob, entry, global_rank, job_id_here
 from pretrain_planner.launch.request import JobFailed, Outcome, RuleLog
@@ -35,6 +35,7 @@ from pretrain_planner.results import (
 MEASURE = "pretrain_planner.trainer.run:run_rank"  # what every rank of a cell's job runs
 
 FOLLOW_S = 0.5  # how often the driver looks for the job's id and rank 0's new progress lines
+FOLLOW_READS_PER_S = 20  # progress files read per second at most, every live cell together
 
 
 class CellJob(RankJob):
@@ -54,8 +55,11 @@ class CellJob(RankJob):
             progress.report_to(mine)
             job = job_id_here() or "in-process"
             progress.mark(0, f"rank 0 started on {socket.gethostname()} (pid {os.getpid()}, job {job})", always=True)
+        start = neighbours.look()  # this rank's node and cores; the first rank of a node: the node's other jobs
         try:
             out = run_rank({**self.spec, "launch_context": context})
+            if isinstance(out, dict):
+                out["placement"] = neighbours.placement(start, neighbours.look())
             if mine and isinstance(out, dict) and out.get("result"):
                 progress.mark(0, f"rank 0 finished: status {out['result'].get('status')}", always=True)
             return out
@@ -110,18 +114,25 @@ def _host_memory_oom(
     return {"result": result}
 
 
-def _record_ranks(result_path: Path, values: list[Any], preflight: dict[str, Any] | None) -> None:
-    """Add every rank's own view of its devices to result.json (rank 0 wrote its own), and the summary of the
-    preflight its GPU type passed before it (SLURM): which environment, node and warnings it was measured under."""
+def _record_ranks(result_path: Path, values: list[Any], preflight: dict[str, Any] | None,
+                  shared_by_design: bool = False) -> dict[str, Any] | None:  # fmt: skip
+    """Add every rank's own view of its devices to result.json (rank 0 wrote its own), the summary of the preflight
+    its GPU type passed before it (SLURM): which environment, node and warnings it was measured under, and where its
+    ranks ran beside whom (launch/neighbours.py: an ok cell measured beside other jobs becomes noisy unless the
+    site's nodes are shared by design). The result as written."""
     ranks = [v.get("devices") for v in values if isinstance(v, dict) and v.get("devices")]
+    placements = [v["placement"] for v in values if isinstance(v, dict) and v.get("placement")]
     data = read_json(result_path)
     if not isinstance(data, dict):
-        return
+        return None
     if ranks and isinstance(data.get("devices"), dict):
         data["devices"]["ranks"] = ranks
     if preflight is not None:
         data["preflight"] = preflight
+    if placements:
+        data = neighbours.judge(data, placements, shared_by_design)
     atomic_write_text(result_path, json.dumps(data, indent=1) + "\n")
+    return data
 
 
 def _preflight_summary(paths: list[str] | None) -> dict[str, Any] | None:
@@ -133,36 +144,77 @@ def _preflight_summary(paths: list[str] | None) -> dict[str, Any] | None:
     return None
 
 
-class _Follow(threading.Thread):
-    """While the job runs, from the driver: its id once the launcher has one (driver.active), and rank 0's new
-    progress lines copied into the cell's log (the first one marks the cell running)."""
+class _Follow:
+    """While the job runs, from the driver: its id once the launcher has one (driver.active), what it waits for
+    before it is queued, and rank 0's new progress lines copied into the cell's log (the first one marks the cell
+    running). Polled by the driver's one follower thread (`_Followers`), never a thread per cell."""
 
     def __init__(self, name: str, record: StateRecord, progress_file: Path, log: RuleLog) -> None:
-        super().__init__(name=f"pp-follow-{name}", daemon=True)
         self.key, self.record, self.path, self.log = name, record, progress_file, log
         self.offset = 0
-        self.halt = threading.Event()
+        self._lock = threading.Lock()  # the follower thread's poll and the final one never overlap
 
-    def run(self) -> None:
-        while not self.halt.wait(FOLLOW_S):
-            self.poll()
+    def start(self) -> None:
+        FOLLOWERS.add(self)
 
     def poll(self) -> None:
-        job_id = (driver.active().get(self.key) or {}).get("job_id")
-        if job_id is not None and str(job_id) != self.record.data["job_id"]:
-            # a job re-attached to that was running when the last driver left is running still
-            self.record.update("running" if self.record.was_running(job_id) else None, job_id=job_id)
-        lines, self.offset = progress.read_lines(self.path, self.offset)
-        for line in lines:
-            self.log(f"progress: {progress.describe(line)}")
-        if lines and self.record.state == "submitted":
-            self.record.update("running")
+        with self._lock:
+            info = driver.active().get(self.key) or {}
+            job_id = info.get("job_id")
+            if info.get("waiting") != self.record.data.get("waiting") and self.record.state == "submitted":
+                self.record.update(waiting=info.get("waiting"))  # what it waits for before it is queued, or None
+            if job_id is not None and str(job_id) != self.record.data["job_id"]:
+                # a job re-attached to that was running when the last driver left is running still
+                self.record.update("running" if self.record.was_running(job_id) else None, job_id=job_id)
+            lines, self.offset = progress.read_lines(self.path, self.offset)
+            for line in lines:
+                self.log(f"progress: {progress.describe(line)}")
+            if lines and self.record.state == "submitted":
+                self.record.update("running")
 
     def finish(self) -> None:
-        self.halt.set()
-        if self.is_alive():
-            self.join()
+        FOLLOWERS.remove(self)
         self.poll()
+
+
+class _Followers:
+    """The driver's one thread that polls every live cell's follower: FOLLOW_S apart while few cells run, and never
+    more than FOLLOW_READS_PER_S progress files read per second whatever their number (a sweep of hundreds of
+    waiting cells on a shared file system)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._live: dict[int, _Follow] = {}
+        self._thread: threading.Thread | None = None
+
+    def add(self, follow: _Follow) -> None:
+        with self._cond:
+            self._live[id(follow)] = follow
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="pp-follow", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def remove(self, follow: _Follow) -> None:
+        with self._cond:
+            self._live.pop(id(follow), None)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._live:
+                    self._cond.wait(5.0)
+                live = list(self._live.values())
+            t0 = time.time()
+            for follow in live:
+                try:
+                    follow.poll()
+                except Exception as exc:  # noqa: BLE001 - one cell's unreadable file must not stop the others'
+                    follow.log(f"following the job failed once: {type(exc).__name__}: {exc}")
+            time.sleep(max(0.0, max(FOLLOW_S, len(live) / FOLLOW_READS_PER_S) - (time.time() - t0)))
+
+
+FOLLOWERS = _Followers()
 
 
 def error_text(exc: BaseException) -> str:
@@ -228,7 +280,9 @@ def _launch(spec: dict[str, Any], log: RuleLog, log_path: str, on_gpus: bool, pe
     log(f"job {outcome.job_id} done: status={(payload.get('result') or {}).get('status')}")
     if req.kind == "debug":
         return payload, None
-    _record_ranks(result_path, outcome.values, preflight)
+    written = _record_ranks(result_path, outcome.values, preflight, bool((spec.get("slurm") or {}).get("shared_nodes")))
+    if written is not None and payload.get("result"):
+        payload = {**payload, "result": {**payload["result"], **{k: written.get(k) for k in ("status", "reason")}}}
     return payload, outcome.job_id
 
 

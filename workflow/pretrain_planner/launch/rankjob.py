@@ -33,7 +33,7 @@ def recorded_job(workdir: str | os.PathLike) -> str | None:
         return None
 
 
-def _local_rank() -> int:
+def local_rank() -> int:
     for var in ("SUBMITIT_LOCAL_LOCALID", "SLURM_LOCALID", "LOCAL_RANK"):
         if os.environ.get(var, "").isdigit():
             return int(os.environ[var])
@@ -72,7 +72,7 @@ def rendezvous_port(job_id: str, port_range: tuple[int, int] | None = None) -> i
 def observe_rank() -> dict[str, Any]:
     """Where this rank runs, as the operating system and the scheduler see it."""
     out: dict[str, Any] = {
-        "rank": global_rank(), "local_rank": _local_rank(), "host": socket.gethostname(),
+        "rank": global_rank(), "local_rank": local_rank(), "host": socket.gethostname(),
         "node": os.environ.get("SLURMD_NODENAME"), "pid": os.getpid(),
         "cpus": sorted(os.sched_getaffinity(0)), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     }  # fmt: skip
@@ -106,7 +106,7 @@ class RankJob(submitit.helpers.Checkpointable):
             _stacks_on_fatal_signal()
         place = ctx.get("placement")
         if place:
-            cpus = place["cpus_by_rank"][_local_rank() % len(place["cpus_by_rank"])]
+            cpus = place["cpus_by_rank"][local_rank() % len(place["cpus_by_rank"])]
             os.sched_setaffinity(0, cpus)  # before torch starts its thread pools: they inherit it
             os.environ["OMP_NUM_THREADS"] = str(place["threads_per_rank"])
         if os.environ.get("SLURM_JOB_ID") and "MASTER_PORT" not in os.environ:

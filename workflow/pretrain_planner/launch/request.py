@@ -104,7 +104,7 @@ class JobRequest(OnNodes):
     gpus_per_node: int = 1
     timeout_min: int = 60  # local executor's limit (SLURM: the site's time_limit_min)
     use_gpus: bool = False  # local executor: the job takes GPUs from the host's pool
-    slurm: dict[str, Any] | None = None  # the site's settings for the job's GPU type (+ poll_max_s)
+    slurm: dict[str, Any] | None = None  # the site's settings for the job's GPU type (planning/site.gpu_settings)
     record: Path | None = None  # slurm_job.json: lets a restarted driver re-attach
     identity: dict[str, Any] | None = None  # what the job computes: a recorded job of another identity is not reused
     max_num_timeout: int = 3  # requeues after a time-out that submitit allows (a long budget run needs more)

@@ -7,26 +7,22 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pretrain_planner.launch import driver, pending, progress
+from pretrain_planner.launch import driver, pending, progress, slots
+from pretrain_planner.launch.poller import POLLER
 from pretrain_planner.launch.rankjob import SLURM_RECORD
 from pretrain_planner.launch.request import JobFailed, JobRequest, Outcome, RuleLog, spec_hash
-from pretrain_planner.planning.site import rank_python, sbatch_parameters
+from pretrain_planner.launch.slurm_state import SlurmState, run_cmd, slurm_state
+from pretrain_planner.planning.site import driver_settings, rank_python, sbatch_parameters
 from pretrain_planner.results import atomic_write_text, before_write, read_json
 from pretrain_planner.schema import section
 
 JOB_RECORD = SLURM_RECORD
-# SLURM states (controller's view) in which a job may still deliver its result: wait, never resubmit.
-LIVE_STATES = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "COMPLETING", "CONFIGURING",
-               "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT", "SPECIAL_EXIT", "STOPPED"}  # fmt: skip
-
-
 # final states after which SLURM may still requeue the job (JobRequeue): give the controller a moment
 SETTLING_STATES = {"NODE_FAIL", "PREEMPTED", "BOOT_FAIL"}
 
@@ -34,53 +30,8 @@ SETTLING_STATES = {"NODE_FAIL", "PREEMPTED", "BOOT_FAIL"}
 SETTLE_S = 90
 
 
-@dataclass
-class SlurmState:
-    state: str  # SLURM's state name, UNREACHABLE (nobody answered) or GONE (known to have left no trace)
-    source: str  # controller | accounting | none
-    restarts: int | None = None
-    reason: str | None = None
-
-    @property
-    def live(self) -> bool:
-        return self.state in LIVE_STATES
-
-    @property
-    def known(self) -> bool:
-        return self.state != "UNREACHABLE"
-
-
-def _run(cmd: list[str], timeout: float = 30) -> tuple[int, str, str]:
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return 255, "", f"{type(exc).__name__}: {exc}"
-    return out.returncode, out.stdout, out.stderr
-
-
-def slurm_state(job_id: str) -> SlurmState:
-    """The job's state: the controller's view while it knows the job, accounting's after it forgot it."""
-    rc, out, err = _run(["scontrol", "show", "job", "-o", str(job_id)])
-    if rc == 0 and "JobState=" in out:
-        fields = dict(tok.split("=", 1) for tok in out.split() if "=" in tok)
-        restarts = fields.get("Restarts")
-        return SlurmState(fields["JobState"].upper(), "controller", int(restarts) if restarts and restarts.isdigit()
-                          else None, fields.get("Reason"))  # fmt: skip
-    if "invalid job id" not in (err + out).lower():
-        return SlurmState("UNREACHABLE", "controller", reason=(err or out).strip()[:300])
-    rc, out, err = _run(["sacct", "-X", "-n", "-P", "-j", str(job_id), "-o", "State"])
-    if rc == 0:
-        states = [ln.split()[0].upper() for ln in out.splitlines() if ln.strip()]
-        if states:
-            return SlurmState(states[-1], "accounting")
-        return SlurmState("GONE", "accounting", reason="neither the controller nor accounting knows the job")
-    if "accounting storage is disabled" in err.lower():
-        return SlurmState("GONE", "none", reason="the controller forgot the job and this site keeps no accounting")
-    return SlurmState("UNREACHABLE", "accounting", reason=err.strip()[:300])
-
-
 def controller_up() -> bool:
-    rc, out, _ = _run(["scontrol", "ping"], timeout=20)
+    rc, out, _ = run_cmd(["scontrol", "ping"], timeout=20)
     return rc == 0 and " is UP" in out
 
 
@@ -127,16 +78,26 @@ def _collect(job: Any, what: str, log: RuleLog, log_path: str | Path, state: Slu
 
 
 def _cancel(job_id: str, log: RuleLog, why: str) -> None:
-    rc, _, err = _run(["scancel", str(job_id)])
+    rc, _, err = run_cmd(["scancel", str(job_id)])
     log(f"cancelled job {job_id} ({why})" if rc == 0 else f"scancel {job_id} failed: {err.strip()[:300]}")
 
 
-def _ask_until_known(job_id: str, req: JobRequest, log: RuleLog) -> SlurmState:
-    """The job's state; while nobody can tell it, wait and ask again (bounded by launcher.state_wait_min)."""
+def _ask_until_known(job_id: str, req: JobRequest, log: RuleLog,
+                     ask: Callable[[], SlurmState | None] | None = None) -> SlurmState:  # fmt: skip
+    """The job's state; while nobody can tell it, wait and ask again (bounded by launcher.state_wait_min). `ask`:
+    the next state from the driver's poller (None: the driver stops); without it, the job's own question."""
     wait_s = float(section("config", "launcher", req.launcher)["state_wait_min"]) * 60
-    t0, said = time.time(), False
+    t0, said, asked = time.time(), False, 0
     while True:
-        st = slurm_state(job_id)
+        if ask is not None:
+            st = ask()
+        elif asked and driver.STOP.wait(min(30.0, 2 + (time.time() - t0) / 4)):
+            st = None
+        else:
+            st = slurm_state(job_id)
+        if st is None:
+            raise driver.DriverStopped(f"driver stopping; job {job_id} left as it is")
+        asked += 1
         if st.known:
             return st
         if not said:
@@ -149,8 +110,6 @@ def _ask_until_known(job_id: str, req: JobRequest, log: RuleLog) -> SlurmState:
                 f"job {job_id}: its state could not be learned for {wait_s / 60:g} min ({st.reason}); the job was "
                 "not submitted again. Run the same command when the controller and slurmdbd answer."
             )
-        if driver.STOP.wait(min(30.0, 2 + (time.time() - t0) / 4)):
-            raise driver.DriverStopped(f"driver stopping; job {job_id} left as it is")
 
 
 def _reattach(req: JobRequest, log: RuleLog):
@@ -218,6 +177,39 @@ def _ran_out_of_time(req: JobRequest, job_id: str, log: RuleLog) -> str:
 GUARDED_PYTHON = '/bin/sh -c \'trap "" USR2; exec "$0" "$@"\' {python}'
 
 
+def _waiting(req: JobRequest, why: str | None) -> None:
+    """What the job waits for before it is queued (the cell's state record and `status` show it)."""
+    driver.register(req.name, kind="slurm", job_id=None, what=_what(req), waiting=why)
+
+
+def _wait_for_submit_limit(req: JobRequest, log: RuleLog, msg: str, times: int) -> None:
+    """sbatch refused the job for a submit limit: wait (the driver's other jobs end and free room) and ask again,
+    for as long as it takes; never a failed cell."""
+    if times == 1 or times % 20 == 0:
+        log(
+            f"sbatch refused the job for the scheduler's submit limit ({' '.join(msg.split())[:300]}); waiting for "
+            f"one of your queued jobs to end and asking again (refusal {times}; set max_queued_jobs in "
+            f"{(req.slurm or {}).get('site') or 'the site file'} to the cap so that the driver never asks beyond it)"
+        )
+    _waiting(req, "a queue slot: the scheduler's submit limit refused it")
+    # asked again once one of the driver's own jobs leaves the queue, else after a back-off (the user's other jobs)
+    slots.SLOTS.wait_release(min(30.0, 2.0 * 1.5 ** min(times - 1, 20)))
+    if driver.STOP.is_set():
+        raise driver.DriverStopped("driver stopping: nothing submitted")
+
+
+def _take_slot(req: JobRequest, log: RuleLog) -> None:
+    """Wait until fewer than the site's cap of the driver's jobs are queued (launch/slots.py), then hold one."""
+    cap, source = slots.queue_cap(req.slurm or {})
+
+    def waiting(held: int) -> None:
+        log(f"waiting for a queue slot: {held} of the driver's jobs are queued or running, at most {cap} ({source})")
+        _waiting(req, f"a queue slot ({held} of at most {cap} jobs queued: {source})")
+
+    if not slots.SLOTS.take(req.name, cap, driver.STOP, waiting):
+        raise driver.DriverStopped("driver stopping: nothing submitted")
+
+
 def _submit_slurm(req: JobRequest, log: RuleLog):
     import submitit
 
@@ -227,14 +219,15 @@ def _submit_slurm(req: JobRequest, log: RuleLog):
     before_write(req.folder)  # the driver still owns the results folder (nothing is submitted by one taken over)
     if req.record is not None:
         req.record.unlink(missing_ok=True)  # no job but the one submitted now may write the outputs
-    submitit.SlurmJob.watcher._delay_s = settings["poll_max_s"]  # one shared sacct poll for all jobs
+    # submitit's own sacct watcher, should anything ask it: no more often than the driver's poller (launch/poller.py)
+    submitit.SlurmJob.watcher._delay_s = driver_settings(settings.get("site"))["poll_max_s"]
     python = GUARDED_PYTHON.format(python=rank_python(settings, sys.executable))
     ex = submitit.SlurmExecutor(folder=req.folder, max_num_timeout=req.max_num_timeout, python=python)
     params = sbatch_parameters(settings, req.nodes, req.gpus_per_node, req.name)
     ex.update_parameters(**params)
     req.fn.context = req.context()
     wait_s = float(section("config", "launcher", req.launcher)["submit_wait_min"]) * 60
-    t0, attempt = time.time(), 0
+    t0, attempt, limited = time.time(), 0, 0
     while True:
         attempt += 1
         try:
@@ -242,6 +235,10 @@ def _submit_slurm(req: JobRequest, log: RuleLog):
             break
         except Exception as exc:  # noqa: BLE001 - sbatch's errors come as several exception types
             msg = f"{type(exc).__name__}: {exc}".strip()
+            if slots.is_submit_limit(msg):  # back-pressure: the user's queued jobs are at the site's cap
+                limited += 1
+                _wait_for_submit_limit(req, log, msg, limited)
+                continue
             up = controller_up()
             transient = not up or any(t in msg.lower() for t in _TRANSIENT)
             log(
@@ -272,16 +269,32 @@ def _submit_slurm(req: JobRequest, log: RuleLog):
 
 def _wait_slurm(job: Any, req: JobRequest, log: RuleLog) -> SlurmState | None:
     """Wait until the job has ended for good (a requeue is not an end); the final state, or None when every
-    task's result is already on disk."""
-    poll_max = float((req.slurm or {}).get("poll_max_s", 60))
-    poll, last, settling_since, stuck_since = 1.0, None, None, None
-    while True:
-        if _pickles_done(job):
+    task's result is already on disk. Its state comes from the driver's one poller (launch/poller.py)."""
+    job_id = str(job.job_id)
+    seen_round = POLLER.watch(job_id, float(driver_settings((req.slurm or {}).get("site"))["poll_max_s"]))
+    try:
+        return _follow_state(job, req, log, seen_round)
+    finally:
+        POLLER.unwatch(job_id)
+
+
+def _follow_state(job: Any, req: JobRequest, log: RuleLog, seen_round: int) -> SlurmState | None:
+    last, settling_since, stuck_since = None, None, None
+
+    def polled() -> SlurmState | None:
+        """The job's state from the poller's next round; None when the driver stops."""
+        nonlocal seen_round
+        answer = POLLER.next_state(str(job.job_id), seen_round, driver.STOP)
+        if answer is None:
             return None
-        if driver.STOP.is_set():
+        st, seen_round = answer
+        return st
+
+    while True:
+        st = polled()
+        if st is None:
             log(f"driver stopping: job {job.job_id} left queued; the next run of the same command re-attaches to it")
             raise driver.DriverStopped(f"job {job.job_id} left queued")
-        st = slurm_state(job.job_id)
         seen = (st.state, st.restarts)
         if seen != last:
             extra = f", requeued {st.restarts} time(s)" if st.restarts else ""
@@ -290,13 +303,14 @@ def _wait_slurm(job: Any, req: JobRequest, log: RuleLog) -> SlurmState | None:
                 f"{'; ' + st.reason if st.reason and st.reason != 'None' else ''})"
             )
             last = seen
+        if not st.live and _pickles_done(job):  # the files are looked at once the job has left the queue
+            return None
         if not st.known:
-            st = _ask_until_known(job.job_id, req, log)
+            st = _ask_until_known(job.job_id, req, log, polled)
         if st.state == "PENDING" and pending.never_clears(st.reason):
             stuck_since = stuck_since or time.time()
             if time.time() - stuck_since >= pending.CONFIRM_S:
                 raise RuntimeError(_stuck(job, st, req, log))
-            poll = min(poll, pending.CONFIRM_S)
         else:
             stuck_since = None
         if st.live:
@@ -310,9 +324,6 @@ def _wait_slurm(job: Any, req: JobRequest, log: RuleLog) -> SlurmState | None:
             while time.time() < end and not _pickles_done(job):
                 time.sleep(1)
             return st
-        if driver.STOP.wait(poll):
-            continue
-        poll = min(poll_max, poll * 1.5)
 
 
 def run_slurm(req: JobRequest, log: RuleLog, what: str, log_path: str | Path) -> Outcome:
@@ -321,20 +332,64 @@ def run_slurm(req: JobRequest, log: RuleLog, what: str, log_path: str | Path) ->
     if verdict is not None:
         log(f"not submitted again: {verdict['reason']}")
         raise RuntimeError(f"{what}: {verdict['reason']}")
-    job = _reattach(req, log) or _submit_slurm(req, log)
-    driver.register(req.name, kind="slurm", job_id=job.job_id, what=what)
+    job = _reattach(req, log)
     try:
-        state = _wait_slurm(job, req, log)
-        try:
-            values = _collect(job, what, log, log_path, state)
-        except RuntimeError:
-            verdict = read_json(req.workdir / progress.VERDICT)
-            if verdict and str(verdict.get("job_id")) == str(job.job_id):
-                log(f"not requeued: {verdict['reason']}")
-                raise RuntimeError(f"{what}: {verdict['reason']}") from None
-            if state is not None and state.state == "TIMEOUT" and getattr(req.fn, "restartable", False):
-                raise RuntimeError(_ran_out_of_time(req, str(job.job_id), log)) from None
-            raise
+        if job is None:
+            _take_slot(req, log)
+            job = _submit_slurm(req, log)
+        else:
+            slots.SLOTS.hold(req.name)  # already in the queue: it counts
+    except BaseException:
+        slots.SLOTS.release(req.name)
+        driver.unregister(req.name)
+        raise
+    driver.register(req.name, kind="slurm", job_id=job.job_id, what=what)
+    segment = 1
+    try:
+        while True:
+            state = _wait_slurm(job, req, log)
+            try:
+                values = _collect(job, what, log, log_path, state)
+                break
+            except RuntimeError:
+                verdict = read_json(req.workdir / progress.VERDICT)
+                if verdict and str(verdict.get("job_id")) == str(job.job_id):
+                    log(f"not requeued: {verdict['reason']}")
+                    raise RuntimeError(f"{what}: {verdict['reason']}") from None
+                if state is not None and state.state == "TIMEOUT" and getattr(req.fn, "restartable", False):
+                    raise RuntimeError(_ran_out_of_time(req, str(job.job_id), log)) from None
+                why = None if getattr(req.fn, "restartable", True) else _not_requeued(job, state)
+                if why is None or segment > req.max_num_timeout:
+                    raise
+            # a job that resumes from its checkpoint, not requeued where SLURM would have (the site refuses requeue):
+            # a new job takes it up, as a requeue would have (nothing lost, the segment counted)
+            segment += 1
+            log(f"job {job.job_id} {why}: submitting a new job that resumes from its checkpoint (segment {segment})")
+            job = _submit_slurm(req, log)
+            driver.register(req.name, kind="slurm", job_id=job.job_id, what=what)
     finally:
+        slots.SLOTS.release(req.name)
         driver.unregister(req.name)
     return Outcome(str(job.job_id), values)
+
+
+# states in which SLURM requeues a job where the site allows it (JobRequeue, --requeue; submitit on the warning)
+REQUEUE_STATES = {"TIMEOUT", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL"}
+
+
+def _not_requeued(job: Any, state: SlurmState | None) -> str | None:
+    """Why a job ended without its result where a requeue was due, or None: `scontrol requeue` refused in the job
+    (rank 0's result holds that error: a site that refuses requeue), or a state SLURM requeues in where allowed."""
+    from submitit.core.utils import pickle_load
+
+    path = task_jobs(job)[0].paths.result_pickle
+    if path.exists():
+        try:
+            outcome, value = pickle_load(path)
+        except Exception:  # noqa: BLE001 - unreadable: not known to be a refused requeue
+            return None
+        if outcome != "success" and "'scontrol', 'requeue'" in str(value):
+            return "could not requeue itself (the site refused `scontrol requeue`)"
+    if state is not None and state.state in REQUEUE_STATES:
+        return f"ended {state.state} and was not requeued"
+    return None

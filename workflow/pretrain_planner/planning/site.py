@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import functools
+import os
 import re
 import shlex
 import subprocess
@@ -13,10 +15,14 @@ from typing import Any
 
 from pretrain_planner.planning.calendar import max_time_hours
 from pretrain_planner.planning.grid import PlannedCell
-from pretrain_planner.schema import ConfigError, load_yaml, validate
+from pretrain_planner.schema import ConfigError, default, load_yaml, validate
 
 # what a partition allows, per GPU type (site file, else the scheduler): nodes per job, GPUs per node, a job's hours
 LIMITS = ("max_nodes", "gpus_per_node", "max_time_h")
+# the site file's top-level keys for how the driver uses the scheduler (how often it asks, how many jobs it keeps
+# queued): not part of any job's settings, so that changing them re-runs nothing (a cell's settings are its
+# Snakemake params and its identity); the launcher reads them from the site file when it needs them
+DRIVER_KEYS = ("poll_max_s", "max_queued_jobs")
 
 
 def read_site(path: str | Path) -> dict[str, Any]:
@@ -24,7 +30,7 @@ def read_site(path: str | Path) -> dict[str, Any]:
     key a GPU type may leave out): what the CLI's predictions read (the network of `inter_node_gbit_s`)."""
     data = validate(load_yaml(path), "site", path)
     return {
-        "poll_max_s": data["poll_max_s"],
+        **{k: data[k] for k in DRIVER_KEYS},
         "ask_scheduler": data["ask_scheduler"],
         "gpus": {g: {**data["defaults"], **(v or {})} for g, v in data["gpus"].items()},
         "path": str(path),
@@ -140,9 +146,27 @@ def within_limits(planned: list[PlannedCell], site: dict[str, Any]) -> list[Plan
 
 
 def gpu_settings(site: dict[str, Any], gpu: str) -> dict[str, Any]:
-    """What a job on `gpu` gets from the site (`load_site`'s): its GPU type's settings, the controller's poll limit,
-    the GPU type and the site file (a job's `slurm`)."""
-    return {**site["gpus"][gpu], "poll_max_s": site["poll_max_s"], "gpu_type": gpu, "site": site.get("path")}
+    """What a job on `gpu` gets from the site (`load_site`'s): its GPU type's settings, the GPU type and the site
+    file (a job's `slurm`)."""
+    return {**site["gpus"][gpu], "gpu_type": gpu, "site": site.get("path")}
+
+
+def driver_settings(path: str | Path | None) -> dict[str, Any]:
+    """The site file's driver keys (DRIVER_KEYS), read when the launcher asks: an edit (a higher max_queued_jobs)
+    applies to the running driver. The schema's defaults without a site file, or one that cannot be read now."""
+    defaults = {k: default("site", k) for k in DRIVER_KEYS}
+    if not path:
+        return defaults
+    try:
+        return _driver_settings(str(path), os.stat(path).st_mtime_ns)
+    except (OSError, ConfigError):
+        return defaults
+
+
+@functools.lru_cache(maxsize=16)
+def _driver_settings(path: str, _mtime_ns: int) -> dict[str, Any]:
+    data = read_site(path)
+    return {k: data[k] for k in DRIVER_KEYS}
 
 
 def sbatch_parameters(settings: dict[str, Any], nodes: int, gpus_per_node: int, job_name: str) -> dict[str, Any]:
@@ -166,6 +190,10 @@ def sbatch_parameters(settings: dict[str, Any], nodes: int, gpus_per_node: int, 
     if settings.get("mem_per_gpu_gb"):
         params["mem"] = f"{int(settings['mem_per_gpu_gb'] * gpus_per_node)}G"
     extra = dict(settings.get("extra_sbatch") or {})
+    if "no-requeue" not in extra and "no_requeue" not in extra:
+        # every job relies on requeue (submitit requeues it on the time-limit warning and on preemption): asked, so
+        # that a site whose JobRequeue=0 makes jobs not requeueable by default requeues these
+        extra.setdefault("requeue", True)
     if settings.get("reservation"):
         extra["reservation"] = settings["reservation"]
     if extra:
@@ -174,7 +202,10 @@ def sbatch_parameters(settings: dict[str, Any], nodes: int, gpus_per_node: int, 
     if lines:
         params["setup"] = lines
     # one task failing ends the step: its peers would otherwise wait in a collective until the time limit
-    params["srun_args"] = ["--kill-on-bad-exit=1", *(settings.get("srun_args") or [])]
+    # and each task its CPUs: srun does not take --cpus-per-task from the allocation in SLURM 22.05-23.02 (one CPU
+    # per task, every rank's threads on one core where tasks are bound)
+    params["srun_args"] = ["--kill-on-bad-exit=1", f"--cpus-per-task={settings['cpus_per_gpu']}",
+                           *(settings.get("srun_args") or [])]  # fmt: skip
     return params
 
 

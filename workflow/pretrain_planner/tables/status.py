@@ -43,12 +43,15 @@ class CellState(NamedTuple):
     detail: str | None  # why (failed, oom, unsupported, pruned) or where it is (submitted, running)
     job_id: str | None = None
     progress: str | None = None  # rank 0's latest progress line (a live cell)
+    waiting: str | None = None  # what a submitted cell waits for before its job is queued (a queue slot)
 
 
 def _live_detail(record: dict[str, Any], last: dict[str, Any] | None) -> str:
     job = f"job {record['job_id']}" if record.get("job_id") else "no job id yet"
     since = record.get("running_at") if record["state"] == "running" else record.get("submitted_at")
     parts = [f"{job} ({record.get('launcher')}), attempt {record.get('attempt')}, since {since}"]
+    if record["state"] == "submitted" and record.get("waiting"):
+        parts.insert(0, f"waiting for {record['waiting']}")
     if last is not None:
         parts.append(progress.describe(last))
     if driver_gone(record):
@@ -76,7 +79,8 @@ def cell_state(cell_dir: Path) -> CellState:
             return CellState("failed", None, record.get("error") or "failed", record.get("job_id"))
         last = progress.last_line(cell_dir / progress.PROGRESS_FILE)
         what = progress.describe(last) if last else None
-        return CellState(state, None, _live_detail(record, last), record.get("job_id"), what)
+        waiting = record.get("waiting") if state == "submitted" else None
+        return CellState(state, None, _live_detail(record, last), record.get("job_id"), what, waiting)
     records = (cell_dir / SLURM_RECORD, cell_dir / LOCAL_RECORD)
     if any(r.is_file() for r in records) or (cell_dir / layout.SUBMITIT).is_dir():
         return CellState("running", None, None)
@@ -92,7 +96,7 @@ def sweep_status(results_dir: str | Path, plan: pl.DataFrame) -> tuple[pl.DataFr
     rows = []
     for r in valid.iter_rows(named=True):
         path = r.get("path") or layout.cell_path(r["model"], r["gpu"], r["nodes"], r["gpus_per_node"], r["method"])
-        state, result, detail, job_id, last = cell_state(results_dir / path)
+        state, result, detail, job_id, last, waiting = cell_state(results_dir / path)
         folder = layout.setting_folder(r["model"], r["gpu"], r["nodes"], r["gpus_per_node"])
         if state == "pending" and r["method"] in rounds.get(folder, {}).get("pruned", {}):
             state, detail = "pruned", rounds[folder]["pruned"][r["method"]]
@@ -103,10 +107,11 @@ def sweep_status(results_dir: str | Path, plan: pl.DataFrame) -> tuple[pl.DataFr
         rows.append({
             "gpu": r["gpu"], "path": path, "state": state, "detail": detail, "gpu_hours_spent": spent,
             "gpu_hours_max": r["gpu_hours_max"] if has_max else None, "job_id": job_id, "progress": last,
+            "waiting": waiting,
         })  # fmt: skip
     schema = {"gpu": pl.String, "path": pl.String, "state": pl.String, "detail": pl.String,
               "gpu_hours_spent": pl.Float64, "gpu_hours_max": pl.Float64, "job_id": pl.String,
-              "progress": pl.String}  # fmt: skip
+              "progress": pl.String, "waiting": pl.String}  # fmt: skip
     cells = pl.DataFrame(rows, schema=schema)
     unfinished = pl.col("state").is_in(["failed", "submitted", "running", "pending", "corrupt"])
     summary = (
@@ -146,6 +151,19 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return lines
 
 
+def _waiting_lines(cells: pl.DataFrame) -> list[str]:
+    """How many submitted cells wait for a queue slot (the site's cap of queued jobs: launch/slots.py)."""
+    if "waiting" not in cells.columns:
+        return []
+    n = cells.filter(pl.col("waiting").is_not_null()).height
+    if not n:
+        return []
+    return [
+        f"{n} submitted cell(s) wait for a queue slot: the site caps the jobs you may have queued "
+        "(max_queued_jobs, or the scheduler's submit limit); each is submitted when one of yours ends"
+    ]
+
+
 def format_status(summary: pl.DataFrame, cells: pl.DataFrame, results_dir: str, plan_source: str) -> str:
     cols = ["gpu", "cells", *STATES, "invalid", "gpu_hours_spent", "gpu_hours_left_max"]
     total: dict[str, Any] = {"gpu": "total"}
@@ -172,6 +190,7 @@ def format_status(summary: pl.DataFrame, cells: pl.DataFrame, results_dir: str, 
             f"reasons in {results_dir}/search/); benchmark GPU-hours spent {spent:.2f}"
             + (f" of an exhaustive upper bound of {bound:.2f}" if bound else "")
         )
+    lines += _waiting_lines(cells)
     problems = cells.filter(pl.col("state").is_in(["failed", "corrupt"]))
     if problems.height:
         lines.append("")
@@ -244,6 +263,7 @@ def watch_frame(cells: pl.DataFrame, results_dir: str, plan_source: str, every: 
             lines.append(f"  {r['path'].removeprefix(layout.CELLS + '/')}: {r['state']}: {r['detail'] or ''}"[:220])
         if some.height > LIST_MAX:
             lines.append(f"  ... and {some.height - LIST_MAX} more")
+    lines += _waiting_lines(cells)
     if not live(cells):
         lines += ["", "nothing is running or waiting: the sweep has done what it can"]
     return "\n".join(lines)
