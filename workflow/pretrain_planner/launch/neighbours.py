@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 from typing import Any
 
 from pretrain_planner.launch.rankjob import job_id_here, local_rank
+from pretrain_planner.launch.slurm_state import run_cmd
 
 
 def node_name() -> str:
@@ -23,15 +23,11 @@ def node_name() -> str:
 
 def other_jobs(node: str, mine: str | None) -> list[dict[str, str]] | None:
     """The jobs running on `node` besides `mine` (id, user, name); None where the controller cannot be asked."""
-    try:
-        out = subprocess.run(["squeue", "-h", "-w", node, "-t", "RUNNING,COMPLETING", "-o", "%i|%u|%j"],
-                             capture_output=True, text=True, timeout=30)  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if out.returncode != 0:
+    rc, out, _ = run_cmd(["squeue", "-h", "-w", node, "-t", "RUNNING,COMPLETING", "-o", "%i|%u|%j"])
+    if rc != 0:
         return None
     jobs = []
-    for line in out.stdout.splitlines():
+    for line in out.splitlines():
         jid, _, rest = line.strip().partition("|")
         user, _, name = rest.partition("|")
         if jid and jid != mine and jid.split("_")[0] != mine:

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import functools
 import getpass
-import subprocess
 import threading
 from collections.abc import Callable
 from typing import Any
 
+from pretrain_planner.launch.slurm_state import run_cmd
 from pretrain_planner.planning.site import driver_settings
 
 # sbatch's words for a refusal that waiting clears: the user's (or account's) queued jobs at their cap
@@ -30,13 +30,8 @@ def is_submit_limit(message: str) -> bool:
 
 
 def _sacctmgr(args: list[str]) -> list[list[str]] | None:
-    try:
-        out = subprocess.run(["sacctmgr", "-n", "-P", *args], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if out.returncode != 0:
-        return None
-    return [ln.split("|") for ln in out.stdout.splitlines() if ln.strip()]
+    rc, out, _ = run_cmd(["sacctmgr", "-n", "-P", *args])
+    return [ln.split("|") for ln in out.splitlines() if ln.strip()] if rc == 0 else None
 
 
 def _int(text: str) -> int | None:

@@ -374,7 +374,7 @@ def run_slurm(req: JobRequest, log: RuleLog, what: str, log_path: str | Path) ->
 
 
 # states in which SLURM requeues a job where the site allows it (JobRequeue, --requeue; submitit on the warning)
-REQUEUE_STATES = {"TIMEOUT", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL"}
+REQUEUE_STATES = SETTLING_STATES | {"TIMEOUT"}
 
 
 def _not_requeued(job: Any, state: SlurmState | None) -> str | None:
