@@ -18,23 +18,30 @@ from .conftest import REPO
 
 
 def test_no_more_than_the_cap_of_jobs_are_held_and_each_waiter_says_so_once():
-    pool, stop, lock = slots.Slots(), threading.Event(), threading.Lock()
+    """Six jobs, a cap of 2: the first two hold their slots until the other four are seen waiting (no sleep: a loaded
+    host cannot change what is observed), then each ends and the next takes its slot."""
+    pool, stop, lock, go = slots.Slots(), threading.Event(), threading.Lock(), threading.Event()
     most, said = [0], []
 
     def job(i: int) -> None:
         assert pool.take(f"cell{i}", 2, stop, lambda held: said.append((i, held)))
         with lock:
             most[0] = max(most[0], pool.held())
-        time.sleep(0.2)
+        go.wait(30)
         pool.release(f"cell{i}")
 
     threads = [threading.Thread(target=job, args=(i,)) for i in range(6)]
     for t in threads:
         t.start()
+    end = time.time() + 30
+    while len(said) < 4 and time.time() < end:
+        time.sleep(0.01)
+    assert len(said) == 4 and pool.held() == 2  # two hold, four wait, each said so once
+    go.set()
     for t in threads:
         t.join(30)
     assert most[0] == 2 and pool.held() == 0
-    assert len(said) >= 3 and len({i for i, _ in said}) == len(said)  # the ones that waited, once each
+    assert len({i for i, _ in said}) == len(said) == 4  # the ones that waited, once each
     assert all(held == 2 for _, held in said)
 
 
