@@ -257,6 +257,21 @@ def test_a_requeued_job_waits_out_slurms_hold_unless_the_site_says_how_long():
     assert requeue_wait({}, Wait(None, "no estimate")).hours is None  # never a number without the first wait
 
 
+def test_where_the_site_refuses_requeue_each_segment_is_a_new_job_with_the_first_wait_again():
+    """extra_sbatch no-requeue: the driver submits a new job per segment (issue 53), so the wait to start again is
+    the first job's wait from its submission, up to one poll after the last job ends: no SLURM requeue hold."""
+    ask, _ = _scheduler({"a100": "2026-12-03T12:00:00"})
+    site = _site(extra_sbatch={"no-requeue": True})
+    table = calendar_table(settings_of(_ttt(("pythia-160m", "a100", 1, 8, "fl", 3.0, 0.2)),
+                                       _cells(("pythia-160m", "a100", 1, 8, "fl", 60.0))),
+                           CATALOG, Site(site, 1.0, "measured", ask, NOW))  # fmt: skip
+    (r,) = table.to_dicts()
+    assert r["segments"] == 4
+    assert r["requeue_wait_h"] == pytest.approx(r["first_wait_h"] + 60 / 3600)  # the site's poll_max_s, no hold
+    assert "a new job per segment" in r["note"] and "no-requeue" in r["note"]
+    assert requeue_wait({"extra_sbatch": {"no-requeue": True}}, Wait(None, "no estimate")).hours is None
+
+
 def test_a_file_system_too_full_to_measure_gives_no_rate_and_the_restart_is_not_priced(tmp_path):
     """The disk probe writes at most a quarter of the free space; with none to spare it says so instead of failing
     the calendar rule (seen: a 16 MiB tmpfs filled by a test), and the calendar leaves that restart unknown."""

@@ -197,12 +197,27 @@ def requeue_hold_s(cred_expire_s: float | None) -> float:
     return (DEFAULT_CRED_EXPIRE_S if cred_expire_s is None else cred_expire_s) + 1 + SCHEDULER_PASS_S
 
 
+def asks_no_requeue(extra_sbatch: dict | None) -> bool:
+    """Whether a GPU type's jobs are submitted not requeueable (`extra_sbatch: {no-requeue: true}`: a site that
+    refuses requeue): each segment is then a new job the driver submits when the last one ends."""
+    extra = extra_sbatch or {}
+    return bool(extra.get("no-requeue") or extra.get("no_requeue"))
+
+
 def requeue_wait(settings: dict, first: Wait, hold_s: float | None = None, hold_how: str = "") -> Wait:
     """The wait of a requeued job: the site's `requeue_wait_h` where it gives one, else the first job's again plus
-    SLURM's requeue hold (`hold_s`; default requeue_hold_s of SLURM's default cred_expire)."""
+    SLURM's requeue hold (`hold_s`; default requeue_hold_s of SLURM's default cred_expire). Where the site refuses
+    requeue the driver submits a new job that resumes from the checkpoint (launch/slurm.py): no requeue hold, but
+    the first job's wait again from its submission, up to one poll interval (`poll_s`) after the last one ends."""
+    where = f"{settings['site']}: " if settings.get("site") else ""
     if settings.get("requeue_wait_h") is not None:
-        where = f"{settings['site']}: " if settings.get("site") else ""
         return Wait(float(settings["requeue_wait_h"]), f"{where}gpus.{settings.get('gpu_type', '?')}.requeue_wait_h")
+    if asks_no_requeue(settings.get("extra_sbatch")):
+        poll_s = float(settings.get("poll_s") or 0)
+        hours = None if first.hours is None else first.hours + poll_s / 3600
+        return Wait(hours, f"a new job per segment ({where}gpus.{settings.get('gpu_type', '?')}.extra_sbatch: "
+                           f"no-requeue): the first job's wait again ({first.how}) + the driver's notice of the "
+                           f"last job's end (<= {poll_s:.0f} s)")  # fmt: skip
     if hold_s is None:
         hold_s, hold_how = requeue_hold_s(None), f"SLURM's default cred_expire {DEFAULT_CRED_EXPIRE_S} s"
     hours = None if first.hours is None else first.hours + hold_s / 3600

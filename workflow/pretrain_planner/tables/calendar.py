@@ -174,6 +174,8 @@ def price(s: Setting, catalog: Catalog, where: Site) -> dict[str, Any]:
     at = f"{rate:.3g} GB/s" if rate else "an unknown rate"
     row["restart_basis"] = f"start-up {s.startup_basis}; checkpoint written and read at {at} ({rate_how})"
     settings = gpu_settings(where.site, s.gpu) if where.site else None
+    if settings is not None:  # the driver's poll bounds how soon it resubmits where the site refuses requeue
+        settings["poll_s"] = where.site.get("poll_max_s")
     notes = []
     if s.startup_s is None or write_s is None:
         why = "no start-up measured" if s.startup_s is None else "no parameter count for this family"
