@@ -67,6 +67,7 @@ PROFILE = REPO / "cluster/slurm"
 DAEMON = REPO / "cluster/testbed/daemon.sh"
 NODES = ("node-a100", "node-h100", "node-mn0", "node-mn1")
 MULTI_GPU = "l40s"  # the GPU type of the testbed's two-node partition `multi` (tests/data/site-testbed.yaml)
+CAP_QOS = "pp-cap"  # cluster/testbed/slurm-up.sh: MaxSubmitJobsPerUser=2, enforced on the restrictive site
 MULTI_FAULTS = ("rank_kill", "node_down")  # what every round does to a running 2-node cell (issue 37)
 KINDS = ("driver_kill", "driver_term", "node_down", "ctld_restart", "dbd_restart", "scancel", "requeue", "rank_kill",
          "truncate")  # fmt: skip
@@ -89,6 +90,7 @@ class Preset:
     minutes: float  # and at least this long under faults
     gap_s: tuple[float, float]  # seconds between faults (uniform)
     max_rounds: int = 8
+    restrictive: bool = False  # the restrictive site (--restrictive): daemons reconfigured, a100 jobs under QOS pp-cap
 
 
 PRESETS = {
@@ -259,6 +261,10 @@ class Round:
         site = yaml.safe_load(SITE.read_text())
         for gpu, settings in site["gpus"].items():
             settings["max_nodes"] = 2 if gpu == MULTI_GPU else 1
+        if p.restrictive:  # a100's cells, preflight and budget job under the QOS cap of 2 submitted jobs
+            # (slurm-up.sh's pp-cap), the driver allowed more: sbatch refuses some, which must wait, faults or not
+            site["gpus"]["a100"]["qos"] = CAP_QOS
+            site["max_queued_jobs"] = 4
         (self.work / "site.yaml").write_text(yaml.safe_dump(site))
         cfg = {
             "sweep": {"models": p.models, "gpus": p.gpus, "nodes": self.nodes, "gpus_per_node": p.gpus_per_node,
@@ -677,6 +683,9 @@ class Round:
             for kind in MULTI_FAULTS if self.nodes[1:] else ():
                 if kind not in self.multi_drilled:
                     self.mismatches.append(f"no {kind} hit a running 2-node cell: the multi-node path was not drilled")
+        capped = self._most_capped_at_once() if self.preset.restrictive else None
+        if capped is not None and capped > 2:
+            self.mismatches.append(f"sacct: {capped} jobs of QOS {CAP_QOS} were queued at once (its cap: 2)")
         per_name = collections.Counter(len(v) for k, v in by_name.items() if k in expected)
         self.figures = {
             "cells": len(self.cells()),
@@ -691,7 +700,19 @@ class Round:
             "failed_driver_runs": self.failed_runs,
             "mismatches": len(self.mismatches),
             "wall_s": round(self.wall_s),
+            "most_capped_at_once": capped,
         }
+
+    def _most_capped_at_once(self) -> int:
+        """The most of the round's jobs under the QOS cap (the restrictive site's a100 jobs) that were submitted and
+        not ended at one time, from accounting: the driver's back-pressure must keep them within the cap."""
+        proc = run(["sacct", "-X", "-n", "-P", "-S", "2020-01-01", "-o", "JobID,QOS,Submit,End"])
+        spans = []
+        for ln in proc.stdout.splitlines():
+            jid, qos, submit, end = (ln.split("|") + ["", "", "", ""])[:4]
+            if jid.isdigit() and int(jid) > self.since and qos == CAP_QOS:
+                spans.append((submit, end if end not in ("", "Unknown") else "9999"))
+        return max((sum(1 for a, b in spans if a <= t < b) for t, _ in spans), default=0)
 
     def _check_results(self, completed: dict[str, list[str]]) -> None:
         for cell in self.cells():
@@ -852,6 +873,11 @@ def report(args: argparse.Namespace, reference: Round, rounds: list[Round], tota
     p = reference.preset
     two_node = (f", and {MULTI_GPU} x 2x{p.gpus_per_node} (each one job over the two nodes of partition multi)"
                 if MULTI_GPU in p.gpus else "")  # fmt: skip
+    site = "the permissive testbed"
+    if args.restrictive:
+        most = ", ".join(str(r.figures.get("most_capped_at_once")) for r in [reference, *rounds])
+        site = (f"restrictive (daemon.sh profile restrictive; a100's jobs under QOS pp-cap, cap 2, the driver allowed "
+                f"4): most a100 jobs queued at once per round {most}")  # fmt: skip
     lines = [
         f"\n## {args.preset} soak, {dt.datetime.now():%Y-%m-%d %H:%M}, commit {rev}, seed {args.seed}\n",
         f"`{' '.join(sys.argv)}` on the cluster/testbed SLURM ({os.cpu_count()} cores, shared).\n",
@@ -862,6 +888,7 @@ def report(args: argparse.Namespace, reference: Round, rounds: list[Round], tota
         f"{reference.wall_s / 60:.1f} min; whole soak {total_s / 60:.1f} min",
         f"- faults injected: {sum(faults.values())} ({', '.join(f'{k} {v}' for k, v in sorted(faults.items()))})",
         f"- result mismatches: {mism}",
+        f"- site: {site}",
         "",
         "| round | wall (min) | faults by kind | skipped (no target) | jobs per name (jobs: names) | "
         "failed attempts, each from a fault | budget / train drilled by | 2-node cells drilled by | driver restarts | "
@@ -901,6 +928,12 @@ def main(argv: list[str] | None = None) -> int:
         "PP_TEST_STEP_S): the stages stay drillable as long without keeping the cores busy"
     )
     ap.add_argument("--pace", type=float, default=None, help=pace)
+    restrictive = (
+        "on the restrictive site (cluster/testbed/daemon.sh profile restrictive: QOS limits enforced, JobRequeue=0, "
+        "EnforcePartLimits=NO, task/affinity; a100's jobs under QOS pp-cap, 2 submitted at most, the driver allowed "
+        "4), the testbed's own settings put back after"
+    )
+    ap.add_argument("--restrictive", action="store_true", help=restrictive)
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         raise SystemExit("chaos_soak.py stops SLURM daemons (cluster/testbed/daemon.sh): run it as root")
@@ -927,10 +960,12 @@ def main(argv: list[str] | None = None) -> int:
         from multirank import tiny_step_s
 
         step_s = tiny_step_s()
-    preset = sized_stages(preset, step_s)
+    preset = dataclasses.replace(sized_stages(preset, step_s), restrictive=args.restrictive)
     log(f"stages sized to this machine: budget {preset.budget_steps} steps, train {preset.train_steps} steps")
     reference = Round(work / "fault-free", preset, "fault-free", tokenizer)
     rounds: list[Round] = []
+    if args.restrictive:
+        run(["bash", str(DAEMON), "profile", "restrictive"], timeout=180, check=True)
     try:
         log(f"fault-free run of {len(reference.cells())} cells + budget + train in {reference.work}")
         try:
@@ -960,6 +995,9 @@ def main(argv: list[str] | None = None) -> int:
         for r in [reference, *rounds]:
             r.cleanup()
         raise
+    finally:
+        if args.restrictive:
+            run(["bash", str(DAEMON), "profile", "permissive"], timeout=180, check=True)
     text = report(args, reference, rounds, time.time() - t0)
     print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)

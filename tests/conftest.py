@@ -772,23 +772,27 @@ def slurm_conf(*pairs: str) -> None:
 
 
 # The restrictive site (issue 53): a QOS capping a user's submitted jobs enforced, requeue only where a job asks it,
-# a job over its partition's limits accepted (then pending for ever), tasks bound to their CPUs; and the testbed's
-# own values (cluster/testbed/slurm-up.sh) to put back. QOS `pp-cap` (MaxSubmitJobsPerUser=2) is slurm-up.sh's.
-RESTRICTIVE = ("AccountingStorageEnforce", "limits,qos", "JobRequeue", "0", "EnforcePartLimits", "NO",
-               "TaskPlugin", "task/affinity")  # fmt: skip
-PERMISSIVE = ("AccountingStorageEnforce", "none", "JobRequeue", "1", "EnforcePartLimits", "ALL",
-              "TaskPlugin", "task/none")  # fmt: skip
+# a job over its partition's limits accepted (then pending for ever), tasks bound to their CPUs
+# (cluster/testbed/daemon.sh profile restrictive); `permissive` puts the testbed's own values back (slurm-up.sh's).
+# QOS `pp-cap` (MaxSubmitJobsPerUser=2) is slurm-up.sh's.
 CAP_QOS, CAP = "pp-cap", 2
+
+
+def slurm_profile(name: str) -> None:
+    """The running testbed reconfigured as the `restrictive` site, or back to its `permissive` self (daemon.sh)."""
+    proc = subprocess.run(["bash", str(REPO / "cluster/testbed/daemon.sh"), "profile", name], capture_output=True,
+                          text=True, timeout=180)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 @contextlib.contextmanager
 def restrictive_site():
     """The testbed's daemons reconfigured as a restrictive site for the block, the permissive testbed after."""
-    slurm_conf(*RESTRICTIVE)
+    slurm_profile("restrictive")
     try:
         yield
     finally:
-        slurm_conf(*PERMISSIVE)
+        slurm_profile("permissive")
 
 
 def rpc_counts() -> dict[str, int]:

@@ -1,7 +1,8 @@
 """Calendar time on the SLURM testbed (issue 38): a queue wait asked of the scheduler without submitting
 (planning/queue.py: `sbatch --test-only` with a job's exact request), and the train stage on a partition whose time
 limit is shorter than the training (`short`: MaxTime 2 min, cluster/testbed/slurm-up.sh), run as requeued segments:
-each job warned before its limit, checkpointing, requeued in place and resuming, one continuous step log and loss.
+each job warned before its limit, checkpointing, requeued in place and resuming, one continuous step log and loss;
+on the restrictive site (JobRequeue=0: a job is requeued only if it asks, tests/conftest.restrictive_site).
 
 What the segments cost (the scheduler's requeue delay, each restart's start-up, when the warning came) is measured
 from sacct's per-run records (`sacct -D`), submitit's log and the run's train.log, and printed; calendar.md's
@@ -32,6 +33,7 @@ from .conftest import (
     SITE,
     job_ids,
     last_job_id,
+    restrictive_site,
     sacct,
     scontrol_job,
     wait_for,
@@ -172,22 +174,24 @@ def segmented(short_plan):
     cmd = [str(BIN / "pretrain-planner"), "train", "--plan", str(plan), "--time-budget-h", str(BUDGET_S / 3600),
            "--launcher", "slurm", "--site", str(work / "site-short.yaml"), "--device", "cpu",
            "--out", str(out)]  # fmt: skip
-    aligner = _aligner(work)
-    t0 = time.time()
-    with open(work / "train-stage.log", "w") as log:
-        # paced steps (its training time, kept across the segments, is what counts, not how much a step computes)
-        proc = subprocess.Popen(cmd, cwd=work, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "HF_HUB_OFFLINE": "1", **PACED})  # fmt: skip
-    try:
-        rc = proc.wait(timeout=900)
-    finally:
-        subprocess.run(["scancel", aligner], check=False)
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            for j in sacct(since, NAME):
-                subprocess.run(["scancel", j["JobID"]], check=False)
+    # on the restrictive site (issue 53: JobRequeue=0, where a job is requeued only if it asked --requeue)
+    with restrictive_site():
+        aligner = _aligner(work)
+        t0 = time.time()
+        with open(work / "train-stage.log", "w") as log:
+            # paced steps (its training time, kept across the segments, is what counts, not how much a step computes)
+            proc = subprocess.Popen(cmd, cwd=work, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                    env={**os.environ, "HF_HUB_OFFLINE": "1", **PACED})  # fmt: skip
+        try:
+            rc = proc.wait(timeout=900)
+        finally:
+            subprocess.run(["scancel", aligner], check=False)
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                for j in sacct(since, NAME):
+                    subprocess.run(["scancel", j["JobID"]], check=False)
+        driver_s = time.time() - t0
     assert rc == 0, (work / "train-stage.log").read_text()[-3000:] + (out / "launch.log").read_text()[-5000:]
-    driver_s = time.time() - t0
     result = json.loads((out / "result.json").read_text())
     job_id = result["slurm_job_id"]
     runs = wait_for(lambda: (r := _runs(job_id)) and r[-1]["State"] == "COMPLETED" and r, 30, "sacct's runs")
@@ -263,7 +267,9 @@ def _print_figures(run: dict, segs: list[dict]) -> None:
 def test_the_train_stage_runs_in_requeued_segments_each_warned_and_resumed(segmented):
     """Issue 38: a training longer than the partition's time limit is one job run >= 3 times: each run but the last
     is warned (USR2 from --signal), checkpoints, requeues itself (submitit's handler) and ends before its limit; each
-    requeued run resumes from the checkpoint; the run finishes ok within its budget."""
+    requeued run resumes from the checkpoint; the run finishes ok within its budget. On a site with JobRequeue=0
+    (issue 53: the restrictive testbed), where only a job that asks --requeue may be requeued: the jobs ask it (before
+    issue 53 they did not, and SLURM refuses `scontrol requeue` of a job that is not requeueable)."""
     run = segmented
     result, runs, job_id = run["result"], run["runs"], run["job_id"]
     segs = _figures(run)

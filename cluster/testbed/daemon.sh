@@ -5,6 +5,8 @@
 #   bash cluster/testbed/daemon.sh conf KEY VALUE [KEY VALUE ...]   (one restart for all), KEY VALUE among
 #       TaskPlugin task/affinity|task/none   EnforcePartLimits NO|ALL   JobRequeue 0|1
 #       AccountingStorageEnforce limits,qos|none
+#   bash cluster/testbed/daemon.sh profile restrictive|permissive   (the restrictive site's four values, or the
+#       testbed's own: what tests/conftest.restrictive_site and benchmarks/chaos_soak.py --restrictive use)
 # conf: slurm.conf settings changed and the controller and every slurmd restarted with them, their state kept
 # (jobs, ids, accounting): a restrictive site's for a drill (task/affinity binds each task to its CPUs: the
 # preflight's test; EnforcePartLimits=NO, SLURM's default, accepts a job over a partition's limits, which then pends
@@ -17,9 +19,18 @@
 set -euo pipefail
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin:$PATH
 ROOT=${SLURM_TESTBED_ROOT:-/var/tmp/pp-slurm}
-usage="usage: daemon.sh stop|start slurmdbd|slurmctld, or daemon.sh conf KEY VALUE [KEY VALUE ...]"
+usage="usage: daemon.sh stop|start slurmdbd|slurmctld, daemon.sh conf KEY VALUE [KEY VALUE ...],"
+usage+=" or daemon.sh profile restrictive|permissive"
 action=${1:?$usage}
 name=${2:?$usage}
+if [ "$action" = profile ]; then
+  case "$name" in
+    restrictive) exec bash "$0" conf AccountingStorageEnforce limits,qos JobRequeue 0 EnforcePartLimits NO \
+                   TaskPlugin task/affinity ;;
+    permissive) exec bash "$0" conf AccountingStorageEnforce none JobRequeue 1 EnforcePartLimits ALL TaskPlugin task/none ;;
+    *) echo "daemon.sh: profile $name: restrictive|permissive" >&2; exit 2 ;;
+  esac
+fi
 if [ "$action" = conf ]; then
   shift
   conf=/etc/slurm/slurm.conf

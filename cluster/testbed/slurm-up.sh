@@ -210,7 +210,7 @@ export SLURM_TESTBED_LOCK_HELD=1   # tells slurm-down.sh (called below) not to r
 # jobs and read back (tests/conftest.py site_two_envs); a name SLURM does not know is replaced by the default.
 # Idempotent: on a running cluster too (one started before this account existed gets it here).
 # A QOS capping a user's submitted jobs at 2 (pp-cap), root allowed to use it: enforced only where the restrictive
-# profile sets AccountingStorageEnforce=limits,qos (cluster/testbed/daemon.sh conf; tests/conftest.py RESTRICTIVE).
+# profile sets AccountingStorageEnforce=limits,qos (cluster/testbed/daemon.sh profile restrictive).
 has_account() {
   sacctmgr -n -P show assoc where account=pp-lab user=root format=user 2>/dev/null | grep -qx root &&
     sacctmgr -n -P show qos pp-cap format=maxsubmitpu 2>/dev/null | grep -qx 2 &&
