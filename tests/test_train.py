@@ -142,6 +142,8 @@ def test_every_family_trains_from_its_plan(tmp_path, model):
     assert res["task"] == task and res["steps"] == 3
     assert res["throughput"]["steps_timed"] == 1 and res["throughput"]["ratio"]["samples_per_s"] > 0
     assert res["method_settings"]["method_parts"]["slug"] == "naive"
+    # the held-out loss at the end (issue 54): the last image / blocks, the masked LM's validation shards
+    assert res["val_loss"] > 0 and res["validation"]["points"][-1]["step"] == 3
     if model == "tiny-vit":
         assert not res["data"]["synthetic"] and res["data"]["images"] == 8 and res["data"]["classes"] == 2
     else:
