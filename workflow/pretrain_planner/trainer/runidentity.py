@@ -62,7 +62,8 @@ def mismatch_message(
     keys = [k for k in asked if made.get(k) != asked[k]] + [k for k in made if k not in asked]
     was = " and ".join(_value(made, made_notes or {}, k) for k in keys)
     now = " and ".join(_value(asked, asked_notes or {}, k) for k in keys)
-    ways = f"delete {run_dir} to start over, or run with {was} to resume"
+    again = " and ".join(_value(made, {}, k) for k in keys)  # the values alone: their notes were said
+    ways = f"delete {run_dir} to start over, or run with {again} to resume"
     return f"{ckpt} was made with {was}, this run asks {now}: {ways}"
 
 
