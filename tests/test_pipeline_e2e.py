@@ -274,38 +274,6 @@ def test_exported_plans_are_what_ran_and_launch_the_train_stage(sweep, tmp_path)
     assert result["throughput"]["ratio"]["step_time_s"] > 0 and (out / "throughput.md").is_file()
 
 
-def test_the_readmes_train_commands_run_on_the_sweep(sweep):
-    """The README's three ways to run a plan, as it writes them, in the sweep's folder (a checkout: the repository's
-    files linked, `.venv/`): the Snakemake target (with this sweep's --configfile, so nothing is measured again),
-    `pretrain-planner train` and `bash launch.sh`, each a finished run with its throughput beside the prediction."""
-    import os
-    import shutil
-    import subprocess
-
-    work, cfg, _ = sweep
-    for name in ("Snakefile", "workflow", "config", "cluster", "envs", "tests"):
-        if not (work / name).exists():
-            (work / name).symlink_to(REPO / name)
-    if not (work / ".venv").exists():
-        (work / ".venv").symlink_to(BIN.parent)
-    env = {**os.environ, "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}  # a fresh login: the venv not on PATH
-    env.pop("PYTHON", None)
-    out = work / "results/train/tiny-gptneox/cpu/1x1"
-    commands = [
-        readme_command(".venv/bin/snakemake --profile cluster/local results/train/") + f" --configfile {cfg} --cores 2",
-        readme_command(".venv/bin/pretrain-planner train"),
-        readme_command("bash results/optimal/"),
-    ]
-    for command in commands:
-        shutil.rmtree(out, ignore_errors=True)  # three ways to start one run: each starts it over (else it resumes)
-        proc = subprocess.run(["bash", "-c", command], cwd=work, env=env, capture_output=True, text=True, timeout=900)
-        assert proc.returncode == 0, (command, proc.stdout[-2000:] + proc.stderr[-4000:])
-        result = json.loads((out / "result.json").read_text())
-        assert result["status"] == "ok" and (out / "throughput.md").is_file(), (command, result)
-        assert result["steps"] == (5 if "snakemake" in command else 20), (command, result["steps"])
-    assert "Nothing to be done" not in commands[0]
-
-
 def test_the_calendar_of_a_local_sweep_is_compute_and_measured_restarts(sweep):
     """Issue 38, local processes: calendar.md has every setting of time_to_train and its train-stage run (this
     sweep's train.steps x the measured step), each one segment with no queue, its restart the start-up its cell

@@ -8,6 +8,7 @@ Each command of the README's ```bash blocks is in RUNS, which says how it is exe
 - `dry`: as `here` with `-n` added (it needs GPUs or a day: the 24-hour BERT recipe);
 - `e2e`: tests/test_pipeline_e2e.py runs it on its real sweep, taking the text from the README (`readme_command`),
   snakemake commands with that sweep's `--configfile` added;
+- `train`: tests/test_train.py runs the three train commands verbatim, in order, in a checkout with a plan;
 - `ci`: .ci/run runs it verbatim (the set-up and test command).
 """
 
@@ -44,9 +45,9 @@ RUNS = {
     ".venv/bin/snakemake --unlock --profile cluster/slurm --configfile my-sweep.yaml": "here",
     # submits SLURM jobs: run as written (README_COMMAND) by tests/test_preflight_slurm.py on the testbed
     ".venv/bin/pretrain-planner preflight --config my-sweep.yaml": "slurm",
-    ".venv/bin/snakemake --profile cluster/local results/train/tiny-gptneox/cpu/1x1/result.json": "e2e",
-    ".venv/bin/pretrain-planner train --plan results/optimal/tiny-gptneox/cpu/1x1 --steps 20": "e2e",
-    "bash results/optimal/tiny-gptneox/cpu/1x1/launch.sh --steps 20": "e2e",
+    ".venv/bin/snakemake --profile cluster/local results/train/tiny-gptneox/cpu/1x1/result.json": "train",
+    ".venv/bin/pretrain-planner train --plan results/optimal/tiny-gptneox/cpu/1x1 --steps 20": "train",
+    "bash results/optimal/tiny-gptneox/cpu/1x1/launch.sh --steps 40": "train",
     ".venv/bin/snakemake --profile cluster/local budget --config budget=config/budget-24h.yaml": "dry",
 }
 # inline commands the README's prose gives in `backticks` that a reader would copy: run like the blocks' ones
@@ -69,6 +70,10 @@ def test_every_readme_command_has_a_test_and_the_readme_stays_short():
         if how == "e2e":
             starts = re.findall(r'readme_command\("([^"]+)"\)', e2e)
             assert any(command.startswith(s) for s in starts), f"test_pipeline_e2e does not run {command!r}"
+    train = re.findall(r'readme_command\("([^"]+)"\)', (REPO / "tests/test_train.py").read_text())
+    for command, how in RUNS.items():
+        if how == "train":
+            assert any(command.startswith(s) for s in train), f"tests/test_train.py does not run {command!r}"
     slurm = (REPO / "tests/test_preflight_slurm.py").read_text()
     for command, how in RUNS.items():
         if how == "slurm":
@@ -137,4 +142,5 @@ def test_the_cli_help_says_what_the_readme_says():
     assert "not merged" in helps["config"] and "not merged over config/config.yaml" in text
     train = _words(subs["train"].format_help())  # `pretrain-planner train --help`
     assert "the config's `train:` section gives the defaults of --steps" in train
-    assert "The config's `train:` section (steps or a time budget, data, tokenizer) applies to all three" in text
+    section = "The config's `train:` section (steps or a time budget, data, tokenizer, validation) applies to all three"
+    assert section in text

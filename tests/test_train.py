@@ -142,6 +142,8 @@ def test_every_family_trains_from_its_plan(tmp_path, model):
     assert res["task"] == task and res["steps"] == 3
     assert res["throughput"]["steps_timed"] == 1 and res["throughput"]["ratio"]["samples_per_s"] > 0
     assert res["method_settings"]["method_parts"]["slug"] == "naive"
+    # the held-out loss at the end (issue 54): the last image / blocks, the masked LM's validation shards
+    assert res["val_loss"] > 0 and res["validation"]["points"][-1]["step"] == 3
     if model == "tiny-vit":
         assert not res["data"]["synthetic"] and res["data"]["images"] == 8 and res["data"]["classes"] == 2
     else:
@@ -199,3 +201,181 @@ def test_snakemake_target_runs_the_plan_through_the_local_launcher(tmp_path):
     log = (tmp_path / "results/logs/train/tiny-gptneox/cpu/1x1.log").read_text()
     assert "submitted local job" in log
     assert (tmp_path / target).with_name(layout.THROUGHPUT_MD).is_file()
+
+
+# ------------------------------------------------------------------------------------- issue 54: resume, metrics
+@pytest.fixture(scope="module")
+def extended(tmp_path_factory):
+    """tiny-gptneox in-process: 2 steps, then the same run asked for 4 (validation every step, one batch)."""
+    from pretrain_planner.train.run import train_plan
+
+    tmp = tmp_path_factory.mktemp("extended")
+    plan = write_plan(tmp / "plan", "tiny-gptneox")
+    kw = {"out": tmp / "out", "threads": 1, "eval_every": 1, "eval_batches": 1, "warmup_steps": 0}
+    first = train_plan(plan, steps=2, **kw)
+    steps_after_first = steps_of(tmp / "out")
+    second = train_plan(plan, steps=4, **kw)
+    return tmp, plan, first, steps_after_first, second
+
+
+def test_a_larger_step_budget_extends_the_run(extended):
+    """Issue 54: --steps 4 after a 2-step run trains 2 more steps (the budget is not part of the checkpoint's
+    identity), the step log continuous; the schedule is recomputed over the new budget, and the log says so."""
+    tmp, _, first, before, second = extended
+    assert first["steps"] == 2 and [s["step"] for s in before] == [1, 2]
+    assert second["status"] == "ok" and second["steps"] == 4 and second["starts_at_step"] == [0, 2]
+    steps = steps_of(tmp / "out")
+    assert [s["step"] for s in steps] == [1, 2, 3, 4] and steps[:2] == before
+    sched = second["schedule"]
+    assert [s["lr"] for s in steps[2:]] == pytest.approx([recipe_lr(sched, 1e-3, k, k / 4, 4) for k in (2, 3)])
+    log = (tmp / "out/train.log").read_text()
+    assert "budget 4 steps (was 2 steps): the run is extended; the cosine schedule is recomputed" in log
+
+
+def test_validation_loss_in_the_step_log_and_the_result(extended):
+    """The held-out loss at every eval_every step and at the end: in steps.jsonl, metrics.csv and result.json."""
+    import csv
+
+    tmp, _, _, _, second = extended
+    steps = steps_of(tmp / "out")
+    assert all(isinstance(s["val_loss"], float) and 0 < s["val_loss"] < 20 for s in steps)
+    assert second["val_loss"] == steps[-1]["val_loss"] and second["validation"]["held_out"] >= 1
+    assert [p["step"] for p in second["validation"]["points"]] == [1, 2, 3, 4]
+    with (tmp / "out/run/metrics.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert [int(r["step"]) for r in rows] == [1, 2, 3, 4]
+    assert [float(r["val_loss"]) for r in rows] == pytest.approx([s["val_loss"] for s in steps])
+    assert all(float(r["tokens_per_s"]) > 0 for r in rows)
+
+
+def test_tensorboard_reads_the_runs_train_and_validation_loss(extended):
+    """TensorBoard's own reader finds the run's losses, one continuous series over both starts."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tmp, _, _, _, second = extended
+    acc = EventAccumulator(second["metrics"]["tensorboard"])
+    acc.Reload()
+    steps = steps_of(tmp / "out")
+    for tag, key in (("train/loss", "loss"), ("val/loss", "val_loss")):
+        events = acc.Scalars(tag)
+        assert [e.step for e in events] == [1, 2, 3, 4], tag
+        assert [e.value for e in events] == pytest.approx([s[key] for s in steps], rel=1e-6)
+
+
+def test_a_checkpoint_of_another_run_is_refused_in_one_line(extended, capsys):
+    """Another seed on the same run folder: one line naming what differs and the two ways out, from the run and from
+    `python -m pretrain_planner.train` (exit 2) and from `pretrain-planner train` (exit 1), before the data is prepared
+    (the folder's data is left as it was); the same identity through `pretrain-planner train` then resumes it."""
+    from pretrain_planner.train.__main__ import main as train_main
+    from pretrain_planner.train.run import train_plan
+
+    tmp, plan, _, _, _ = extended
+    res = train_plan(plan, out=tmp / "out", steps=6, threads=1, seed=1)
+    ckpt, run = tmp / "out/run/checkpoint.pt", tmp / "out/run"
+    assert res == {"status": "refused", "rank": 0, "reason": f"{ckpt} was made with seed 0, this run asks seed 1: "
+                   f"delete {run} to start over, or run with seed 0 to resume"}  # fmt: skip
+    capsys.readouterr()
+    assert train_main([str(plan), "--out", str(tmp / "out"), "--steps", "6", "--seed", "1", "--threads", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"pretrain_planner.train: {res['reason']}"
+    plan8 = write_plan(tmp / "plan8", "tiny-gptneox", mb=8)  # another plan's micro-batch, the same folder
+    rc = cli.main(["train", "--plan", str(plan8.parent), "--launcher", "debug", "--steps", "6", "--out",
+                   str(tmp / "out"), "--threads", "1"])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    was = "micro_batch 4 and grad_accum_steps 4"
+    want = (
+        f"pretrain-planner train: {ckpt} was made with {was}, this run asks micro_batch 8 and grad_accum_steps 2: "
+        f"delete {run} to start over, or run with {was} to resume"
+    )
+    assert rc == 1 and err == want
+    rc = cli.main(["train", "--plan", str(plan.parent), "--launcher", "debug", "--steps", "6", "--out",
+                   str(tmp / "out"), "--threads", "1"])  # fmt: skip
+    assert rc == 0  # the same identity (seed 0): it resumes and trains to 6
+    assert [s["step"] for s in steps_of(tmp / "out")] == list(range(1, 7))
+
+
+def test_the_mismatch_names_every_part_that_differs():
+    from pretrain_planner.trainer.runidentity import mismatch_message
+
+    made = {"model": "m", "micro_batch": 4, "grad_accum_steps": 4, "ranks": 1, "seed": 0}
+    asked = {**made, "micro_batch": 8, "grad_accum_steps": 2}
+    msg = mismatch_message(Path("r/run/checkpoint.pt"), Path("r/run"), made, {}, asked, {})
+    assert msg == ("r/run/checkpoint.pt was made with micro_batch 4 and grad_accum_steps 4, this run asks micro_batch "
+                   "8 and grad_accum_steps 2: delete r/run to start over, or run with micro_batch 4 and "
+                   "grad_accum_steps 4 to resume")  # fmt: skip
+    old = mismatch_message(Path("c.pt"), Path("r"), None, None, asked, {})
+    assert "older checkpoint" in old and "delete r to start over" in old and "\n" not in old
+
+
+def test_relative_and_absolute_paths_are_one_run(tmp_path, monkeypatch):
+    """Issue 54: a run started with relative --data and --out resumes when given the same paths absolute."""
+    from pretrain_planner.train.run import train_plan
+
+    monkeypatch.chdir(tmp_path)
+    plan = write_plan(tmp_path / "plan", "tiny-gptneox")
+    (tmp_path / "corpus.txt").write_text("".join(f"Document {i} says words and more words {i % 7}.\n"
+                                                 for i in range(3000)))  # fmt: skip
+    kw = {"threads": 1, "eval_batches": 0, "warmup_steps": 0}
+    assert train_plan(plan, out="out", data="corpus.txt", steps=1, **kw)["steps"] == 1
+    res = train_plan(plan, out=str(tmp_path / "out"), data=str(tmp_path / "corpus.txt"), steps=2, **kw)
+    assert res["status"] == "ok" and res["starts_at_step"] == [0, 1] and res["steps"] == 2
+    assert res["val_loss"] is None and res["validation"]["batches"] == 0
+
+
+@pytest.mark.slow  # Snakemake, the CLI's local launcher and torchrun: three training processes
+def test_the_readmes_three_train_commands_train_one_run(tmp_path):
+    """Issue 54: README's three train commands, verbatim and in order, in a checkout (the repository's files linked,
+    `.venv/`, a plan with its launch.sh): the Snakemake target trains config/config.yaml's 10 steps, `pretrain-planner
+    train --steps 20` resumes it and trains 10 more, launch.sh --steps 40 (torchrun) 20 more; one continuous step
+    log, a validation loss at the end of each, and the console shows progress with an ETA. Then launch.sh with
+    another seed: one line, exit 2."""
+    import yaml
+    from pretrain_planner.tables.export import launch_script
+
+    from .readme_text import readme_command
+
+    work = tmp_path / "clone"
+    (work / "config").mkdir(parents=True)
+    for name in ("Snakefile", "workflow", "cluster", "envs", "pyproject.toml"):
+        (work / name).symlink_to(REPO / name)
+    (work / ".venv").symlink_to(BIN.parent)
+    for f in (REPO / "config").iterdir():
+        if f.name != "config.yaml":
+            (work / "config" / f.name).symlink_to(f)
+    config = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    assert config["train"] == {"steps": 10}  # the README's story: 10, then 20, then 40 steps
+    # a sweep without this setting (its plan is given here, not exported by a sweep), a validation every 10 steps
+    config["sweep"]["models"] = ["tiny-bert"]
+    config["train"].update(eval_every=10, eval_batches=1)
+    (work / "config/config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    folder = work / "results/optimal/tiny-gptneox/cpu/1x1"
+    write_plan(folder, "tiny-gptneox")
+    row = {"nodes": 1, "gpus_per_node": 1, "best_method": "naive", "micro_batch": 4, "grad_accum_steps": 4,
+           "step_time_s": 0.5, "training_days": 0.01}  # fmt: skip
+    (folder / "launch.sh").write_text(launch_script(CATALOG.model("tiny-gptneox"), CATALOG.gpu("cpu"), row,
+                                                    python=sys.executable, folder=folder))  # fmt: skip
+    env = {**os.environ, "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}  # a fresh login: the venv not on PATH
+    env.pop("PYTHON", None)
+    out = work / "results/train/tiny-gptneox/cpu/1x1"
+    commands = [readme_command(".venv/bin/snakemake --profile cluster/local results/train/"),
+                readme_command(".venv/bin/pretrain-planner train"),
+                readme_command("bash results/optimal/")]  # fmt: skip
+    for command, steps, starts in zip(commands, (10, 20, 40), ([0], [0, 10], [0, 10, 20]), strict=True):
+        proc = subprocess.run(["bash", "-c", command], cwd=work, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, (command, proc.stdout[-2000:] + proc.stderr[-4000:])
+        res = result_of(out)
+        assert (res["steps"], res["starts_at_step"]) == (steps, starts), command
+        assert [s["step"] for s in steps_of(out)] == list(range(1, steps + 1)), command
+        assert res["val_loss"] == steps_of(out)[-1]["val_loss"] and (out / "throughput.md").is_file()
+        if "snakemake" not in command:  # the console: the extension, progress lines with an ETA, rounded
+            assert f"budget {steps} steps (was {steps // 2} steps): the run is extended" in proc.stdout, proc.stdout
+            assert re.search(rf"train: step {steps}/{steps} \(100%\) loss \d\.\d\d val_loss \d\.\d\d [\d,]+ tokens/s "
+                             r"step [\d.]+ m?s ETA 0 s", proc.stdout), proc.stdout  # fmt: skip
+    assert res["method"] == "naive" and res["data"]["validation_blocks"] >= 1
+    # another seed through launch.sh: refused in one line, exit 2, no traceback of torchrun's (nor any file left)
+    refused = f"{readme_command('bash results/optimal/')} --seed 1"
+    proc = subprocess.run(["bash", "-c", refused], cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    ckpt = out.resolve() / "run/checkpoint.pt"
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert f"pretrain_planner.train: {ckpt} was made with seed 0, this run asks seed 1: delete" in proc.stderr
+    assert [s["step"] for s in steps_of(out)] == list(range(1, 41))

@@ -146,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     train_help = (
         "run an exported plan for real (local / SLURM / debug); the config's `train:` section gives the "
-        "defaults of --steps, --time-budget-h, --data, --tokenizer, --device"
+        "defaults of --steps, --time-budget-h, --data, --tokenizer, --device, --eval-every, --eval-batches"
     )
     p = _command(sub, "train", common, train_help)
     p.add_argument("--plan", required=True, help="results/optimal/{model}/{gpu}/{N}x{G}/ (or its plan.json)")
@@ -170,6 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=["auto", "cpu"],
                    help="cpu: a GPU plan on CPU processes (default: the config's train.device)")  # fmt: skip
     p.add_argument("--threads", type=_positive(int), default=1, help="cores for the run's ranks on this host")
+    p.add_argument("--eval-every", type=int, help="steps between validation losses, 0: at the end only (default: the "
+                                                 "config's train.eval_every)")  # fmt: skip
+    p.add_argument("--eval-batches", type=int, help="held-out micro-batches per validation (default: the config's "
+                                                   "train.eval_batches)")  # fmt: skip
     p.set_defaults(func=answer(train))
     return parser
 

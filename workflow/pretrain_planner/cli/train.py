@@ -1,16 +1,22 @@
 """`pretrain-planner train`: run an exported plan for real through the config's launcher (or --launcher):
-train/jobs.py; the config's `train:` section gives the defaults of the flags left out."""
+train/jobs.py; the config's `train:` section gives the defaults of the flags left out. While the job runs, its
+progress lines (train.log's `train: ` lines: step, loss, tokens/s, ETA) are shown; a run refused before it trains
+(a checkpoint of another run) is one line and exit status 1."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pretrain_planner import layout
-from pretrain_planner.cli.config import REPO, load_config, results_dir
+from pretrain_planner.cli.config import REPO, CliError, load_config, results_dir
+from pretrain_planner.tables import units
 
 
 @dataclass
@@ -22,6 +28,7 @@ class Trained:
 def query(args: argparse.Namespace) -> Trained:
     """Runs the plan (the one command that acts; its answer is the run's record)."""
     from pretrain_planner.train import jobs
+    from pretrain_planner.trainer.runidentity import RunRefused
 
     config = load_config(args)
     rec = jobs.read_plan(args.plan)
@@ -32,6 +39,7 @@ def query(args: argparse.Namespace) -> Trained:
         launcher["timeout_min"] = args.timeout_min
     launch = jobs.launch_settings(launcher, rec, REPO)
     out = Path(args.out) if args.out else layout.train_dir_of_plan(rec, results_dir(config))
+    out = out.resolve()  # the run's folder, whatever the job's working directory
     log_path = args.log or str(out / "launch.log")
     t = config["train"]  # the config's train section, as the train rule reads it; a flag given wins
     if args.steps or args.time_budget_h:
@@ -39,10 +47,53 @@ def query(args: argparse.Namespace) -> Trained:
     else:
         steps, hours = t["steps"], t["time_budget_hours"]
     device = args.device or ("cpu" if t["device"] == "cpu" or config["benchmark"].get("device") == "cpu" else "auto")
-    res = jobs.run_plan(args.plan, launch, out, log_path, threads=args.threads, device=device, steps=steps,
-                        time_budget_h=hours, data=args.data or t["data"], tokenizer=args.tokenizer or t["tokenizer"],
-                        checkpoint_every_min=t["checkpoint_every_min"])  # fmt: skip
+    evals = {k: getattr(args, k) if getattr(args, k) is not None else t[k] for k in ("eval_every", "eval_batches")}
+    follow = contextlib.nullcontext() if launch["kind"] == "debug" else _following(out / layout.TRAIN_LOG)
+    try:
+        with follow:  # (the debug launcher's rank prints its lines itself)
+            res = jobs.run_plan(jobs.plan_file(args.plan).resolve(), launch, out, log_path, threads=args.threads,
+                                device=device, steps=steps, time_budget_h=hours,
+                                data=jobs.canonical(args.data or t["data"]),
+                                tokenizer=jobs.canonical(args.tokenizer or t["tokenizer"]),
+                                checkpoint_every_min=t["checkpoint_every_min"], **evals)  # fmt: skip
+    except RunRefused as exc:
+        raise CliError(str(exc)) from None
     return Trained(res, out)
+
+
+@contextlib.contextmanager
+def _following(log: Path, every_s: float = 0.5) -> Iterator[None]:
+    """While the block runs, print the run's console lines (train.log's `train: ` lines) written from now on."""
+    from pretrain_planner.train.jobs import CONSOLE_MARK
+
+    start = log.stat().st_size if log.exists() else 0
+    done = threading.Event()
+
+    def show(pos: int) -> int:
+        if not log.exists() or log.stat().st_size <= pos:
+            return pos
+        with log.open("rb") as fh:
+            fh.seek(pos)
+            chunk = fh.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        for line in complete.decode(errors="replace").splitlines():
+            if CONSOLE_MARK in line:
+                print(line[line.index(CONSOLE_MARK) :], flush=True)
+        return pos + len(complete)
+
+    def loop() -> None:
+        pos = start
+        while not done.wait(every_s):
+            pos = show(pos)
+        show(pos)
+
+    thread = threading.Thread(target=loop, name="follow-train-log", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(timeout=5)
 
 
 def render_json(a: Trained) -> str:
@@ -50,8 +101,11 @@ def render_json(a: Trained) -> str:
 
 
 def render_text(a: Trained) -> str:
+    """One line, its figures rounded as the tables round them (tables/units.py)."""
     res, out = a.result, a.out
     t, ratio = res["throughput"], (res["throughput"].get("ratio") or {})
+    val = f", validation loss {units.number(res['val_loss'], 3)}" if res.get("val_loss") is not None else ""
     return (f"{res['model']} on {res['nodes']}x{res['gpus_per_node']} {res['gpu']} ({res['method']}): {res['steps']} "
-            f"steps ({res['stop_reason']}), sustained step {t.get('step_time_s')} s, train / prediction "
-            f"{ratio.get('step_time_s')}; {out / layout.RESULT}, {out / layout.THROUGHPUT_MD}")  # fmt: skip
+            f"steps ({res['stop_reason']}), sustained step {units.step(t.get('step_time_s'))}, train / prediction "
+            f"{units.times(ratio.get('step_time_s'))}{val}; {out / layout.RESULT}, "
+            f"{out / layout.THROUGHPUT_MD}")  # fmt: skip

@@ -329,6 +329,12 @@ fi
 NNODES={nodes}
 NPROC_PER_NODE={gpn}
 export HF_HUB_OFFLINE="${{HF_HUB_OFFLINE:-1}}"
+# A run that refuses to start (a checkpoint of another run in its folder) writes its one line here and its ranks
+# exit 0, so that torchrun adds no traceback; this script then exits 2 (under SLURM a file the first node can see)
+REFUSAL_DIR="${{TMPDIR:-/tmp}}"
+[[ -n "${{SLURM_JOB_ID:-}}" ]] && REFUSAL_DIR="${{SLURM_SUBMIT_DIR:-$PLAN_DIR}}"
+export PP_REFUSAL_FILE="$(mktemp "$REFUSAL_DIR/.pp-train-refusal.XXXXXX")"
+trap 'rm -f "$PP_REFUSAL_FILE"' EXIT
 if [[ -n "${{SLURM_JOB_ID:-}}" ]]; then
   MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
   # the rendezvous port from the job id, below the kernel's ephemeral range (the benchmark's jobs' rule): a fixed
@@ -349,6 +355,7 @@ if [[ -n "${{SLURM_JOB_ID:-}}" ]]; then
     wait "$STEP" && STATUS=0 || STATUS=$?
     kill -0 "$STEP" 2>/dev/null || break
   done
+  [[ -s "$PP_REFUSAL_FILE" ]] && exit 2
   if [[ "$WARNED" == 1 ]]; then
     scontrol requeue "$SLURM_JOB_ID" && exit 0
     echo "launch.sh: the site refused to requeue job $SLURM_JOB_ID: submit this script again with the same" \\
@@ -358,7 +365,9 @@ if [[ -n "${{SLURM_JOB_ID:-}}" ]]; then
   exit "$STATUS"
 elif [[ "$NNODES" -eq 1 ]]; then
   "${{RUN[@]}}" -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node="$NPROC_PER_NODE" \\
-    "${{ENTRY[@]}}" "$@"
+    "${{ENTRY[@]}}" "$@" && STATUS=0 || STATUS=$?
+  [[ -s "$PP_REFUSAL_FILE" ]] && exit 2
+  exit "$STATUS"
 else
   echo "this plan spans $NNODES nodes: submit it with sbatch (or run it inside a SLURM allocation)" >&2
   exit 2

@@ -18,6 +18,9 @@ from pretrain_planner.launch.rankjob import EntryJob
 from pretrain_planner.launch.request import Outcome, RuleLog
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.train.record import write_tables
+from pretrain_planner.trainer.runidentity import RunRefused
+
+CONSOLE_MARK = "train: "  # the run's lines of train.log that the console shows (progress, resume, metrics)
 
 
 def plan_file(plan: str | Path, setting: str | None = None) -> Path:
@@ -78,13 +81,21 @@ def run_plan(
     def collect(outcome: Outcome) -> None:
         """It finished while the driver was away and Snakemake removed its outputs as incomplete: rank 0's returned
         result is the run's (a new job would only resume at the last step and train nothing)."""
+        refused(outcome.first)
         if isinstance(outcome.first, dict) and "throughput" in outcome.first:
             atomic_write_text(result, json.dumps(outcome.first, indent=1, default=str))
             write_tables(out, outcome.first)
             log(f"job {outcome.job_id}: result.json and the throughput tables written from its returned result")
 
     outcome = stage.run(req, log, "train", log_path, [result], collect)
+    refused(outcome.first)  # result.json may be an earlier run's: the job's own answer says
     return outcome.first if req.kind == "debug" else json.loads(result.read_text())
+
+
+def refused(first: Any) -> None:
+    """Raise RunRefused when the job's rank 0 refused to start (a checkpoint of another run: its one line)."""
+    if isinstance(first, dict) and first.get("status") == "refused":
+        raise RunRefused(first["reason"])
 
 
 def train_rule(
@@ -105,5 +116,12 @@ def train_rule(
     t = config["train"]
     device = "cpu" if t["device"] == "cpu" or config["benchmark"].get("device") == "cpu" else "auto"
     return run_plan(p, launch, out_dir, log_path, threads=threads, device=device, steps=t["steps"],
-                    time_budget_h=t["time_budget_hours"], data=t["data"], tokenizer=t["tokenizer"],
-                    checkpoint_every_min=t["checkpoint_every_min"])  # fmt: skip
+                    time_budget_h=t["time_budget_hours"], data=canonical(t["data"]),
+                    tokenizer=canonical(t["tokenizer"]), checkpoint_every_min=t["checkpoint_every_min"],
+                    eval_every=t["eval_every"], eval_batches=t["eval_batches"])  # fmt: skip
+
+
+def canonical(path: str | None) -> str | None:
+    """A path given relative to the working directory, absolute (symbolic links resolved): the same data whatever
+    the working directory of the job's ranks, and recorded alike by every way of launching the run."""
+    return str(Path(path).expanduser().resolve()) if path else None

@@ -6,8 +6,18 @@ recipe's steps) or time-budgeted (--time-budget-h, or the recipe's time budget),
 
 Rank 0 writes `result.json` (the run, plan.json's method_settings beside what the trainer reports it applied,
 the data and whether it is synthetic, the sustained throughput beside the benchmark's prediction and their
-ratios) and `throughput.{md,csv}` (train/record.py) in the output folder; `run/` holds checkpoint.pt and
-steps.jsonl (a rerun resumes from it) and `data/` the prepared data.
+ratios, the validation loss) and `throughput.{md,csv}` (train/record.py) in the output folder; `run/` holds
+checkpoint.pt, steps.jsonl, metrics.csv and TensorBoard's event files (trainer/metrics.py) and `data/` the prepared
+data.
+
+Resume: a rerun resumes the run of its output folder when it has the checkpoint's identity (trainer/runidentity.py:
+model, method, micro-batch x accumulation x ranks, seed, the data's content), whatever launched either (the
+Snakemake target, `pretrain-planner train`, launch.sh); the budget is not part of it: a larger one extends the run,
+its learning-rate schedule recomputed over the new budget from the step it stands at (said in the log). A checkpoint
+of another identity is refused in one line (every rank returns {"status": "refused", "reason": ...}).
+
+Validation: every `eval_every` steps and at the end, the loss on the held-out slice of the data (trainer/validation.py),
+in that step's line of steps.jsonl (`val_loss`), metrics.csv, TensorBoard and result.json (`val_loss`).
 """
 
 from __future__ import annotations
@@ -31,12 +41,17 @@ from pretrain_planner.planning.settings import differences
 from pretrain_planner.planning.tasks import TASKS
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.runlog import FileLog, fingerprint
+from pretrain_planner.tables import units
 from pretrain_planner.train import record
-from pretrain_planner.trainer import methodbuild, schedule, startup, tasks
+from pretrain_planner.train.jobs import CONSOLE_MARK, canonical
+from pretrain_planner.trainer import methodbuild, runidentity, schedule, startup, tasks
 from pretrain_planner.trainer.loop import Hooks, Loop
+from pretrain_planner.trainer.metrics import Metrics
 from pretrain_planner.trainer.ranks import Ranks
 from pretrain_planner.trainer.run import versions
+from pretrain_planner.trainer.runidentity import RunRefused, identity_hash
 from pretrain_planner.trainer.steplog import loss_ends, read_jsonl
+from pretrain_planner.trainer.validation import validation_loss
 
 TRAIN_PACKAGES = ("torch", "transformers", "tokenizers", "deepspeed", "pretrain-planner")  # in result.json
 
@@ -151,6 +166,8 @@ class _Train(Training):
         self.setting = TrainSetting.of_plan(plan, str(plan_path))  # the benchmark's setting, read once
         super().__init__(None, _device_of(plan, o["device"]), self.setting.method, out / layout.TRAIN_LOG, clock)
         self.notes: list[str] = []
+        self.metrics: Metrics | None = None  # rank 0's metrics.csv and TensorBoard events, from the loop's start
+        self.elapsed_at_start = 0.0  # the training time this start resumed at (its ETA's)
         self.micro_batch = self.setting.micro_batch
         gb = int(self.recipe["global_batch"])
         self.accum, self.global_batch = accumulation(gb, self.micro_batch, self.world), gb
@@ -160,6 +177,12 @@ class _Train(Training):
                               f"{self.accum} instead of {self.setting.grad_accum_steps}, so the throughput is not the "
                               "same setting as the prediction")  # fmt: skip
         self._budget()
+
+    def prepare(self) -> None:
+        """Refuse a checkpoint of another run before anything is written (its parts known before the data), then
+        the task's data."""
+        run_dir = self.out / layout.TRAIN_RUN
+        runidentity.precheck(run_dir, run_dir / layout.CHECKPOINT, self.identity(with_data=False), {})
         self.time_data(self._data)
 
     # -- set-up ----------------------------------------------------------------------------------------------
@@ -203,26 +226,44 @@ class _Train(Training):
             lr_schedule=f"the recipe's {json.dumps(sched)} over the run's {self.budget['mode']} budget, set every step "
                         "(trainer.schedule.recipe_lr)",
         )  # fmt: skip
-        fp = fingerprint(self.model, plan["method"], self.micro_batch, self.accum, self.world, o["seed"], self.budget,
-                         self.data_info.get("fingerprint"), self.data_info["label"])  # fmt: skip
+        identity = self.identity()
         self.start_loop(
-            self.out / layout.TRAIN_RUN, fp, o["seed"], fake_step_s=o["fake_step_s"],
+            self.out / layout.TRAIN_RUN, identity_hash(identity), o["seed"], fake_step_s=o["fake_step_s"],
             checkpoint_every_s=o["checkpoint_every_min"] * 60 if o["checkpoint_every_min"] else None,
             checkpoint_every_steps=o["checkpoint_every_steps"], log_every=o["log_every"],
-            warmup_steps=o["warmup_steps"],
+            warmup_steps=o["warmup_steps"], extra_state={"budget": self.budget}, identity=identity,
+            identity_notes={"data": self.data_info["label"]},
         )  # fmt: skip
 
-    # -- the loop's hooks ----------------------------------------------------------------------------------
-    def progress(self, state: dict[str, Any]) -> float:
-        if self.budget["mode"] == "steps":
-            return state["step"] / self.budget["steps"]
-        return state["elapsed_s"] / schedule.budget_seconds(self.budget["hours"])
+    def identity(self, with_data: bool = True) -> dict[str, Any]:
+        """What the run's checkpoint belongs to (trainer/runidentity.py): what changes the model it trains and the
+        data it reads, by name (the model's settings: the plan's architecture and recipe); not the budget (a larger
+        one extends the run), nor paths or launcher. `with_data` False: the parts known before the data."""
+        model = self.plan["model"]
+        ident = {"model": model["name"], "model_settings": fingerprint(model), "method": self.plan["method"],
+                 "micro_batch": self.micro_batch, "grad_accum_steps": self.accum, "ranks": self.world,
+                 "seed": self.o["seed"]}  # fmt: skip
+        return {**ident, "data": self.data_info.get("fingerprint")} if with_data else ident
 
-    def lr(self, state: dict[str, Any]) -> float:
-        total = self.budget["steps"] if self.budget["mode"] == "steps" else None
-        sched = self.recipe.get("schedule") or TASKS[self.task].default_schedule
-        return schedule.recipe_lr(sched, float(self.recipe["optimizer"]["lr"]), state["step"], self.progress(state),
-                                  total)  # fmt: skip
+    # -- the loop's hooks ----------------------------------------------------------------------------------
+    def progress(self, state: dict[str, Any], budget: dict[str, Any] | None = None) -> float:
+        """How far the run is through `budget` (default: this run's)."""
+        budget = budget or self.budget
+        if budget["mode"] == "steps":
+            return state["step"] / budget["steps"]
+        return state["elapsed_s"] / schedule.budget_seconds(budget["hours"])
+
+    def lr(self, state: dict[str, Any], budget: dict[str, Any] | None = None) -> float:
+        """The recipe's schedule over `budget` (default: this run's; a resumed run with a larger budget has it
+        recomputed over the new one from where it stands)."""
+        budget = budget or self.budget
+        total = budget["steps"] if budget["mode"] == "steps" else None
+        return schedule.recipe_lr(self.schedule, float(self.recipe["optimizer"]["lr"]), state["step"],
+                                  self.progress(state, budget), total)  # fmt: skip
+
+    @property
+    def schedule(self) -> dict[str, Any]:
+        return self.recipe.get("schedule") or TASKS[self.task].default_schedule
 
     def stop(self, state: dict[str, Any]) -> str | None:
         if self.budget["mode"] == "steps" and state["step"] >= self.budget["steps"]:
@@ -232,7 +273,81 @@ class _Train(Training):
         return None
 
     def step_fields(self, state: dict[str, Any]) -> dict[str, Any]:
-        return {"progress": round(self.progress(state), 6)}
+        """The step's progress, and its validation loss when one is due (every `eval_every` steps and at the end of
+        the budget): every rank evaluates, its time counted as training time (`val_s`)."""
+        fields: dict[str, Any] = {"progress": round(self.progress(state), 6)}
+        every = self.o["eval_every"]
+        due = (every and state["step"] % every == 0) or self.stop(state) is not None
+        if due and self.data.validation is not None and self.o["eval_batches"]:
+            t0 = time.perf_counter()
+            vl = validation_loss(self.data.validation, self.built, self.micro_batch, self.o["eval_batches"],
+                                 self.device)  # fmt: skip
+            state["val_s"] = state.get("val_s", 0.0) + self.loop.add_time(t0)
+            fields["val_loss"] = vl
+        return fields
+
+    def after_step(self, loop: Loop) -> None:
+        """Rank 0: the step's metrics (metrics.csv, TensorBoard) and, every log_every steps, at the first and at
+        the last, a progress line on the console."""
+        rec = loop.last or {}
+        if self.metrics is not None:
+            self.metrics.write(rec, self.global_batch, self.data.tokens_per_sample)
+        step = rec.get("step", 0)
+        last = self.stop(loop.state) is not None
+        if self.rank0 and (step % loop.log_every == 0 or step == 1 or last or "val_loss" in rec):
+            self.say(self.progress_line(loop, rec))
+
+    def progress_line(self, loop: Loop, rec: dict[str, Any]) -> str:
+        """step/total (or elapsed/budget), loss, validation loss, tokens/s, step time, ETA, rounded as the tables
+        round (tables/units.py)."""
+        state, b = loop.state, self.budget
+        done = loop.since_start
+        spent = state["elapsed_s"] - self.elapsed_at_start
+        if b["mode"] == "steps":
+            where = f"step {state['step']}/{b['steps']}"
+            eta = (b["steps"] - state["step"]) * spent / done if done else None
+        else:
+            spent_txt, budget_txt = units.duration_s(state["elapsed_s"]), units.duration_s(b["hours"] * 3600)
+            where = f"step {state['step']}, {spent_txt} of {budget_txt}"
+            eta = schedule.budget_seconds(b["hours"]) - state["elapsed_s"]
+        dt = rec.get("step_time_s")
+        tps = self.global_batch * self.data.tokens_per_sample / dt if dt and self.data.tokens_per_sample else None
+        sps = self.global_batch / dt if dt else None
+        parts = [where, f"({units.percent(self.progress(state))})", f"loss {units.number(rec.get('loss'), 3)}"]
+        if "val_loss" in rec:
+            parts.append(f"val_loss {units.number(rec['val_loss'], 3)}")
+        parts.append(f"{units.rate(tps)} tokens/s" if tps is not None else f"{units.rate(sps)} samples/s")
+        parts += [f"step {units.step(dt)}", f"ETA {units.duration_s(max(0.0, eta)) if eta is not None else '-'}"]
+        return " ".join(parts)
+
+    def say(self, msg: str, *args: Any) -> None:
+        """A line for the console (rank 0's stdout) and train.log, marked `train: ` there (what `pretrain-planner
+        train` follows while its job runs: cli/train.py)."""
+        line = f"{CONSOLE_MARK}{msg % args if args else msg}"
+        self.logger.info(line)
+        if self.rank0:
+            print(line, flush=True)
+
+    def on_resume(self, loop: Loop) -> None:
+        """The checkpoint's budget against this run's: a larger one extends the run, its schedule recomputed over
+        the new budget from the step the run stands at (the learning rate then continues from its new value, not
+        from the old schedule's); a smaller one (or the same) ends the run where it is."""
+        state = loop.state
+        old = state.get("budget") or self.budget
+        state["budget"] = self.budget
+        state["stop"] = None  # the budget decides again (the checkpoint of a finished run holds why it stopped)
+        self.say("resumed at step %d of %s", state["step"], loop.run_dir)
+        if _budget_text(old) == _budget_text(self.budget):  # the same budget, however it was given
+            return
+        if self.stop(state) is not None:
+            self.say("the checkpoint is at step %d, at or past this run's budget (%s): nothing left to train; a "
+                     "larger --steps or --time-budget-h extends the run", state["step"],
+                     _budget_text(self.budget))  # fmt: skip
+            return
+        self.say("budget %s (was %s): the run is extended; the %s schedule is recomputed over the new budget, the "
+                 "learning rate of the next step %.3g (the old budget's: %.3g)", _budget_text(self.budget),
+                 _budget_text(old), self.schedule.get("name", "constant"), self.lr(state),
+                 self.lr(state, old))  # fmt: skip
 
     def on_start(self, loop: Loop) -> None:
         p = self.plan
@@ -270,12 +385,32 @@ class _Train(Training):
             "grad_clip": self.recipe.get("grad_clip"), "data": self.data_info,
             "method_settings_plan": planned, "method_settings": settings, "settings_differences": diffs,
             "throughput": thr, "loss_first": loss_first,
-            "loss_last": loss_last, "notes": self.notes,
+            "loss_last": loss_last, **self.validation_record(steps), "metrics": self.metrics_record(),
+            "notes": self.notes,
             "run_dir": str(loop.run_dir), "versions": versions(TRAIN_PACKAGES), "hostname": socket.gethostname(),
             "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "started_at": started,
             "finished_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "wall_time_s": time.time() - t0,
         }  # fmt: skip
+
+    def validation_record(self, steps: list[dict[str, Any]]) -> dict[str, Any]:
+        """result.json's `val_loss` (the last validation's) and `validation` (how and every point)."""
+        points = [{"step": s["step"], "val_loss": s["val_loss"]} for s in steps if "val_loss" in s]
+        held = self.data_info.get("validation_blocks", self.data_info.get("validation_images"))
+        how = {"every": self.o["eval_every"], "batches": self.o["eval_batches"], "micro_batch": self.micro_batch,
+               "held_out": held, "points": points, "seconds": self.loop.state.get("val_s", 0.0),
+               "on": "every rank evaluates the same held-out micro-batches (the figure does not depend on the "
+                     "number of ranks)"}  # fmt: skip
+        if self.data.validation is None:
+            how["note"] = "no held-out data (a single sample): no validation loss"
+        return {"val_loss": points[-1]["val_loss"] if points else None, "validation": how}
+
+    def metrics_record(self) -> dict[str, Any]:
+        return self.metrics.record() if self.metrics is not None else {}
+
+
+def _budget_text(b: dict[str, Any]) -> str:
+    return f"{b['steps']} steps" if b["mode"] == "steps" else f"{units.duration_s(b['hours'] * 3600)} of training time"
 
 
 def train_plan(plan: str | Path, **kwargs: Any) -> dict[str, Any]:
@@ -297,6 +432,8 @@ def _train_plan(
     seed: int = 0,
     warmup_steps: int = 2,
     log_every: int = 10,
+    eval_every: int | None = 100,
+    eval_batches: int = 4,
     checkpoint_every_min: float | None = 30.0,
     checkpoint_every_steps: int | None = None,
     fake_step_s: float | None = None,
@@ -313,18 +450,32 @@ def _train_plan(
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     t0, started = time.time(), dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     rec, plan_path = load_plan(plan)
-    out_dir = Path(out) if out is not None else layout.train_dir_of_plan(rec, "results")
+    # canonical paths: a run started with relative paths and resumed with absolute ones (or from another working
+    # directory's launcher) is the same run with the same data
+    out_dir = Path(canonical(str(out)) if out is not None else layout.train_dir_of_plan(rec, "results").resolve())
     out_dir.mkdir(parents=True, exist_ok=True)
-    o = {"steps": steps, "time_budget_h": time_budget_h, "data": data, "tokenizer": tokenizer, "device": device,
-         "threads": threads, "seed": seed, "warmup_steps": warmup_steps, "log_every": log_every,
+    o = {"steps": steps, "time_budget_h": time_budget_h, "data": canonical(data),
+         "tokenizer": canonical(tokenizer), "device": device, "threads": threads, "seed": seed,
+         "warmup_steps": warmup_steps, "log_every": log_every, "eval_every": eval_every, "eval_batches": eval_batches,
          "checkpoint_every_min": checkpoint_every_min, "checkpoint_every_steps": checkpoint_every_steps,
          "fake_step_s": fake_step_s}  # fmt: skip
     run = _Train(rec, plan_path.resolve(), out_dir, o, clock)
     try:
-        run.build()
-        run.loop.resume_or_start()
+        try:
+            run.prepare()
+            run.build()
+            run.loop.resume_or_start()
+        except RunRefused as exc:  # every rank reads the checkpoint and refuses alike
+            run.logger.info("refused: %s", exc)
+            return {"status": "refused", "reason": str(exc), "rank": run.ranks.rank}
+        run.elapsed_at_start = run.loop.state["elapsed_s"]
+        run.metrics = Metrics(run.loop.run_dir, run.loop.state["step"], run.say) if run.rank0 else None
         run.note_start()
-        run.loop.run(kill_at_step, kill_signal)
+        try:
+            run.loop.run(kill_at_step, kill_signal)
+        finally:
+            if run.metrics is not None:
+                run.metrics.close()
         run.logger.info("stopped (%s) at step %d, %.1f s of training time", run.loop.state["stop"],
                         run.loop.state["step"], run.loop.state["elapsed_s"])  # fmt: skip
         run.loop.checkpoint()

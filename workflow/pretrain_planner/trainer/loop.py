@@ -14,7 +14,8 @@ a step), the loop itself is one.
 - Checkpoints (`Loop.checkpoint`): rank 0 writes checkpoint.pt (the method's state dicts: weights, optimizer,
   loss scaler; FSDP2 as full state dicts, ZeRO naming the engine's sharded checkpoint), the data position and the
   schedule's state (`Hooks.data_state`), the loop's state and the RNG; every rank reads it back (`resume`), and a
-  checkpoint of another configuration (`fingerprint`) is refused.
+  checkpoint of another configuration (`fingerprint`) is refused: with the run's `identity` (trainer/runidentity.py)
+  in one line naming what differs (CheckpointMismatch).
 - Signals (trainer/signals.py): SIGTERM / SIGUSR1 (SLURM pre-emption, a time-limit warning) and submitit's USR2
   are recorded while a step runs; after it the loop checkpoints, hands over to submitit's handler (which requeues)
   and ends with SystemExit. `kill_at_step` (testing) sends a signal to this process after that step (SIGKILL: a crash).
@@ -38,8 +39,10 @@ import torch
 
 from pretrain_planner import layout
 from pretrain_planner.launch import progress as job_progress
+from pretrain_planner.tables import units
 from pretrain_planner.trainer import startup
 from pretrain_planner.trainer.ranks import Ranks
+from pretrain_planner.trainer.runidentity import CheckpointMismatch, mismatch_message, write_identity
 from pretrain_planner.trainer.signals import stop_signals
 from pretrain_planner.trainer.steplog import append_jsonl, truncate_jsonl
 
@@ -142,6 +145,8 @@ class Loop:
         log_every: int = 10,
         warmup_steps: int = 0,
         extra_state: dict[str, Any] | None = None,
+        identity: dict[str, Any] | None = None,
+        identity_notes: dict[str, Any] | None = None,
     ) -> None:
         self.built, self.ranks, self.hooks = built, ranks, hooks
         self.step_fn = built.step
@@ -151,6 +156,9 @@ class Loop:
         if run_dir is not None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         self.fp, self.accum, self.seed, self.logger = fingerprint, accum, seed, logger
+        # what the checkpoint belongs to, by name (trainer/runidentity.py; None: the fingerprint alone), and how to
+        # describe a part of it in a refusal (the data's label beside its fingerprint)
+        self.identity, self.identity_notes = identity, identity_notes or {}
         self.fake_step_s = fake_step_s
         self.checkpoint_every_s, self.checkpoint_every_steps = checkpoint_every_s, checkpoint_every_steps
         self.log_every = max(1, int(log_every))
@@ -199,8 +207,9 @@ class Loop:
         t0 = time.perf_counter()
         ck = torch.load(self.ckpt_path, map_location="cpu", weights_only=False)
         if ck["fingerprint"] != self.fp:
-            raise RuntimeError(f"{self.ckpt_path} belongs to another configuration or data; delete {self.run_dir} "
-                               "to start over")  # fmt: skip
+            made, notes = ck.get("identity"), ck.get("identity_notes")
+            msg = mismatch_message(self.ckpt_path, self.run_dir, made, notes, self.identity, self.identity_notes)
+            raise CheckpointMismatch(msg)
         self.built.load_state_dicts(ck, self.ds_dir)
         if self.step_fn.scaler is not None and ck["scaler"]:
             self.step_fn.scaler.load_state_dict(ck["scaler"])
@@ -328,8 +337,9 @@ class Loop:
         if self.rank0 and self._steps_fh is not None:
             append_jsonl(self._steps_fh, rec)
         if state["step"] % self.log_every == 0 or state["step"] == 1:
-            self.logger.info("step %d lr %.3g loss %.4f (%.3f s)%s", state["step"], lr, loss_sum, dt,
-                             "".join(f" {k} {v}" for k, v in fields.items()))  # fmt: skip
+            self.logger.info("step %d lr %.3g loss %.4g (%s)%s", state["step"], lr, loss_sum, units.step(dt),
+                             "".join(f" {k} {v:.4g}" if isinstance(v, float) else f" {k} {v}"
+                                     for k, v in fields.items()))  # fmt: skip
         return stop_sig
 
     def _stop_on_signal(self, sig: int, previous: dict[int, Any]) -> None:
@@ -358,13 +368,16 @@ class Loop:
         writes, timed = self.state.get("checkpoints", 0), self.state.get("checkpoints_timed")
         timed = writes if timed is None else timed
         ck = {
-            "fingerprint": self.fp, **parts, "scaler": scaler.state_dict() if scaler else {},
+            "fingerprint": self.fp, "identity": self.identity, "identity_notes": self.identity_notes, **parts,
+            "scaler": scaler.state_dict() if scaler else {},
             "data": self.hooks.data_state(), "state": {**self.state, "checkpoints": writes + 1,
                                                        "checkpoints_timed": timed},
             "rng": {"torch": torch.get_rng_state(), "scheme": "torch reseeded every step from (seed, rank, step)"},
         }  # fmt: skip
         tmp = self.ckpt_path.with_name(".checkpoint.pt.tmp")
         torch.save(ck, tmp)
+        if self.identity is not None:  # beside it, readable without the weights (runidentity.precheck)
+            write_identity(self.run_dir, self.identity, self.identity_notes)
         os.replace(tmp, self.ckpt_path)
         job_progress.mark(self.state["step"], "checkpointed step")  # a time-out requeue must get further than this
         self.built.prune_deepspeed(self.ds_dir, keep=tag)

@@ -3,7 +3,9 @@ shapes that the benchmark times (`synthetic_batch`) and the data a run that trai
 train stage for every task, the budget stage's masked LM through `masked_lm_shards`).
 
 A task's data (`TaskData`) is a global sample stream in a seeded order whose position is the checkpoint's `data`;
-every rank walks the same stream and trains on its own slice of each micro-batch (`batch`).
+every rank walks the same stream and trains on its own slice of each micro-batch (`batch`). Its `validation` (when
+there is one) evaluates a held-out slice never trained on: the last rows of the blocks or images
+(trainer/validation.py), the masked LM's validation shards.
 
 - causal LM (GPT-NeoX/Pythia, Mamba): text files or a generated corpus, a tokenizer from a file or a byte-level
   BPE trained here, packed into blocks of the recipe's sequence length (data/text.py);
@@ -26,6 +28,7 @@ import torch
 from pretrain_planner.planning.tasks import TASKS
 from pretrain_planner.trainer.data import images, mlm, shards, text
 from pretrain_planner.trainer.data.sampler import IndexSampler
+from pretrain_planner.trainer.validation import Evaluate, holdout, rows_evaluator
 
 
 @dataclass
@@ -55,6 +58,7 @@ class TaskData:
     tokens_per_sample: int | None
     model: dict[str, Any]
     notes: list[str] = field(default_factory=list)
+    validation: Evaluate | None = None  # the held-out loss (trainer/validation.py); None: nothing held out
 
     def batch(self, micro_batch: int, world: int, rank: int, device: Any) -> dict[str, torch.Tensor]:
         """This rank's slice of the next `micro_batch` x `world` samples of the stream."""
@@ -84,13 +88,16 @@ def causal_lm(model: dict[str, Any], req: DataRequest) -> TaskData:
     files, info = text.text_files(req.data, req.folder, req.seed, min_words=req.min_samples * seq)
     blocks, meta = text.causal_lm_tokens(files, req.tokenizer, int(model["arch"]["vocab_size"]), seq, req.folder)
     info = {**info, **{k: v for k, v in meta.items() if k != "fingerprint"}, "fingerprint": meta["fingerprint"]}
-    sampler = IndexSampler(len(blocks), req.seed)
+    n_train = len(blocks) - holdout(len(blocks))  # the last blocks are held out for validation
+    sampler = IndexSampler(n_train, req.seed)
 
     def get(idx: np.ndarray) -> dict[str, torch.Tensor]:
         ids = torch.from_numpy(np.asarray(blocks[np.sort(idx)], dtype=np.int64))
         return {"input_ids": ids, "labels": ids.clone()}
 
-    return TaskData(sampler, _indexed(sampler, get), info, seq, dict(model))
+    info = {**info, "validation_blocks": len(blocks) - n_train}
+    return TaskData(sampler, _indexed(sampler, get), info, seq, dict(model),
+                    validation=rows_evaluator(n_train, len(blocks), get))  # fmt: skip
 
 
 def masked_lm_shards(index_path: Path, seed: int, model: dict[str, Any], info: dict[str, Any]) -> TaskData:
@@ -102,7 +109,13 @@ def masked_lm_shards(index_path: Path, seed: int, model: dict[str, Any], info: d
     def fetch(micro_batch: int, world: int, rank: int, device: Any) -> dict[str, torch.Tensor]:
         return shards.rank_batch(sampler, micro_batch, world, rank, pad, device)
 
-    return TaskData(sampler, fetch, info, int(index["seq_len"]), model)
+    held = index["splits"].get("validation") or []
+
+    def evaluate(net: torch.nn.Module, micro_batch: int, batches: int, device: Any, autocast: Any) -> float:
+        return shards.validation_loss(net, held, index_path.parent, pad, micro_batch, micro_batch * batches, device,
+                                      autocast)  # fmt: skip
+
+    return TaskData(sampler, fetch, info, int(index["seq_len"]), model, validation=evaluate if held else None)
 
 
 def masked_lm(model: dict[str, Any], req: DataRequest) -> TaskData:
@@ -130,8 +143,11 @@ def masked_lm(model: dict[str, Any], req: DataRequest) -> TaskData:
 def image_classification(model: dict[str, Any], req: DataRequest) -> TaskData:
     source = images.ImageSource(req.data, int(model["recipe"]["image_size"]), int(model["arch"].get("num_labels", 2)),
                                 req.seed, req.min_samples)  # fmt: skip
-    sampler = IndexSampler(source.n, req.seed)
-    return TaskData(sampler, _indexed(sampler, source.batch), dict(source.info), None, dict(model))
+    n_train = source.n - holdout(source.n)  # the last images are held out for validation
+    sampler = IndexSampler(n_train, req.seed)
+    info = {**source.info, "validation_images": source.n - n_train}
+    return TaskData(sampler, _indexed(sampler, source.batch), info, None, dict(model),
+                    validation=rows_evaluator(n_train, source.n, source.batch))  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------ synthetic batches
