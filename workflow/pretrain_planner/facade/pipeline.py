@@ -172,13 +172,16 @@ class Pipeline:
         """benchmark.loss_check, its mode normalised (planning/losscheck.settings)."""
         return losscheck.settings(self.config["benchmark"]["loss_check"])
 
-    def loss_check_folders(self) -> list[str]:
-        """The settings ({model}/{gpu}/{N}x{G}) a loss check runs for: every setting with a valid cell."""
-        if self.loss_check["mode"] == "off":
-            return []
+    def setting_methods(self) -> dict[str, list[str]]:
+        """Each setting ({model}/{gpu}/{N}x{G}) -> its valid methods."""
         if self.adaptive:
-            return list(self.settings)
-        return sorted(layout.setting_folder(*key) for key in self._cells_by_setting)
+            return {f: list(st.methods) for f, st in self.settings.items()}
+        return {layout.setting_folder(*key): [c.method for c in cells] for key, cells in self._cells_by_setting.items()}
+
+    def loss_check_folders(self) -> list[str]:
+        """The settings a loss check runs for: every setting with a valid naive cell, the reference (a setting
+        without one would run a job that can only record that it has nothing to compare with)."""
+        return sorted(f for f, m in self.setting_methods().items() if losscheck.unplanned(self.loss_check, m) is None)
 
     def loss_check_files(self) -> list[str]:
         return [f"{layout.loss_check_dir(self.results, f)}/{layout.LOSS_CURVES}" for f in self.loss_check_folders()]
@@ -260,15 +263,18 @@ class Pipeline:
     def loss_check_lines(self) -> list[str]:
         """What the loss check adds to the plan: one job per setting, its runs x steps, each step the recipe's."""
         conf, folders = self.loss_check, self.loss_check_folders()
+        unplanned = [r for m in self.setting_methods().values() if (r := losscheck.unplanned(conf, m))]
         if not folders:
-            return ["  loss check: off (benchmark.loss_check.mode): no method is checked to train naive's model"]
+            why = unplanned[0] if unplanned else "no setting"
+            return [f"  loss check: none ({why}): no method is checked to train naive's model"]
+        skipped = f"; {len(unplanned)} settings not checked ({unplanned[0]})" if unplanned else ""
         which = "each setting's pick" if conf["mode"] == "chosen" else "every method that trains"
         naive = 2 + conf["seeds"] - 1  # the reference, its half micro-batch, its other dropout seeds (if any dropout)
         runs = naive + (1 if conf["mode"] == "chosen" else max(1, len(self.cells) // len(folders) - 1))
         return [f"  loss check ({conf['mode']}): {which} against naive, {len(folders)} settings, one job each of at "
                 f"most {runs} runs x {conf['steps']} steps (about {runs * conf['steps']} step times per setting, "
                 f"against the {self.config['benchmark']['warmup_steps'] + self.config['benchmark']['timed_steps']}+ "
-                "of each cell; tables/benchmark_cost.csv: loss_check_gpu_hours)"]  # fmt: skip
+                f"of each cell; tables/benchmark_cost.csv: loss_check_gpu_hours){skipped}"]  # fmt: skip
 
     def settings_lines(self) -> list[str]:
         """The effective settings that differ from the schema's defaults, each with the file it came from:

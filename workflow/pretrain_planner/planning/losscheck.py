@@ -156,6 +156,41 @@ def allowed(text: str | None, allow_differs: bool = False) -> bool:
     return allow_differs or text is None or not text.startswith(DIFFERS)
 
 
+# --- why a method is `not checked` -----------------------------------------------------------------------------
+NO_REFERENCE = "naive is not swept there (sweep.methods): no reference to check against; add naive to check the pick"
+
+
+def has_reference(methods: Sequence[str]) -> bool:
+    """Whether a setting whose valid methods are `methods` can be checked: every verdict compares with naive's own
+    curve from the same setting, so a setting without a naive cell has nothing to compare with. Its check is not
+    planned (the pipeline's loss_check_folders) rather than planned as a job that can only record this."""
+    return "naive" in methods
+
+
+def unplanned(conf: dict[str, Any], methods: Sequence[str]) -> str | None:
+    """Why a setting with valid methods `methods` has no check planned (None: it has one), in the words `best`,
+    loss_check.md and report.md use."""
+    if conf["mode"] == "off":
+        return "benchmark.loss_check.mode is off"
+    return None if has_reference(methods) else NO_REFERENCE
+
+
+def why_unchecked(method: str, record: dict[str, Any] | None, conf: dict[str, Any], methods: Sequence[str]) -> str:
+    """Why `method` has no verdict at its setting: the plan's reason, else the setting's check record's (its
+    `note`: naive did not train there, the check batch does not split, the pick is naive), else the mode's."""
+    reason = unplanned(conf, methods)
+    if reason:
+        return reason
+    if record is None:
+        return "the setting's check has not run yet"
+    if record.get("note"):
+        return str(record["note"])
+    if conf["mode"] == "chosen":
+        return (f"{method} was not the setting's pick when the check ran (benchmark.loss_check.mode chosen checks "
+                "the pick only; `all` checks every method)")  # fmt: skip
+    return "the check recorded no verdict for it (tables/loss_check.md)"
+
+
 # --- which runs a setting's check job makes ------------------------------------------------------------------------
 
 

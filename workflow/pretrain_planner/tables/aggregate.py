@@ -471,11 +471,18 @@ def benchmark_cost(cells: pl.DataFrame, ttt: pl.DataFrame, strategy: str,
     return table.select(BENCHMARK_COST_COLUMNS).sort(GROUP)
 
 
-def loss_check_table(paths: Iterable[str], conf: dict[str, Any] | None) -> tuple[pl.DataFrame, dict[Any, float]]:
+UNCHECKED = "unchecked"  # a loss_check line's role: a setting no method was checked at, its `note` says why
+
+
+def loss_check_table(paths: Iterable[str], conf: dict[str, Any] | None,
+                     setting_methods: dict[tuple[Any, ...], list[str]] | None = None,
+                     ) -> tuple[pl.DataFrame, dict[Any, float]]:  # fmt: skip
     """Every checked method's verdict and every precision change's line (planning/losscheck.judge_records), and
-    each setting's check cost in GPU-hours, from the settings' curves files."""
+    each setting's check cost in GPU-hours, from the settings' curves files; a setting of `setting_methods`
+    (setting -> its valid methods) that no method was checked at has an `unchecked` line saying why (its check
+    record's note, or why none was planned), so that no reader is left to guess from an empty table."""
     conf = losscheck.settings(conf)
-    records, hours = [], {}
+    records, hours, why = [], {}, {}
     for path in paths:
         rec = losscheck.read(path)
         if rec is None or "setting" not in rec:
@@ -486,7 +493,14 @@ def loss_check_table(paths: Iterable[str], conf: dict[str, Any] | None) -> tuple
         check = rec.get("check") or {}
         spent = check.get("gpu_hours_spent", check.get("gpu_hours_estimate"))  # measured, else steps x step time
         hours[(s["model"], s["gpu"], s["nodes"], s["gpus_per_node"])] = spent or 0.0
+        if not rec.get("runs") and rec.get("note"):
+            why[(s["model"], s["gpu"], s["nodes"], s["gpus_per_node"])] = rec["note"]
     rows = losscheck.judge_records(records, conf["k"], conf["tail"])
+    for key, valid in (setting_methods or {}).items():
+        reason = losscheck.unplanned(conf, valid) or why.get(key)
+        if reason:
+            rows.append({**dict(zip(GROUP, key, strict=True)), "method": None, "role": UNCHECKED,
+                         "loss": losscheck.NOT_CHECKED, "note": reason})  # fmt: skip
     curves = {losscheck.folder_of(r): r["curves"] for r in records}
     for r in rows:
         r["world_size"] = r["nodes"] * r["gpus_per_node"]
@@ -552,7 +566,9 @@ def build_all(
     cells, problems = cells_table(plan, result_paths, catalog, pruned)
     cells = memfix.explain_cells(cells, catalog)
     loss_checks = list(loss_checks)
-    checks, check_hours = loss_check_table(loss_checks, loss_check)
+    valid = cells.filter(pl.col("status") != "invalid").group_by(GROUP, maintain_order=True).agg(pl.col("method"))
+    setting_methods = {tuple(r[:4]): r[4] for r in valid.iter_rows()}
+    checks, check_hours = loss_check_table(loss_checks, loss_check, setting_methods)
     cells = with_loss(cells, checks, bool(loss_checks))
     ttt = time_to_train(cells)
     costs = costs_table(ttt, catalog, costs_config)
