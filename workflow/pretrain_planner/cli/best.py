@@ -219,6 +219,7 @@ def render_text(a: Best) -> str:
     days = _days(r["training_days"]) if r["training_days"] is not None else "days unknown (no step count)"
     lines = [f"{r['model']} on {r['nodes']}x{r['gpus_per_node']} {r['gpu']}: best method {r['best_method']}, {days}",
              f"  loss check: {_loss_line(r, a.allow_differs)}",
+             *([f"  {r['tie']}"] if r.get("tie") else []),
              f"  micro-batch {r['micro_batch']} x {r['grad_accum_steps']} accumulation steps per GPU; step "
              f"{units.step(r['step_time_s'])} (p10 {units.step(r['step_time_p10_s'])}, "
              f"p90 {units.step(r['step_time_p90_s'])})"]  # fmt: skip

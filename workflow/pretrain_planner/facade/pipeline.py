@@ -11,6 +11,7 @@ import csv
 import functools
 import io
 import sys
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -228,8 +229,13 @@ class Pipeline:
             )
         return out
 
-    def summary(self) -> str:
-        """Cells per partition, GPUs per cell, time limit and the GPU-hour upper bound of the sweep."""
+    def summary(self, targets: Iterable[str] = ()) -> str:
+        """Cells per partition, GPUs per cell, time limit and the GPU-hour upper bound of the sweep; where every
+        target is the budget stage's (`targets`: Snakemake's), only that the sweep does not run."""
+        targets = list(targets)
+        if targets and all(_budget_target(t, self.results) for t in targets):
+            return (f"pretrain-planner plan: {', '.join(targets)} runs the budget stage alone: none of the sweep's "
+                    f"{len(self.cells)} cells runs")  # fmt: skip
         rows = [r for r in self.rows() if r["valid"]]
         by_part: dict[str, dict[str, Any]] = {}
         for r in rows:
@@ -239,8 +245,12 @@ class Pipeline:
             agg["limit"].add(r["time_limit_min"])
             agg["hours"] += r["gpu_hours_max"]
         lines = [*self.settings_lines()]
+        measured = sum((Path(self.results) / c.path / layout.RESULT).is_file() for c in self.cells)
+        cells = f"{len(rows)} cells to run" if not measured else (
+            f"{len(rows)} cells, {len(rows) - measured} to run and {measured} measured already in "
+            f"{self.results}/cells (kept unless a setting they ran with changed)")  # fmt: skip
         lines += [
-            f"pretrain-planner plan: {len(rows)} cells to run, {len(self.planned) - len(rows)} invalid "
+            f"pretrain-planner plan: {cells}, {len(self.planned) - len(rows)} invalid "
             f"(reasons in {self.results}/plan.csv); launcher {self.config['launcher']['kind']}"
         ]
         for part, agg in sorted(by_part.items()):
@@ -283,8 +293,7 @@ class Pipeline:
             return []
         diff = non_defaults(self.config, "config", self.sources, CLI_CONFIG)
         lines = ["pretrain-planner settings (those differing from workflow/schemas/config.schema.yaml's defaults):"]
-        width = max((len(f"{k} = {v}") for k, v, _ in diff), default=0)
-        lines += [f"  {f'{k} = {v}':<{width}}  <- {origin}" for k, v, origin in diff]
+        lines += _aligned([(_clipped(f"{k} = {v}"), origin) for k, v, origin in diff])
         if any(origin == DEMO_LABEL for *_, origin in diff):
             lines.append(f"  ({DEMO_CONFIG} is the demo sweep, tiny models on CPUs: it applies only when no "
                          "--configfile is given)")  # fmt: skip
@@ -348,6 +357,38 @@ def config_sources(configfiles: list[Any], basedir: str | Path) -> list[tuple[st
         except ConfigError:
             continue
     return out
+
+
+SETTING_TEXT_MAX = 100  # characters of one setting's `key = value` in the dry run; the whole value is in its file
+ALIGN_MAX = 60  # settings up to this long align their `<- file`; a longer one does not push every other line out
+
+
+def _clipped(text: str) -> str:
+    """A setting's `key = value`, its value cut to SETTING_TEXT_MAX characters (the file beside it has it whole)."""
+    if len(text) <= SETTING_TEXT_MAX:
+        return text
+    return f"{text[: SETTING_TEXT_MAX - 25]}... ({len(text)} characters)"
+
+
+def _aligned(pairs: list[tuple[str, str]]) -> list[str]:
+    """`  text  <- origin` lines, the short texts padded to one column."""
+    width = max((len(t) for t, _ in pairs if len(t) <= ALIGN_MAX), default=0)
+    return [f"  {t:<{width}}  <- {origin}" for t, origin in pairs]
+
+
+BUDGET_RULES = ("budget", "budget_sweep", "prepare_data", "pretrain", "finetune_mnli", "finetune", "glue_table")
+
+
+def _budget_target(target: str, results: str) -> bool:
+    """Whether a Snakemake target is the budget stage's (workflow/rules/pretrain.smk): a rule of it, or a file under
+    the results' budget/ folder. Such a target runs no cell of the sweep."""
+    if target in BUDGET_RULES:
+        return True
+    try:
+        Path(target).resolve().relative_to((Path(results) / "budget").resolve())
+    except ValueError:
+        return False
+    return True
 
 
 def load(

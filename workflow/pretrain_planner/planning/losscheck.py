@@ -144,13 +144,6 @@ def read(path: str | Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def verdict_texts(record: dict[str, Any] | None) -> dict[str, str]:
-    """method -> the text the tables show, from one setting's record (methods it did not check are absent)."""
-    if not record:
-        return {}
-    return {m: v["text"] for m, v in (record.get("verdicts") or {}).items() if isinstance(v, dict) and "text" in v}
-
-
 def allowed(text: str | None, allow_differs: bool = False) -> bool:
     """Whether `best` may pick a method with this verdict: `same` or `not checked`, or anything when allowed."""
     return allow_differs or text is None or not text.startswith(DIFFERS)
@@ -195,10 +188,16 @@ def why_unchecked(method: str, record: dict[str, Any] | None, conf: dict[str, An
 
 
 def picked(rows: dict[str, dict[str, Any]]) -> str | None:
-    """The setting's pick, as the time_to_train table makes it: the fastest ok, not suspect cell."""
+    """The setting's pick, as the time_to_train table makes it (tables/aggregate._simplest_of_tied): of the ok, not
+    suspect cells whose median step is at most the fastest's p90 step (a tie inside its noise), the one with the
+    fewest method parts, then the fastest."""
     ok = [(r["step_time_s"], m) for m, r in rows.items() if r.get("status") == "ok" and not r.get("suspect")
           and r.get("step_time_s") is not None]  # fmt: skip
-    return min(ok)[1] if ok else None
+    if not ok:
+        return None
+    fast_s, fast = min(ok)
+    p90 = rows[fast].get("step_time_p90_s") or fast_s
+    return min((m.count("+"), s, m) for s, m in ok if s <= p90)[2]
 
 
 def precision_key(settings: Any) -> tuple[Any, ...]:
