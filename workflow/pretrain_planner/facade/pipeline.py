@@ -276,7 +276,7 @@ class Pipeline:
         unplanned = [r for m in self.setting_methods().values() if (r := losscheck.unplanned(conf, m))]
         if not folders:
             why = unplanned[0] if unplanned else "no setting"
-            return [f"  loss check: none ({why}): no method is checked to train naive's model"]
+            return [f"  loss check: none, no method is checked to train naive's model: {why}"]
         skipped = f"; {len(unplanned)} settings not checked ({unplanned[0]})" if unplanned else ""
         which = "each setting's pick" if conf["mode"] == "chosen" else "every method that trains"
         naive = 2 + conf["seeds"] - 1  # the reference, its half micro-batch, its other dropout seeds (if any dropout)

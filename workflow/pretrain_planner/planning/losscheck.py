@@ -150,7 +150,7 @@ def allowed(text: str | None, allow_differs: bool = False) -> bool:
 
 
 # --- why a method is `not checked` -----------------------------------------------------------------------------
-NO_REFERENCE = "naive is not swept there (sweep.methods): no reference to check against; add naive to check the pick"
+NO_REFERENCE = "naive is not swept at the setting (sweep.methods): no reference to check against; add naive to check"
 
 
 def has_reference(methods: Sequence[str]) -> bool:
