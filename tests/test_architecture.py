@@ -171,8 +171,9 @@ def test_the_layer_check_sees_an_import_upwards():
 
 
 def test_the_layer_check_sees_planning_ask_the_search_or_the_launcher():
-    """The finer layers of the torch-free side: the parse-time facade that lived in planning (planning/pipeline.py
-    importing the search and launch.request.driver_cores, c38af37) and a table that asks the report are found."""
+    """The finer layers of the torch-free side: a planning module that asks the search or the launcher (planning
+    must answer without either: the dry run and the CLI read it on a login node) and a table that asks the report
+    (the report reads the tables, never the reverse) are found."""
     graph = {
         "pretrain_planner.planning.pipeline": {"pretrain_planner.search", "pretrain_planner.launch.request"},
         "pretrain_planner.tables.x": {"pretrain_planner.report.plots"},

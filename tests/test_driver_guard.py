@@ -206,9 +206,8 @@ except KeyboardInterrupt:
 def test_a_stop_signal_while_snakemake_holds_its_scheduler_lock_still_stops_the_driver(tmp_path):
     """SIGTERM handled while the main thread holds the scheduler's lock: the handler set STOP at once, named the
     SLURM job it left queued (as it was when the signal came: its cell's thread leaves at once), and Snakemake's
-    own handler ran (the driver stops) instead of waiting for ever on its own thread (the old code hung here; whether
-    this was the stall seen once in test_slurm_faults' SIGTERM drill is not known); Ctrl-C still raises
-    KeyboardInterrupt."""
+    own handler ran (the driver stops) instead of waiting for ever on its own thread: a handler that takes that
+    lock itself would wait on the thread it interrupted and never return; Ctrl-C still raises KeyboardInterrupt."""
     script = tmp_path / "stop.py"
     script.write_text(STOP_SCRIPT)
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,

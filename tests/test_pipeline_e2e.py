@@ -89,8 +89,12 @@ def test_table_picks_the_fastest_method(sweep):
             & (pl.col("status") == "ok")
         )
         fastest = group.sort("step_time_s").row(0, named=True)
-        assert row["best_method"] == fastest["method"]
-        assert row["step_time_s"] == pytest.approx(fastest["step_time_s"])
+        # a method inside the fastest's noise (median at most its p90 step) is a tie: the one with fewest parts wins
+        tied = group.filter(pl.col("step_time_s") <= fastest["step_time_p90_s"]).rows(named=True)
+        pick = min(tied, key=lambda r: (r["method"].count("+"), r["step_time_s"], r["method"]))
+        assert row["best_method"] == pick["method"]
+        assert row["step_time_s"] == pytest.approx(pick["step_time_s"])
+        assert (row["tie"] is None) == (pick["method"] == fastest["method"])
         naive = group.filter(pl.col("method") == "naive").row(0, named=True)
         assert row["speedup_vs_naive"] == pytest.approx(naive["training_days"] / row["training_days"])
     plan = pl.read_csv(work / "results/plan.csv")

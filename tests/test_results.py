@@ -44,7 +44,23 @@ def _result(**extra):
 def test_declared_types_are_known():
     assert set(RESULT_FIELDS.values()) <= set(TYPES) | {"json"}
     assert "status" in RESULT_FIELDS and "reason" in RESULT_FIELDS
-    assert STATUSES == ("ok", "noisy", "oom", "unsupported")
+
+
+def test_each_status_is_written_and_read_and_no_other(tmp_path):
+    """Every status a reader is told of is one a result can be written with and read back as usable; a status
+    outside them is refused on writing and named as the problem on reading."""
+    from pretrain_planner.results import REQUIRED, parse_result
+
+    assert set(REQUIRED) == set(STATUSES)
+    for status in STATUSES:
+        path = tmp_path / f"{status}.json"
+        write_result(path, _result(status=status))
+        row, problem = parse_result(path)
+        assert problem is None and row["status"] == status, (status, problem)
+    with pytest.raises(ValueError, match="'failed' is not one of"):
+        write_result(tmp_path / "x.json", _result(status="failed"))
+    (tmp_path / "x.json").write_text(json.dumps({**empty_result(**_result()), "status": "failed"}))
+    assert "status 'failed' is not one of" in parse_result(tmp_path / "x.json")[1]
 
 
 def test_empty_result_has_every_field():

@@ -19,11 +19,12 @@ PP = pp_pipeline.load_or_exit(
     workflow.cores,
 )
 RESULTS = PP.results
-print(PP.summary(), file=sys.stderr)
 # One driver per results folder; damaged results are moved aside before the DAG is built (integrity.py), and local
 # jobs a killed driver left running are ended. Decided when Snakemake starts to execute, from the executor in
 # effect (launch/driver.guard): a dry run, --unlock, --lint ... change nothing, however Snakemake was invoked.
+# The plan is said here, where Snakemake knows its targets: a budget-stage target runs none of the sweep's cells.
 def _prepare(executing):
+    print(PP.summary(getattr(workflow.dag_settings, "targets", ())), file=sys.stderr)
     for line in pp_integrity.repair(RESULTS, [c.path for c in PP.cells], move=executing):
         print(line, file=sys.stderr)
     if executing:

@@ -72,10 +72,6 @@ def _row(r: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def _scored(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for r in rows if r["score"] is not None and not math.isnan(r["score"])]
-
-
 def _entry(task: str, metric: str) -> str:
     return f"{task}_mm" if metric.endswith("_mm") else task
 

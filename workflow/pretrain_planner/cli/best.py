@@ -13,6 +13,7 @@ from typing import Any
 from pretrain_planner import layout
 from pretrain_planner.cli.config import CliError, config_catalog, context
 from pretrain_planner.cli.sources import cells_here, time_to_train
+from pretrain_planner.planning import losscheck
 from pretrain_planner.results import throughput_text
 from pretrain_planner.tables import units
 from pretrain_planner.tables.units import days as _days
@@ -81,8 +82,31 @@ def query(args: argparse.Namespace) -> Best | NoFit:
     folder = layout.optimal_dir(results, r["model"], r["gpu"], r["nodes"], r["gpus_per_node"])
     others = list(sel.tail(-1).iter_rows(named=True)) if sel.height > 1 else []
     oom = [] if args.json else list(_oom_cells(results, config, r).iter_rows(named=True))  # the text says them
+    if (r.get("loss") or losscheck.NOT_CHECKED) == losscheck.NOT_CHECKED:
+        r = {**r, "loss_note": _why_unchecked(results, config, r)}
     return Best(r, p, price_error, folder if folder.is_dir() else None, others, oom, source, args.allow_differs,
                 args.answer_source)  # fmt: skip
+
+
+def _why_unchecked(results: Path, config: dict[str, Any], r: dict[str, Any]) -> str:
+    """Why the pick has no loss verdict: the plan's reason (mode off, naive not swept), else its setting's check
+    record's (planning/losscheck.why_unchecked)."""
+    import polars as pl
+
+    from pretrain_planner.tables import aggregate
+
+    table = layout.table(results, "loss_check.csv")
+    if table.is_file():  # the pipeline's: the setting's `unchecked` line, or the pick's own line, says why
+        mine = aggregate.read_table(table).filter(*[pl.col(k) == r[k] for k in aggregate.GROUP])
+        said = mine.filter((pl.col("role") == aggregate.UNCHECKED) | (pl.col("method") == r["best_method"]))
+        notes = said["note"].drop_nulls().to_list()
+        if notes:
+            return str(notes[0])
+    conf = losscheck.settings((config.get("benchmark") or {}).get("loss_check"))
+    folder = layout.setting_folder(r["model"], r["gpu"], r["nodes"], r["gpus_per_node"])
+    record = losscheck.read(Path(layout.loss_check_dir(results, folder)) / layout.LOSS_CURVES)
+    methods = (config.get("sweep") or {}).get("methods") or []
+    return losscheck.why_unchecked(r["best_method"], record, conf, methods)
 
 
 def _cells_explained(results: Path, config: dict[str, Any]):
@@ -163,8 +187,8 @@ def _loss_line(r: dict[str, Any], allow_differs: bool) -> str:
     verdict = r.get("loss") or "not checked"
     if verdict.startswith("differs"):
         verdict += " -- picked anyway (--allow-differs): it does not train the same model as naive"
-    elif verdict == "not checked":
-        verdict += " (benchmark.loss_check: off, or only each setting's pick is checked)"
+    elif verdict == losscheck.NOT_CHECKED:
+        verdict += f" ({r.get('loss_note') or 'no check record'})"
     passed = r.get("passed_over")
     if passed:
         verdict += f"; passed over, faster but training another model: {passed} (--allow-differs takes them)"
@@ -195,6 +219,7 @@ def render_text(a: Best) -> str:
     days = _days(r["training_days"]) if r["training_days"] is not None else "days unknown (no step count)"
     lines = [f"{r['model']} on {r['nodes']}x{r['gpus_per_node']} {r['gpu']}: best method {r['best_method']}, {days}",
              f"  loss check: {_loss_line(r, a.allow_differs)}",
+             *([f"  {r['tie']}"] if r.get("tie") else []),
              f"  micro-batch {r['micro_batch']} x {r['grad_accum_steps']} accumulation steps per GPU; step "
              f"{units.step(r['step_time_s'])} (p10 {units.step(r['step_time_p10_s'])}, "
              f"p90 {units.step(r['step_time_p90_s'])})"]  # fmt: skip

@@ -78,6 +78,16 @@ def render_json(a: When) -> str:
                        "config_source": a.config_source}, indent=1, default=str)  # fmt: skip
 
 
+def segments_line(r: dict[str, Any]) -> str:
+    """The segments and what they lose: one job loses its start-up, not a restart (there is none)."""
+    limit = f"jobs of at most {r['job_limit_h'] * 60:g} min" if r["job_limit_h"] else "one job, no time limit"
+    lost, each = units.duration_s(r["restart_loss_h"] * 3600), units.duration_s(r["restart_s"])
+    if r["segments"] == 1:
+        return f"  segments: 1 ({limit}), {lost} of start-up - start-up {each}: {r['restart_basis']}"
+    return (f"  segments: {r['segments']} ({limit}), {lost} lost to start-ups and restarts - restart {each}: "
+            f"{r['restart_basis']}")  # fmt: skip
+
+
 def render_text(a: When) -> str:
     now = a.now.isoformat(timespec="minutes")
     lines = []
@@ -88,9 +98,7 @@ def render_text(a: When) -> str:
         if r["segments"] is None:
             lines.append(f"  finish: unknown - {r['note']}")
             continue
-        limit = f"jobs of at most {r['job_limit_h'] * 60:g} min" if r["job_limit_h"] else "one job, no time limit"
-        lines.append(f"  segments: {r['segments']} ({limit}), {units.duration_s(r['restart_loss_h'] * 3600)} lost to "
-                     f"restarts - restart {units.duration_s(r['restart_s'])}: {r['restart_basis']}")  # fmt: skip
+        lines.append(segments_line(r))
         start = r["expected_start"].replace("T", " ")
         lines.append(f"  start: {start} - {r['wait_basis']}")
         if r["requeue_wait_h"] is not None:

@@ -11,6 +11,7 @@ import csv
 import functools
 import io
 import sys
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -172,13 +173,16 @@ class Pipeline:
         """benchmark.loss_check, its mode normalised (planning/losscheck.settings)."""
         return losscheck.settings(self.config["benchmark"]["loss_check"])
 
-    def loss_check_folders(self) -> list[str]:
-        """The settings ({model}/{gpu}/{N}x{G}) a loss check runs for: every setting with a valid cell."""
-        if self.loss_check["mode"] == "off":
-            return []
+    def setting_methods(self) -> dict[str, list[str]]:
+        """Each setting ({model}/{gpu}/{N}x{G}) -> its valid methods."""
         if self.adaptive:
-            return list(self.settings)
-        return sorted(layout.setting_folder(*key) for key in self._cells_by_setting)
+            return {f: list(st.methods) for f, st in self.settings.items()}
+        return {layout.setting_folder(*key): [c.method for c in cells] for key, cells in self._cells_by_setting.items()}
+
+    def loss_check_folders(self) -> list[str]:
+        """The settings a loss check runs for: every setting with a valid naive cell, the reference (a setting
+        without one would run a job that can only record that it has nothing to compare with)."""
+        return sorted(f for f, m in self.setting_methods().items() if losscheck.unplanned(self.loss_check, m) is None)
 
     def loss_check_files(self) -> list[str]:
         return [f"{layout.loss_check_dir(self.results, f)}/{layout.LOSS_CURVES}" for f in self.loss_check_folders()]
@@ -225,8 +229,13 @@ class Pipeline:
             )
         return out
 
-    def summary(self) -> str:
-        """Cells per partition, GPUs per cell, time limit and the GPU-hour upper bound of the sweep."""
+    def summary(self, targets: Iterable[str] = ()) -> str:
+        """Cells per partition, GPUs per cell, time limit and the GPU-hour upper bound of the sweep; where every
+        target is the budget stage's (`targets`: Snakemake's), only that the sweep does not run."""
+        targets = list(targets)
+        if targets and all(_budget_target(t, self.results) for t in targets):
+            return (f"pretrain-planner plan: {', '.join(targets)} runs the budget stage alone: none of the sweep's "
+                    f"{len(self.cells)} cells runs")  # fmt: skip
         rows = [r for r in self.rows() if r["valid"]]
         by_part: dict[str, dict[str, Any]] = {}
         for r in rows:
@@ -236,8 +245,12 @@ class Pipeline:
             agg["limit"].add(r["time_limit_min"])
             agg["hours"] += r["gpu_hours_max"]
         lines = [*self.settings_lines()]
+        measured = sum((Path(self.results) / c.path / layout.RESULT).is_file() for c in self.cells)
+        cells = f"{len(rows)} cells to run" if not measured else (
+            f"{len(rows)} cells, {len(rows) - measured} to run and {measured} measured already in "
+            f"{self.results}/cells (kept unless a setting they ran with changed)")  # fmt: skip
         lines += [
-            f"pretrain-planner plan: {len(rows)} cells to run, {len(self.planned) - len(rows)} invalid "
+            f"pretrain-planner plan: {cells}, {len(self.planned) - len(rows)} invalid "
             f"(reasons in {self.results}/plan.csv); launcher {self.config['launcher']['kind']}"
         ]
         for part, agg in sorted(by_part.items()):
@@ -260,15 +273,18 @@ class Pipeline:
     def loss_check_lines(self) -> list[str]:
         """What the loss check adds to the plan: one job per setting, its runs x steps, each step the recipe's."""
         conf, folders = self.loss_check, self.loss_check_folders()
+        unplanned = [r for m in self.setting_methods().values() if (r := losscheck.unplanned(conf, m))]
         if not folders:
-            return ["  loss check: off (benchmark.loss_check.mode): no method is checked to train naive's model"]
+            why = unplanned[0] if unplanned else "no setting"
+            return [f"  loss check: none, no method is checked to train naive's model: {why}"]
+        skipped = f"; {len(unplanned)} settings not checked ({unplanned[0]})" if unplanned else ""
         which = "each setting's pick" if conf["mode"] == "chosen" else "every method that trains"
         naive = 2 + conf["seeds"] - 1  # the reference, its half micro-batch, its other dropout seeds (if any dropout)
         runs = naive + (1 if conf["mode"] == "chosen" else max(1, len(self.cells) // len(folders) - 1))
         return [f"  loss check ({conf['mode']}): {which} against naive, {len(folders)} settings, one job each of at "
                 f"most {runs} runs x {conf['steps']} steps (about {runs * conf['steps']} step times per setting, "
                 f"against the {self.config['benchmark']['warmup_steps'] + self.config['benchmark']['timed_steps']}+ "
-                "of each cell; tables/benchmark_cost.csv: loss_check_gpu_hours)"]  # fmt: skip
+                f"of each cell; tables/benchmark_cost.csv: loss_check_gpu_hours){skipped}"]  # fmt: skip
 
     def settings_lines(self) -> list[str]:
         """The effective settings that differ from the schema's defaults, each with the file it came from:
@@ -277,8 +293,7 @@ class Pipeline:
             return []
         diff = non_defaults(self.config, "config", self.sources, CLI_CONFIG)
         lines = ["pretrain-planner settings (those differing from workflow/schemas/config.schema.yaml's defaults):"]
-        width = max((len(f"{k} = {v}") for k, v, _ in diff), default=0)
-        lines += [f"  {f'{k} = {v}':<{width}}  <- {origin}" for k, v, origin in diff]
+        lines += _aligned([(_clipped(f"{k} = {v}"), origin) for k, v, origin in diff])
         if any(origin == DEMO_LABEL for *_, origin in diff):
             lines.append(f"  ({DEMO_CONFIG} is the demo sweep, tiny models on CPUs: it applies only when no "
                          "--configfile is given)")  # fmt: skip
@@ -342,6 +357,38 @@ def config_sources(configfiles: list[Any], basedir: str | Path) -> list[tuple[st
         except ConfigError:
             continue
     return out
+
+
+SETTING_TEXT_MAX = 100  # characters of one setting's `key = value` in the dry run; the whole value is in its file
+ALIGN_MAX = 60  # settings up to this long align their `<- file`; a longer one does not push every other line out
+
+
+def _clipped(text: str) -> str:
+    """A setting's `key = value`, its value cut to SETTING_TEXT_MAX characters (the file beside it has it whole)."""
+    if len(text) <= SETTING_TEXT_MAX:
+        return text
+    return f"{text[: SETTING_TEXT_MAX - 25]}... ({len(text)} characters)"
+
+
+def _aligned(pairs: list[tuple[str, str]]) -> list[str]:
+    """`  text  <- origin` lines, the short texts padded to one column."""
+    width = max((len(t) for t, _ in pairs if len(t) <= ALIGN_MAX), default=0)
+    return [f"  {t:<{width}}  <- {origin}" for t, origin in pairs]
+
+
+BUDGET_RULES = ("budget", "budget_sweep", "prepare_data", "pretrain", "finetune_mnli", "finetune", "glue_table")
+
+
+def _budget_target(target: str, results: str) -> bool:
+    """Whether a Snakemake target is the budget stage's (workflow/rules/pretrain.smk): a rule of it, or a file under
+    the results' budget/ folder. Such a target runs no cell of the sweep."""
+    if target in BUDGET_RULES:
+        return True
+    try:
+        Path(target).resolve().relative_to((Path(results) / "budget").resolve())
+    except ValueError:
+        return False
+    return True
 
 
 def load(

@@ -15,14 +15,12 @@ from typing import Any
 
 from pretrain_planner.launch import driver, pending, progress, slots
 from pretrain_planner.launch.poller import POLLER
-from pretrain_planner.launch.rankjob import SLURM_RECORD
 from pretrain_planner.launch.request import JobFailed, JobRequest, Outcome, RuleLog, spec_hash
 from pretrain_planner.launch.slurm_state import SlurmState, run_cmd, slurm_state
 from pretrain_planner.planning.site import driver_settings, rank_python, sbatch_parameters
 from pretrain_planner.results import atomic_write_text, before_write, read_json
 from pretrain_planner.schema import section
 
-JOB_RECORD = SLURM_RECORD
 # final states after which SLURM may still requeue the job (JobRequeue): give the controller a moment
 SETTLING_STATES = {"NODE_FAIL", "PREEMPTED", "BOOT_FAIL"}
 

@@ -53,13 +53,6 @@ class Segments:
         return (self.count * self.restart_s + (self.count - 1) * (self.checkpoint_s + self.read_s)) / 3600
 
     @property
-    def trained_per_job_h(self) -> float | None:
-        """The training time of a full job (None: no limit)."""
-        if self.limit_h is None:
-            return None
-        return (self.limit_h * 3600 - max(self.checkpoint_s, self.margin_s) - self.restart_s - self.read_s) / 3600
-
-    @property
     def wall_h(self) -> float:
         """The jobs' run time together (queue waits aside)."""
         return self.compute_h + self.lost_h

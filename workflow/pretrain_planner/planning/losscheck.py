@@ -144,26 +144,60 @@ def read(path: str | Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def verdict_texts(record: dict[str, Any] | None) -> dict[str, str]:
-    """method -> the text the tables show, from one setting's record (methods it did not check are absent)."""
-    if not record:
-        return {}
-    return {m: v["text"] for m, v in (record.get("verdicts") or {}).items() if isinstance(v, dict) and "text" in v}
-
-
 def allowed(text: str | None, allow_differs: bool = False) -> bool:
     """Whether `best` may pick a method with this verdict: `same` or `not checked`, or anything when allowed."""
     return allow_differs or text is None or not text.startswith(DIFFERS)
+
+
+# --- why a method is `not checked` -----------------------------------------------------------------------------
+NO_REFERENCE = "naive is not swept at the setting (sweep.methods): no reference to check against; add naive to check"
+
+
+def has_reference(methods: Sequence[str]) -> bool:
+    """Whether a setting whose valid methods are `methods` can be checked: every verdict compares with naive's own
+    curve from the same setting, so a setting without a naive cell has nothing to compare with. Its check is not
+    planned (the pipeline's loss_check_folders) rather than planned as a job that can only record this."""
+    return "naive" in methods
+
+
+def unplanned(conf: dict[str, Any], methods: Sequence[str]) -> str | None:
+    """Why a setting with valid methods `methods` has no check planned (None: it has one), in the words `best`,
+    loss_check.md and report.md use."""
+    if conf["mode"] == "off":
+        return "benchmark.loss_check.mode is off"
+    return None if has_reference(methods) else NO_REFERENCE
+
+
+def why_unchecked(method: str, record: dict[str, Any] | None, conf: dict[str, Any], methods: Sequence[str]) -> str:
+    """Why `method` has no verdict at its setting: the plan's reason, else the setting's check record's (its
+    `note`: naive did not train there, the check batch does not split, the pick is naive), else the mode's."""
+    reason = unplanned(conf, methods)
+    if reason:
+        return reason
+    if record is None:
+        return "the setting's check has not run yet"
+    if record.get("note"):
+        return str(record["note"])
+    if conf["mode"] == "chosen":
+        return (f"{method} was not the setting's pick when the check ran (benchmark.loss_check.mode chosen checks "
+                "the pick only; `all` checks every method)")  # fmt: skip
+    return "the check recorded no verdict for it (tables/loss_check.md)"
 
 
 # --- which runs a setting's check job makes ------------------------------------------------------------------------
 
 
 def picked(rows: dict[str, dict[str, Any]]) -> str | None:
-    """The setting's pick, as the time_to_train table makes it: the fastest ok, not suspect cell."""
+    """The setting's pick, as the time_to_train table makes it (tables/aggregate._simplest_of_tied): of the ok, not
+    suspect cells whose median step is at most the fastest's p90 step (a tie inside its noise), the one with the
+    fewest method parts, then the fastest."""
     ok = [(r["step_time_s"], m) for m, r in rows.items() if r.get("status") == "ok" and not r.get("suspect")
           and r.get("step_time_s") is not None]  # fmt: skip
-    return min(ok)[1] if ok else None
+    if not ok:
+        return None
+    fast_s, fast = min(ok)
+    p90 = rows[fast].get("step_time_p90_s") or fast_s
+    return min((m.count("+"), s, m) for s, m in ok if s <= p90)[2]
 
 
 def precision_key(settings: Any) -> tuple[Any, ...]:

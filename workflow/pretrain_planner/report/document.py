@@ -24,7 +24,7 @@ from pretrain_planner.report.study_plots import STUDY_PLOTS
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.tables import costs as pp_costs
 from pretrain_planner.tables import units
-from pretrain_planner.tables.aggregate import markdown_body, oom_section, read_table
+from pretrain_planner.tables.aggregate import UNCHECKED, markdown_body, oom_section, read_table
 
 # workflow/report/: the snakemake-workflows convention, beside the rules (the package runs from the repository)
 CAPTIONS = Path(__file__).resolve().parents[2] / "report"
@@ -175,7 +175,7 @@ def _loss_check(links: Links) -> list[str]:
     checks = read_table(path)
     lines = checks.filter(pl.col("role") == "method")
     if lines.is_empty():
-        said = "No method was checked in this sweep (`benchmark.loss_check.mode` off, or every pick is naive)."
+        said = "No method was checked in this sweep" + _unchecked_reasons(checks) + "."
     else:
         verdict = pl.col("loss").fill_null(NOT_CHECKED)
         same = lines.filter(verdict == SAME).height
@@ -191,6 +191,15 @@ def _loss_check(links: Links) -> list[str]:
         *([markdown_body("loss_check", checks, MAX_ROWS)] if checks.height else []),
         *(links.plot("loss_check") if "loss_check_png" in links.plots else []),
     ]
+
+
+def _unchecked_reasons(checks: pl.DataFrame) -> str:
+    """': <reason> (N settings); ...' from the table's `unchecked` lines (tables/aggregate.loss_check_table)."""
+    if "note" not in checks.columns:
+        return ""
+    notes = checks.filter(pl.col("role") == UNCHECKED)["note"].drop_nulls().to_list()
+    counted = {n: notes.count(n) for n in dict.fromkeys(notes)}
+    return (": " + "; ".join(f"{n} ({k} setting{'s' * (k != 1)})" for n, k in counted.items())) if counted else ""
 
 
 def _costs(pareto: pl.DataFrame, kind: str, links: Links) -> list[str]:

@@ -501,20 +501,8 @@ def figure_mfu(cells: pl.DataFrame) -> Figure:
 # ------------------------------------------------------------------------------------------ the plots rule
 
 
-def plot_days(ttt: pl.DataFrame, out: dict[str, str]) -> None:
-    _save(figure_days(ttt), out, "days")
-
-
-def plot_methods(cells: pl.DataFrame, out: dict[str, str]) -> None:
-    _save(figure_methods(cells), out, "methods")
-
-
 def plot_cost_days(costs: pl.DataFrame, out: dict[str, str], kind: str, years: float) -> None:
     _save(figure_cost_days(costs, kind, years), out, "cost_days")
-
-
-def plot_feasibility(feas: pl.DataFrame, out: dict[str, str]) -> None:
-    _save(figure_feasibility(feas), out, "feasibility")
 
 
 def plot_mfu(cells: pl.DataFrame, out: dict[str, str]) -> None:

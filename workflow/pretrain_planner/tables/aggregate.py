@@ -50,6 +50,7 @@ TIME_TO_TRAIN_COLUMNS = [
     "mfu", "peak_mem_gib", "training_days", "days_naive", "days_fl", "speedup_vs_naive", "speedup_vs_fl",
     "analytic_step_time_s", "analytic_days", "measured_over_analytic", "analytic_peak_tflops", "peak_kind",
     "methods_ok", "methods_oom", "methods_unsupported", "methods_suspect", "methods_noisy", "loss", "passed_over",
+    "tie",
 ]  # fmt: skip
 FEASIBILITY_COLUMNS = [
     "model", "gpu", "nodes", "gpus_per_node", "world_size", "verdict", "naive", "fl", "fits_naive", "fits_fl",
@@ -84,7 +85,7 @@ _STR_COLS = {"model", "gpu", "method", "best_method", "status", "reason", "path"
              "device_name", "hostname", "slurm_job_id", "slurm_nodelist", "submitit_job_id", "started_at",
              "finished_at", "folder", "files", "note", "state", "detail", "strategy", "peak_kind",
              "peak_source", "need_method", "need_source", "cheapest_fix", "other_fixes", "loss", "passed_over",
-             "role", "against", "quantity", "test_fault", "curves"}  # fmt: skip
+             "role", "against", "quantity", "test_fault", "curves", "tie"}  # fmt: skip
 _INT_COLS = {"nodes", "gpus_per_node", "world_size", "micro_batch", "grad_accum_steps", "methods_ok",
              "methods_oom", "methods_unsupported", "methods_suspect", "methods_noisy", "methods_valid",
              "methods_not_measured",
@@ -303,6 +304,30 @@ def _ok(cells: pl.DataFrame) -> pl.DataFrame:
     return cells.filter((pl.col("status") == "ok") & ~pl.col("suspect").fill_null(False))
 
 
+def _simplest_of_tied(allowed: pl.DataFrame, fastest: pl.DataFrame) -> pl.DataFrame:
+    """Per setting, the pick: of the methods whose median step is inside the fastest's own spread (at most its p90
+    step: the run-to-run noise the spread check measures, so the order among them is chance), the one with the
+    fewest parts (`fl` before `fl+ac`: a part more is work or risk more for no measured gain), then the fastest; its
+    `tie` names the faster method it was preferred to."""
+    if allowed.is_empty():
+        return fastest.with_columns(pl.lit(None, dtype=pl.String).alias("tie"))
+    top = fastest.select(*GROUP, pl.col("method").alias("_fast"), pl.col("step_time_s").alias("_fast_s"),
+                         pl.col("step_time_p10_s").alias("_fast_p10"),
+                         pl.coalesce("step_time_p90_s", "step_time_s").alias("_fast_p90"))  # fmt: skip
+    tied = allowed.join(top, on=GROUP, how="left").filter(pl.col("step_time_s") <= pl.col("_fast_p90"))
+    parts = pl.col("method").str.count_matches(r"\+")
+    pick = tied.sort(*GROUP, parts, "step_time_s", "method").group_by(GROUP, maintain_order=True).first()
+    ms = lambda c: (pl.col(c) * 1000).round(1).cast(pl.String)  # noqa: E731
+    tie = (pl.when(pl.col("method") != pl.col("_fast"))
+           .then(pl.format("tie: {} {} ms vs {} {} ms, inside {}'s spread ({}-{} ms); the simpler method is kept",
+                           "_fast", ms("_fast_s"), "method", ms("step_time_s"), "_fast", ms("_fast_p10"),
+                           ms("_fast_p90")))
+           .otherwise(None).alias("tie"))  # fmt: skip
+    order = fastest.select(GROUP).with_row_index("_order")
+    return (pick.with_columns(tie).join(order, on=GROUP).sort("_order")
+            .drop("_order", "_fast", "_fast_s", "_fast_p10", "_fast_p90"))  # fmt: skip
+
+
 def time_to_train(cells: pl.DataFrame) -> pl.DataFrame:
     """Per model x GPU x count: the fastest method that ran (ok, not suspect) and is not known to train another
     model (its loss check `same` or `not checked`; the faster ones that differ are named in `passed_over`), beside
@@ -313,7 +338,8 @@ def time_to_train(cells: pl.DataFrame) -> pl.DataFrame:
     ok = _ok(cells)
     differs = pl.col("loss").fill_null("").str.starts_with(losscheck.DIFFERS)
     ranked = ok.sort("step_time_s", "method")
-    best = ranked.filter(~differs).group_by(GROUP, maintain_order=True).first()
+    fastest = ranked.filter(~differs).group_by(GROUP, maintain_order=True).first()
+    best = _simplest_of_tied(ranked.filter(~differs), fastest)
     passed = (
         ranked.join(best.select(*GROUP, pl.col("step_time_s").alias("_best_s")), on=GROUP, how="left")
         .filter(differs & (pl.col("step_time_s") < pl.col("_best_s").fill_null(float("inf"))))
@@ -471,11 +497,18 @@ def benchmark_cost(cells: pl.DataFrame, ttt: pl.DataFrame, strategy: str,
     return table.select(BENCHMARK_COST_COLUMNS).sort(GROUP)
 
 
-def loss_check_table(paths: Iterable[str], conf: dict[str, Any] | None) -> tuple[pl.DataFrame, dict[Any, float]]:
+UNCHECKED = "unchecked"  # a loss_check line's role: a setting no method was checked at, its `note` says why
+
+
+def loss_check_table(paths: Iterable[str], conf: dict[str, Any] | None,
+                     setting_methods: dict[tuple[Any, ...], list[str]] | None = None,
+                     ) -> tuple[pl.DataFrame, dict[Any, float]]:  # fmt: skip
     """Every checked method's verdict and every precision change's line (planning/losscheck.judge_records), and
-    each setting's check cost in GPU-hours, from the settings' curves files."""
+    each setting's check cost in GPU-hours, from the settings' curves files; a setting of `setting_methods`
+    (setting -> its valid methods) that no method was checked at has an `unchecked` line saying why (its check
+    record's note, or why none was planned), so that no reader is left to guess from an empty table."""
     conf = losscheck.settings(conf)
-    records, hours = [], {}
+    records, hours, why = [], {}, {}
     for path in paths:
         rec = losscheck.read(path)
         if rec is None or "setting" not in rec:
@@ -486,7 +519,14 @@ def loss_check_table(paths: Iterable[str], conf: dict[str, Any] | None) -> tuple
         check = rec.get("check") or {}
         spent = check.get("gpu_hours_spent", check.get("gpu_hours_estimate"))  # measured, else steps x step time
         hours[(s["model"], s["gpu"], s["nodes"], s["gpus_per_node"])] = spent or 0.0
+        if not rec.get("runs") and rec.get("note"):
+            why[(s["model"], s["gpu"], s["nodes"], s["gpus_per_node"])] = rec["note"]
     rows = losscheck.judge_records(records, conf["k"], conf["tail"])
+    for key, valid in (setting_methods or {}).items():
+        reason = losscheck.unplanned(conf, valid) or why.get(key)
+        if reason:
+            rows.append({**dict(zip(GROUP, key, strict=True)), "method": None, "role": UNCHECKED,
+                         "loss": losscheck.NOT_CHECKED, "note": reason})  # fmt: skip
     curves = {losscheck.folder_of(r): r["curves"] for r in records}
     for r in rows:
         r["world_size"] = r["nodes"] * r["gpus_per_node"]
@@ -524,10 +564,15 @@ def markdown_body(name: str, df: pl.DataFrame, max_rows: int | None = MD_ROWS) -
     return body + ("\n" + "\n".join(notes) + "\n" if notes else "")
 
 
+EMPTY = {"problems": "None: every result file could be read."}  # what an empty table's Markdown says instead
+
+
 def _write(out: dict[str, str], name: str, df: pl.DataFrame, csv: pl.DataFrame | None = None,
            extra: str = "") -> None:  # fmt: skip
+    """A table's CSV and its Markdown; an empty table's Markdown says so (a header alone reads as a failure)."""
     atomic_write_text(out[f"{name}_csv"], (df if csv is None else csv).write_csv())
-    atomic_write_text(out[f"{name}_md"], f"{intros.opening(name)}{markdown_body(name, df)}{extra}")
+    body = markdown_body(name, df) if df.height else EMPTY.get(name, "None.") + "\n"
+    atomic_write_text(out[f"{name}_md"], f"{intros.opening(name)}{body}{extra}")
 
 
 def oom_section(cells: pl.DataFrame) -> str:
@@ -552,7 +597,9 @@ def build_all(
     cells, problems = cells_table(plan, result_paths, catalog, pruned)
     cells = memfix.explain_cells(cells, catalog)
     loss_checks = list(loss_checks)
-    checks, check_hours = loss_check_table(loss_checks, loss_check)
+    valid = cells.filter(pl.col("status") != "invalid").group_by(GROUP, maintain_order=True).agg(pl.col("method"))
+    setting_methods = {tuple(r[:4]): r[4] for r in valid.iter_rows()}
+    checks, check_hours = loss_check_table(loss_checks, loss_check, setting_methods)
     cells = with_loss(cells, checks, bool(loss_checks))
     ttt = time_to_train(cells)
     costs = costs_table(ttt, catalog, costs_config)

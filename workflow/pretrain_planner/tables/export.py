@@ -27,7 +27,7 @@ import shlex
 import shutil
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pretrain_planner import layout, schema
 from pretrain_planner.planning import methods
@@ -36,9 +36,6 @@ from pretrain_planner.planning.runspec import RunSpec, grad_sync_of
 from pretrain_planner.planning.settings import differences, resolve
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.tables import units
-
-if TYPE_CHECKING:  # polars only where the tables are read (export_plans): one plan is written without it
-    import polars as pl
 
 WORKFLOW_DIR = str(Path(__file__).resolve().parents[2])  # where the package lives: launch.sh runs its train stage
 # the measurement a plan rests on (plan.json `measured`): time_to_train's columns, a cell's result.json fields
@@ -536,9 +533,3 @@ def export_plans(
         log_path, f"{planned} plans, {len(index) - planned} settings without one\n" + "\n".join(log) + "\n"
     )
     return index
-
-
-def read_index(out_dir: str | Path) -> pl.DataFrame:
-    from pretrain_planner.tables.aggregate import read_table
-
-    return read_table(Path(out_dir) / layout.OPTIMAL_INDEX)

@@ -80,8 +80,8 @@ STUDY_CLAIMS = [
 STUDY_PEAK_TFLOPS = {("h100", "half"): 756.0, ("h100", "tf32"): 378.0}
 # torch's FlopCounterMode ignores `groups` in the convolution backward (docs/methods.md, Facts: FLOP counter)
 COUNTER_QUIRK = {
-    "convnext": "torch's FlopCounterMode (the study's count, and ours before issue 17) counts ConvNeXt-XL at "
-    "~1.09e12 per sample, 2.98x this: every depthwise weight gradient once per channel",
+    "convnext": "torch's FlopCounterMode (the study's count) counts ConvNeXt-XL at ~1.09e12 per sample, 2.98x "
+    "this: every depthwise weight gradient once per channel",
     "mamba": "the study's FlopCounterMode estimate of Mamba-2.8B is ~1.8x this (its depthwise conv1d's weight "
     "gradient counted once per channel); this closed form counts the projections",
 }

@@ -32,10 +32,11 @@ def _micro(r: Row) -> str:
 
 
 def _throughput(r: Row) -> str:
+    """Each row's rate with its own unit: a text model's tokens, an image model's samples, in one column."""
     if r.get("tokens_per_s") is not None:
-        return units.rate(r["tokens_per_s"])
+        return f"{units.rate(r['tokens_per_s'])} tokens/s"
     if r.get("samples_per_s") is not None:
-        return f"{units.rate(r['samples_per_s'])} img"
+        return f"{units.rate(r['samples_per_s'])} samples/s"
     return ""
 
 
@@ -62,10 +63,10 @@ KEY: list[Column] = [("model", _text("model")), ("GPU", _text("gpu")), ("GPUs", 
 VIEWS: dict[str, list[Column]] = {
     "time_to_train": [
         *KEY,
-        ("best method", _text("best_method")),
+        ("best method", lambda r: str(r["best_method"]) + (" (tie)" if r.get("tie") else "")),
         ("mb x accum", _micro),
         ("step", _unit("step_time_s", units.step)),
-        ("tokens/s", _throughput),
+        ("throughput", _throughput),
         ("MFU", _mfu),
         ("memory", _unit("peak_mem_gib", units.gib)),
         ("days", _unit("training_days", units.days)),
@@ -347,6 +348,8 @@ VIEWS["calendar"] = [
 FOOTNOTES = {
     "mfu_measured": "* MFU against the dense peak MEASURED on the host (a matrix-multiply probe of the cell's "
     "precision, recorded in result.json `peak_source`), not a datasheet figure: the `cpu` stand-in has none.",
+    "tie": "(tie) a faster method's step was inside the pick's noise (at most the faster one's p90 step): the simpler "
+    "method is kept; the CSV's `tie` says which and by how much.",
 }
 
 
@@ -360,6 +363,9 @@ def view(name: str, df: pl.DataFrame) -> pl.DataFrame:
 def footnotes(name: str, df: pl.DataFrame) -> list[str]:
     """The notes a view's marks need (e.g. `*` on an MFU against a measured peak)."""
     marks = {h for h, _ in VIEWS[name]}
+    notes = []
     if "MFU" in marks and "peak_kind" in df.columns and (df["peak_kind"] == "measured").any():
-        return [FOOTNOTES["mfu_measured"]]
-    return []
+        notes.append(FOOTNOTES["mfu_measured"])
+    if name == "time_to_train" and "tie" in df.columns and df["tie"].is_not_null().any():
+        notes.append(FOOTNOTES["tie"])
+    return notes
