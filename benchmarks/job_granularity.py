@@ -151,8 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         "setting's cells in turn: its critical path is their sum instead of the longest.",
         "",
         f"The sweep's wall time, first submission to last end: {makespan:.0f} s measured; with a job per setting, "
-        f"at best {in_turn:.0f} s (each GPU type's settings in turn on its one node, no wait beyond that: the "
-        "testbed has one node per GPU type, and a sweep's cells mostly wait for each other, not for strangers).",
+        f"at best {in_turn:.0f} s ({1 - in_turn / makespan:.0%} less; each GPU type's settings in turn on its one "
+        "node, no wait beyond that: the testbed has one node per GPU type, and a sweep's cells mostly wait for each "
+        "other, not for strangers).",
         "",
         "`allocation per setting`: the cells' allocations in turn less every launch but one (an estimate from the "
         "measured parts, not a run of that mode). A per-setting job also loses per-cell isolation (a CUDA error, a "
