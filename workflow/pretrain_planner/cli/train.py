@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pretrain_planner import layout
-from pretrain_planner.cli.config import REPO, load_config, results_dir
+from pretrain_planner.cli.config import REPO, CliError, load_config, results_dir
 
 
 @dataclass
@@ -39,8 +39,15 @@ def query(args: argparse.Namespace) -> Trained:
     else:
         steps, hours = t["steps"], t["time_budget_hours"]
     device = args.device or ("cpu" if t["device"] == "cpu" or config["benchmark"].get("device") == "cpu" else "auto")
+    try:
+        jobs.check_data(rec, {"data": args.data or t["data"], "tokenizer": args.tokenizer or t["tokenizer"],
+                              "data_dtype": args.data_dtype or t["data_dtype"],
+                              "data_field": args.data_field or t["data_field"]})  # fmt: skip
+    except jobs.DataError as exc:  # before any job or host lock: one line
+        raise CliError(str(exc)) from None
     res = jobs.run_plan(args.plan, launch, out, log_path, threads=args.threads, device=device, steps=steps,
                         time_budget_h=hours, data=args.data or t["data"], tokenizer=args.tokenizer or t["tokenizer"],
+                        data_dtype=args.data_dtype or t["data_dtype"], data_field=args.data_field or t["data_field"],
                         checkpoint_every_min=t["checkpoint_every_min"])  # fmt: skip
     return Trained(res, out)
 
