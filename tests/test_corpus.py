@@ -213,6 +213,24 @@ def test_text_is_tokenized_into_shards_resumable_and_cached_by_content(tmp_path,
     assert tokens.tokenize_corpus(info4, 512, tmp_path / "d", workers=1)[2]["fingerprint"] != man2["fingerprint"]
 
 
+def test_the_content_fingerprint_is_of_content_not_name_or_time(tmp_path):
+    """Whole files in a small corpus; sampled chunks in one over the budget (here 0 bytes): a copy elsewhere or a
+    touched file is the same corpus, an edit inside a sampled chunk is not."""
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_bytes(bytes(range(256)) * 64)
+    b.write_bytes(a.read_bytes())
+    for kw in ({}, {"budget": 0, "chunk": 256, "samples": 4}):
+        fp = corpus.content_fingerprint([str(a)], **kw)
+        assert corpus.content_fingerprint([str(b)], **kw) == fp
+        b.touch()
+        assert corpus.content_fingerprint([str(b)], **kw) == fp
+        data = bytearray(b.read_bytes())
+        data[0] ^= 1
+        b.write_bytes(bytes(data))
+        assert corpus.content_fingerprint([str(b)], **kw) != fp
+        b.write_bytes(a.read_bytes())
+
+
 def test_pieces_are_tokenized_by_parallel_workers(tmp_path, tok, monkeypatch):
     monkeypatch.setattr(tokens, "PIECE_BYTES", 4096)
     info = corpus.check_train_data(GPT, write_corpus(tmp_path / "c", "txt"), None, None, tok)

@@ -300,18 +300,22 @@ def check_vocab(info: CorpusInfo, vocab_size: int, sample: int = 1 << 20) -> int
     return top
 
 
-def content_fingerprint(files: list[str], whole_below: int = 64 << 20, samples: int = 64, chunk: int = 1 << 16) -> str:
+def content_fingerprint(
+    files: list[str], whole_below: int = 64 << 20, samples: int = 64, chunk: int = 1 << 16, budget: int = 4 << 30
+) -> str:
     """A hash of the files' contents in order (not their names or times: a moved or touched corpus is the same
-    corpus): a file under `whole_below` bytes entirely, a larger one by its size and `samples` evenly spaced chunks
-    (cheap on a corpus of many GB; an edit that keeps the size and misses every chunk goes unseen)."""
+    corpus): a file under `whole_below` bytes entirely, a larger one by its size and `samples` evenly spaced chunks;
+    in a corpus over `budget` bytes every file by its samples (at most samples x chunk bytes read per file: cheap
+    on a corpus of many GB; an edit that keeps the size and misses every chunk goes unseen)."""
     import hashlib
 
     h = hashlib.blake2b(digest_size=16)
-    for f in files:
-        size = Path(f).stat().st_size
+    sizes = [Path(f).stat().st_size for f in files]
+    whole = whole_below if sum(sizes) <= budget else 0
+    for f, size in zip(files, sizes, strict=True):
         h.update(f"{size}:".encode())
         with open(f, "rb") as fh:
-            if size < whole_below:
+            if size < whole or size <= chunk:
                 for block in iter(lambda: fh.read(1 << 20), b""):
                     h.update(block)
             else:
