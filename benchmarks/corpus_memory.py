@@ -22,7 +22,19 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "workflow"))
 sys.path.insert(0, str(REPO))
 
-MEASURE_TOKENIZE = """
+# The process's own peak: VmHWM (reset by exec), not getrusage's ru_maxrss, which Linux carries over from the forking
+# parent (this script, with its imports: a floor of ~300 MB seen in a first run). Workers: getrusage of the children
+# (spawned by the small tokenizing process, so their floor is its size at that time).
+PEAK = """
+def peak_mb():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+"""
+
+MEASURE_TOKENIZE = (
+    PEAK
+    + """
 import json, resource, sys, time
 from pathlib import Path
 from pretrain_planner.planning.corpus import check_train_data
@@ -32,11 +44,13 @@ t0 = time.monotonic()
 info = check_train_data(model, data, None, None, tok)
 files, dtype, man = tokens.tokenize_corpus(info, 512, Path(data_dir), workers=workers)
 print(json.dumps({"tokens": man["tokens"], "shards": len(files), "seconds": time.monotonic() - t0,
-                  "self_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                  "workers_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
+                  "self_mb": peak_mb(), "workers_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
 """
+)
 
-MEASURE_TRAIN = """
+MEASURE_TRAIN = (
+    PEAK
+    + """
 import json, resource, sys, time
 from pretrain_planner.train.run import train_plan
 plan, out, data, tok, steps = json.loads(sys.argv[1])
@@ -44,8 +58,9 @@ t0 = time.monotonic()
 res = train_plan(plan, out=out, steps=steps, data=data, tokenizer=tok, threads=1, warmup_steps=1,
                  checkpoint_every_min=None)
 print(json.dumps({"steps": res["steps"], "blocks": res["data"]["blocks"], "seconds": time.monotonic() - t0,
-                  "self_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "self_mb": peak_mb()}))
 """
+)
 
 
 def make_corpus(path: Path, mb: int, seed: int = 0) -> Path:
@@ -133,8 +148,8 @@ def main() -> None:
         "",
         f"tiny-gptneox, a text corpus of made-up words (one document a line), a byte-level BPE of 512 tokens; "
         f"tokenizing with {a.workers} worker process(es) (pieces of 64 MB, trainer/data/tokens.py), then "
-        f"{a.steps} training steps reading memmapped blocks (train/run.py), each in a fresh process; peak RSS from "
-        "getrusage (the parent; the largest worker). Run with `nice` on a shared 2-core host.",
+        f"{a.steps} training steps reading memmapped blocks (train/run.py), each in a fresh process; peak RSS: the "
+        "process's VmHWM, the largest worker's getrusage. Run with `nice` on a shared 2-core host.",
         "",
         "| corpus | tokens | shards | tokenize s | tokenize peak RSS (parent) | tokenize peak RSS (largest worker) "
         "| train blocks | train peak RSS |",
