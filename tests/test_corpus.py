@@ -213,6 +213,34 @@ def test_text_is_tokenized_into_shards_resumable_and_cached_by_content(tmp_path,
     assert tokens.tokenize_corpus(info4, 512, tmp_path / "d", workers=1)[2]["fingerprint"] != man2["fingerprint"]
 
 
+def test_a_run_killed_while_tokenizing_resumes_at_the_unfinished_shards(tmp_path, tok, monkeypatch):
+    """The third piece dies half-written (its .bin.part there, no manifest): the next run keeps shards 0-1 as they
+    are and writes the rest; the result is the uninterrupted one's."""
+    monkeypatch.setattr(tokens, "PIECE_BYTES", 2048)
+    info = corpus.check_train_data(GPT, write_corpus(tmp_path / "c", "txt"), None, None, tok)
+    whole = tokens.tokenize_corpus(info, 512, tmp_path / "whole", workers=1)
+    real = tokens._tokenize_piece
+
+    def dies_at_third(job):
+        if job["name"] == "shard-00002":
+            Path(job["folder"], "shard-00002.bin.part").write_bytes(b"\x01")
+            raise KeyboardInterrupt("killed")
+        return real(job)
+
+    monkeypatch.setattr(tokens, "_tokenize_piece", dies_at_third)
+    with pytest.raises(KeyboardInterrupt):
+        tokens.tokenize_corpus(info, 512, tmp_path / "d", workers=1)
+    folder = next((tmp_path / "d").glob("tokens-*"))
+    assert sorted(p.name for p in folder.glob("*.json")) == ["shard-00000.json", "shard-00001.json"]
+    kept = {p.name: p.stat().st_mtime_ns for p in folder.glob("shard-0000[01].bin")}
+    monkeypatch.setattr(tokens, "_tokenize_piece", real)
+    files, _, man = tokens.tokenize_corpus(info, 512, tmp_path / "d", workers=1)
+    assert {p.name: p.stat().st_mtime_ns for p in folder.glob("shard-0000[01].bin")} == kept
+    assert man["tokens"] == whole[2]["tokens"] and not list(folder.glob("*.part"))
+    got = [np.fromfile(f, np.uint16).tolist() for f in files]
+    assert got == [np.fromfile(f, np.uint16).tolist() for f in whole[0]]
+
+
 def test_the_content_fingerprint_is_of_content_not_name_or_time(tmp_path):
     """Whole files in a small corpus; sampled chunks in one over the budget (here 0 bytes): a copy elsewhere or a
     touched file is the same corpus, an edit inside a sampled chunk is not."""
