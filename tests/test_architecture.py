@@ -36,8 +36,8 @@ LIGHT = (
 # torch-free entries of compute parts
 LIGHT_ENTRIES = (
     "trainer.schedule", "trainer.steplog", "trainer.signals", "trainer.data.mlm", "trainer.data.shards",
-    "trainer.data.text", "budget.config", "budget.jobs", "budget.summary", "train.jobs",
-    "train.record", "trainer.runidentity",
+    "trainer.data.text", "trainer.data.tokens", "trainer.data.sampler", "budget.config", "budget.jobs",
+    "budget.summary", "train.jobs", "train.record", "trainer.runidentity",
 )  # fmt: skip
 # The layers, top first: a module may import its own layer's modules and those of the layers below it, never one
 # above (deferred imports inside functions count too). The facade (what the Snakefile and the CLI ask at parse time)

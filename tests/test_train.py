@@ -379,3 +379,39 @@ def test_the_readmes_three_train_commands_train_one_run(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert f"pretrain_planner.train: {ckpt} was made with seed 0, this run asks seed 1: delete" in proc.stderr
     assert [s["step"] for s in steps_of(out)] == list(range(1, 41))
+
+
+@pytest.mark.slow  # five in-process runs, about 14 s
+def test_each_corpus_format_trains_tiny_gptneox(tmp_path):
+    """Issue 54: a generated corpus written as .npy tokens, raw .bin (uint16), a datasets folder, a parquet file and
+    a jsonl folder each trains tiny-gptneox for 2 steps in-process on the cpu stand-in, its format and token count
+    in the result (text: tokenized into token shards by the given tokenizer)."""
+    from pretrain_planner.train.run import train_plan
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from .test_corpus import DOCS, write_corpus
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator(DOCS, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                                      show_progress=False))  # fmt: skip
+    tok.save(str(tmp_path / "tokenizer.json"))
+    plan = write_plan(tmp_path / "plan", "tiny-gptneox")
+    want = {"npy": "npy tokens", "bin": "bin tokens (uint16)", "datasets": "datasets", "parquet": "parquet",
+            "jsonl": "jsonl"}  # fmt: skip
+    for kind, fmt in want.items():
+        data = write_corpus(tmp_path / kind, kind)
+        text = kind not in ("npy", "bin")
+        opts = {"data_dtype": "uint16"} if kind == "bin" else {}
+        if text:
+            opts = {"data_field": "body", "tokenizer": str(tmp_path / "tokenizer.json")}
+        res = train_plan(plan, out=tmp_path / f"out-{kind}", steps=2, data=data, threads=1, warmup_steps=1,
+                         checkpoint_every_min=None, **opts)  # fmt: skip
+        d = res["data"]
+        assert res["steps"] == 2 and not d["synthetic"] and d["format"] == fmt, (kind, d)
+        if text:
+            assert d["documents"] == len(DOCS) and d["tokens"] > len(DOCS) and d["tokenizer"].startswith("from ")
+        else:
+            assert d["tokens"] == 4000
+        assert d["blocks"] == d["tokens"] // 128 and d["seq_len"] == 128
+        assert res["loss_first"] is not None

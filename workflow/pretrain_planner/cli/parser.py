@@ -10,6 +10,7 @@ from typing import Any
 
 from pretrain_planner.cli import best, cost, evidence, fit, predict, preflight, status, train, when
 from pretrain_planner.cli.config import DEFAULT_CONFIG, CliError
+from pretrain_planner.planning.corpus import TOKEN_DTYPES
 
 
 def _positive(kind: type):
@@ -163,10 +164,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", help="output folder (default: <results>/train/{model}/{gpu}/{N}x{G})")
     p.add_argument("--log", help="the launcher's log (default: <out>/launch.log)")
-    p.add_argument("--data", help="text files or an image folder (default: the config's train.data, else a generated "
-                                  "corpus / synthetic images)")  # fmt: skip
-    p.add_argument("--tokenizer", help="a local tokenizers JSON file (default: the config's train.tokenizer, else "
-                                       "trained on the corpus)")  # fmt: skip
+    p.add_argument("--data", help="token ids (.npy, .bin), text (.txt, .jsonl, .parquet, a datasets folder; a file, "
+                   "folder or glob) or an image folder (default: the config's train.data, else a generated corpus / "
+                   "synthetic images); checked before any job")  # fmt: skip
+    p.add_argument("--data-dtype", choices=TOKEN_DTYPES, help="a raw .bin's token dtype (default: the config's "
+                   "train.data_dtype)")  # fmt: skip
+    p.add_argument("--data-field", help="the text field of jsonl / parquet / datasets (default: the config's "
+                   "train.data_field, else text)")  # fmt: skip
+    p.add_argument("--tokenizer", help="a tokenizer.json or a local Hugging Face tokenizer folder; 'train': a BPE "
+                   "trained on the corpus (default: the config's train.tokenizer)")  # fmt: skip
     p.add_argument("--device", choices=["auto", "cpu"],
                    help="cpu: a GPU plan on CPU processes (default: the config's train.device)")  # fmt: skip
     p.add_argument("--threads", type=_positive(int), default=1, help="cores for the run's ranks on this host")

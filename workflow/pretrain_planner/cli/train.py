@@ -47,14 +47,19 @@ def query(args: argparse.Namespace) -> Trained:
     else:
         steps, hours = t["steps"], t["time_budget_hours"]
     device = args.device or ("cpu" if t["device"] == "cpu" or config["benchmark"].get("device") == "cpu" else "auto")
+    data, tokenizer = jobs.canonical(args.data or t["data"]), jobs.canonical(args.tokenizer or t["tokenizer"])
+    data_dtype, data_field = args.data_dtype or t["data_dtype"], args.data_field or t["data_field"]
+    try:
+        jobs.check_data(rec, {"data": data, "tokenizer": tokenizer, "data_dtype": data_dtype, "data_field": data_field})
+    except jobs.DataError as exc:  # before any job or host lock: one line
+        raise CliError(str(exc)) from None
     evals = {k: getattr(args, k) if getattr(args, k) is not None else t[k] for k in ("eval_every", "eval_batches")}
     follow = contextlib.nullcontext() if launch["kind"] == "debug" else _following(out / layout.TRAIN_LOG)
     try:
         with follow:  # (the debug launcher's rank prints its lines itself)
             res = jobs.run_plan(jobs.plan_file(args.plan).resolve(), launch, out, log_path, threads=args.threads,
-                                device=device, steps=steps, time_budget_h=hours,
-                                data=jobs.canonical(args.data or t["data"]),
-                                tokenizer=jobs.canonical(args.tokenizer or t["tokenizer"]),
+                                device=device, steps=steps, time_budget_h=hours, data=data, tokenizer=tokenizer,
+                                data_dtype=data_dtype, data_field=data_field,
                                 checkpoint_every_min=t["checkpoint_every_min"], **evals)  # fmt: skip
     except RunRefused as exc:
         raise CliError(str(exc)) from None

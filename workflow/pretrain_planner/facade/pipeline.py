@@ -21,6 +21,7 @@ from pretrain_planner import search as pp_search
 from pretrain_planner.launch.request import driver_cores
 from pretrain_planner.planning import grid, losscheck
 from pretrain_planner.planning.catalog import Catalog, load_catalog
+from pretrain_planner.planning.corpus import check_train_data
 from pretrain_planner.planning.devices import wants_cuda
 from pretrain_planner.planning.evidence_exchange import evidence_folder
 from pretrain_planner.planning.evidence_prior import EvidencePrior
@@ -304,12 +305,28 @@ class Pipeline:
         """The train rule's input: the export's optimal/ folder for a setting of the sweep (the export writes its
         plan), else the setting's plan.json when it is there (a plan given by hand), else the folder. The same
         input on every run: a plan.json that appeared since the last run must not count as a changed input
-        (Snakemake would train again on a finished workflow)."""
+        (Snakemake would train again on a finished workflow). The config's train data is checked here for the
+        setting's model: when the DAG is built, a dry run included, before any job."""
+        self.check_train_data(wildcards.model)
         key = _setting_key(wildcards)
         plan = layout.optimal_plan_pattern(self.results).format(**dict(zip(SETTING_KEYS, key, strict=True)))
         if layout.setting_folder(*key) in self.settings or not Path(plan).is_file():
             return f"{self.results}/{layout.OPTIMAL}"
         return plan
+
+    def check_train_data(self, model: str) -> None:
+        """The config's `train:` data for `model`'s task (planning/corpus.py: headers only, once per model): a
+        problem ends the run with its one line, no traceback."""
+        checked = self.__dict__.setdefault("_train_data_checked", set())
+        if model in checked:
+            return
+        t = self.config["train"]
+        try:
+            check_train_data(self.catalog.model(model).to_dict(), t["data"], t["data_dtype"], t["data_field"],
+                             t["tokenizer"])  # fmt: skip
+        except ValueError as exc:
+            raise SystemExit(f"pretrain-planner: train data: {exc}") from None
+        checked.add(model)
 
     def train_threads(self, wildcards: Any) -> int:
         """Cores a train run holds on the driver's host: one per rank (local, debug), one for a SLURM job."""

@@ -13,6 +13,8 @@ import os
 import sys
 from pathlib import Path
 
+from pretrain_planner.planning.corpus import TOKEN_DTYPES
+
 REFUSAL_ENV = "PP_REFUSAL_FILE"  # launch.sh's file for a rank's one-line refusal (tables/export.py)
 REFUSED_EXIT = 2
 
@@ -24,8 +26,18 @@ def build_parser() -> argparse.ArgumentParser:
     budget.add_argument("--steps", type=int, help="optimizer steps (default: the recipe's, else its time budget)")
     budget.add_argument("--time-budget-h", type=float, help="hours of training time instead of steps")
     p.add_argument("--out", help="output folder (default: results/train/{model}/{gpu}/{N}x{G}/ in the working dir)")
-    p.add_argument("--data", help="text files (a file, folder or glob) or an image folder (default: generated)")
-    p.add_argument("--tokenizer", help="a local tokenizers JSON file (default: trained on the corpus)")
+    p.add_argument(
+        "--data",
+        help="token ids (.npy, .bin), text (.txt, .jsonl, .parquet, a datasets folder; a file, "
+        "folder or glob) or an image folder (default: generated); docs/train.md",
+    )
+    p.add_argument("--data-dtype", choices=TOKEN_DTYPES, help="a raw .bin's token dtype")
+    p.add_argument("--data-field", help="the text field of jsonl / parquet / datasets (default: text)")
+    p.add_argument(
+        "--tokenizer",
+        help="a tokenizer.json or a local Hugging Face tokenizer folder; 'train': a BPE "
+        "trained on the corpus (text needs one; the generated corpus trains one)",
+    )
     p.add_argument("--device", choices=["auto", "cpu"], default="auto", help="cpu: a GPU plan on CPU processes")
     p.add_argument("--threads", type=int, help="torch threads per rank")
     p.add_argument("--seed", type=int, default=0)

@@ -16,6 +16,7 @@ from pretrain_planner import layout
 from pretrain_planner.launch import stage
 from pretrain_planner.launch.rankjob import EntryJob
 from pretrain_planner.launch.request import Outcome, RuleLog
+from pretrain_planner.planning.corpus import CorpusInfo, check_train_data
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.train.record import write_tables
 from pretrain_planner.trainer.runidentity import RunRefused
@@ -47,6 +48,20 @@ def launch_settings(launcher: dict[str, Any], plan: dict[str, Any], basedir: str
                                  "gpu")  # fmt: skip
 
 
+def check_data(plan: dict[str, Any], options: dict[str, Any]) -> CorpusInfo | None:
+    """The run's data checked against the plan's model before any job or host lock (planning/corpus.py: headers
+    only); a problem is one line (DataError)."""
+    try:
+        return check_train_data(plan["model"], options.get("data"), options.get("data_dtype"),
+                                options.get("data_field"), options.get("tokenizer"))  # fmt: skip
+    except ValueError as exc:
+        raise DataError(str(exc)) from None
+
+
+class DataError(ValueError):
+    """The train stage's data cannot be read as planned (one line: the file, the key, what is accepted)."""
+
+
 def run_plan(
     plan: str | Path,
     launch: dict[str, Any],
@@ -61,6 +76,7 @@ def run_plan(
     `options`: train.run.train_plan's (steps, time_budget_h, data, tokenizer, checkpoint_every_min, ...)."""
     p = plan_file(plan).resolve()
     rec = read_plan(p)
+    corpus = check_data(rec, options)
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     gpu, nodes, gpn = rec["gpu"]["name"], int(rec["nodes"]), int(rec["gpus_per_node"])
@@ -71,6 +87,9 @@ def run_plan(
     log = RuleLog(log_path)
     log(f"train: plan {p} ({rec['model']['name']}, {nodes}x{gpn} {gpu}, method {rec['method']}), launcher "
         f"{launch['kind']}, {per_rank} thread(s) per rank, options {json.dumps(options, default=str)}")  # fmt: skip
+    if corpus is not None:
+        log(f"train: data {corpus.path}: {corpus.format}, {len(corpus.files)} file(s), "
+            f"{corpus.tokens if corpus.tokens is not None else 'unknown (text)'} tokens")  # fmt: skip
     req = stage.request(
         EntryJob("pretrain_planner.train.run:train_plan", {"plan": str(p), **kwargs}, restartable=False),
         f"pp-train-{rec['model']['name']}-{gpu}-{nodes}x{gpn}", launch, out, {"plan": str(p), **kwargs},
@@ -117,8 +136,9 @@ def train_rule(
     device = "cpu" if t["device"] == "cpu" or config["benchmark"].get("device") == "cpu" else "auto"
     return run_plan(p, launch, out_dir, log_path, threads=threads, device=device, steps=t["steps"],
                     time_budget_h=t["time_budget_hours"], data=canonical(t["data"]),
-                    tokenizer=canonical(t["tokenizer"]), checkpoint_every_min=t["checkpoint_every_min"],
-                    eval_every=t["eval_every"], eval_batches=t["eval_batches"])  # fmt: skip
+                    tokenizer=canonical(t["tokenizer"]), data_dtype=t["data_dtype"], data_field=t["data_field"],
+                    checkpoint_every_min=t["checkpoint_every_min"], eval_every=t["eval_every"],
+                    eval_batches=t["eval_batches"])  # fmt: skip
 
 
 def canonical(path: str | None) -> str | None:

@@ -207,7 +207,8 @@ class _Train(Training):
         for turn in ("rank0", "others"):
             if (turn == "rank0") == self.rank0:
                 req = tasks.DataRequest(o["data"], o["tokenizer"], o["seed"], need, out / "data",
-                                        out / layout.TRAIN_LOG, self.rank0)  # fmt: skip
+                                        out / layout.TRAIN_LOG, self.rank0, o["data_dtype"],
+                                        o["data_field"])  # fmt: skip
                 self.data = tasks.prepare(self.plan["model"], req)
             if turn == "rank0":
                 self.ranks.barrier()
@@ -427,6 +428,8 @@ def _train_plan(
     time_budget_h: float | None = None,
     data: str | None = None,
     tokenizer: str | None = None,
+    data_dtype: str | None = None,
+    data_field: str | None = None,
     device: str = "auto",
     threads: int | None = None,
     seed: int = 0,
@@ -455,8 +458,9 @@ def _train_plan(
     out_dir = Path(canonical(str(out)) if out is not None else layout.train_dir_of_plan(rec, "results").resolve())
     out_dir.mkdir(parents=True, exist_ok=True)
     o = {"steps": steps, "time_budget_h": time_budget_h, "data": canonical(data),
-         "tokenizer": canonical(tokenizer), "device": device, "threads": threads, "seed": seed,
-         "warmup_steps": warmup_steps, "log_every": log_every, "eval_every": eval_every, "eval_batches": eval_batches,
+         "tokenizer": canonical(tokenizer), "data_dtype": data_dtype, "data_field": data_field, "device": device,
+         "threads": threads, "seed": seed, "warmup_steps": warmup_steps, "log_every": log_every,
+         "eval_every": eval_every, "eval_batches": eval_batches,
          "checkpoint_every_min": checkpoint_every_min, "checkpoint_every_steps": checkpoint_every_steps,
          "fake_step_s": fake_step_s}  # fmt: skip
     run = _Train(rec, plan_path.resolve(), out_dir, o, clock)

@@ -7,8 +7,9 @@ every rank walks the same stream and trains on its own slice of each micro-batch
 there is one) evaluates a held-out slice never trained on: the last rows of the blocks or images
 (trainer/validation.py), the masked LM's validation shards.
 
-- causal LM (GPT-NeoX/Pythia, Mamba): text files or a generated corpus, a tokenizer from a file or a byte-level
-  BPE trained here, packed into blocks of the recipe's sequence length (data/text.py);
+- causal LM (GPT-NeoX/Pythia, Mamba): token files (.npy, .bin), text (txt, jsonl, parquet, a datasets folder)
+  tokenized into token shards on disk with a tokenizer from a file or a byte-level BPE trained here when asked, or
+  a generated corpus; read as memmaps in blocks of the recipe's sequence length (data/text.py, data/tokens.py);
 - masked LM (BERT, RoBERTa): WordPiece, samples of the sequence length, static masking, shards (data/mlm.py,
   read back by data/shards.py);
 - image classification (ViT, ConvNeXt): a local image folder, or synthetic images (data/images.py).
@@ -25,8 +26,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from pretrain_planner.planning.corpus import TRAIN_TOKENIZER, check_vocab, content_fingerprint
 from pretrain_planner.planning.tasks import TASKS
-from pretrain_planner.trainer.data import images, mlm, shards, text
+from pretrain_planner.runlog import fingerprint
+from pretrain_planner.trainer.data import images, mlm, shards, text, tokens
 from pretrain_planner.trainer.data.sampler import IndexSampler
 from pretrain_planner.trainer.validation import Evaluate, holdout, rows_evaluator
 
@@ -44,6 +47,8 @@ class DataRequest:
     folder: Path
     log: Path | None = None
     rank0: bool = True
+    dtype: str | None = None  # a raw .bin's token dtype (planning/corpus.TOKEN_DTYPES)
+    field: str | None = None  # the text field of jsonl / parquet / datasets (None: "text")
 
 
 @dataclass
@@ -84,15 +89,31 @@ def _indexed(sampler: IndexSampler, get: Callable[[np.ndarray], dict[str, torch.
 
 # ------------------------------------------------------------------------------------------------ real data
 def causal_lm(model: dict[str, Any], req: DataRequest) -> TaskData:
-    seq = int(model["recipe"]["sequence_length"])
-    files, info = text.text_files(req.data, req.folder, req.seed, min_words=req.min_samples * seq)
-    blocks, meta = text.causal_lm_tokens(files, req.tokenizer, int(model["arch"]["vocab_size"]), seq, req.folder)
-    info = {**info, **{k: v for k, v in meta.items() if k != "fingerprint"}, "fingerprint": meta["fingerprint"]}
+    """Token files read as memmaps, or text tokenized into token shards on disk first (rank 0; the others find the
+    finished shards): blocks of the recipe's sequence length read by index (data/tokens.py); the last blocks are
+    held out for validation."""
+    seq, vocab = int(model["recipe"]["sequence_length"]), int(model["arch"]["vocab_size"])
+    corpus_info, info = text.corpus(req.data, req.folder, req.seed, req.min_samples * seq, dtype=req.dtype,
+                                    field=req.field, tokenizer=req.tokenizer)  # fmt: skip
+    if corpus_info.is_tokens:
+        top = check_vocab(corpus_info, vocab)
+        files, dtype = corpus_info.files, corpus_info.dtype
+        meta = {"tokenizer": None, "tokens": corpus_info.tokens, "max_token_id_sampled": top,
+                "fingerprint": fingerprint(content_fingerprint(files), dtype)}  # fmt: skip
+    else:
+        files, dtype, manifest = tokens.tokenize_corpus(corpus_info, vocab, req.folder)
+        meta = {k: manifest[k] for k in ("tokenizer", "tokenizer_vocab", "tokens", "documents", "fingerprint")}
+        meta["token_shards"] = str(Path(files[0]).parent) if files else None
+    blocks = tokens.TokenBlocks(files, dtype, seq)
+    if len(blocks) < 1:
+        raise ValueError(f"the corpus has {blocks.tokens} tokens: fewer than one sequence of {seq} in any file")
+    info = {**info, **meta, "blocks": len(blocks), "seq_len": seq,
+            "packing": "documents joined with the end token, cut into blocks (each file's tail left out)"}  # fmt: skip
     n_train = len(blocks) - holdout(len(blocks))  # the last blocks are held out for validation
     sampler = IndexSampler(n_train, req.seed)
 
     def get(idx: np.ndarray) -> dict[str, torch.Tensor]:
-        ids = torch.from_numpy(np.asarray(blocks[np.sort(idx)], dtype=np.int64))
+        ids = torch.from_numpy(blocks[np.sort(idx)])
         return {"input_ids": ids, "labels": ids.clone()}
 
     info = {**info, "validation_blocks": len(blocks) - n_train}
@@ -120,17 +141,24 @@ def masked_lm_shards(index_path: Path, seed: int, model: dict[str, Any], info: d
 
 def masked_lm(model: dict[str, Any], req: DataRequest) -> TaskData:
     seq = int(model["recipe"]["sequence_length"])
-    files, info = text.text_files(req.data, req.folder, req.seed, min_words=req.min_samples * seq)
+    corpus_info, info = text.corpus(req.data, req.folder, req.seed, req.min_samples * seq, dtype=req.dtype,
+                                    field=req.field, tokenizer_default=TRAIN_TOKENIZER)  # fmt: skip
+    if corpus_info.is_tokens:
+        raise ValueError(f"--data {req.data}: token ids; the masked-LM task prepares its own samples from text")
+    files = corpus_info.files
+    tokenizer = None if req.tokenizer == TRAIN_TOKENIZER else req.tokenizer  # a file or folder (data/mlm.py)
     index_path = req.folder / "mlm" / "index.json"
     if req.rank0:
-        mlm.prepare_data(mlm.mlm_config(files, req.tokenizer, model, req.seed), index_path, req.log)
+        config = mlm.mlm_config(files, tokenizer, model, req.seed)
+        config["corpus"]["text_field"] = corpus_info.field
+        mlm.prepare_data(config, index_path, req.log)
     index = json.loads(index_path.read_text())
     if index["vocab_size"] > int(model["arch"]["vocab_size"]):
         raise ValueError(f"the tokenizer has {index['vocab_size']} tokens, the model's vocabulary "
                          f"{model['arch']['vocab_size']}")  # fmt: skip
     pad = index["special_ids"]["pad"]
     info = {**info, "prepared_by": "trainer/data/mlm.py (WordPiece, static masking)",
-            "tokenizer": req.tokenizer or "WordPiece trained on the corpus", "tokenizer_vocab": index["vocab_size"],
+            "tokenizer": tokenizer or "WordPiece trained on the corpus", "tokenizer_vocab": index["vocab_size"],
             "seq_len": index["seq_len"], "samples": index["samples"], "fingerprint": index["fingerprint"],
             "model_overrides": {"pad_token_id": pad}}  # fmt: skip
     with_pad = {**model, "arch": {**model["arch"], "pad_token_id": pad}}

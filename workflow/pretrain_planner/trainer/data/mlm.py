@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from pretrain_planner.planning.corpus import content_fingerprint
 from pretrain_planner.planning.families import family
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.runlog import FileLog, fingerprint
@@ -200,8 +201,7 @@ def prepare_data(cfg: dict[str, Any], out_index: str | Path, log: str | Path | N
     data_dir = Path(out_index).parent
     data_dir.mkdir(parents=True, exist_ok=True)
     files = cfg["corpus"]["files"]
-    fp = fingerprint(cfg["seed"], cfg["corpus"], cfg["tokenizer"], cfg["data"],
-                     [(f, os.path.getsize(f), os.path.getmtime(f)) for f in files])  # fmt: skip
+    fp = fingerprint(cfg["seed"], cfg["corpus"], cfg["tokenizer"], cfg["data"], content_fingerprint(files))
     state = _progress(data_dir, fp, logger)
     tok = _tokenizer(cfg, data_dir, logger)
     writer = _ShardWriter(cfg, data_dir, tok, state, logger, stop_after_shards)

@@ -1,17 +1,17 @@
-"""Text for the trainer's text tasks (the task registry, trainer/tasks.py): documents read from local files, a
-generated corpus where there is none, and causal-LM token blocks.
+"""Text for the trainer's text tasks (the task registry, trainer/tasks.py): the corpus a run names (checked by
+planning/corpus.py: token files or text of a known kind, never an unknown file read as text), documents read from
+text files, and a generated corpus where there is none.
 
-- Documents come from plain text (one per line), JSON lines (one per line, the text in a field) or Parquet files
-  (one per row, a column), streamed (`iter_documents`); the masked-LM preparation (data/mlm.py) reads them too.
+- Documents come from plain text (one per line), JSON lines (one per line, the text in a field), Parquet files
+  (one per row, a column) or a Hugging Face datasets folder's Arrow files (a column), streamed (`iter_documents`);
+  the masked-LM preparation (data/mlm.py) reads them too.
 - Without data, a generated corpus: made-up words in Zipf-like frequencies (synthetic text, labelled so).
-- Causal LM (GPT-NeoX/Pythia, Mamba): a tokenizer from a local `tokenizers` file or a byte-level BPE trained here on
-  the corpus (at most the model's vocabulary); documents joined with the end token and packed into blocks of the
-  recipe's sequence length (labels = inputs: the model shifts them).
+- Causal LM (GPT-NeoX/Pythia, Mamba): token files read as memmaps, or text tokenized into token shards on disk
+  (data/tokens.py), cut into blocks of the recipe's sequence length (labels = inputs: the model shifts them).
 """
 
 from __future__ import annotations
 
-import glob
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,25 +19,28 @@ from typing import Any
 
 import numpy as np
 
-from pretrain_planner.runlog import fingerprint
+from pretrain_planner.planning.corpus import (
+    TRAIN_TOKENIZER,
+    CorpusInfo,
+    inspect_corpus,
+    kind_of,
+    tokenizer_file,
+)
 
 GENERATED_LABEL = "generated corpus (synthetic made-up-word text, not a real data set)"
 
 
-JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
-PARQUET_SUFFIXES = (".parquet", ".pq")
-
-
 def file_format(path: str, fmt: str = "auto") -> str:
-    """text, jsonl or parquet: `fmt` unless auto, else from the file's extension (anything unknown is text)."""
+    """text, jsonl, parquet or datasets (an Arrow file): `fmt` unless auto, else from the file's extension; an
+    unknown extension is refused (never read as text)."""
     if fmt != "auto":
         return fmt
-    name = path.lower()
-    if name.endswith(JSONL_SUFFIXES):
-        return "jsonl"
-    if name.endswith(PARQUET_SUFFIXES):
-        return "parquet"
-    return "text"
+    kind = kind_of(Path(path))
+    if kind not in ("text", "jsonl", "parquet", "datasets"):
+        raise ValueError(f"{path}: not a text file of a known kind (.txt, .jsonl, .parquet, a datasets folder's "
+                         f".arrow{'; token ids are for causal LMs' if kind else ''}); corpus.format names the format "
+                         "of files whose extension does not")  # fmt: skip
+    return kind
 
 
 def _texts(path: str, fmt: str, field: str) -> Iterator[str]:
@@ -58,6 +61,10 @@ def _texts(path: str, fmt: str, field: str) -> Iterator[str]:
                                      f"{type(exc).__name__}: {exc}") from None  # fmt: skip
                 if text is not None:
                     yield str(text)
+    elif fmt == "datasets":
+        from pretrain_planner.trainer.data.tokens import piece_documents
+
+        yield from piece_documents({"file": path}, "datasets", field)
     else:
         import polars as pl
 
@@ -104,70 +111,27 @@ def generate_corpus(path: Path, seed: int, min_words: int) -> Path:
     return path
 
 
-def text_files(data: str | None, out_dir: Path, seed: int, min_words: int) -> tuple[list[str], dict[str, Any]]:
-    """The corpus files (a file, a folder of .txt files or a glob), or a generated corpus; and how to label it."""
+def corpus(
+    data: str | None,
+    out_dir: Path,
+    seed: int,
+    min_words: int,
+    *,
+    dtype: str | None = None,
+    field: str | None = None,
+    tokenizer: str | None = None,
+    tokenizer_default: str | None = None,
+) -> tuple[CorpusInfo, dict[str, Any]]:
+    """The corpus (planning/corpus.py: a file, folder or glob of token ids or text, checked from its headers), or
+    a generated corpus (a BPE trained on it unless a tokenizer is given); and how to label it in the result."""
     if data is None:
         f = generate_corpus(out_dir / "generated_corpus.txt", seed, min_words)
-        return [str(f)], {"source": "generated", "synthetic": True, "label": GENERATED_LABEL, "files": [str(f)]}
-    p = Path(data)
-    files = sorted(str(x) for x in p.rglob("*.txt")) if p.is_dir() else sorted(glob.glob(data))
-    if not files:
-        raise FileNotFoundError(f"--data {data}: no text files")
-    return files, {"source": "local text", "synthetic": False, "label": f"local text ({len(files)} files)",
-                   "files": files}  # fmt: skip
-
-
-def _train_bpe(files: list[str], vocab_size: int, out: Path):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
-    tok.train_from_iterator(iter_documents(files), trainer)
-    tok.save(str(out))
-    return tok
-
-
-def causal_lm_tokens(
-    files: list[str], tokenizer: str | None, vocab_size: int, seq_len: int, data_dir: Path
-) -> tuple[np.ndarray, dict[str, Any]]:
-    """Blocks (n, seq_len) of token ids: the documents joined with the end-of-text token, packed. Cached in
-    data_dir (tokens.npy with the fingerprint of the files, tokenizer and sizes)."""
-    from tokenizers import Tokenizer
-
-    data_dir.mkdir(parents=True, exist_ok=True)
-    fp = fingerprint([(f, Path(f).stat().st_size, Path(f).stat().st_mtime) for f in files], tokenizer, vocab_size,
-                     seq_len)  # fmt: skip
-    meta_path, tok_path, arr_path = data_dir / "tokens.json", data_dir / "tokenizer.json", data_dir / "tokens.npy"
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-    if meta.get("fingerprint") == fp:
-        return np.load(arr_path, mmap_mode="r"), meta
-    if tokenizer:
-        tok = Tokenizer.from_file(tokenizer)
-        how = f"from {tokenizer}"
-    else:
-        tok = _train_bpe(files, min(vocab_size, 32000), tok_path)
-        how = f"byte-level BPE trained on the corpus ({tok.get_vocab_size()} tokens)"
-    if tok.get_vocab_size() > vocab_size:
-        raise ValueError(f"the tokenizer has {tok.get_vocab_size()} tokens, the model's vocabulary {vocab_size}")
-    ends = [tok.token_to_id(t) for t in ("<|endoftext|>", "</s>", "[SEP]", "<eos>")]
-    eos = next((i for i in ends if i is not None), None)
-    ids: list[int] = []
-    docs = list(iter_documents(files))
-    for k in range(0, len(docs), 1000):
-        for enc in tok.encode_batch(docs[k : k + 1000], add_special_tokens=False):
-            ids.extend(enc.ids)
-            if eos is not None:
-                ids.append(eos)
-    n = len(ids) // seq_len
-    if n < 1:
-        raise ValueError(f"the corpus has {len(ids)} tokens: fewer than one sequence of {seq_len}")
-    blocks = np.asarray(ids[: n * seq_len], dtype=np.int32).reshape(n, seq_len)
-    np.save(arr_path, blocks)
-    meta = {"fingerprint": fp, "tokenizer": how, "tokenizer_vocab": tok.get_vocab_size(), "tokens": len(ids),
-            "blocks": n, "seq_len": seq_len,
-            "packing": "documents joined with the end token, cut into blocks"}  # fmt: skip
-    meta_path.write_text(json.dumps(meta, indent=1))
-    return blocks, meta
+        tok = tokenizer_file(tokenizer) if tokenizer and tokenizer != TRAIN_TOKENIZER else TRAIN_TOKENIZER
+        info = CorpusInfo("text", [str(f)], str(f), tokenizer=tok)
+        return info, {"source": "generated", "synthetic": True, "label": GENERATED_LABEL, "format": "generated",
+                      "files": [str(f)]}  # fmt: skip
+    info = inspect_corpus(data, dtype, field, tokenizer, text_tokenizer_default=tokenizer_default)
+    n = len(info.files)
+    return info, {"source": "local", "synthetic": False, "label": f"{info.format} ({n} file{'s' if n > 1 else ''})",
+                  "format": info.format, "path": data, "files": info.files[:20], "file_count": n,
+                  "field": info.field if not info.is_tokens else None}  # fmt: skip
