@@ -315,7 +315,7 @@ def test_relative_and_absolute_paths_are_one_run(tmp_path, monkeypatch):
     plan = write_plan(tmp_path / "plan", "tiny-gptneox")
     (tmp_path / "corpus.txt").write_text("".join(f"Document {i} says words and more words {i % 7}.\n"
                                                  for i in range(3000)))  # fmt: skip
-    kw = {"threads": 1, "eval_batches": 0, "warmup_steps": 0}
+    kw = {"threads": 1, "eval_batches": 0, "warmup_steps": 0, "tokenizer": "train"}
     assert train_plan(plan, out="out", data="corpus.txt", steps=1, **kw)["steps"] == 1
     res = train_plan(plan, out=str(tmp_path / "out"), data=str(tmp_path / "corpus.txt"), steps=2, **kw)
     assert res["status"] == "ok" and res["starts_at_step"] == [0, 1] and res["steps"] == 2

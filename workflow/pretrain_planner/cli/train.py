@@ -47,7 +47,7 @@ def query(args: argparse.Namespace) -> Trained:
     else:
         steps, hours = t["steps"], t["time_budget_hours"]
     device = args.device or ("cpu" if t["device"] == "cpu" or config["benchmark"].get("device") == "cpu" else "auto")
-    data, tokenizer = jobs.canonical(args.data or t["data"]), jobs.canonical(args.tokenizer or t["tokenizer"])
+    data, tokenizer = jobs.canonical(args.data or t["data"]), jobs.canonical_tokenizer(args.tokenizer or t["tokenizer"])
     data_dtype, data_field = args.data_dtype or t["data_dtype"], args.data_field or t["data_field"]
     try:
         jobs.check_data(rec, {"data": data, "tokenizer": tokenizer, "data_dtype": data_dtype, "data_field": data_field})

@@ -16,7 +16,7 @@ from pretrain_planner import layout
 from pretrain_planner.launch import stage
 from pretrain_planner.launch.rankjob import EntryJob
 from pretrain_planner.launch.request import Outcome, RuleLog
-from pretrain_planner.planning.corpus import CorpusInfo, check_train_data
+from pretrain_planner.planning.corpus import TRAIN_TOKENIZER, CorpusInfo, check_train_data
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.train.record import write_tables
 from pretrain_planner.trainer.runidentity import RunRefused
@@ -136,12 +136,18 @@ def train_rule(
     device = "cpu" if t["device"] == "cpu" or config["benchmark"].get("device") == "cpu" else "auto"
     return run_plan(p, launch, out_dir, log_path, threads=threads, device=device, steps=t["steps"],
                     time_budget_h=t["time_budget_hours"], data=canonical(t["data"]),
-                    tokenizer=canonical(t["tokenizer"]), data_dtype=t["data_dtype"], data_field=t["data_field"],
-                    checkpoint_every_min=t["checkpoint_every_min"], eval_every=t["eval_every"],
-                    eval_batches=t["eval_batches"])  # fmt: skip
+                    tokenizer=canonical_tokenizer(t["tokenizer"]), data_dtype=t["data_dtype"],
+                    data_field=t["data_field"], checkpoint_every_min=t["checkpoint_every_min"],
+                    eval_every=t["eval_every"], eval_batches=t["eval_batches"])  # fmt: skip
 
 
 def canonical(path: str | None) -> str | None:
     """A path given relative to the working directory, absolute (symbolic links resolved): the same data whatever
     the working directory of the job's ranks, and recorded alike by every way of launching the run."""
     return str(Path(path).expanduser().resolve()) if path else None
+
+
+def canonical_tokenizer(tokenizer: str | None) -> str | None:
+    """The tokenizer option made canonical: a path absolute, the word `train` (a BPE trained on the corpus,
+    planning/corpus.TRAIN_TOKENIZER) as it is."""
+    return tokenizer if tokenizer == TRAIN_TOKENIZER else canonical(tokenizer)

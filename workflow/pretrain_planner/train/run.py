@@ -43,7 +43,7 @@ from pretrain_planner.results import atomic_write_text
 from pretrain_planner.runlog import FileLog, fingerprint
 from pretrain_planner.tables import units
 from pretrain_planner.train import record
-from pretrain_planner.train.jobs import CONSOLE_MARK, canonical
+from pretrain_planner.train.jobs import CONSOLE_MARK, canonical, canonical_tokenizer
 from pretrain_planner.trainer import methodbuild, runidentity, schedule, startup, tasks
 from pretrain_planner.trainer.loop import Hooks, Loop
 from pretrain_planner.trainer.metrics import Metrics
@@ -458,8 +458,8 @@ def _train_plan(
     out_dir = Path(canonical(str(out)) if out is not None else layout.train_dir_of_plan(rec, "results").resolve())
     out_dir.mkdir(parents=True, exist_ok=True)
     o = {"steps": steps, "time_budget_h": time_budget_h, "data": canonical(data),
-         "tokenizer": canonical(tokenizer), "data_dtype": data_dtype, "data_field": data_field, "device": device,
-         "threads": threads, "seed": seed, "warmup_steps": warmup_steps, "log_every": log_every,
+         "tokenizer": canonical_tokenizer(tokenizer), "data_dtype": data_dtype, "data_field": data_field,
+         "device": device, "threads": threads, "seed": seed, "warmup_steps": warmup_steps, "log_every": log_every,
          "eval_every": eval_every, "eval_batches": eval_batches,
          "checkpoint_every_min": checkpoint_every_min, "checkpoint_every_steps": checkpoint_every_steps,
          "fake_step_s": fake_step_s}  # fmt: skip
