@@ -123,3 +123,95 @@ def test_predict_answers_for_llama_3_2_1b(tmp_path, monkeypatch, capsys):
     assert re.search(r"rests on: r\d{4} \(", out), out
     central = float(re.search(r"/ ([\d,.]+) d \(central\)", out).group(1).replace(",", ""))
     assert 100 < central < 1000, out
+
+
+# ------------------------------------------------------------------- a model of a new family is one catalog entry
+_RECIPE = {"global_batch": 8, "steps": 100, "sequence_length": 64, "precision": "fp32",
+           "optimizer": {"name": "adamw", "lr": 1.0e-3, "betas": [0.9, 0.95], "eps": 1.0e-8, "weight_decay": 0.1},
+           "schedule": {"name": "cosine", "warmup_steps": 2}, "grad_clip": 1.0}  # fmt: skip
+MADE_UP = {
+    # a real size to predict (about 0.5B parameters, 100B tokens: 512 x 2048 x 95,367 steps) ...
+    "my-llama": {
+        "family": "llama",
+        "arch": {"hidden_size": 1280, "num_hidden_layers": 20, "num_attention_heads": 20, "num_key_value_heads": 5,
+                 "intermediate_size": 3584, "vocab_size": 32000, "tie_word_embeddings": True,
+                 "max_position_embeddings": 2048},
+        "recipe": {**_RECIPE, "global_batch": 512, "steps": 95367, "sequence_length": 2048, "precision": "bf16"},
+        "source": "made up for tests/test_decoder_families.py",
+    },
+    # ... and its shape scaled down for the CPU stand-in (6 heads, 2 kv heads, tied)
+    "my-llama-tiny": {
+        "family": "llama",
+        "arch": {"hidden_size": 96, "num_hidden_layers": 2, "num_attention_heads": 6, "num_key_value_heads": 2,
+                 "intermediate_size": 224, "vocab_size": 384, "tie_word_embeddings": True,
+                 "max_position_embeddings": 64},
+        "recipe": _RECIPE,
+        "source": "made up for tests/test_decoder_families.py",
+    },
+}  # fmt: skip
+METHODS = ["naive", "fl", "fl+ac", "naive+zero2", "fl+zero2", "fl+ac+zero3", "fl+fsdp-full", "fl+flce"]
+
+
+@pytest.fixture
+def made_up(tmp_path):
+    """A temporary catalog: config/models.yaml plus the made-up Llama-shaped models."""
+    import yaml
+
+    models = yaml.safe_load((REPO / "config/models.yaml").read_text())
+    models["models"].update(MADE_UP)
+    path = tmp_path / "models.yaml"
+    path.write_text(yaml.safe_dump(models, sort_keys=False))
+    return path, load_catalog(path, REPO / "config/gpus.yaml")
+
+
+def _plan(catalog) -> list:
+    from pretrain_planner.planning.grid import expand
+
+    config = {"sweep": {"models": ["my-llama-tiny"], "gpus": ["cpu"], "nodes": [1], "gpus_per_node": [2],
+                        "methods": METHODS}, "launcher": {"kind": "local"}}  # fmt: skip
+    return expand(config, catalog)
+
+
+def test_a_made_up_llama_is_planned_and_predicted_with_no_code_change(made_up, tmp_path, monkeypatch, capsys):
+    """Counted exactly, planned over eight methods on the CPU stand-in, and predicted on 8 H100s from the public
+    evidence (a band and the rows it rests on), with no code change: one catalog entry each."""
+    from pretrain_planner.cli.parser import main
+
+    path, catalog = made_up
+    for name in MADE_UP:
+        model = catalog.model(name).to_dict()
+        with torch.device("meta"):
+            net, _ = build_model(model, "sdpa")
+        assert param_count(model) == sum(p.numel() for p in net.parameters()), name
+    assert [p.cell.method for p in _plan(catalog) if p.valid] == METHODS
+    monkeypatch.chdir(tmp_path)
+    assert main(["predict", "--config", str(REPO / "config/config.yaml"), "--results", str(tmp_path),
+                 "--models", str(path), "--model", "my-llama", "--gpu", "h100", "--count", "8"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert out.startswith("PREDICTION (not a measurement): my-llama on 1x8 h100: predicted from public evidence"), out
+    assert "(central)" in out and re.search(r"rests on: r\d{4} \(", out), out
+
+
+@pytest.mark.slow  # two gloo ranks in subprocesses (~15 s)
+def test_a_made_up_llama_is_benchmarked_on_the_cpu_stand_in(made_up, tmp_path):
+    """The planner's spec of one of its cells (ZeRO-2 on 2 CPU ranks; eager: no compile time) trains and times it:
+    status ok."""
+    import json
+    import sys
+
+    from pretrain_planner.planning.spec import cell_spec
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from multirank import run_ranks
+
+    _, catalog = made_up
+    cell = next(p.cell for p in _plan(catalog) if p.cell.method == "naive+zero2")
+    config = {"benchmark": {"warmup_steps": 1, "timed_steps": 2, "max_micro_batch": 2, "max_spread": 50},
+              "launcher": {"kind": "local", "timeout_min": 5}}  # fmt: skip
+    result, steps = tmp_path / "result.json", tmp_path / "steps.jsonl"
+    spec = cell_spec(cell, catalog, config, str(result), str(steps))
+    out = run_ranks("tests.rank_workers:run_spec", 2, {"spec": spec}, 240)
+    assert not out[0]["timed_out"] and out[0]["returncode"] == 0, out[0]["stderr"][-3000:]
+    got = json.loads(result.read_text())
+    assert got["status"] == "ok", got.get("reason")
+    assert got["micro_batch"] == 2 and got["step_time_s"] > 0, got
