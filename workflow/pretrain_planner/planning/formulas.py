@@ -12,7 +12,7 @@ registry imports this module).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 # Memory-bound bytes of a transformer, per token (forward + backward; 16-bit activations, x2 for fp32 recipes):
 # per layer about 27 hidden-size reads and writes forward (2 norms 4h, rotary / head reshapes 7h, GELU 8h, residual
@@ -124,7 +124,7 @@ class Transformer(Formula):
     # turns it off (use_parallel_residual, on by default)
     gated_mlp: bool = False  # gate, up and down projections with SiLU (Llama, Qwen3, OLMo-2, Mistral)
     norms: int = 0  # hidden-size norm weights per layer counted in the parameters; 0: norms and biases left out
-    qk_norm: str = ""  # "head" (per-head q/k RMSNorm, Qwen3) | "proj" (over the q and k projections, OLMo-2) | ""
+    qk_norm: Literal["", "head", "proj"] = ""  # per-head q/k RMSNorm (Qwen3) | over the q and k projections (OLMo-2)
 
     def _norm_and_bias_params(self, a: dict[str, Any]) -> int:
         """The parameters besides the matrices, exactly, for a formula that counts them (`norms` > 0): the norm
