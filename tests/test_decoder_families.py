@@ -216,3 +216,19 @@ def test_a_made_up_llama_is_benchmarked_on_the_cpu_stand_in(made_up, tmp_path):
     got = json.loads(result.read_text())
     assert got["status"] == "ok", got.get("reason")
     assert got["micro_batch"] == 2 and got["step_time_s"] > 0, got
+
+
+@pytest.mark.parametrize("name", PUBLISHED)
+def test_every_method_is_planned_for_a_published_decoder_on_h100s(catalog, name):
+    """The grid rules out none of the methods for a decoder on 8 H100s (2 nodes of 4 for HSDP): Liger's own
+    kernels (the family has them: liger_kernel's apply_liger_kernel_to_<model_type>), flash-attn 2, the fused head,
+    every ZeRO stage and FSDP2 with and without offload."""
+    from pretrain_planner.planning.grid import Cell, invalid_reason
+
+    spec, gpu = catalog.model(name), catalog.gpus["h100"]
+    assert FAMILIES[spec.family].liger
+    slugs = ["naive", "fl", "fl+ac", "fl+liger", "fl+fa2", "fl+flce", "fl+zero1", "fl+zero2+off", "fl+ac+zero3+off",
+             "fl+fsdp-grad", "fl+fsdp-full+off"]  # fmt: skip
+    why = {s: invalid_reason(Cell(name, "h100", 1, 8, s), spec, gpu, "slurm", catalog) for s in slugs}
+    why["fl+hsdp"] = invalid_reason(Cell(name, "h100", 2, 4, "fl+hsdp"), spec, gpu, "slurm", catalog)
+    assert all(w is None for w in why.values()), why
