@@ -232,3 +232,28 @@ def test_every_method_is_planned_for_a_published_decoder_on_h100s(catalog, name)
     why = {s: invalid_reason(Cell(name, "h100", 1, 8, s), spec, gpu, "slurm", catalog) for s in slugs}
     why["fl+hsdp"] = invalid_reason(Cell(name, "h100", 2, 4, "fl+hsdp"), spec, gpu, "slurm", catalog)
     assert all(w is None for w in why.values()), why
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or __import__("importlib").util.find_spec("liger_kernel") is None,
+    reason="Liger's Triton kernels need a CUDA GPU and liger-kernel",
+)
+@pytest.mark.parametrize("name", TINY)
+def test_liger_applies_its_own_kernels_to_each_decoder(catalog, name):
+    """`liger` patches a decoder with Liger's own function for its model type (apply_liger_kernel_to_llama, _qwen3,
+    _olmo2), not the LayerNorm swap the study's families get, and the patched model trains a step on the GPU."""
+    from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+    from pretrain_planner.trainer.kernels import apply_liger
+    from pretrain_planner.trainer.tasks import synthetic_batch
+
+    model = catalog.model(name).to_dict()
+    net, _ = build_model(model, "sdpa")
+    if net.config.model_type not in MODEL_TYPE_TO_APPLY_LIGER_FN:  # older Liger releases (Qwen3 came later)
+        pytest.skip(f"the installed liger-kernel has no kernels for {net.config.model_type}")
+    net = net.cuda()
+    info = apply_liger(net)
+    assert info["applied"] == f"apply_liger_kernel_to_{net.config.model_type}(model=...)", info
+    batch = {k: v.cuda() for k, v in synthetic_batch(model, 2, torch.Generator().manual_seed(0)).items()}
+    loss = net(**batch).loss
+    loss.backward()
+    assert torch.isfinite(loss)
