@@ -198,6 +198,15 @@ def run_cell(payload: dict[str, Any]) -> dict[str, Any]:
     return {"rank": out["rank"], "result": out.get("result"), "steps": out.get("steps")}
 
 
+def run_spec(payload: dict[str, Any]) -> dict[str, Any]:
+    """A cell's spec as the planner wrote it (any catalog, tests/test_decoder_families.py's made-up model) through
+    run_rank on every rank; rank 0 returns its result."""
+    from pretrain_planner.trainer.run import run_rank
+
+    out = run_rank(payload["spec"])
+    return {"rank": out["rank"], "result": out.get("result"), "steps": out.get("steps")}
+
+
 def deepspeed_groups(payload: dict[str, Any]) -> dict[str, Any]:
     """One rank: ZeRO-3 is partitioned before the engine (item 7); after an abort + rebuild DeepSpeed's cached
     groups are dropped even without `_release_process_group_references` (an older DeepSpeed, item 5) and a new

@@ -400,7 +400,7 @@ def _image_size_instead_of_sequence_length(m):
 
 # a broken entry -> what the error must name: the dotted key, the bad value, what is allowed
 BROKEN_ENTRIES = {
-    "unknown family": (lambda m: m.update(family="llama"), ["models.m.family", "'llama'", "gptneox"]),
+    "unknown family": (lambda m: m.update(family="falcon"), ["models.m.family", "'falcon'", "gptneox"]),
     "missing global_batch": (
         lambda m: m["recipe"].pop("global_batch"),
         ["models.m.recipe", "'global_batch' is a required property"],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 
@@ -174,11 +175,12 @@ def test_launch_script(exported):
 
 
 def _blocking(tmp_path, *names: str) -> dict[str, str]:
-    """An environment in which importing any of `names` fails (a blocker package of that name first on the path)."""
+    """An environment in which importing any of `names` fails (a blocker package of that name first on the path),
+    and the package is this checkout's (its catalog's families are the ones the code knows), not an installed one."""
     for name in names:
         (tmp_path / "blocker" / name).mkdir(parents=True)
         (tmp_path / "blocker" / name / "__init__.py").write_text(f"raise ImportError('{name} is blocked')\n")
-    return {"PYTHONPATH": str(tmp_path / "blocker"), "HF_HUB_OFFLINE": "1"}
+    return {"PYTHONPATH": os.pathsep.join([str(tmp_path / "blocker"), str(REPO / "workflow")]), "HF_HUB_OFFLINE": "1"}
 
 
 def test_export_imports_neither_torch_nor_transformers(tmp_path):

@@ -25,11 +25,12 @@ CASES = [
     ("naive+fsdp-full+off", 2),  # FSDP2: reshard after forward, CPU offload
     ("naive+zero2", 2),  # the study's ZeRO-2 dict, torch AdamW as the client optimizer
     ("naive+zero3+off", 2),  # DeepSpeed's CPU Adam from the dict
+    ("naive+fsdp-full", 2, "tiny-llama"),  # a Llama-style decoder: FSDP2 wraps its LlamaDecoderLayer (issue 55)
 ]
 
 
-def _plan(tmp_path, method: str, ranks: int):
-    model, gpu = CATALOG.model(MODEL), CATALOG.gpus["cpu"]
+def _plan(tmp_path, method: str, ranks: int, name: str = MODEL):
+    model, gpu = CATALOG.model(name), CATALOG.gpus["cpu"]
     accum = model.recipe.global_batch // ranks // 2
     row = {"best_method": method, "nodes": 1, "gpus_per_node": ranks, "micro_batch": 2,
            "grad_accum_steps": accum, "step_time_s": 0.1, "training_days": 0.01}  # fmt: skip
@@ -42,11 +43,12 @@ def _plan(tmp_path, method: str, ranks: int):
     return folder, args
 
 
-@pytest.mark.parametrize(("method", "ranks"), CASES, ids=[f"{m}-{r}" for m, r in CASES])
-def test_exported_arguments_drive_the_trainer(tmp_path, method, ranks):
+@pytest.mark.parametrize("case", CASES, ids=["-".join(map(str, c)) for c in CASES])
+def test_exported_arguments_drive_the_trainer(tmp_path, case):
+    method, ranks, *name = case
     if "zero" in method and not HAVE_DS:
         pytest.skip("DeepSpeed is not installed (bash envs/setup.sh test)")
-    folder, args = _plan(tmp_path, method, ranks)
+    folder, args = _plan(tmp_path, method, ranks, *name)
     assert args["gradient_checkpointing"] is ("+ac" in method) and args["torch_compile"] is method.startswith("fl")
     assert ("fsdp" in args) is ("fsdp" in method) and ("deepspeed" in args) is ("zero" in method)
     out = tmp_path / "out"

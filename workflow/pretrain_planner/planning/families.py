@@ -15,6 +15,9 @@ from pretrain_planner.planning.tasks import TASKS, Task
 from pretrain_planner.schema import ConfigError
 
 _TEXT_ARCH = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+# Llama-style decoders: the kv heads too (Mistral's and Qwen3's config classes default to 8 and 32, never the
+# heads), and Qwen3's head_dim (its class defaults to 128 whatever hidden / heads is)
+_DECODER_ARCH = (*_TEXT_ARCH, "num_key_value_heads")
 
 
 @dataclass(frozen=True)
@@ -81,13 +84,38 @@ FAMILIES: dict[str, Family] = {
                ("hidden_size", "num_hidden_layers", "vocab_size")),
         Family("convnext", "image_classification", "ConvNextConfig", "ConvNextForImageClassification", False, False,
                ConvNext(), ("depths", "hidden_sizes", "num_labels")),
+        # Llama-style decoders (issue 55): pre-norm RMSNorm, RoPE, SwiGLU, grouped-query attention; one closed form
+        # with GPT-NeoX's (formulas.Transformer), their differences its settings. Llama 3.x, SmolLM2, TinyLlama:
+        Family("llama", "causal_lm", "LlamaConfig", "LlamaForCausalLM", True, True,
+               Transformer(tied=False, gated_mlp=True, norms=2), _DECODER_ARCH),
+        # Qwen3: Llama's block with a per-head RMSNorm on q and k
+        Family("qwen3", "causal_lm", "Qwen3Config", "Qwen3ForCausalLM", True, True,
+               Transformer(tied=False, gated_mlp=True, norms=2, qk_norm="head"), (*_DECODER_ARCH, "head_dim")),
+        # OLMo-2: the norms after attention and MLP (on their outputs), an RMSNorm over the whole q and k
+        Family("olmo2", "causal_lm", "Olmo2Config", "Olmo2ForCausalLM", True, True,
+               Transformer(tied=False, gated_mlp=True, norms=2, qk_norm="proj"), _DECODER_ARCH),
+        # Mistral: Llama's block; its sliding window masks scores, the counted FLOPs are full attention's as for all
+        Family("mistral", "causal_lm", "MistralConfig", "MistralForCausalLM", True, True,
+               Transformer(tied=False, gated_mlp=True, norms=2), _DECODER_ARCH),
     )
 }  # fmt: skip
 
 # The order the study's views list families in (tables/study.py model_rank), as its tables list its models
 # (training_time_tables.py: Pythia by size, RoBERTa, Mamba, ConvNeXt, ViT); the families it does not have sit beside
 # their nearest (BERT-like encoders after RoBERTa). A family missing here is listed after these.
-DISPLAY_ORDER = ("gptneox", "roberta", "roberta-prelayernorm", "bert", "mamba", "convnext", "vit")
+DISPLAY_ORDER = (
+    "gptneox",
+    "llama",
+    "qwen3",
+    "olmo2",
+    "mistral",
+    "roberta",
+    "roberta-prelayernorm",
+    "bert",
+    "mamba",
+    "convnext",
+    "vit",
+)
 
 
 def family(name: str, where: str = "family") -> Family:

@@ -37,7 +37,8 @@ def tokens_per_sample(model: dict[str, Any]) -> int | None:
 
 def param_count(model: dict[str, Any]) -> float | None:
     """Parameters of a model (a ModelSpec.to_dict()) from its arch by its family's formula (families.py,
-    formulas.py); None for a family without one. Biases and norms are left out (< 1% for real sizes)."""
+    formulas.py); None for a family without one. The study's families leave biases and norms out (< 1% for real
+    sizes); the Llama-style decoders count them, exactly the built model's."""
     form = FAMILIES[model["family"]].closed_form
     return None if form is None else form.params(model)
 

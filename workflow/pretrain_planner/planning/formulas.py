@@ -12,7 +12,7 @@ registry imports this module).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 # Memory-bound bytes of a transformer, per token (forward + backward; 16-bit activations, x2 for fp32 recipes):
 # per layer about 27 hidden-size reads and writes forward (2 norms 4h, rotary / head reshapes 7h, GELU 8h, residual
@@ -62,48 +62,100 @@ class Formula:
         raise NotImplementedError
 
 
-def _transformer_block(arch: dict[str, Any]) -> int:
-    """Matmul parameters of one transformer block: q, k, v, o and the two MLP matrices."""
+# A gated MLP's extra elementwise work (SiLU over the gate and the product with the up projection, forward ~5i
+# elements read and written against GELU's 2i, twice that backward) in bytes per intermediate unit, on top of
+# LAYER_B_PER_HIDDEN (which counts GELU at i = 4h): 3 x (5 - 2) elements x 2 bytes.
+GATED_B_PER_INTERMEDIATE = 18
+
+
+def _attention_widths(arch: dict[str, Any]) -> tuple[int, int]:
+    """(query width: heads x head_dim, key/value width: kv heads x head_dim). head_dim is hidden / heads unless the
+    arch says otherwise (Qwen3); kv heads are the heads unless grouped-query attention names fewer."""
+    heads = arch["num_attention_heads"]
+    head_dim = arch.get("head_dim") or arch["hidden_size"] // heads
+    return heads * head_dim, (arch.get("num_key_value_heads") or heads) * head_dim
+
+
+def _transformer_block(arch: dict[str, Any], gated: bool = False) -> int:
+    """Matmul parameters of one transformer block: q, k, v (k and v at the key/value width: grouped-query
+    attention), o, and the MLP's two matrices, three with a gated MLP (gate, up, down: SwiGLU)."""
     h = arch["hidden_size"]
-    return 4 * h * h + 2 * h * arch.get("intermediate_size", 4 * h)
+    q, kv = _attention_widths(arch)
+    return 2 * h * q + 2 * h * kv + (3 if gated else 2) * h * arch.get("intermediate_size", 4 * h)
 
 
-def _transformer_flops(arch: dict[str, Any], tokens: int, head: float) -> float:
-    """6 x the matmul parameters a token passes through (`head`: the head's, per token) + 12 x layers x hidden x
-    context for attention scores and values, causal attention counted in full (flops.py)."""
-    layers, h = arch["num_hidden_layers"], arch["hidden_size"]
-    per_token = 6 * (layers * _transformer_block(arch) + head) + 12 * layers * h * tokens
+def _transformer_flops(arch: dict[str, Any], tokens: int, head: float, gated: bool = False) -> float:
+    """6 x the matmul parameters a token passes through (`head`: the head's, per token) + 12 x layers x query width
+    (hidden, but heads x head_dim where they differ) x context for attention scores and values, causal attention
+    counted in full (flops.py)."""
+    layers = arch["num_hidden_layers"]
+    q, _ = _attention_widths(arch)
+    per_token = 6 * (layers * _transformer_block(arch, gated) + head) + 12 * layers * q * tokens
     return float(per_token * tokens)
 
 
-def _transformer_bytes(arch: dict[str, Any], tokens: int, vocab: float, eager_attention: bool) -> float:
+def _transformer_bytes(
+    arch: dict[str, Any], tokens: int, vocab: float, eager_attention: bool, gated: bool = False
+) -> float:
     layers, h = arch["num_hidden_layers"], arch["hidden_size"]
     scores = EAGER_SCORE_B * arch["num_attention_heads"] * tokens if eager_attention else 0
     per_layer = LAYER_B_PER_HIDDEN * h + scores
+    if gated:
+        per_layer += GATED_B_PER_INTERMEDIATE * arch.get("intermediate_size", 4 * h)
     return tokens * (layers * per_layer + LOGIT_B * vocab)
 
 
 @dataclass(frozen=True)
 class Transformer(Formula):
     """A transformer language model (Kaplan et al. / the PaLM appendix): blocks of attention and MLP, a vocabulary
-    head (on the masked share of the tokens only with sparse prediction), the input embedding tied to it or not."""
+    head (on the masked share of the tokens only with sparse prediction), the input embedding tied to it or not.
+
+    One closed form for the study's encoders and GPT-NeoX and for today's Llama-style decoders, as settings of it:
+    a gated MLP (SwiGLU: three matrices), grouped-query attention (the arch's num_key_value_heads: k and v at the
+    key/value width; head_dim where it is not hidden / heads), tied embeddings, and the norms. `norms` > 0 counts
+    the parameters exactly (the decoders have no biases unless the arch asks for them): that many hidden-size
+    RMSNorm weights per layer, the final norm, and the q/k norms (`qk_norm`: "head", one head_dim weight each for
+    q and k, Qwen3; "proj", over the whole q and k projections, OLMo-2). `norms` 0 (the older families) leaves
+    biases and norms out (< 1% for real sizes), so their figures are what they always were."""
 
     name: ClassVar[str] = "transformer"
     tied: bool = True  # the config class's default tie_word_embeddings (GPT-NeoX: False, a head of its own)
     parallel_residual: bool = False  # GPT-NeoX's parallel residual (both norms read one input) unless the arch
     # turns it off (use_parallel_residual, on by default)
+    gated_mlp: bool = False  # gate, up and down projections with SiLU (Llama, Qwen3, OLMo-2, Mistral)
+    norms: int = 0  # hidden-size norm weights per layer counted in the parameters; 0: norms and biases left out
+    qk_norm: Literal["", "head", "proj"] = ""  # per-head q/k RMSNorm (Qwen3) | over the q and k projections (OLMo-2)
+
+    def _norm_and_bias_params(self, a: dict[str, Any]) -> int:
+        """The parameters besides the matrices, exactly, for a formula that counts them (`norms` > 0): the norm
+        weights (per layer and the final one) and the biases the arch turns on (attention_bias, mlp_bias)."""
+        if not self.norms:
+            return 0
+        h, i = a["hidden_size"], a.get("intermediate_size", 4 * a["hidden_size"])
+        q, kv = _attention_widths(a)
+        per_layer = self.norms * h
+        if self.qk_norm == "head":
+            per_layer += 2 * (q // a["num_attention_heads"])
+        elif self.qk_norm == "proj":
+            per_layer += q + kv
+        if a.get("attention_bias"):
+            per_layer += q + 2 * kv + h
+        if a.get("mlp_bias"):
+            per_layer += (2 if self.gated_mlp else 1) * i + h
+        return a["num_hidden_layers"] * per_layer + h
 
     def params(self, model: Model) -> float:
         a = model["arch"]
         embed = a["vocab_size"] * a["hidden_size"] * (1 if a.get("tie_word_embeddings", self.tied) else 2)
-        return float(a["num_hidden_layers"] * _transformer_block(a) + embed)
+        block = _transformer_block(a, self.gated_mlp)
+        return float(a["num_hidden_layers"] * block + embed + self._norm_and_bias_params(a))
 
     def train_flops(self, model: Model) -> float:
         arch, recipe = model["arch"], model["recipe"]
         head = arch["hidden_size"] * arch["vocab_size"]
         if arch.get("sparse_prediction"):  # the LM head runs on the masked positions only
             head *= recipe.get("mlm_probability", 0.15)
-        return _transformer_flops(arch, recipe["sequence_length"], head)
+        return _transformer_flops(arch, recipe["sequence_length"], head, self.gated_mlp)
 
     def layer_elements(self, model: Model, compiled: bool, eager_attention: bool) -> float | None:
         a = model["arch"]
@@ -111,10 +163,12 @@ class Transformer(Formula):
         if not h:
             return None
         i = a.get("intermediate_size", 4 * h)
-        if compiled:
-            out = 5.0 * h + i
-        else:
-            out = 8.0 * h + 2 * i
+        # k and v at the key/value width (grouped-query attention; equal to h for the older families)
+        kv_short = 2 * (h - _attention_widths(a)[1]) if "num_attention_heads" in a else 0
+        if compiled:  # the matrix products' outputs: a gated MLP's gate and up
+            out = 5.0 * h + (2 * i if self.gated_mlp else i) - kv_short
+        else:  # a gated MLP saves gate, SiLU(gate), up and their product
+            out = 8.0 * h + (4 * i if self.gated_mlp else 2 * i) - kv_short
             if self.parallel_residual and a.get("use_parallel_residual", True):
                 out -= h
         if eager_attention and "num_attention_heads" in a:
@@ -126,7 +180,7 @@ class Transformer(Formula):
         vocab = a.get("vocab_size", 0)
         if a.get("sparse_prediction"):
             vocab *= r.get("mlm_probability", 0.15)
-        return _transformer_bytes(a, self.tokens(model), vocab, eager_attention)
+        return _transformer_bytes(a, self.tokens(model), vocab, eager_attention, self.gated_mlp)
 
 
 def _patches(arch: dict[str, Any]) -> int:

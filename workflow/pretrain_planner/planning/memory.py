@@ -23,9 +23,9 @@ for ZeRO-1, the whole 16-bit gradients stay on the GPU); ZeRO-3 the weight and g
 above stays on the GPU); FSDP2 (CPUOffloadPolicy) the sharded weights, gradients and Adam (fsdp-grad's gathered
 weights stay). What is left out makes the bound lower, never wrong: the CUDA context, the allocator's caching, the
 communication buckets (DeepSpeed's reduce bucket, up to 5e8 elements under ZeRO-1), parameters or norms the
-formula omits (flops.param_count leaves out biases and norms), the parameters ZeRO-3 and fsdp-full gather for
-the module being computed, the 16-bit weight copies autocast saves for backward, and the fp32 gradient partition
-ZeRO-3 builds for the sub-group it steps (measured: +4P/w at the step; DeepSpeed's own estimator,
+formula omits (flops.param_count leaves out the study's families' biases and norms), the parameters ZeRO-3 and
+fsdp-full gather for the module being computed, the 16-bit weight copies autocast saves for backward, and the fp32
+gradient partition ZeRO-3 builds for the sub-group it steps (measured: +4P/w at the step; DeepSpeed's own estimator,
 `estimate_zero3_model_states_mem_needs`, does not count it: 18P/w + 4 x the largest layer, and this bound is held
 to never exceed that estimate). Each column was measured on 2 gloo ranks on CPU by walking every tensor the engine
 holds (tests/test_memory.py; the margins in docs/adaptive-search.md).
@@ -33,7 +33,8 @@ holds (tests/test_memory.py; the margins in docs/adaptive-search.md).
 Activations (per sample, at the end of its forward, where they peak): the tensors a transformer layer certainly
 saves for backward, at the recipe's activation width (2 bytes; 4 for fp32): its input, each norm's output, the
 attention's q, k, v and output and the MLP's two intermediates (8h + 2i elements per token; 7h + 2i with GPT-NeoX's
-parallel residual, where both norms read one input), plus the attention probabilities with eager attention
+parallel residual, where both norms read one input; a gated MLP's gate, SiLU(gate), up and product 4i, and k and v at
+the key/value width under grouped-query attention), plus the attention probabilities with eager attention
 (`naive`: heads x sequence per token); a compiled model saves only the matrix products' and attention's outputs
 and the residual stream (5h + i: the partitioner recomputes norms and activation functions); with activation
 checkpointing only each layer's input is kept. Mamba layers keep at least the in-projection output, the scan's
