@@ -89,18 +89,12 @@ def make_corpus(path: Path, mb: int, seed: int = 0) -> Path:
 
 
 def make_tokenizer(corpus: Path, out: Path) -> Path:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    """A 512-token byte-level BPE trained on the corpus's first MiB of lines (the trainer's own BPE)."""
+    from pretrain_planner.trainer.data.tokens import byte_level_bpe
 
     with open(corpus) as fh:
         head = fh.readlines(1 << 20)
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(head, trainers.BpeTrainer(vocab_size=512, special_tokens=["<|endoftext|>"],
-                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                                      show_progress=False))  # fmt: skip
-    tok.save(str(out))
-    return out
+    return byte_level_bpe(head, 512, out)
 
 
 def run(code: str, arg: list) -> dict:

@@ -25,17 +25,10 @@ DOCS = [f"Document {i} tells of {WORDS[i % 6]} and {i * 7} things." for i in ran
 
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory) -> str:
-    """A byte-level BPE of 300 tokens trained on DOCS (no download)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    """A byte-level BPE of 300 tokens trained on DOCS (no download), as the trainer trains one."""
+    from pretrain_planner.trainer.data.tokens import byte_level_bpe
 
-    t = Tokenizer(models.BPE())
-    t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    t.decoder = decoders.ByteLevel()
-    t.train_from_iterator(DOCS, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                                    initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                                    show_progress=False))  # fmt: skip
-    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
-    t.save(str(path))
+    path = byte_level_bpe(DOCS, 300, tmp_path_factory.mktemp("tok") / "tokenizer.json")
     return str(path)
 
 

@@ -387,15 +387,11 @@ def test_each_corpus_format_trains_tiny_gptneox(tmp_path):
     a jsonl folder each trains tiny-gptneox for 2 steps in-process on the cpu stand-in, its format and token count
     in the result (text: tokenized into token shards by the given tokenizer)."""
     from pretrain_planner.train.run import train_plan
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from pretrain_planner.trainer.data.tokens import byte_level_bpe
 
     from .test_corpus import DOCS, write_corpus
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.train_from_iterator(DOCS, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                                      show_progress=False))  # fmt: skip
-    tok.save(str(tmp_path / "tokenizer.json"))
+    byte_level_bpe(DOCS, 300, tmp_path / "tokenizer.json")
     plan = write_plan(tmp_path / "plan", "tiny-gptneox")
     want = {"npy": "npy tokens", "bin": "bin tokens (uint16)", "datasets": "datasets", "parquet": "parquet",
             "jsonl": "jsonl"}  # fmt: skip

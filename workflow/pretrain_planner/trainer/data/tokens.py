@@ -17,7 +17,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
@@ -188,11 +188,9 @@ def _progress(done: int, total: int, tokens: int, t0: float, out: Any = None) ->
     out.flush()
 
 
-def train_tokenizer(info: CorpusInfo, vocab_size: int, out: Path) -> Path:
-    """A byte-level BPE trained on the corpus's documents (streamed), at most `vocab_size` tokens (asked for with
-    train.tokenizer: train); kept at `out`, which a rerun on the same corpus reuses."""
-    if out.is_file():
-        return out
+def byte_level_bpe(documents: Iterable[str], vocab_size: int, out: Path) -> Path:
+    """A byte-level BPE (GPT-2's alphabet, the end token `<|endoftext|>`) of at most `vocab_size` tokens trained on
+    `documents` (streamed), saved at `out` (written aside, then renamed: a killed run leaves no half file)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -200,12 +198,20 @@ def train_tokenizer(info: CorpusInfo, vocab_size: int, out: Path) -> Path:
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
-    tok.train_from_iterator(corpus_documents(info), trainer)
+    tok.train_from_iterator(documents, trainer)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".part")
     tok.save(str(tmp))
     os.replace(tmp, out)
     return out
+
+
+def train_tokenizer(info: CorpusInfo, vocab_size: int, out: Path) -> Path:
+    """A byte-level BPE trained on the corpus's documents (streamed), at most `vocab_size` tokens (asked for with
+    train.tokenizer: train); kept at `out`, which a rerun on the same corpus reuses."""
+    if out.is_file():
+        return out
+    return byte_level_bpe(corpus_documents(info), vocab_size, out)
 
 
 def tokenize_corpus(
