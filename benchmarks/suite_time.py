@@ -154,7 +154,8 @@ def sample(out: Path, interval: float = 1.0) -> None:
 def kind(proc: dict) -> str:
     """What a sampled process is, by its command."""
     c, cmd = proc["comm"], proc["cmd"]
-    if "submitit" in cmd or "multirank" in cmd or "torch.distributed.run" in cmd or "pretrain_planner.train" in cmd:
+    ranks = ("submitit", "multirank", "torch.distributed.run", "pretrain_planner.train", "pretrain_planner.launch.warm")
+    if any(r in cmd for r in ranks):  # a warm rank (and its server) carries the server's command line
         return "ranks (training, benchmark, check)"
     if "snakemake" in cmd:
         return "snakemake drivers"

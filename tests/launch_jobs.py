@@ -17,3 +17,23 @@ class OneRankDies(RankJob):
             os._exit(3)
         time.sleep(120)
         return "rank 0 waited to the end"
+
+
+class WhereAmI(RankJob):
+    """What a rank finds when it starts: whether torch was already imported (a rank forked warm), its parent, the
+    driver's environment and directory, and the preload a warm rank's start-up adds back."""
+
+    def run(self) -> dict:
+        import sys
+
+        return {"torch_loaded": "torch" in sys.modules, "pid": os.getpid(), "ppid": os.getppid(),
+                "probe": os.environ.get("PP_WARM_PROBE"), "cwd": os.getcwd(),
+                "preload": os.environ.get("PP_WARM_PRELOAD_S")}  # fmt: skip
+
+
+class Sleeps(RankJob):
+    """Sleeps for two minutes: a rank to be killed."""
+
+    def run(self) -> str:
+        time.sleep(120)
+        return "slept"

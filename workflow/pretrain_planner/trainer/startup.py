@@ -21,6 +21,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+# In the environment of a rank forked from a warm interpreter (launch/warm.py): the seconds that interpreter spent
+# starting and importing what a rank imports, which the forked rank did not pay but a fresh process (a restart) does.
+PRELOAD_ENV = "PP_WARM_PRELOAD_S"
 PHASES = ("process_to_rank_s", "model_build_s", "method_wrap_s", "data_ready_s", "compile_s")
 
 _RUNS = [0]  # runs begun in this process (only the first may take the process's own start)
@@ -74,7 +77,11 @@ class Clock:
         self.began = time.time()
         _RUNS[0] += 1
         start = process_start_epoch() if own and _RUNS[0] == 1 else None
-        if start is not None and start <= self.began:
+        preload = float(os.environ.get(PRELOAD_ENV) or 0)
+        if start is not None and start <= self.began and preload > 0:
+            # forked warm: its fork, plus the imports its interpreter made once (what a fresh process pays)
+            self.zero, self.process_start = start - preload, "proc+preload"
+        elif start is not None and start <= self.began:
             self.zero, self.process_start = start, "proc"
         else:
             self.zero, self.process_start = self.began, fallback
@@ -105,6 +112,8 @@ def phases(values: dict[str, float | None], process_start: str, rule: str, **ext
 
 CELL_RULE = (
     "process_to_rank_s: this process's start (process_start 'proc': /proc/self/stat starttime + boot time; "
+    "'proc+preload': a rank forked from a warm interpreter (launch/warm.py), its fork less the seconds that "
+    "interpreter took to start and import what a rank imports, so it counts what a fresh process pays; "
     "'run_rank': run_rank's beginning, where the process is not the cell's own) until init_rank returned (the "
     "process group joined); model_build_s: trainer.methodbuild.build's model from its config (settings resolved, "
     "weights drawn, model-level kernels), and method_wrap_s: the method applied to it (parallel.apply_method + the "
@@ -120,8 +129,9 @@ CELL_RULE = (
 
 RUN_RULE = (
     "per process start (`starts`, kept in the checkpoint across requeues): process_to_rank_s from this process's "
-    "start (process_start 'proc': /proc/self/stat starttime + boot time; else the run's own beginning, in a process "
-    "that was not started for it) until its ranks were up; model_build_s and method_wrap_s: "
+    "start (process_start 'proc': /proc/self/stat starttime + boot time; 'proc+preload': forked warm, its fork less "
+    "its interpreter's start and imports; else the run's own beginning, in a process that was not started for it) "
+    "until its ranks were up; model_build_s and method_wrap_s: "
     "trainer.methodbuild.build's model from its config and the method applied to it; data_ready_s: the task's data "
     "made ready (prepared or read back, the sampler set up); compile_s: that start's first step minus the run's "
     "median step (steps.jsonl, warm-up and each start's first step left out), clipped at 0; read_s: the checkpoint "
