@@ -75,3 +75,59 @@ def test_the_train_stage_below_the_entrance_refuses_a_dict(tmp_path):
             call()
     assert not (tmp_path / "out").exists()  # refused before anything was made
     assert RunOptions.__dataclass_params__.frozen  # type: ignore[attr-defined]
+
+
+def _budget_stage(tmp_path):
+    from pretrain_planner.facade.budget import BudgetStage
+
+    return BudgetStage("config/budget.yaml", REPO, str(tmp_path / "results"), load(_demo(), REPO).config, 2)
+
+
+def test_the_default_budget_file_gives_its_typed_recipe_with_the_files_and_the_schemas_values(tmp_path):
+    """config/budget.yaml through the facade (BudgetStage): its recipe typed once, every key of the schema's
+    `train:` a field, each the file's value or the schema's default (nested sections too); the job's JSON reads
+    back to the same typed section."""
+    from pretrain_planner.planning.configtypes import BudgetRecipe, BudgetTrain, BudgetValidation
+
+    stage = _budget_stage(tmp_path)
+    recipe = stage.recipe("")
+    assert isinstance(recipe, BudgetRecipe) and recipe.train is stage.train and isinstance(stage.train, BudgetTrain)
+    train_schema = load_schema("budget")["properties"]["train"]["properties"]
+    assert [f.name for f in fields(BudgetTrain)] == list(train_schema)
+    assert [f.name for f in fields(BudgetValidation)] == list(train_schema["validation"]["properties"])
+    given = yaml.safe_load((REPO / "config/budget.yaml").read_text())["train"]
+    defaults = schema_defaults("budget")
+    flat = {k: v for k, v in asdict(stage.train).items() if not isinstance(v, dict)}
+    for key, value in flat.items():
+        want = given.get(key, defaults.get(f"train.{key}"))
+        assert value == (tuple(want) if isinstance(want, list) else want), key
+    for key, value in asdict(stage.train.validation).items():
+        assert value == (given.get("validation") or {}).get(key, defaults[f"train.validation.{key}"]), key
+    assert recipe.model == given_model() and recipe.recipe is None and recipe.setting.world_size == 1
+    assert BudgetTrain.of(recipe.to_job()["train"]) == recipe.train  # the job types its JSON back to the same
+
+
+def given_model() -> str:
+    return yaml.safe_load((REPO / "config/budget.yaml").read_text())["model"]["name"]
+
+
+def test_the_budget_stage_below_the_entrance_refuses_a_dict(tmp_path):
+    """budget/jobs.py's rules, budget/config.py's launcher and threads and budget/pretrain.py's run spec take the
+    recipe / train section the facade typed; the config's dict is refused in one line naming the class."""
+    from pretrain_planner.budget import config as bconfig
+    from pretrain_planner.budget import jobs, pretrain
+
+    stage = _budget_stage(tmp_path)
+    cfg = stage.recipes[""]  # the validated recipe's dict: what used to be passed down
+    debug, log = {"kind": "debug", "timeout_min": 1, "slurm": None}, str(tmp_path / "log")
+    calls = {
+        "budget.jobs.pretrain": lambda: jobs.pretrain(cfg, debug, "i", "m", "r", str(tmp_path / "run"), log),
+        "budget.jobs.finetune": lambda: jobs.finetune(cfg, debug, "rte", "m", str(tmp_path / "glue/m.json"), log),
+        "budget.config.launch_settings": lambda: bconfig.launch_settings({"kind": "debug"}, cfg["train"], "b", REPO),
+        "budget.config.set_torch_threads": lambda: bconfig.set_torch_threads(cfg["train"], 1),
+        "budget.pretrain.run_spec": lambda: pretrain.run_spec(cfg["train"], cfg["setting"], {}, {}, 8, None),
+    }
+    for where, call in calls.items():
+        with pytest.raises(TypeError, match=rf"{where}: takes a (BudgetRecipe|BudgetTrain)"):
+            call()
+    assert not (tmp_path / "run").exists() and not (tmp_path / "glue").exists() and not (tmp_path / "log").exists()

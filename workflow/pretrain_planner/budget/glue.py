@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from pretrain_planner.budget import glue_metrics
-from pretrain_planner.budget.config import set_torch_threads, wants_gpu
+from pretrain_planner.budget.config import set_torch_threads
 from pretrain_planner.launch.local import TORCH_LOCK
+from pretrain_planner.planning.configtypes import BudgetTrain
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.runlog import FileLog
 
@@ -145,10 +146,10 @@ def _finetune(
 
     tf.utils.logging.disable_progress_bar()
     logger = FileLog(log)
-    g, tr = cfg["glue"], cfg["train"]
+    g, tr = cfg["glue"], BudgetTrain.of(cfg["train"])  # the job's JSON, its train section typed once
     task = TASKS[task_name]
     set_torch_threads(tr, threads)
-    device = torch.device("cuda" if wants_gpu(tr) and torch.cuda.is_available() else "cpu")
+    device = torch.device("cuda" if tr.wants_gpu() and torch.cuda.is_available() else "cpu")
     train_x, train_y, devs = _task_data(g, task)
     init_model = Path(init_model)
     encode = _encoder(init_model, g["max_len"], device)

@@ -17,6 +17,7 @@ from pretrain_planner import layout
 from pretrain_planner.budget import config as bconfig
 from pretrain_planner.budget import sweep
 from pretrain_planner.launch.request import driver_cores
+from pretrain_planner.planning.configtypes import BudgetRecipe, BudgetTrain
 
 
 class BudgetStage:
@@ -39,13 +40,26 @@ class BudgetStage:
         return cfg
 
     @functools.cached_property
+    def train(self) -> BudgetTrain:
+        """The budget file's `train:` section, typed (its own recipe's; a swept recipe's is `recipe(...).train`)."""
+        return self.recipe(sweep.BASE).train
+
+    @functools.cached_property
     def launch(self) -> dict[str, Any]:
-        return bconfig.launch_or_exit(self.main, self.cfg, self.basedir)
+        return bconfig.launch_or_exit(self.main["launcher"], self.train, self.cfg["source"], self.basedir)
 
     @functools.cached_property
     def recipes(self) -> dict[str, dict[str, Any]]:
         """{recipe} wildcard -> the recipe's config (budget/sweep.py)."""
         return sweep.recipes_or_exit(self.cfg)
+
+    @functools.cached_property
+    def typed(self) -> dict[str, BudgetRecipe]:
+        """{recipe} wildcard -> the recipe typed once (its train section, setting and names): what its jobs take."""
+        return {wildcard: BudgetRecipe.of(cfg) for wildcard, cfg in self.recipes.items()}
+
+    def recipe(self, wildcard: str) -> BudgetRecipe:
+        return self.typed[wildcard]
 
     @functools.cached_property
     def data(self) -> dict[str, dict[str, Any]]:
@@ -56,7 +70,7 @@ class BudgetStage:
     def threads(self, ranks: int) -> int:
         """Cores a budget job of `ranks` ranks holds on the driver's host: its ranks run here (local, debug), or
         elsewhere (slurm)."""
-        own = min(self.cfg["train"]["threads"] or self.cores or 1, self.cores or 1)
+        own = min(self.train.threads or self.cores or 1, self.cores or 1)
         return driver_cores(self.launch["kind"], ranks, own, self.cores)
 
     def pretrain_threads(self, wildcards: Any = None) -> int:
@@ -65,7 +79,7 @@ class BudgetStage:
     def pretrain_params(self, wildcards: Any) -> dict[str, Any]:
         """What a recipe's pre-training depends on besides its input (a change reruns it): the model, the train
         section and the setting, as JSON (Snakemake compares params as JSON: a typed value would be left out)."""
-        cfg = bconfig.for_job(self.recipes[wildcards.recipe])
+        cfg = self.recipe(wildcards.recipe).to_job()
         return {k: cfg[k] for k in ("model", "train", "setting")}
 
     def job_threads(self, wildcards: Any = None) -> int:

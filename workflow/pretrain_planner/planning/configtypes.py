@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from pretrain_planner import schema
+from pretrain_planner.planning.runspec import MissingSetting, TrainSetting, setting_of_json
 
 
 def require(value: Any, cls: type, where: str) -> None:
@@ -73,3 +74,128 @@ class TrainSection:
                 "tokenizer": self.tokenizer, "data_dtype": self.data_dtype, "data_field": self.data_field,
                 "checkpoint_every_min": self.checkpoint_every_min, "eval_every": self.eval_every,
                 "eval_batches": self.eval_batches}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class BudgetValidation:
+    """The budget file's `train.validation`: when the pre-training validates (fractions of the budget) and on what."""
+
+    every: float
+    dense_every: float
+    dense_first: float
+    dense_last: float
+    max_samples: int
+    rotate: bool
+
+    @classmethod
+    def of(cls, section: Mapping[str, Any], where: str = "train.validation") -> BudgetValidation:
+        return cls(**_keys_of(cls, section, where))
+
+
+@dataclass(frozen=True)
+class LossScaleFloor:
+    """The budget file's `train.loss_scale_floor`: fp16's stop on a loss scale at or below `scale` for `steps`."""
+
+    scale: float
+    steps: int
+
+    @classmethod
+    def of(cls, section: Mapping[str, Any], where: str = "train.loss_scale_floor") -> LossScaleFloor:
+        return cls(**_keys_of(cls, section, where))
+
+
+@dataclass(frozen=True)
+class BudgetTrain:
+    """The budget file's `train:` section (workflow/schemas/budget.schema.yaml): the time budget and its clock, the
+    GPU type and ranks, where the setting comes from, the optimizer and schedule, validation, the stops, checkpoints
+    and the job's device and threads, as one recipe has them (a catalog recipe's values and budget.sweep's applied
+    by budget/config.py and budget/sweep.py before it is typed). Typed where the stage is loaded (the facade) and
+    again, once, where a job reads its JSON arguments (budget/pretrain.py, budget/glue.py)."""
+
+    budget_hours: float
+    clock: str
+    gpu: str
+    nodes: int
+    gpus_per_node: int
+    setting: str
+    method: str
+    global_batch: int
+    micro_batch: int
+    lr: float
+    betas: tuple[float, float]
+    eps: float
+    weight_decay: float
+    warmup_fraction: float
+    curve: str
+    decay_rate: float
+    decay_step_hours: float
+    grad_clip: float | None
+    precision: str
+    device: str
+    threads: int | None
+    attn_implementation: str
+    validation: BudgetValidation
+    early_stop: tuple[Mapping[str, float], ...]  # each {at_fraction | after_minutes, max_loss}: the schema's oneOf
+    loss_scale_floor: LossScaleFloor
+    stop_on_nonfinite_loss: bool
+    finetune_checkpoints: tuple[float, ...]
+    checkpoint_every_s: float | None
+    max_steps: int | None
+    fake_step_s: float | None
+    log_every: int
+    plot: bool
+
+    @classmethod
+    def of(cls, section: Mapping[str, Any], where: str = "train") -> BudgetTrain:
+        """From a validated budget config's `train` section (or a job's JSON copy of it)."""
+        values = _keys_of(cls, section, where)
+        values.update(
+            betas=tuple(values["betas"]), early_stop=tuple(dict(m) for m in values["early_stop"]),
+            finetune_checkpoints=tuple(values["finetune_checkpoints"]),
+            validation=BudgetValidation.of(values["validation"], f"{where}.validation"),
+            loss_scale_floor=LossScaleFloor.of(values["loss_scale_floor"], f"{where}.loss_scale_floor"),
+        )  # fmt: skip
+        return cls(**values)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def wants_gpu(self) -> bool:
+        """Whether the stage's torch jobs run on CUDA (when it is there): device cuda, or auto with a GPU type as
+        gpu."""
+        return self.device == "cuda" or (self.device == "auto" and self.gpu != "cpu")
+
+    def torch_threads(self, job_threads: int | None) -> int | None:
+        """torch's intra-op threads of a job: `threads` when set, else the job's share of the cores."""
+        return self.threads or job_threads
+
+
+@dataclass(frozen=True)
+class BudgetRecipe:
+    """One recipe of the budget stage as its rules launch it (the budget file's own, or one of budget.sweep's):
+    its `train` section typed, the setting resolved (from the benchmark's plan or the config; MissingSetting where
+    the plan was asked for and not there yet), the model's and the recipe's names, and the job's config
+    (`to_job`: JSON, what its pre-training or fine-tuning job reads). Made once per recipe where the stage is
+    loaded (facade/budget.py)."""
+
+    train: BudgetTrain
+    setting: TrainSetting | MissingSetting
+    model: str
+    recipe: str | None  # budget.sweep's recipe name; None: the file's one recipe
+    source: str  # the budget file
+    config: Mapping[str, Any]  # the validated recipe's config, read only by `to_job`
+
+    @classmethod
+    def of(cls, cfg: Mapping[str, Any]) -> BudgetRecipe:
+        """From budget/config.load's (or budget/sweep.recipes') config of one recipe."""
+        recipe, source = cfg.get("recipe"), str(cfg.get("source", "budget config"))
+        setting = cfg["setting"]
+        return cls(BudgetTrain.of(cfg["train"], f"{source}: train"),
+                   setting_of_json(setting) if isinstance(setting, Mapping) else setting, cfg["model"]["name"],
+                   recipe["name"] if recipe else None, source, cfg)  # fmt: skip
+
+    def to_job(self) -> dict[str, Any]:
+        """The config as a job's argument: plain JSON data, the setting turned into JSON here, at the job's boundary
+        (the job reads it back with budget/config.setting_of)."""
+        return {**self.config, "setting": self.setting.to_json()}
