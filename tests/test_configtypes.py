@@ -12,7 +12,7 @@ import pytest
 import yaml
 from pretrain_planner.facade.pipeline import load
 from pretrain_planner.planning.configtypes import TrainSection
-from pretrain_planner.schema import load_schema, schema_defaults
+from pretrain_planner.schema import load_schema, resolve_path, schema_defaults
 
 from .conftest import REPO, write_plan
 
@@ -87,7 +87,7 @@ def test_the_default_budget_file_gives_its_typed_recipe_with_the_files_and_the_s
     """config/budget.yaml through the facade (BudgetStage): its recipe typed once, every key of the schema's
     `train:` a field, each the file's value or the schema's default (nested sections too); the job's JSON reads
     back to the same typed section."""
-    from pretrain_planner.planning.configtypes import BudgetRecipe, BudgetTrain, BudgetValidation
+    from pretrain_planner.planning.configtypes import BudgetGlue, BudgetRecipe, BudgetTrain, BudgetValidation
 
     stage = _budget_stage(tmp_path)
     recipe = stage.recipe("")
@@ -105,6 +105,17 @@ def test_the_default_budget_file_gives_its_typed_recipe_with_the_files_and_the_s
         assert value == (given.get("validation") or {}).get(key, defaults[f"train.validation.{key}"]), key
     assert recipe.model == given_model() and recipe.recipe is None and recipe.setting.world_size == 1
     assert BudgetTrain.of(recipe.to_job()["train"]) == recipe.train  # the job types its JSON back to the same
+    glue_schema = load_schema("budget")["properties"]["glue"]["properties"]
+    assert [f.name for f in fields(BudgetGlue)] == list(glue_schema) and stage.glue is recipe.glue
+    given_glue = yaml.safe_load((REPO / "config/budget.yaml").read_text()).get("glue") or {}
+    for key, value in asdict(stage.glue).items():
+        want = given_glue.get(key, defaults[f"glue.{key}"])
+        want = str(resolve_path(want, REPO)) if key == "data_dir" else want  # resolved as budget/config.load does
+        assert value == (tuple(want) if isinstance(want, list) else want if key not in AXES else (want,)), key
+    assert BudgetGlue.of(recipe.to_job()["glue"]) == recipe.glue
+
+
+AXES = ("lr", "batch", "epochs", "seeds", "tasks", "from_mnli")  # a single value there is a one-value axis
 
 
 def given_model() -> str:
@@ -115,7 +126,7 @@ def test_the_budget_stage_below_the_entrance_refuses_a_dict(tmp_path):
     """budget/jobs.py's rules, budget/config.py's launcher and threads and budget/pretrain.py's run spec take the
     recipe / train section the facade typed; the config's dict is refused in one line naming the class."""
     from pretrain_planner.budget import config as bconfig
-    from pretrain_planner.budget import jobs, pretrain
+    from pretrain_planner.budget import glue, glue_train, jobs, pretrain
 
     stage = _budget_stage(tmp_path)
     cfg = stage.recipes[""]  # the validated recipe's dict: what used to be passed down
@@ -126,8 +137,11 @@ def test_the_budget_stage_below_the_entrance_refuses_a_dict(tmp_path):
         "budget.config.launch_settings": lambda: bconfig.launch_settings({"kind": "debug"}, cfg["train"], "b", REPO),
         "budget.config.set_torch_threads": lambda: bconfig.set_torch_threads(cfg["train"], 1),
         "budget.pretrain.run_spec": lambda: pretrain.run_spec(cfg["train"], cfg["setting"], {}, {}, 8, None),
-    }
+        "budget.glue.grid": lambda: glue.grid(cfg["glue"]),
+        "budget.glue_train.train_run": lambda: glue_train.train_run(None, None, [], [], {}, None, cfg["glue"], lr=1e-3,
+                                                                   batch=4, epochs=1, seed=0, device=None),
+    }  # fmt: skip
     for where, call in calls.items():
-        with pytest.raises(TypeError, match=rf"{where}: takes a (BudgetRecipe|BudgetTrain)"):
+        with pytest.raises(TypeError, match=rf"{where}: takes a (BudgetRecipe|BudgetTrain|BudgetGlue)"):
             call()
     assert not (tmp_path / "run").exists() and not (tmp_path / "glue").exists() and not (tmp_path / "log").exists()

@@ -171,15 +171,50 @@ class BudgetTrain:
         return self.threads or job_threads
 
 
+def _axis(value: Any) -> tuple[Any, ...]:
+    """A grid axis of the budget file's glue section: a list, or a single value (a one-value axis)."""
+    return tuple(value) if isinstance(value, (list, tuple)) else (value,)
+
+
+@dataclass(frozen=True)
+class BudgetGlue:
+    """The budget file's `glue:` section: the GLUE tasks, the fine-tuning grid (lr x batch x epochs, each an axis;
+    every setting once per seed) and each run's schedule, evaluation and selection. Typed where the stage is
+    loaded (the facade: which tasks, which start from MNLI) and once in a fine-tuning job from its JSON."""
+
+    data_dir: str
+    tasks: tuple[str, ...]
+    from_mnli: tuple[str, ...]
+    lr: tuple[float, ...]
+    batch: tuple[int, ...]
+    epochs: tuple[float, ...]
+    seeds: tuple[int, ...]
+    max_len: int
+    weight_decay: float
+    warmup_steps: int
+    max_grad_norm: float | None
+    eval_steps: int
+    select: str
+    patience: int | None
+    max_train_samples: int | None
+
+    @classmethod
+    def of(cls, section: Mapping[str, Any], where: str = "glue") -> BudgetGlue:
+        values = _keys_of(cls, section, where)
+        values.update({k: _axis(values[k]) for k in ("tasks", "from_mnli", "lr", "batch", "epochs", "seeds")})
+        return cls(**values)
+
+
 @dataclass(frozen=True)
 class BudgetRecipe:
     """One recipe of the budget stage as its rules launch it (the budget file's own, or one of budget.sweep's):
-    its `train` section typed, the setting resolved (from the benchmark's plan or the config; MissingSetting where
-    the plan was asked for and not there yet), the model's and the recipe's names, and the job's config
-    (`to_job`: JSON, what its pre-training or fine-tuning job reads). Made once per recipe where the stage is
-    loaded (facade/budget.py)."""
+    its `train` and `glue` sections typed, the setting resolved (from the benchmark's plan or the config;
+    MissingSetting where the plan was asked for and not there yet), the model's and the recipe's names, and the
+    job's config (`to_job`: JSON, what its pre-training or fine-tuning job reads). Made once per recipe where the
+    stage is loaded (facade/budget.py)."""
 
     train: BudgetTrain
+    glue: BudgetGlue
     setting: TrainSetting | MissingSetting
     model: str
     recipe: str | None  # budget.sweep's recipe name; None: the file's one recipe
@@ -191,7 +226,7 @@ class BudgetRecipe:
         """From budget/config.load's (or budget/sweep.recipes') config of one recipe."""
         recipe, source = cfg.get("recipe"), str(cfg.get("source", "budget config"))
         setting = cfg["setting"]
-        return cls(BudgetTrain.of(cfg["train"], f"{source}: train"),
+        return cls(BudgetTrain.of(cfg["train"], f"{source}: train"), BudgetGlue.of(cfg["glue"], f"{source}: glue"),
                    setting_of_json(setting) if isinstance(setting, Mapping) else setting, cfg["model"]["name"],
                    recipe["name"] if recipe else None, source, cfg)  # fmt: skip
 
