@@ -28,6 +28,7 @@ from pretrain_planner.budget import jobs
 from pretrain_planner.facade.pipeline import PLAN_COLUMNS, load
 from pretrain_planner.launch.preflight import JOB_PREFIX
 from pretrain_planner.planning.catalog import load_catalog
+from pretrain_planner.planning.configtypes import BudgetRecipe
 from pretrain_planner.planning.flops import train_flops_per_sample
 from pretrain_planner.planning.runspec import RunSpec
 from pretrain_planner.planning.settings import KEYS, differences, resolve
@@ -404,8 +405,8 @@ def budget_steps(run_dir):
 
 def run_budget(cfg, tmp, name, **kw):
     d = tmp / name
-    return jobs.pretrain(cfg, LOCAL_LAUNCH, str(tmp / "data/index.json"), str(d / "model"), str(d / "result.json"),
-                         str(d / "run"), str(d / "log"), threads=2, **kw)  # fmt: skip
+    return jobs.pretrain(BudgetRecipe.of(cfg), LOCAL_LAUNCH, str(tmp / "data/index.json"), str(d / "model"),
+                         str(d / "result.json"), str(d / "run"), str(d / "log"), threads=2, **kw)  # fmt: skip
 
 
 def assert_kill_resume_matches(cfg, tmp, ref: str, name: str, ref_result, rel: float, abs_: float) -> None:

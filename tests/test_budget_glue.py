@@ -6,13 +6,23 @@ import csv
 import json
 import math
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import yaml
 from pretrain_planner.budget import glue, glue_report
+from pretrain_planner.planning.configtypes import BudgetGlue
 
 from .conftest import REPO, budget_workflow
+
+
+def glue_section(**over) -> BudgetGlue:
+    """The budget file's glue section, typed as a job types it: the schema's defaults, `over` replacing keys."""
+    from pretrain_planner.schema import validate
+
+    section = validate({"corpus": {"files": ["c.txt"]}, "model": "tiny-bert"}, "budget", "test")["glue"]
+    return BudgetGlue.of({**section, **over})
 
 
 def test_metrics_are_the_libraries_of_the_reference():
@@ -46,7 +56,7 @@ def test_metrics_are_the_libraries_of_the_reference():
 def test_grid_and_the_median_of_the_best_setting():
     """Every lr x batch x epochs (a scalar is a one-value axis); per setting the median over seeds, the best
     setting by that median (not by its best seed, nor by the mean)."""
-    assert glue.grid({"lr": [1e-4, 5e-5], "batch": 32, "epochs": [3, 5]}) == [
+    assert glue.grid(glue_section(lr=[1e-4, 5e-5], batch=32, epochs=[3, 5])) == [
         {"lr": 1e-4, "batch": 32, "epochs": 3}, {"lr": 1e-4, "batch": 32, "epochs": 5},
         {"lr": 5e-5, "batch": 32, "epochs": 3}, {"lr": 5e-5, "batch": 32, "epochs": 5}]  # fmt: skip
     runs = [
@@ -94,8 +104,8 @@ def test_a_run_warms_up_decays_clips_evaluates_every_n_steps_and_keeps_the_best(
     x = [(f"row {i}",) for i in range(40)]
     y = [i % 2 for i in range(40)]
     task = glue.TASKS["rte"]
-    g = {"weight_decay": 0.01, "warmup_steps": 3, "eval_steps": 2, "patience": 2, "max_grad_norm": 1.0,
-         "select": "best_dev"}  # fmt: skip
+    g = glue_section(weight_decay=0.01, warmup_steps=3, eval_steps=2, patience=2, max_grad_norm=1.0,
+                     select="best_dev")  # fmt: skip
     # the schedule, a catalog schedule (trainer/schedule.py): 0 -> lr over 3 warm-up steps, then linear to 0 at the
     # last of 13 steps; within 1e-7 of run_glue.py's (transformers' polynomial decay, power 1, to lr_end 1e-7)
     lrs = [glue_train.lr_at(glue_train.schedule(3, 13), 1e-3, k, 13) for k in range(14)]
@@ -140,7 +150,7 @@ def test_a_run_warms_up_decays_clips_evaluates_every_n_steps_and_keeps_the_best(
     # without patience: every eval_steps and once after the last step
     model, encode = _tiny_classifier()
     scores = iter([0.1] * 100)
-    run = glue_train.train_run(model, encode, x, y, {"dev": (x, y)}, task, {**g, "patience": None, "eval_steps": 4},
+    run = glue_train.train_run(model, encode, x, y, {"dev": (x, y)}, task, replace(g, patience=None, eval_steps=4),
                                lr=1e-3, batch=8, epochs=2, seed=0, device=torch.device("cpu"))  # fmt: skip
     assert [e["step"] for e in run["evaluations"]] == [4, 8, 10] and not run["stopped_early"]
 
@@ -154,8 +164,8 @@ def test_a_run_reports_its_final_model_by_default(monkeypatch):
 
     model, encode = _tiny_classifier()
     x, y = [(f"row {i}",) for i in range(40)], [i % 2 for i in range(40)]
-    g = {"weight_decay": 0.01, "warmup_steps": 3, "eval_steps": 2, "patience": None, "max_grad_norm": 1.0,
-         "select": "final"}  # fmt: skip
+    g = glue_section(weight_decay=0.01, warmup_steps=3, eval_steps=2, patience=None, max_grad_norm=1.0,
+                     select="final")  # fmt: skip
     scores, states = iter([0.5, 0.9, 0.6, 0.4, 0.55]), []
 
     def scripted(m, enc, devs, t, batch):
@@ -171,7 +181,7 @@ def test_a_run_reports_its_final_model_by_default(monkeypatch):
     final = model.state_dict()
     assert all(torch.equal(final[k], states[-1][k]) for k in final)  # the last weights, not the step-4 ones
     with pytest.raises(ValueError, match="glue.patience needs glue.select: best_dev"):
-        glue_train.train_run(model, encode, x, y, {"dev": (x, y)}, glue.TASKS["rte"], {**g, "patience": 2},
+        glue_train.train_run(model, encode, x, y, {"dev": (x, y)}, glue.TASKS["rte"], replace(g, patience=2),
                              lr=1e-3, batch=4, epochs=1, seed=0, device=torch.device("cpu"))  # fmt: skip
 
 

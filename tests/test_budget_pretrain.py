@@ -14,6 +14,7 @@ import torch
 import yaml
 from pretrain_planner.budget import config as bconfig
 from pretrain_planner.budget import jobs, pretrain
+from pretrain_planner.planning.configtypes import BudgetRecipe, BudgetTrain
 from pretrain_planner.schema import ConfigError
 from pretrain_planner.trainer.data import mlm as data
 from safetensors.torch import load_file
@@ -177,14 +178,15 @@ def test_debug_launcher_runs_in_process_and_refuses_ranks(uninterrupted):
     cfg, tmp, _ = uninterrupted
     capped = {**cfg, "train": {**cfg["train"], "max_steps": 2}}
     d = tmp / "g"
-    res = jobs.pretrain(capped, {"kind": "debug", "timeout_min": 1, "slurm": None}, str(tmp / "data/index.json"),
-                        str(d / "model"), str(d / "result.json"), str(d / "run"), str(d / "log"))  # fmt: skip
+    res = jobs.pretrain(BudgetRecipe.of(capped), {"kind": "debug", "timeout_min": 1, "slurm": None},
+                        str(tmp / "data/index.json"), str(d / "model"), str(d / "result.json"), str(d / "run"),
+                        str(d / "log"))  # fmt: skip
     assert res["steps"] == 2 and res["world_size"] == 1 and res["method_settings"]["parallel"] == "single"
     assert "launcher debug, 1 rank(s)" in (d / "log").read_text() and not (d / "submitit").exists()
     main = {"launcher": {"kind": "debug", "timeout_min": 1, "site": "x"}}
     two = {**cfg, "train": {**cfg["train"], "gpus_per_node": 2}}
     with pytest.raises(ConfigError, match="launcher.kind debug runs one rank"):
-        bconfig.launch_settings(main, two, REPO)
+        bconfig.launch_settings(main["launcher"], BudgetTrain.of(two["train"]), two["source"], REPO)
 
 
 @pytest.mark.slow  # a training subprocess or gloo ranks: not in the everyday subset
@@ -237,10 +239,16 @@ def test_a_nan_loss_stops_the_run_with_its_reason(uninterrupted, monkeypatch):
 def test_fp16_run_stops_on_a_loss_scale_stuck_at_its_floor():
     """The hook that applies the rule (fp16 needs CUDA: its scaler is stubbed here): the count is kept in the
     run's state (checkpointed), and the stop reason set when it reaches train.loss_scale_floor.steps."""
+    from dataclasses import replace
     from types import SimpleNamespace
 
+    from pretrain_planner.planning.configtypes import LossScaleFloor
+    from pretrain_planner.schema import validate
+
     logged = []
-    tr = {"stop_on_nonfinite_loss": True, "precision": "fp16", "loss_scale_floor": {"scale": 1.0, "steps": 3}}
+    section = validate({"corpus": {"files": ["c.txt"]}, "model": "tiny-bert"}, "budget", "test")["train"]
+    tr = replace(BudgetTrain.of(section), stop_on_nonfinite_loss=True, precision="fp16",
+                 loss_scale_floor=LossScaleFloor(scale=1.0, steps=3))  # fmt: skip
     run = SimpleNamespace(state={"step": 0, "stop": None, "scale_floor_steps": 0}, tr=tr,
                           logger=SimpleNamespace(info=lambda *a: logged.append(a)))  # fmt: skip
     scales = iter([4.0, 1.0, 1.0, 1.0])
@@ -251,6 +259,6 @@ def test_fp16_run_stops_on_a_loss_scale_stuck_at_its_floor():
         stops.append(pretrain._Run._loss_checks(run, loop))
     assert stops == [False, False, False, True] and run.state["scale_floor_steps"] == 3
     assert run.state["stop"].startswith("loss scale stuck at its floor") and logged
-    run.tr = {**tr, "precision": "bf16"}
+    run.tr = replace(tr, precision="bf16")
     run.state.update(stop=None, scale_floor_steps=0)
     assert not pretrain._Run._loss_checks(run, loop)  # no loss scaler outside fp16

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from pretrain_planner.planning.configtypes import BudgetValidation
 from pretrain_planner.trainer import schedule
 
 PEAK, BUDGET, WARM = 1e-3, 24 * 3600.0, 0.06
@@ -28,7 +29,8 @@ def test_lr_is_independent_of_the_step_rate():
 
 
 def test_validation_is_denser_early_and_late():
-    pts = schedule.validation_points({"every": 0.1, "dense_every": 0.0025, "dense_first": 0.05, "dense_last": 0.01})
+    v = BudgetValidation(every=0.1, dense_every=0.0025, dense_first=0.05, dense_last=0.01, max_samples=1, rotate=True)
+    pts = schedule.validation_points(v)
     assert pts == sorted(pts) and pts[-1] == 1.0 and pts[0] > 0
     first = [p for p in pts if p <= 0.05]
     middle = [p for p in pts if 0.05 < p < 0.99]

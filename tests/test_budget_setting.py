@@ -10,6 +10,7 @@ import torch
 from pretrain_planner.budget import config as bconfig
 from pretrain_planner.budget import jobs, pretrain
 from pretrain_planner.planning.catalog import load_catalog
+from pretrain_planner.planning.configtypes import BudgetRecipe
 from pretrain_planner.schema import ConfigError
 from pretrain_planner.tables.export import _plan_record
 from pretrain_planner.trainer.data import mlm as data
@@ -85,10 +86,12 @@ def test_missing_plan_warns_at_parse_and_stops_the_pretrain_job(tmp_path):
     cfg = bconfig.load(path, results=tmp_path / "results")
     assert cfg["setting"].source == "missing"
     with pytest.raises(ConfigError, match="train.setting: benchmark, but there is no benchmark plan"):
-        jobs.pretrain(cfg, {"kind": "debug", "timeout_min": 1, "slurm": None}, "i", "m", "r", "run", "log")
+        jobs.pretrain(BudgetRecipe.of(cfg), {"kind": "debug", "timeout_min": 1, "slurm": None}, "i", "m", "r", "run",
+                      "log")  # fmt: skip
     _write_plan(tmp_path / "results", gpn=1)
     with pytest.raises(ConfigError, match="It exists now"):
-        jobs.pretrain(cfg, {"kind": "debug", "timeout_min": 1, "slurm": None}, "i", "m", "r", "run", "log")
+        jobs.pretrain(BudgetRecipe.of(cfg), {"kind": "debug", "timeout_min": 1, "slurm": None}, "i", "m", "r", "run",
+                      "log")  # fmt: skip
 
 
 @pytest.mark.slow  # Snakemake's dry run in a subprocess

@@ -13,6 +13,7 @@ import pytest
 import yaml
 from pretrain_planner.budget import config as bconfig
 from pretrain_planner.budget import jobs, sweep
+from pretrain_planner.planning.configtypes import BudgetRecipe
 from pretrain_planner.schema import ConfigError
 from pretrain_planner.trainer import schedule
 
@@ -48,7 +49,7 @@ def test_every_combination_is_a_recipe_with_its_own_setting_and_data(tmp_path):
     data = sweep.data_sets(got)
     assert data["data"] is cfg and data["data-seq32"]["data"]["seq_len"] == 32
     # each recipe's jobs have a name of their own (the driver tracks running jobs by name)
-    assert jobs._of(r) == "-gb32-seq32" and jobs._of(cfg) == ""
+    assert jobs._of(BudgetRecipe.of(r)) == "-gb32-seq32" and jobs._of(BudgetRecipe.of(cfg)) == ""
     names = {sweep.recipe_name(v) for v in ({"lr": 1e-3, "warmup_fraction": 0.06, "curve": "exp"},)}
     assert names == {"lr0.001-wu0.06-exp"}
 

@@ -52,7 +52,7 @@ rule pretrain:
         from pretrain_planner.budget.jobs import pretrain
 
         pretrain(
-            BUDGET.recipes[wildcards.recipe],
+            BUDGET.recipe(wildcards.recipe),
             BUDGET.launch,
             input.index,
             output.model,
@@ -78,7 +78,7 @@ rule finetune_mnli:
         from pretrain_planner.budget.jobs import finetune
 
         finetune(
-            BUDGET.recipes[wildcards.recipe],
+            BUDGET.recipe(wildcards.recipe),
             BUDGET.launch,
             "mnli",
             input.model,
@@ -106,7 +106,7 @@ rule finetune:
         from pretrain_planner.budget.jobs import finetune
 
         finetune(
-            BUDGET.recipes[wildcards.recipe],
+            BUDGET.recipe(wildcards.recipe),
             BUDGET.launch,
             wildcards.task,
             input.model,

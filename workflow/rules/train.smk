@@ -26,7 +26,9 @@ rule train:
         train_rule(
             input.plan,
             wildcards,
-            PP.config,
+            PP.train,
+            PP.config["launcher"],
+            PP.train_device,
             os.path.dirname(output.result),
             log[0],
             threads,

@@ -12,6 +12,7 @@ from typing import Any
 from pretrain_planner import layout
 from pretrain_planner.launch import stage
 from pretrain_planner.planning.catalog import load_models
+from pretrain_planner.planning.configtypes import BudgetRecipe, BudgetTrain, require
 from pretrain_planner.planning.methods import parse
 from pretrain_planner.planning.runspec import MissingSetting, TrainSetting, accumulation, setting_of_json
 from pretrain_planner.schema import ConfigError, load_yaml, resolve_path, validate
@@ -112,6 +113,12 @@ def setting_of(cfg: dict[str, Any]) -> TrainSetting:
     setting = cfg.get("setting") or resolve_setting(cfg, None)
     if isinstance(setting, dict):  # a job's config: the setting as JSON, read back once
         setting = setting_of_json(setting)
+    return checked(setting)
+
+
+def checked(setting: TrainSetting | MissingSetting) -> TrainSetting:
+    """`setting`, or the ConfigError of a benchmark plan that was missing when the workflow was parsed
+    (`setting_of`)."""
     if setting.missing:
         later = Path(setting.plan).is_file()
         raise ConfigError(
@@ -124,37 +131,31 @@ def setting_of(cfg: dict[str, Any]) -> TrainSetting:
 def for_job(cfg: dict[str, Any]) -> dict[str, Any]:
     """The budget config as a job's argument: plain JSON data, its setting turned into JSON here, at the job's
     boundary (the job reads it back with `setting_of`)."""
-    setting = cfg.get("setting")
-    return {**cfg, "setting": setting.to_json()} if setting is not None and not isinstance(setting, dict) else cfg
+    return BudgetRecipe.of(cfg).to_job()
 
 
-def launch_settings(main: dict[str, Any], cfg: dict[str, Any], basedir: str | Path) -> dict[str, Any]:
-    """How the stage's jobs run (launch/stage.py): the main config's launcher kind, and on SLURM the site's settings
+def launch_settings(launcher: dict[str, Any], tr: BudgetTrain, source: str, basedir: str | Path) -> dict[str, Any]:
+    """How the stage's jobs run (launch/stage.py): the main config's launcher, and on SLURM the site's settings
     for train.gpu (its partition and GPU request). A launcher that cannot run the setting stops the dry run; a site
-    without train.gpu stops only the budget's jobs (`slurm_error`), not a benchmark sweep's parse."""
-    tr = cfg["train"]
-    world = tr["nodes"] * tr["gpus_per_node"]
-    return stage.launch_settings(main["launcher"], tr["gpu"], tr["nodes"], world, basedir, cfg["source"],
+    without train.gpu stops only the budget's jobs (`slurm_error`), not a benchmark sweep's parse. `source`: the
+    budget file (errors name it)."""
+    require(tr, BudgetTrain, "budget.config.launch_settings")
+    return stage.launch_settings(launcher, tr.gpu, tr.nodes, tr.world_size, basedir, source,
                                  "train.nodes x train.gpus_per_node", "train.gpu", soft_site=True)  # fmt: skip
 
 
-def launch_or_exit(main: dict[str, Any], cfg: dict[str, Any], basedir: str | Path) -> dict[str, Any]:
-    return or_exit(launch_settings, main, cfg, basedir)
+def launch_or_exit(launcher: dict[str, Any], tr: BudgetTrain, source: str, basedir: str | Path) -> dict[str, Any]:
+    return or_exit(launch_settings, launcher, tr, source, basedir)
 
 
-def set_torch_threads(tr: dict[str, Any], threads: int | None) -> None:
+def set_torch_threads(tr: BudgetTrain, threads: int | None) -> None:
     """torch's intra-op threads for a job: train.threads when set, else the job's share of the cores (`threads`)."""
-    threads = tr["threads"] or threads
+    require(tr, BudgetTrain, "budget.config.set_torch_threads")
+    threads = tr.torch_threads(threads)
     if threads:
         import torch  # a torch job's, at run time: this module imports no torch
 
         torch.set_num_threads(threads)
-
-
-def wants_gpu(tr: dict[str, Any]) -> bool:
-    """Whether the stage's torch jobs run on CUDA (when it is there): train.device cuda, or auto with a GPU type
-    as train.gpu."""
-    return tr["device"] == "cuda" or (tr["device"] == "auto" and tr.get("gpu", "cpu") != "cpu")
 
 
 def _model(cfg: dict[str, Any], source: Path, basedir: str | Path) -> tuple[dict[str, Any], dict[str, Any] | None]:

@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from pretrain_planner.budget import glue_metrics
-from pretrain_planner.budget.config import set_torch_threads, wants_gpu
+from pretrain_planner.budget.config import set_torch_threads
 from pretrain_planner.launch.local import TORCH_LOCK
+from pretrain_planner.planning.configtypes import BudgetGlue, BudgetTrain, require
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.runlog import FileLog
 
@@ -110,14 +111,10 @@ def task_dir(data_dir: str | Path, task: str) -> Path:
 
 
 # ----------------------------------------------------------------------------------------------- fine-tuning
-def grid(g: dict[str, Any]) -> list[dict[str, Any]]:
+def grid(g: BudgetGlue) -> list[dict[str, Any]]:
     """The settings of `glue` (lr x batch x epochs; a single value is a one-value axis), in grid order."""
-
-    def axis(v: Any) -> list:
-        return list(v) if isinstance(v, (list, tuple)) else [v]
-
-    axes = [axis(g[k]) for k in ("lr", "batch", "epochs")]
-    return [{"lr": lr, "batch": b, "epochs": e} for lr, b, e in itertools.product(*axes)]
+    require(g, BudgetGlue, "budget.glue.grid")
+    return [{"lr": lr, "batch": b, "epochs": e} for lr, b, e in itertools.product(g.lr, g.batch, g.epochs)]
 
 
 def finetune(*args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -145,19 +142,19 @@ def _finetune(
 
     tf.utils.logging.disable_progress_bar()
     logger = FileLog(log)
-    g, tr = cfg["glue"], cfg["train"]
+    g, tr = BudgetGlue.of(cfg["glue"]), BudgetTrain.of(cfg["train"])  # the job's JSON, typed once
     task = TASKS[task_name]
     set_torch_threads(tr, threads)
-    device = torch.device("cuda" if wants_gpu(tr) and torch.cuda.is_available() else "cpu")
+    device = torch.device("cuda" if tr.wants_gpu() and torch.cuda.is_available() else "cpu")
     train_x, train_y, devs = _task_data(g, task)
     init_model = Path(init_model)
-    encode = _encoder(init_model, g["max_len"], device)
+    encode = _encoder(init_model, g.max_len, device)
     settings, key = grid(g), glue_metrics.monitor(task_name)
     logger.info("%s from %s (%s): %d train rows, %d settings x seeds %s, monitor %s, device %s", task_name,
-                init_model, init_kind, len(train_x), len(settings), g["seeds"], key, device)  # fmt: skip
+                init_model, init_kind, len(train_x), len(settings), list(g.seeds), key, device)  # fmt: skip
     runs, keep = [], {}  # keep: per setting, the best seed's weights (on CPU) when a model is to be written
     for s in settings:
-        for seed in g["seeds"]:
+        for seed in g.seeds:
             torch.manual_seed(seed)  # the new head's initialisation, dropout
             model = _classifier(init_model, task, device)
             run = train_run(model, encode, train_x, train_y, devs, task, g, **s, seed=seed, device=device,
@@ -173,7 +170,7 @@ def _finetune(
     logger.info("%s: best setting %s, median over seeds %s", task_name, json.dumps(best), json.dumps(agg["metrics"]))
     result: dict[str, Any] = {
         "task": task_name, "init": init_kind, "init_model": str(init_model), "train_rows": len(train_x),
-        "monitor": key, "select": g["select"], "setting": best, "seeds": agg["seeds"], **agg["metrics"],
+        "monitor": key, "select": g.select, "setting": best, "seeds": agg["seeds"], **agg["metrics"],
         **{k: runs[0][k] for k in ("dev_rows", "dev_rows_mm") if k in runs[0]},
         "settings": agg["settings"], "runs": runs,
     }  # fmt: skip
@@ -192,12 +189,12 @@ def _finetune(
 _METRIC_KEYS = ("acc", "f1", "mcc", "pearson", "spearman", "acc_mm", "f1_mm")
 
 
-def _task_data(g: dict[str, Any], task: Task) -> tuple[list[tuple[str, ...]], list[Any], dict[str, tuple[list, list]]]:
+def _task_data(g: BudgetGlue, task: Task) -> tuple[list[tuple[str, ...]], list[Any], dict[str, tuple[list, list]]]:
     """The task's training rows (at most glue.max_train_samples) and its dev files' rows."""
-    folder = task_dir(g["data_dir"], task.name)
+    folder = task_dir(g.data_dir, task.name)
     train_x, train_y = read_tsv(folder / "train.tsv", task)
-    if g["max_train_samples"]:
-        train_x, train_y = train_x[: g["max_train_samples"]], train_y[: g["max_train_samples"]]
+    if g.max_train_samples:
+        train_x, train_y = train_x[: g.max_train_samples], train_y[: g.max_train_samples]
     devs = {d: read_tsv(folder / f"{d}.tsv", task) for d in task.dev}
     if not train_x:
         raise ValueError(f"{folder}/train.tsv: no usable rows")

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from pretrain_planner.budget import glue_metrics
+from pretrain_planner.planning.configtypes import BudgetGlue, require
 from pretrain_planner.trainer.loop import Hooks, Loop
 from pretrain_planner.trainer.methodbuild import Built
 from pretrain_planner.trainer.parallel import Applied, make_optimizer
@@ -91,13 +92,13 @@ class _Run(Hooks):
     rate, the stop after `total` steps; after a step its loss, and every `glue.eval_steps` steps an evaluation on
     the dev files (`check`), which stops the run when glue.patience ran out."""
 
-    def __init__(self, model, encode, train_x: list, train_y: list, devs, task, g: dict[str, Any], *, lr: float,
+    def __init__(self, model, encode, train_x: list, train_y: list, devs, task, g: BudgetGlue, *, lr: float,
                  batch: int, seed: int, total: int, device, log) -> None:  # fmt: skip
         self.model, self.encode, self.x, self.devs, self.task = model, encode, train_x, devs, task
         self.y = torch.tensor(train_y, dtype=torch.float32 if task.labels is None else torch.long)
         self.peak, self.batch, self.total, self.device, self.log = lr, batch, total, device, log
-        self.sched = schedule(g["warmup_steps"], total)
-        self.every, self.patience, self.select = g["eval_steps"], g["patience"], g["select"]
+        self.sched = schedule(g.warmup_steps, total)
+        self.every, self.patience, self.select = g.eval_steps, g.patience, g.select
         self.key = glue_metrics.monitor(task.name)
         self.gen = torch.Generator().manual_seed(seed)
         self.chunks: Any = iter(())
@@ -145,20 +146,21 @@ class _Run(Hooks):
 
 
 def train_run(
-    model, encode, train_x: list, train_y: list, devs: dict[str, tuple[list, list]], task, g: dict[str, Any], *,
+    model, encode, train_x: list, train_y: list, devs: dict[str, tuple[list, list]], task, g: BudgetGlue, *,
     lr: float, batch: int, epochs: float, seed: int, device, logger=None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Fine-tune `model` in place on the shared loop; at the end it holds the model `g["select"]` names (the final
+    """Fine-tune `model` in place on the shared loop; at the end it holds the model `g.select` names (the final
     one, or the best evaluated checkpoint). Returns the run's record: its setting, steps run, the evaluations (step
     and monitored score), the selected step and the metrics there, and the best evaluation's step and score."""
-    select = g["select"]
-    if g["patience"] and select != "best_dev":
+    require(g, BudgetGlue, "budget.glue_train.train_run")
+    select = g.select
+    if g.patience and select != "best_dev":
         raise ValueError("glue.patience needs glue.select: best_dev (early stopping keeps the best checkpoint)")
     total = max(1, math.ceil(math.ceil(len(train_x) / batch) * epochs))
     log = logger or logging.getLogger(__name__)
     run = _Run(model, encode, train_x, train_y, devs, task, g, lr=lr, batch=batch, seed=seed, total=total,
                device=device, log=log)  # fmt: skip
-    step = TrainStep(Applied(model, model), build_optimizer(model, lr, g["weight_decay"]), g["max_grad_norm"] or None,
+    step = TrainStep(Applied(model, model), build_optimizer(model, lr, g.weight_decay), g.max_grad_norm or None,
                      device.type, settings={})  # fmt: skip
     loop = Loop(built=Built(step, model, {}), ranks=Ranks.of(RankEnv(0, 1, 0, device)), hooks=run, run_dir=None,
                 fingerprint="", accum=1, seed=seed, logger=log, log_every=run.every)  # fmt: skip

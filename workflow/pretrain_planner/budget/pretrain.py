@@ -41,10 +41,11 @@ from typing import Any
 import torch
 
 from pretrain_planner import layout
-from pretrain_planner.budget.config import set_torch_threads, setting_of, wants_gpu
+from pretrain_planner.budget.config import set_torch_threads, setting_of
 from pretrain_planner.budget.summary import plot_loss, reference_comparison, write_summary
 from pretrain_planner.launch.local import torch_job
 from pretrain_planner.planning.catalog import ModelSpec, Optimizer, Recipe
+from pretrain_planner.planning.configtypes import BudgetTrain, require
 from pretrain_planner.planning.families import family
 from pretrain_planner.planning.runspec import RunSpec, TrainSetting, device_gpu
 from pretrain_planner.results import atomic_write_text
@@ -74,26 +75,27 @@ def model_dict(cfg: dict[str, Any], index: dict[str, Any]) -> dict[str, Any]:
     return {"name": m["name"], "family": m["family"], "task": "masked_lm", "arch": arch}
 
 
-def run_spec(tr: dict[str, Any], setting: TrainSetting, mdict: dict[str, Any], index: dict[str, Any], gb: int,
+def run_spec(tr: BudgetTrain, setting: TrainSetting, mdict: dict[str, Any], index: dict[str, Any], gb: int,
              device: torch.device) -> RunSpec:  # fmt: skip
     """The budget's run of the setting's method: the recipe of the budget file (AdamW without weight decay on
     biases and norms; train.precision, train.lr ...) on the prepared data's sequence length; TF32 and
     torch.compile (automatic dynamic shapes: sparse prediction's masked rows vary) on CUDA only (on CPU the compile
     time would eat the budget of the small runs this stage is tested with)."""
+    require(tr, BudgetTrain, "budget.pretrain.run_spec")
     on_cuda = device.type == "cuda"
-    opt = Optimizer("adamw", tr["lr"], tuple(tr["betas"]), tr["eps"], tr["weight_decay"], no_decay_1d=True)
-    recipe = Recipe(global_batch=gb, steps=None, time_budget_hours=tr["budget_hours"], sequence_length=index["seq_len"],
-                    image_size=None, precision=tr["precision"], optimizer=opt, schedule={},
-                    grad_clip=tr["grad_clip"] or None, mlm_probability=index["mlm_probability"])  # fmt: skip
+    opt = Optimizer("adamw", tr.lr, tuple(tr.betas), tr.eps, tr.weight_decay, no_decay_1d=True)
+    recipe = Recipe(global_batch=gb, steps=None, time_budget_hours=tr.budget_hours, sequence_length=index["seq_len"],
+                    image_size=None, precision=tr.precision, optimizer=opt, schedule={},
+                    grad_clip=tr.grad_clip or None, mlm_probability=index["mlm_probability"])  # fmt: skip
     model = ModelSpec(mdict["name"], mdict["family"], dict(mdict["arch"]), recipe)
-    gpu = device_gpu(tr["gpu"], on_cuda)
+    gpu = device_gpu(tr.gpu, on_cuda)
     return RunSpec(model, gpu, setting.method, setting.world_size, on_cuda, compile_dynamic=None,
                    compile_model=on_cuda)  # fmt: skip
 
 
-def _device(tr: dict[str, Any], local_rank: int = 0) -> torch.device:
+def _device(tr: BudgetTrain, local_rank: int = 0) -> torch.device:
     """CUDA when train.device says so, or when it is auto, train.gpu is a GPU type and CUDA is there."""
-    if wants_gpu(tr) and torch.cuda.is_available():
+    if tr.wants_gpu() and torch.cuda.is_available():
         from pretrain_planner.trainer.rank import device_index  # the trainer's one device rule
 
         return torch.device("cuda", device_index(local_rank, torch.cuda.device_count()))
@@ -152,7 +154,8 @@ def _pretrain(
 
 def _run_fingerprint(cfg: dict[str, Any], setting: TrainSetting, index: dict[str, Any], mdict: dict[str, Any]) -> str:
     """What a checkpoint must match to be resumed: data, seed, model, the training settings that change the
-    result and the setting actually used (not the logging, checkpoint cadence, device or thread settings)."""
+    result and the setting actually used (not the logging, checkpoint cadence, device or thread settings). Of the
+    job's JSON as it came (its train section by key: the fingerprint of checkpoints written before stays)."""
     keyed = {k: v for k, v in cfg["train"].items() if k not in ("max_steps", "checkpoint_every_s", "log_every",
                                                                   "device", "threads", "setting", "micro_batch",
                                                                   "method", "plot")}  # fmt: skip
@@ -183,7 +186,8 @@ class _Run(Training):
         self.real_step_s = 0.0  # under the fake clock: the real time of this process's steps (replaced by fake)
         self.stopped_s: float | None = None  # the clock when the loop stopped (finish)
         self._step_t0: float | None = None
-        self.cfg, self.tr, self.setting = cfg, cfg["train"], setting_of(cfg)
+        self.cfg, self.setting = cfg, setting_of(cfg)
+        self.tr = BudgetTrain.of(cfg["train"], "the job's train")  # the job's JSON, its train section typed once
         tr, setting = self.tr, self.setting
         set_torch_threads(tr, threads)
         if setting.world_size > 1 and "SUBMITIT_EXECUTOR" not in os.environ:
@@ -194,8 +198,9 @@ class _Run(Training):
         self.index = json.loads(index_path.read_text())
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.budget_s = schedule.budget_seconds(tr["budget_hours"])
-        self.clock_kind = tr["clock"]
+        self.budget_s = schedule.budget_seconds(tr.budget_hours)
+        self.clock_kind = tr.clock
+        self.curve = {"curve": tr.curve, "decay_rate": tr.decay_rate, "decay_step_hours": tr.decay_step_hours}
         self.micro_batch, self.accum = setting.micro_batch, setting.grad_accum_steps
         self.global_batch = setting.global_batch
         self.pad_id = self.index["special_ids"]["pad"]
@@ -208,7 +213,7 @@ class _Run(Training):
         run (`run_spec`); the same weights on every rank. Then the shared loop with this run as hooks."""
         self.spec = run_spec(self.tr, self.setting, self.mdict, self.index, self.global_batch, self.device)
         self.build_method(
-            self.spec, "train.method", self.cfg["seed"], attn=self.tr["attn_implementation"],
+            self.spec, "train.method", self.cfg["seed"], attn=self.tr.attn_implementation,
             grad_sync=self.setting.grad_sync, compile_note="the budget stage compiles on CUDA only",
             lr_schedule="set every step from elapsed training time (trainer.schedule.lr_at)",
         )  # fmt: skip
@@ -218,11 +223,11 @@ class _Run(Training):
         self.plain: list[torch.nn.Module] = []  # an unsharded model to save a sharded one's weights from
         tr = self.tr
         self.data = self.time_data(lambda: masked_lm_shards(self.index_path, self.cfg["seed"], self.mdict, {}))
-        self.val_points = schedule.validation_points(tr["validation"])
-        self.ft_points = sorted(tr["finetune_checkpoints"])
+        self.val_points = schedule.validation_points(tr.validation)
+        self.ft_points = sorted(tr.finetune_checkpoints)
         self.start_loop(
-            self.run_dir, self.fp, self.cfg["seed"], fake_step_s=tr["fake_step_s"],
-            checkpoint_every_s=tr["checkpoint_every_s"], log_every=tr["log_every"],
+            self.run_dir, self.fp, self.cfg["seed"], fake_step_s=tr.fake_step_s,
+            checkpoint_every_s=tr.checkpoint_every_s, log_every=tr.log_every,
             extra_state={"val_s": 0.0, "last_val_loss": None, "wall_s": 0.0, "scale_floor_steps": 0, "val_count": 0},
         )  # fmt: skip
 
@@ -245,7 +250,7 @@ class _Run(Training):
         """This rank's wall time of the run: the earlier processes' (checkpoint) + this process's since it started.
         Under the fake clock the steps count their fake time instead of their real time."""
         wall = self.wall_base + time.perf_counter() - self.t_start
-        if self.tr["fake_step_s"] is not None:
+        if self.tr.fake_step_s is not None:
             wall += (self.state["elapsed_s"] - self.train_base) - self.real_step_s
         return wall
 
@@ -260,14 +265,14 @@ class _Run(Training):
     # -- the loop's hooks ------------------------------------------------------------------------------------
     def lr(self, state: dict[str, Any]) -> float:
         self._step_t0 = time.perf_counter()  # the step starts (the fake clock's real-time bookkeeping)
-        return schedule.lr_at(self._elapsed(state), self.budget_s, self.tr["lr"], self.tr["warmup_fraction"], self.tr)
+        return schedule.lr_at(self._elapsed(state), self.budget_s, self.tr.lr, self.tr.warmup_fraction, self.curve)
 
     def stop(self, state: dict[str, Any]) -> str | None:
         """The budget (on train.clock) or train.max_steps ends the run before another step."""
         self._tick()
         if self._elapsed(state) / self.budget_s >= 1.0:
             return "budget"
-        if self.tr["max_steps"] is not None and state["step"] >= self.tr["max_steps"]:
+        if self.tr.max_steps is not None and state["step"] >= self.tr.max_steps:
             return "max_steps"
         return None
 
@@ -295,12 +300,12 @@ class _Run(Training):
         """Set the stop reason on a NaN / infinite step loss, or (fp16) a loss scale at its floor for
         train.loss_scale_floor.steps steps in a row; True when the run stops."""
         state, tr = self.state, self.tr
-        why = schedule.nonfinite_loss(loop.last["loss"], state["step"]) if tr["stop_on_nonfinite_loss"] else None
-        if why is None and tr["precision"] == "fp16":
-            floor = tr["loss_scale_floor"]
+        why = schedule.nonfinite_loss(loop.last["loss"], state["step"]) if tr.stop_on_nonfinite_loss else None
+        if why is None and tr.precision == "fp16":
+            floor = tr.loss_scale_floor
             scale = loop.step_fn.loss_scale()
             state["scale_floor_steps"], why = schedule.loss_scale_floor(
-                scale, state["scale_floor_steps"], floor["scale"], floor["steps"]
+                scale, state["scale_floor_steps"], floor.scale, floor.steps
             )
         if why is None:
             return False
@@ -328,11 +333,11 @@ class _Run(Training):
         """The validation loss of the model now (at a validation point and at the end) and the held-out shards it
         was taken on: the next in the rotation (`train.validation.rotate`; the count is in the checkpoint, so a
         resumed run goes on with the next shard)."""
-        val = self.tr["validation"]
+        val = self.tr.validation
         count = self.state.get("val_count", 0)
-        shards = validation_shards(self.index["splits"]["validation"], count, val["rotate"])
+        shards = validation_shards(self.index["splits"]["validation"], count, val.rotate)
         self.state["val_count"] = count + 1
-        loss = validation_loss(self.model, shards, self.data_dir, self.pad_id, self.micro_batch, val["max_samples"],
+        loss = validation_loss(self.model, shards, self.data_dir, self.pad_id, self.micro_batch, val.max_samples,
                                self.device, self._autocast)  # fmt: skip
         return loss, [sh["name"] for sh in shards]
 
@@ -349,7 +354,7 @@ class _Run(Training):
                 append_jsonl(fh, {"step": state["step"], "progress": round(progress, 6), "val_loss": vl,
                                   "shards": shards})  # fmt: skip
         self.logger.info("validation at step %d progress %.4f: loss %.4f", state["step"], progress, vl)
-        state["stop"] = schedule.early_stop(self.tr["early_stop"], progress, vl, self._elapsed(state))
+        state["stop"] = schedule.early_stop(list(self.tr.early_stop), progress, vl, self._elapsed(state))
         if state["stop"]:
             self.logger.info(state["stop"])
 
@@ -399,7 +404,7 @@ class _Run(Training):
         result = self._result(out_model)
         atomic_write_text(out_result, json.dumps(result, indent=1))
         write_summary(result, Path(out_result).parent)
-        if self.tr.get("plot", True):
+        if self.tr.plot:
             try:
                 plot_loss(
                     self.loop.steps_path, self.val_path, Path(out_result).parent / layout.LOSS_PLOT, self.clock_kind
@@ -415,14 +420,14 @@ class _Run(Training):
         steps = read_jsonl(self.loop.steps_path)
         loss_first, loss_last = loss_ends([r["loss"] for r in steps])
         result = {
-            "model": mdict["name"], "family": mdict["family"], "device": str(self.device), "precision": tr["precision"],
+            "model": mdict["name"], "family": mdict["family"], "device": str(self.device), "precision": tr.precision,
             "steps": state["step"], "budget_s": self.budget_s, "clock": self.clock_kind,
             "elapsed_s": self._elapsed(state), "train_s": state["elapsed_s"], "wall_s": state["wall_s"],
             # the budget ends the run at the first check after it ran out (a check before every step): `stopped_s`;
             # what follows on the clock (the last validation, checkpoint and model write) is `finish_s`
             "stopped_s": self.stopped_s, "finish_s": self._elapsed(state) - self.stopped_s,
             "validation_s": state["val_s"], "stop_reason": state["stop"], "micro_batch": self.micro_batch,
-            "checkpoint_every_s": tr["checkpoint_every_s"], "checkpoints": state.get("checkpoints", 0),
+            "checkpoint_every_s": tr.checkpoint_every_s, "checkpoints": state.get("checkpoints", 0),
             "checkpoint_s": state.get("checkpoint_s", 0.0), **self.loop.restart_costs(steps),
             "sequences": state["step"] * gb, "tokens": state["step"] * gb * self.index["seq_len"],
             "reference": reference_comparison(state["step"], state["step"] * gb, self.budget_s),
@@ -441,7 +446,7 @@ class _Run(Training):
             "run_dir": str(self.run_dir), "model_dir": str(out_model),
             "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
         }  # fmt: skip
-        if gb != tr["global_batch"]:
+        if gb != tr.global_batch:
             result["note"] = f"global batch {gb} (the benchmark's setting) instead of train.global_batch"
         return result
 

@@ -10,12 +10,13 @@ import contextlib
 import json
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from pretrain_planner import layout
 from pretrain_planner.cli.config import REPO, CliError, load_config, results_dir
+from pretrain_planner.planning.configtypes import TrainSection
 from pretrain_planner.tables import units
 
 
@@ -41,26 +42,25 @@ def query(args: argparse.Namespace) -> Trained:
     out = Path(args.out) if args.out else layout.train_dir_of_plan(rec, results_dir(config))
     out = out.resolve()  # the run's folder, whatever the job's working directory
     log_path = args.log or str(out / "launch.log")
-    t = config["train"]  # the config's train section, as the train rule reads it; a flag given wins
+    t = TrainSection.of(config["train"])  # the config's train section, typed as the train rule has it; a flag wins
     if args.steps or args.time_budget_h:
-        steps, hours = args.steps, args.time_budget_h
-    else:
-        steps, hours = t["steps"], t["time_budget_hours"]
-    device = args.device or ("cpu" if t["device"] == "cpu" or config["benchmark"].get("device") == "cpu" else "auto")
-    data, tokenizer = jobs.canonical(args.data or t["data"]), jobs.canonical_tokenizer(args.tokenizer or t["tokenizer"])
-    data_dtype, data_field = args.data_dtype or t["data_dtype"], args.data_field or t["data_field"]
+        t = replace(t, steps=args.steps, time_budget_hours=args.time_budget_h)
+    device = args.device or t.run_device(config["benchmark"]["device"])
+    t = replace(t, data=jobs.canonical(args.data or t.data),
+                tokenizer=jobs.canonical_tokenizer(args.tokenizer or t.tokenizer),
+                data_dtype=args.data_dtype or t.data_dtype, data_field=args.data_field or t.data_field,
+                eval_every=t.eval_every if args.eval_every is None else args.eval_every,
+                eval_batches=t.eval_batches if args.eval_batches is None else args.eval_batches)  # fmt: skip
     try:
-        jobs.check_data(rec, {"data": data, "tokenizer": tokenizer, "data_dtype": data_dtype, "data_field": data_field})
+        jobs.check_data(rec, t)
     except jobs.DataError as exc:  # before any job or host lock: one line
         raise CliError(str(exc)) from None
-    evals = {k: getattr(args, k) if getattr(args, k) is not None else t[k] for k in ("eval_every", "eval_batches")}
     follow = contextlib.nullcontext() if launch["kind"] == "debug" else _following(out / layout.TRAIN_LOG)
     try:
         with follow:  # (the debug launcher's rank prints its lines itself)
-            res = jobs.run_plan(jobs.plan_file(args.plan).resolve(), launch, out, log_path, threads=args.threads,
-                                device=device, steps=steps, time_budget_h=hours, data=data, tokenizer=tokenizer,
-                                data_dtype=data_dtype, data_field=data_field,
-                                checkpoint_every_min=t["checkpoint_every_min"], **evals)  # fmt: skip
+            res = jobs.run_plan(
+                jobs.plan_file(args.plan).resolve(), launch, out, log_path, t, threads=args.threads, device=device
+            )
     except RunRefused as exc:
         raise CliError(str(exc)) from None
     return Trained(res, out)

@@ -17,6 +17,7 @@ from pretrain_planner import layout
 from pretrain_planner.budget import config as bconfig
 from pretrain_planner.budget import sweep
 from pretrain_planner.launch.request import driver_cores
+from pretrain_planner.planning.configtypes import BudgetGlue, BudgetRecipe, BudgetTrain
 
 
 class BudgetStage:
@@ -39,13 +40,31 @@ class BudgetStage:
         return cfg
 
     @functools.cached_property
+    def train(self) -> BudgetTrain:
+        """The budget file's `train:` section, typed (its own recipe's; a swept recipe's is `recipe(...).train`)."""
+        return self.recipe(sweep.BASE).train
+
+    @functools.cached_property
+    def glue(self) -> BudgetGlue:
+        """The budget file's `glue:` section, typed (every recipe fine-tunes alike)."""
+        return self.recipe(sweep.BASE).glue
+
+    @functools.cached_property
     def launch(self) -> dict[str, Any]:
-        return bconfig.launch_or_exit(self.main, self.cfg, self.basedir)
+        return bconfig.launch_or_exit(self.main["launcher"], self.train, self.cfg["source"], self.basedir)
 
     @functools.cached_property
     def recipes(self) -> dict[str, dict[str, Any]]:
         """{recipe} wildcard -> the recipe's config (budget/sweep.py)."""
         return sweep.recipes_or_exit(self.cfg)
+
+    @functools.cached_property
+    def typed(self) -> dict[str, BudgetRecipe]:
+        """{recipe} wildcard -> the recipe typed once (its train section, setting and names): what its jobs take."""
+        return {wildcard: BudgetRecipe.of(cfg) for wildcard, cfg in self.recipes.items()}
+
+    def recipe(self, wildcard: str) -> BudgetRecipe:
+        return self.typed[wildcard]
 
     @functools.cached_property
     def data(self) -> dict[str, dict[str, Any]]:
@@ -56,16 +75,16 @@ class BudgetStage:
     def threads(self, ranks: int) -> int:
         """Cores a budget job of `ranks` ranks holds on the driver's host: its ranks run here (local, debug), or
         elsewhere (slurm)."""
-        own = min(self.cfg["train"]["threads"] or self.cores or 1, self.cores or 1)
+        own = min(self.train.threads or self.cores or 1, self.cores or 1)
         return driver_cores(self.launch["kind"], ranks, own, self.cores)
 
     def pretrain_threads(self, wildcards: Any = None) -> int:
-        return self.threads(self.cfg["setting"].world_size)
+        return self.threads(self.recipe(sweep.BASE).setting.world_size)
 
     def pretrain_params(self, wildcards: Any) -> dict[str, Any]:
         """What a recipe's pre-training depends on besides its input (a change reruns it): the model, the train
         section and the setting, as JSON (Snakemake compares params as JSON: a typed value would be left out)."""
-        cfg = bconfig.for_job(self.recipes[wildcards.recipe])
+        cfg = self.recipe(wildcards.recipe).to_job()
         return {k: cfg[k] for k in ("model", "train", "setting")}
 
     def job_threads(self, wildcards: Any = None) -> int:
@@ -80,8 +99,7 @@ class BudgetStage:
 
     def from_mnli(self) -> list[str]:
         """RTE, STS-B, MRPC (glue.from_mnli) start from the MNLI-fine-tuned model, when MNLI is fine-tuned."""
-        tasks = self.cfg["glue"]["tasks"]
-        return [t for t in self.cfg["glue"]["from_mnli"] if "mnli" in tasks]
+        return [t for t in self.glue.from_mnli if "mnli" in self.glue.tasks]
 
     def init_model(self, wildcards: Any) -> str:
         """The model a fine-tuning starts from: MNLI's for glue.from_mnli, else the pre-trained one."""
@@ -96,7 +114,7 @@ class BudgetStage:
     def metrics(self, wildcards: Any) -> list[str]:
         """The GLUE metrics of every task of a recipe."""
         return [f"{self(layout.BUDGET_GLUE_TASK, recipe=wildcards.recipe, task=t)}/{layout.METRICS}"
-                for t in self.cfg["glue"]["tasks"]]  # fmt: skip
+                for t in self.glue.tasks]  # fmt: skip
 
     def swept(self) -> list[str]:
         """The {recipe} wildcards of budget.sweep's recipes (empty without a sweep)."""

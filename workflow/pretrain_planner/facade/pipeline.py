@@ -12,7 +12,7 @@ import functools
 import io
 import sys
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from pretrain_planner import search as pp_search
 from pretrain_planner.launch.request import driver_cores
 from pretrain_planner.planning import grid, losscheck
 from pretrain_planner.planning.catalog import Catalog, load_catalog
+from pretrain_planner.planning.configtypes import TrainSection
 from pretrain_planner.planning.corpus import check_train_data
 from pretrain_planner.planning.devices import wants_cuda
 from pretrain_planner.planning.evidence_exchange import evidence_folder
@@ -41,6 +42,10 @@ class Pipeline:
     site: dict[str, Any] | None = None
     sources: list[tuple[str, Any]] | None = None  # the config files merged, in order (for the dry run)
     cores: int | None = None  # the cores Snakemake has (None: unknown), what a rule's `threads:` stays within
+    train: TrainSection = field(init=False)  # the config's `train:` section, typed once here (the train rule's)
+
+    def __post_init__(self) -> None:
+        self.train = TrainSection.of(self.config["train"])
 
     @property
     def results(self) -> str:
@@ -320,13 +325,17 @@ class Pipeline:
         checked = self.__dict__.setdefault("_train_data_checked", set())
         if model in checked:
             return
-        t = self.config["train"]
+        t = self.train
         try:
-            check_train_data(self.catalog.model(model).to_dict(), t["data"], t["data_dtype"], t["data_field"],
-                             t["tokenizer"])  # fmt: skip
+            check_train_data(self.catalog.model(model).to_dict(), t.data, t.data_dtype, t.data_field, t.tokenizer)
         except ValueError as exc:
             raise SystemExit(f"pretrain-planner: train data: {exc}") from None
         checked.add(model)
+
+    @property
+    def train_device(self) -> str:
+        """The device the train rule's jobs run on (TrainSection.run_device: cpu where train or benchmark says so)."""
+        return self.train.run_device(self.config["benchmark"]["device"])
 
     def train_threads(self, wildcards: Any) -> int:
         """Cores a train run holds on the driver's host: one per rank (local, debug), one for a SLURM job."""

@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+from pretrain_planner.planning.configtypes import TrainSection
 from pretrain_planner.planning.corpus import TOKEN_DTYPES
 
 REFUSAL_ENV = "PP_REFUSAL_FILE"  # launch.sh's file for a rank's one-line refusal (tables/export.py)
@@ -20,6 +21,7 @@ REFUSED_EXIT = 2
 
 
 def build_parser() -> argparse.ArgumentParser:
+    d = TrainSection.defaults()  # the schema's train section: a run without a config starts from it
     p = argparse.ArgumentParser(prog="python -m pretrain_planner.train", description=__doc__)
     p.add_argument("plan", help="plan.json of results/optimal/{model}/{gpu}/{N}x{G}/ (or its folder)")
     budget = p.add_mutually_exclusive_group()
@@ -38,14 +40,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="a tokenizer.json or a local Hugging Face tokenizer folder; 'train': a BPE "
         "trained on the corpus (text needs one; the generated corpus trains one)",
     )
-    p.add_argument("--device", choices=["auto", "cpu"], default="auto", help="cpu: a GPU plan on CPU processes")
+    p.add_argument("--device", choices=["auto", "cpu"], default=d.device, help="cpu: a GPU plan on CPU processes")
     p.add_argument("--threads", type=int, help="torch threads per rank")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup-steps", type=int, default=2, help="steps after each start left out of the throughput")
     p.add_argument("--log-every", type=int, default=10, help="steps between progress lines")
-    p.add_argument("--eval-every", type=int, default=100, help="steps between validation losses (0: at the end only)")
-    p.add_argument("--eval-batches", type=int, default=4, help="held-out micro-batches per validation (0: none)")
-    p.add_argument("--checkpoint-every-min", type=float, default=30.0, help="minutes of training time")
+    p.add_argument(
+        "--eval-every", type=int, default=d.eval_every, help="steps between validation losses (0: at the end only)"
+    )
+    p.add_argument(
+        "--eval-batches", type=int, default=d.eval_batches, help="held-out micro-batches per validation (0: none)"
+    )
+    p.add_argument(
+        "--checkpoint-every-min", type=float, default=d.checkpoint_every_min, help="minutes of training time"
+    )
     p.add_argument("--checkpoint-every-steps", type=int)
     p.add_argument("--fake-step-s", type=float, help=argparse.SUPPRESS)  # testing: a deterministic clock
     p.add_argument("--kill-at-step", type=int, help=argparse.SUPPRESS)  # testing: SIGKILL rank 0 after that step

@@ -9,6 +9,7 @@ pre-empted or timed-out run checkpoints, is requeued and resumes) and `debug` (i
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from pretrain_planner import layout
 from pretrain_planner.launch import stage
 from pretrain_planner.launch.rankjob import EntryJob
 from pretrain_planner.launch.request import Outcome, RuleLog
+from pretrain_planner.planning.configtypes import TrainSection, require
 from pretrain_planner.planning.corpus import TRAIN_TOKENIZER, CorpusInfo, check_train_data
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.train.record import write_tables
@@ -48,12 +50,12 @@ def launch_settings(launcher: dict[str, Any], plan: dict[str, Any], basedir: str
                                  "gpu")  # fmt: skip
 
 
-def check_data(plan: dict[str, Any], options: dict[str, Any]) -> CorpusInfo | None:
-    """The run's data checked against the plan's model before any job or host lock (planning/corpus.py: headers
-    only); a problem is one line (DataError)."""
+def check_data(plan: dict[str, Any], train: TrainSection) -> CorpusInfo | None:
+    """The run's data (`train`'s) checked against the plan's model before any job or host lock (planning/corpus.py:
+    headers only); a problem is one line (DataError)."""
+    require(train, TrainSection, "train.jobs.check_data")
     try:
-        return check_train_data(plan["model"], options.get("data"), options.get("data_dtype"),
-                                options.get("data_field"), options.get("tokenizer"))  # fmt: skip
+        return check_train_data(plan["model"], train.data, train.data_dtype, train.data_field, train.tokenizer)
     except ValueError as exc:
         raise DataError(str(exc)) from None
 
@@ -67,16 +69,19 @@ def run_plan(
     launch: dict[str, Any],
     out_dir: str | Path,
     log_path: str | Path,
+    train: TrainSection,
     *,
     threads: int = 1,
     device: str = "auto",
-    **options: Any,
 ) -> dict[str, Any]:
-    """Run plan.json through the launcher into `out_dir` (result.json, throughput.{md,csv}, run/ to resume from).
-    `options`: train.run.train_plan's (steps, time_budget_h, data, tokenizer, checkpoint_every_min, ...)."""
+    """Run plan.json through the launcher into `out_dir` (result.json, throughput.{md,csv}, run/ to resume from),
+    with `train`'s budget, data, checkpoints and validation (its paths canonical already: `canonical`); `device`:
+    the job's (TrainSection.run_device, or a flag). The job gets them as JSON (`TrainSection.job_options`)."""
+    require(train, TrainSection, "train.jobs.run_plan")
     p = plan_file(plan).resolve()
     rec = read_plan(p)
-    corpus = check_data(rec, options)
+    corpus = check_data(rec, train)
+    options = train.job_options()
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     gpu, nodes, gpn = rec["gpu"]["name"], int(rec["nodes"]), int(rec["gpus_per_node"])
@@ -93,7 +98,7 @@ def run_plan(
     req = stage.request(
         EntryJob("pretrain_planner.train.run:train_plan", {"plan": str(p), **kwargs}, restartable=False),
         f"pp-train-{rec['model']['name']}-{gpu}-{nodes}x{gpn}", launch, out, {"plan": str(p), **kwargs},
-        nodes=nodes, gpus_per_node=gpn, on_gpus=on_gpus, threads=per_rank, hours=options.get("time_budget_h") or 0,
+        nodes=nodes, gpus_per_node=gpn, on_gpus=on_gpus, threads=per_rank, hours=train.time_budget_hours or 0,
     )  # fmt: skip
     result = out / layout.RESULT
 
@@ -120,25 +125,24 @@ def refused(first: Any) -> None:
 def train_rule(
     plan_input: str,
     wildcards: Any,
-    config: dict[str, Any],
+    train: TrainSection,
+    launcher: dict[str, Any],
+    device: str,
     out_dir: str,
     log_path: str,
     threads: int,
     basedir: str | Path,
 ) -> dict[str, Any]:
     """The train rule: the setting's plan.json (given, or inside the export's optimal/ folder) through the
-    config's launcher, with the config's `train` section."""
+    config's launcher, with the config's `train` section (typed by the facade: Pipeline.train) on `device`
+    (Pipeline.train_device)."""
+    require(train, TrainSection, "train.jobs.train_rule")
     setting = layout.setting_folder(wildcards.model, wildcards.gpu, wildcards.nodes, wildcards.gpus_per_node)
     p = plan_file(plan_input, setting)
     rec = read_plan(p)
-    launch = launch_settings(config["launcher"], rec, basedir)
-    t = config["train"]
-    device = "cpu" if t["device"] == "cpu" or config["benchmark"].get("device") == "cpu" else "auto"
-    return run_plan(p, launch, out_dir, log_path, threads=threads, device=device, steps=t["steps"],
-                    time_budget_h=t["time_budget_hours"], data=canonical(t["data"]),
-                    tokenizer=canonical_tokenizer(t["tokenizer"]), data_dtype=t["data_dtype"],
-                    data_field=t["data_field"], checkpoint_every_min=t["checkpoint_every_min"],
-                    eval_every=t["eval_every"], eval_batches=t["eval_batches"])  # fmt: skip
+    launch = launch_settings(launcher, rec, basedir)
+    run = replace(train, data=canonical(train.data), tokenizer=canonical_tokenizer(train.tokenizer))
+    return run_plan(p, launch, out_dir, log_path, run, threads=threads, device=device)
 
 
 def canonical(path: str | None) -> str | None:

@@ -28,6 +28,7 @@ import os
 import signal
 import socket
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ import torch
 
 from pretrain_planner import layout
 from pretrain_planner.launch.local import torch_job
+from pretrain_planner.planning.configtypes import TrainSection, require
 from pretrain_planner.planning.methods import Method
 from pretrain_planner.planning.runspec import RunSpec, TrainSetting, accumulation
 from pretrain_planner.planning.settings import differences
@@ -54,6 +56,22 @@ from pretrain_planner.trainer.steplog import loss_ends, read_jsonl
 from pretrain_planner.trainer.validation import validation_loss
 
 TRAIN_PACKAGES = ("torch", "transformers", "tokenizers", "deepspeed", "pretrain-planner")  # in result.json
+DEFAULTS = TrainSection.defaults()  # the schema's train section: a run's defaults where no config gives them
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """One process's options of a plan's run, typed once where the job's JSON arguments come in (`train_plan`):
+    the config's train section as the job got it (`train`: the budget, the data, checkpoints, validation, the
+    device; its paths canonical) and the process's own (torch threads, seed, warm-up, logging, a testing clock)."""
+
+    train: TrainSection
+    threads: int | None
+    seed: int
+    warmup_steps: int
+    log_every: int
+    checkpoint_every_steps: int | None
+    fake_step_s: float | None
 
 
 def load_plan(plan: str | Path) -> tuple[dict[str, Any], Path]:
@@ -156,15 +174,16 @@ class _Train(Training):
     (schedule, stop)."""
 
     def __init__(
-        self, plan: dict[str, Any], plan_path: Path, out: Path, o: dict[str, Any], clock: startup.Clock | None = None
+        self, plan: dict[str, Any], plan_path: Path, out: Path, o: RunOptions, clock: startup.Clock | None = None
     ) -> None:
-        self.plan, self.plan_path, self.out, self.o = plan, plan_path, out, o
+        require(o, RunOptions, "train.run._Train")
+        self.plan, self.plan_path, self.out, self.o, self.t = plan, plan_path, out, o, o.train
         model = plan["model"]
         self.task, self.recipe = model["task"], model["recipe"]
-        if o["threads"]:
-            torch.set_num_threads(int(o["threads"]))
+        if o.threads:
+            torch.set_num_threads(int(o.threads))
         self.setting = TrainSetting.of_plan(plan, str(plan_path))  # the benchmark's setting, read once
-        super().__init__(None, _device_of(plan, o["device"]), self.setting.method, out / layout.TRAIN_LOG, clock)
+        super().__init__(None, _device_of(plan, o.train.device), self.setting.method, out / layout.TRAIN_LOG, clock)
         self.notes: list[str] = []
         self.metrics: Metrics | None = None  # rank 0's metrics.csv and TensorBoard events, from the loop's start
         self.elapsed_at_start = 0.0  # the training time this start resumed at (its ETA's)
@@ -187,11 +206,11 @@ class _Train(Training):
 
     # -- set-up ----------------------------------------------------------------------------------------------
     def _budget(self) -> None:
-        o, r = self.o, self.recipe
-        if o["steps"] is not None:
-            self.budget = {"mode": "steps", "steps": int(o["steps"]), "source": "--steps"}
-        elif o["time_budget_h"] is not None:
-            self.budget = {"mode": "time", "hours": float(o["time_budget_h"]), "source": "--time-budget-h"}
+        t, r = self.t, self.recipe
+        if t.steps is not None:
+            self.budget = {"mode": "steps", "steps": int(t.steps), "source": "--steps"}
+        elif t.time_budget_hours is not None:
+            self.budget = {"mode": "time", "hours": float(t.time_budget_hours), "source": "--time-budget-h"}
         elif r.get("steps"):
             self.budget = {"mode": "steps", "steps": int(r["steps"]), "source": "the recipe's steps"}
         elif r.get("time_budget_hours"):
@@ -202,13 +221,12 @@ class _Train(Training):
     def _data(self) -> None:
         """The task's data (trainer/tasks.py): rank 0 prepares (tokenizer, packing, shards), the others then read
         what it wrote."""
-        o, out = self.o, self.out
+        t, out = self.t, self.out
         need = max(256, self.global_batch * 4)
         for turn in ("rank0", "others"):
             if (turn == "rank0") == self.rank0:
-                req = tasks.DataRequest(o["data"], o["tokenizer"], o["seed"], need, out / "data",
-                                        out / layout.TRAIN_LOG, self.rank0, o["data_dtype"],
-                                        o["data_field"])  # fmt: skip
+                req = tasks.DataRequest(t.data, t.tokenizer, self.o.seed, need, out / "data", out / layout.TRAIN_LOG,
+                                        self.rank0, t.data_dtype, t.data_field)  # fmt: skip
                 self.data = tasks.prepare(self.plan["model"], req)
             if turn == "rank0":
                 self.ranks.barrier()
@@ -223,16 +241,16 @@ class _Train(Training):
                           nodes=nodes)  # fmt: skip
         sched = self.recipe.get("schedule") or TASKS[self.task].default_schedule
         self.build_method(
-            spec, "plan.json method", o["seed"], grad_sync=self.setting.grad_sync,
+            spec, "plan.json method", o.seed, grad_sync=self.setting.grad_sync,
             lr_schedule=f"the recipe's {json.dumps(sched)} over the run's {self.budget['mode']} budget, set every step "
                         "(trainer.schedule.recipe_lr)",
         )  # fmt: skip
         identity = self.identity()
         self.start_loop(
-            self.out / layout.TRAIN_RUN, identity_hash(identity), o["seed"], fake_step_s=o["fake_step_s"],
-            checkpoint_every_s=o["checkpoint_every_min"] * 60 if o["checkpoint_every_min"] else None,
-            checkpoint_every_steps=o["checkpoint_every_steps"], log_every=o["log_every"],
-            warmup_steps=o["warmup_steps"], extra_state={"budget": self.budget}, identity=identity,
+            self.out / layout.TRAIN_RUN, identity_hash(identity), o.seed, fake_step_s=o.fake_step_s,
+            checkpoint_every_s=self.t.checkpoint_every_min * 60 if self.t.checkpoint_every_min else None,
+            checkpoint_every_steps=o.checkpoint_every_steps, log_every=o.log_every,
+            warmup_steps=o.warmup_steps, extra_state={"budget": self.budget}, identity=identity,
             identity_notes={"data": self.data_info["label"]},
         )  # fmt: skip
 
@@ -243,7 +261,7 @@ class _Train(Training):
         model = self.plan["model"]
         ident = {"model": model["name"], "model_settings": fingerprint(model), "method": self.plan["method"],
                  "micro_batch": self.micro_batch, "grad_accum_steps": self.accum, "ranks": self.world,
-                 "seed": self.o["seed"]}  # fmt: skip
+                 "seed": self.o.seed}  # fmt: skip
         return {**ident, "data": self.data_info.get("fingerprint")} if with_data else ident
 
     # -- the loop's hooks ----------------------------------------------------------------------------------
@@ -277,11 +295,11 @@ class _Train(Training):
         """The step's progress, and its validation loss when one is due (every `eval_every` steps and at the end of
         the budget): every rank evaluates, its time counted as training time (`val_s`)."""
         fields: dict[str, Any] = {"progress": round(self.progress(state), 6)}
-        every = self.o["eval_every"]
+        every = self.t.eval_every
         due = (every and state["step"] % every == 0) or self.stop(state) is not None
-        if due and self.data.validation is not None and self.o["eval_batches"]:
+        if due and self.data.validation is not None and self.t.eval_batches:
             t0 = time.perf_counter()
-            vl = validation_loss(self.data.validation, self.built, self.micro_batch, self.o["eval_batches"],
+            vl = validation_loss(self.data.validation, self.built, self.micro_batch, self.t.eval_batches,
                                  self.device)  # fmt: skip
             state["val_s"] = state.get("val_s", 0.0) + self.loop.add_time(t0)
             fields["val_loss"] = vl
@@ -370,7 +388,7 @@ class _Train(Training):
         planned = p.get("method_settings")
         diffs = differences(planned, settings) if planned else None
         thr = record.sustained(steps, self.global_batch, tokens, p["measured"])
-        if self.o["fake_step_s"] is not None:
+        if self.o.fake_step_s is not None:
             thr["note"] = "a fake clock (testing): every step counted fake_step_s"
         costs = loop.restart_costs(steps)  # starts, startup, checkpoint
         return {
@@ -398,7 +416,7 @@ class _Train(Training):
         """result.json's `val_loss` (the last validation's) and `validation` (how and every point)."""
         points = [{"step": s["step"], "val_loss": s["val_loss"]} for s in steps if "val_loss" in s]
         held = self.data_info.get("validation_blocks", self.data_info.get("validation_images"))
-        how = {"every": self.o["eval_every"], "batches": self.o["eval_batches"], "micro_batch": self.micro_batch,
+        how = {"every": self.t.eval_every, "batches": self.t.eval_batches, "micro_batch": self.micro_batch,
                "held_out": held, "points": points, "seconds": self.loop.state.get("val_s", 0.0),
                "on": "every rank evaluates the same held-out micro-batches (the figure does not depend on the "
                      "number of ranks)"}  # fmt: skip
@@ -430,14 +448,14 @@ def _train_plan(
     tokenizer: str | None = None,
     data_dtype: str | None = None,
     data_field: str | None = None,
-    device: str = "auto",
+    device: str = DEFAULTS.device,
     threads: int | None = None,
     seed: int = 0,
     warmup_steps: int = 2,
     log_every: int = 10,
-    eval_every: int | None = 100,
-    eval_batches: int = 4,
-    checkpoint_every_min: float | None = 30.0,
+    eval_every: int = DEFAULTS.eval_every,
+    eval_batches: int = DEFAULTS.eval_batches,
+    checkpoint_every_min: float = DEFAULTS.checkpoint_every_min,
     checkpoint_every_steps: int | None = None,
     fake_step_s: float | None = None,
     kill_at_step: int | None = None,
@@ -457,12 +475,27 @@ def _train_plan(
     # directory's launcher) is the same run with the same data
     out_dir = Path(canonical(str(out)) if out is not None else layout.train_dir_of_plan(rec, "results").resolve())
     out_dir.mkdir(parents=True, exist_ok=True)
-    o = {"steps": steps, "time_budget_h": time_budget_h, "data": canonical(data),
-         "tokenizer": canonical_tokenizer(tokenizer), "data_dtype": data_dtype, "data_field": data_field,
-         "device": device, "threads": threads, "seed": seed, "warmup_steps": warmup_steps, "log_every": log_every,
-         "eval_every": eval_every, "eval_batches": eval_batches,
-         "checkpoint_every_min": checkpoint_every_min, "checkpoint_every_steps": checkpoint_every_steps,
-         "fake_step_s": fake_step_s}  # fmt: skip
+    train = TrainSection(
+        steps=steps,
+        time_budget_hours=time_budget_h,
+        data=canonical(data),
+        data_dtype=data_dtype,
+        data_field=data_field,
+        tokenizer=canonical_tokenizer(tokenizer),
+        checkpoint_every_min=checkpoint_every_min,
+        eval_every=eval_every,
+        eval_batches=eval_batches,
+        device=device,
+    )  # the job's JSON arguments, typed once
+    o = RunOptions(
+        train=train,
+        threads=threads,
+        seed=seed,
+        warmup_steps=warmup_steps,
+        log_every=log_every,
+        checkpoint_every_steps=checkpoint_every_steps,
+        fake_step_s=fake_step_s,
+    )
     run = _Train(rec, plan_path.resolve(), out_dir, o, clock)
     try:
         try:

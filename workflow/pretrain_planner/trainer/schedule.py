@@ -13,7 +13,10 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pretrain_planner.planning.configtypes import BudgetValidation
 
 
 def budget_seconds(hours: float) -> float:
@@ -52,8 +55,9 @@ def lr_at(elapsed_s: float, budget_s: float, peak_lr: float, warmup_fraction: fl
     return peak_lr * lr_factor(progress, warmup_fraction)
 
 
-def validation_points(v: dict[str, Any]) -> list[float]:
-    """Sorted fractions of the budget at which validation runs (the last is 1.0)."""
+def validation_points(v: BudgetValidation) -> list[float]:
+    """Sorted fractions of the budget at which validation runs (the last is 1.0): the budget file's
+    train.validation, typed."""
     pts: set[float] = set()
 
     def grid(start: float, stop: float, step: float) -> None:
@@ -62,13 +66,13 @@ def validation_points(v: dict[str, Any]) -> list[float]:
             pts.add(round(start + k * step, 9))
             k += 1
 
-    first, last = min(v["dense_first"], 1.0), max(1.0 - v["dense_last"], 0.0)
-    grid(0.0, first, v["dense_every"])
+    first, last = min(v.dense_first, 1.0), max(1.0 - v.dense_last, 0.0)
+    grid(0.0, first, v.dense_every)
     if first > 0:
         pts.add(round(first, 9))
-    grid(first, last, v["every"])
+    grid(first, last, v.every)
     pts.add(round(last, 9))
-    grid(last, 1.0, v["dense_every"])
+    grid(last, 1.0, v.dense_every)
     pts.add(1.0)
     return sorted(p for p in pts if 0 < p <= 1.0)
 

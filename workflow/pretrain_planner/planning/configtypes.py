@@ -1,0 +1,236 @@
+"""The validated config's sections as typed, frozen values: built once where the config is loaded (the facade, the
+CLI) and passed down instead of a dict read by key far from where it was checked; turned into JSON only at a job's
+boundary (its arguments, a rule's params). A class here states each key's type, never its value: every default is
+the schema's (workflow/schemas/), filled by `schema.validate` before a section is typed. Imports no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from pretrain_planner import schema
+from pretrain_planner.planning.runspec import MissingSetting, TrainSetting, setting_of_json
+
+
+def require(value: Any, cls: type, where: str) -> None:
+    """TypeError naming `where` unless `value` is a `cls`: a function below the entrance takes the typed section,
+    never a dict (a dict would be read by key again, its keys unchecked)."""
+    if not isinstance(value, cls):
+        raise TypeError(f"{where}: takes a {cls.__name__} (planning/configtypes.py, typed once where the config is "
+                        f"loaded: {cls.__name__}.of(validated section)), not a {type(value).__name__}")  # fmt: skip
+
+
+def _keys_of(cls: type, section: Any, where: str) -> dict[str, Any]:
+    """The section's value of every field of `cls`; the section must be a validated one (its defaults filled, no
+    other key): a missing or extra key is a section that did not come through `schema.validate`."""
+    if not isinstance(section, Mapping):
+        raise TypeError(f"{where}: expected the validated section (a mapping), not a {type(section).__name__}")
+    names = [f.name for f in fields(cls)]
+    missing, extra = [n for n in names if n not in section], sorted(k for k in section if k not in names)
+    if missing or extra:
+        raise ValueError(f"{where}: not a validated section (schema.validate fills every default): "
+                         f"missing {missing}, unknown {extra}")  # fmt: skip
+    return {n: section[n] for n in names}
+
+
+@dataclass(frozen=True)
+class TrainSection:
+    """The config's `train:` section (workflow/schemas/config.schema.yaml): the train stage's budget, data,
+    checkpoints, validation and device, as the train rule and `pretrain-planner train` read them (a CLI flag
+    replaces a field: `dataclasses.replace`). A run's job gets `job_options()`, JSON."""
+
+    steps: int | None
+    time_budget_hours: float | None
+    data: str | None
+    data_dtype: str | None
+    data_field: str | None
+    tokenizer: str | None
+    checkpoint_every_min: float
+    eval_every: int
+    eval_batches: int
+    device: str
+
+    @classmethod
+    def of(cls, section: Mapping[str, Any], where: str = "train") -> TrainSection:
+        """From the validated config's `train` section."""
+        return cls(**_keys_of(cls, section, where))
+
+    @classmethod
+    def defaults(cls) -> TrainSection:
+        """The schema's defaults alone: what a run launched without a config (torchrun, launch.sh) starts from."""
+        return cls.of(schema.section("config", "train", None), "the schema's train section")
+
+    def run_device(self, benchmark_device: str) -> str:
+        """The device a train job runs on: cpu where this section or the benchmark (`benchmark.device`) says cpu
+        (a GPU type's plan on CPU processes), else auto (the plan's GPU type)."""
+        return "cpu" if self.device == "cpu" or benchmark_device == "cpu" else "auto"
+
+    def job_options(self) -> dict[str, Any]:
+        """The run's options as its job takes them (train.run.train_plan's keywords; JSON): the budget, the data,
+        checkpoints and validation. The device is the job's own (`run_device`)."""
+        return {"steps": self.steps, "time_budget_h": self.time_budget_hours, "data": self.data,
+                "tokenizer": self.tokenizer, "data_dtype": self.data_dtype, "data_field": self.data_field,
+                "checkpoint_every_min": self.checkpoint_every_min, "eval_every": self.eval_every,
+                "eval_batches": self.eval_batches}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class BudgetValidation:
+    """The budget file's `train.validation`: when the pre-training validates (fractions of the budget) and on what."""
+
+    every: float
+    dense_every: float
+    dense_first: float
+    dense_last: float
+    max_samples: int
+    rotate: bool
+
+    @classmethod
+    def of(cls, section: Mapping[str, Any], where: str = "train.validation") -> BudgetValidation:
+        return cls(**_keys_of(cls, section, where))
+
+
+@dataclass(frozen=True)
+class LossScaleFloor:
+    """The budget file's `train.loss_scale_floor`: fp16's stop on a loss scale at or below `scale` for `steps`."""
+
+    scale: float
+    steps: int
+
+    @classmethod
+    def of(cls, section: Mapping[str, Any], where: str = "train.loss_scale_floor") -> LossScaleFloor:
+        return cls(**_keys_of(cls, section, where))
+
+
+@dataclass(frozen=True)
+class BudgetTrain:
+    """The budget file's `train:` section (workflow/schemas/budget.schema.yaml): the time budget and its clock, the
+    GPU type and ranks, where the setting comes from, the optimizer and schedule, validation, the stops, checkpoints
+    and the job's device and threads, as one recipe has them (a catalog recipe's values and budget.sweep's applied
+    by budget/config.py and budget/sweep.py before it is typed). Typed where the stage is loaded (the facade) and
+    again, once, where a job reads its JSON arguments (budget/pretrain.py, budget/glue.py)."""
+
+    budget_hours: float
+    clock: str
+    gpu: str
+    nodes: int
+    gpus_per_node: int
+    setting: str
+    method: str
+    global_batch: int
+    micro_batch: int
+    lr: float
+    betas: tuple[float, float]
+    eps: float
+    weight_decay: float
+    warmup_fraction: float
+    curve: str
+    decay_rate: float
+    decay_step_hours: float
+    grad_clip: float | None
+    precision: str
+    device: str
+    threads: int | None
+    attn_implementation: str
+    validation: BudgetValidation
+    early_stop: tuple[Mapping[str, float], ...]  # each {at_fraction | after_minutes, max_loss}: the schema's oneOf
+    loss_scale_floor: LossScaleFloor
+    stop_on_nonfinite_loss: bool
+    finetune_checkpoints: tuple[float, ...]
+    checkpoint_every_s: float | None
+    max_steps: int | None
+    fake_step_s: float | None
+    log_every: int
+    plot: bool
+
+    @classmethod
+    def of(cls, section: Mapping[str, Any], where: str = "train") -> BudgetTrain:
+        """From a validated budget config's `train` section (or a job's JSON copy of it)."""
+        values = _keys_of(cls, section, where)
+        values.update(
+            betas=tuple(values["betas"]), early_stop=tuple(dict(m) for m in values["early_stop"]),
+            finetune_checkpoints=tuple(values["finetune_checkpoints"]),
+            validation=BudgetValidation.of(values["validation"], f"{where}.validation"),
+            loss_scale_floor=LossScaleFloor.of(values["loss_scale_floor"], f"{where}.loss_scale_floor"),
+        )  # fmt: skip
+        return cls(**values)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def wants_gpu(self) -> bool:
+        """Whether the stage's torch jobs run on CUDA (when it is there): device cuda, or auto with a GPU type as
+        gpu."""
+        return self.device == "cuda" or (self.device == "auto" and self.gpu != "cpu")
+
+    def torch_threads(self, job_threads: int | None) -> int | None:
+        """torch's intra-op threads of a job: `threads` when set, else the job's share of the cores."""
+        return self.threads or job_threads
+
+
+def _axis(value: Any) -> tuple[Any, ...]:
+    """A grid axis of the budget file's glue section: a list, or a single value (a one-value axis)."""
+    return tuple(value) if isinstance(value, (list, tuple)) else (value,)
+
+
+@dataclass(frozen=True)
+class BudgetGlue:
+    """The budget file's `glue:` section: the GLUE tasks, the fine-tuning grid (lr x batch x epochs, each an axis;
+    every setting once per seed) and each run's schedule, evaluation and selection. Typed where the stage is
+    loaded (the facade: which tasks, which start from MNLI) and once in a fine-tuning job from its JSON."""
+
+    data_dir: str
+    tasks: tuple[str, ...]
+    from_mnli: tuple[str, ...]
+    lr: tuple[float, ...]
+    batch: tuple[int, ...]
+    epochs: tuple[float, ...]
+    seeds: tuple[int, ...]
+    max_len: int
+    weight_decay: float
+    warmup_steps: int
+    max_grad_norm: float | None
+    eval_steps: int
+    select: str
+    patience: int | None
+    max_train_samples: int | None
+
+    @classmethod
+    def of(cls, section: Mapping[str, Any], where: str = "glue") -> BudgetGlue:
+        values = _keys_of(cls, section, where)
+        values.update({k: _axis(values[k]) for k in ("tasks", "from_mnli", "lr", "batch", "epochs", "seeds")})
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class BudgetRecipe:
+    """One recipe of the budget stage as its rules launch it (the budget file's own, or one of budget.sweep's):
+    its `train` and `glue` sections typed, the setting resolved (from the benchmark's plan or the config;
+    MissingSetting where the plan was asked for and not there yet), the model's and the recipe's names, and the
+    job's config (`to_job`: JSON, what its pre-training or fine-tuning job reads). Made once per recipe where the
+    stage is loaded (facade/budget.py)."""
+
+    train: BudgetTrain
+    glue: BudgetGlue
+    setting: TrainSetting | MissingSetting
+    model: str
+    recipe: str | None  # budget.sweep's recipe name; None: the file's one recipe
+    source: str  # the budget file
+    config: Mapping[str, Any]  # the validated recipe's config, read only by `to_job`
+
+    @classmethod
+    def of(cls, cfg: Mapping[str, Any]) -> BudgetRecipe:
+        """From budget/config.load's (or budget/sweep.recipes') config of one recipe."""
+        recipe, source = cfg.get("recipe"), str(cfg.get("source", "budget config"))
+        setting = cfg["setting"]
+        return cls(BudgetTrain.of(cfg["train"], f"{source}: train"), BudgetGlue.of(cfg["glue"], f"{source}: glue"),
+                   setting_of_json(setting) if isinstance(setting, Mapping) else setting, cfg["model"]["name"],
+                   recipe["name"] if recipe else None, source, cfg)  # fmt: skip
+
+    def to_job(self) -> dict[str, Any]:
+        """The config as a job's argument: plain JSON data, the setting turned into JSON here, at the job's boundary
+        (the job reads it back with budget/config.setting_of)."""
+        return {**self.config, "setting": self.setting.to_json()}
