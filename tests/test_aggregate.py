@@ -11,7 +11,7 @@ import pytest
 from pretrain_planner.planning.flops import train_flops_per_sample
 from pretrain_planner.report import document
 from pretrain_planner.report import plots as pp_plots
-from pretrain_planner.tables import aggregate
+from pretrain_planner.tables import aggregate, columns
 
 from .conftest import CATALOG, COSTS, INVALID, P, cell_result, gpu_set_results, write_set
 
@@ -275,3 +275,17 @@ def test_a_noisy_timing_fits_but_is_never_the_answer(tmp_path):
     cells = tables["cells"]
     assert cells.filter(pl.col("method") == "fl+ac")["status"].to_list() == ["noisy"]
     assert tables["problems"].height == 0
+
+
+def test_every_table_reads_back_with_the_types_it_was_written_with(gpu_tables):
+    """One statement of each column's type (tables/columns.py): cells.csv reads back as cells.parquet holds it
+    (a result field has its RESULT_FIELDS type, e.g. skipped_steps an integer, not a float) and every column of every
+    table has a declared type, not an inference."""
+    _, out, _tables = gpu_tables
+    parquet = pl.read_parquet(out["cells_parquet"])
+    back = aggregate.read_table(out["cells_csv"])
+    differ = {c: (back.schema[c], parquet.schema[c]) for c in back.columns if back.schema[c] != parquet.schema[c]}
+    assert not differ, differ
+    for name in aggregate.TABLE_NAMES:
+        table = aggregate.read_table(out[f"{name}_csv"])
+        assert dict(table.schema) == columns.schema(table.columns), name
