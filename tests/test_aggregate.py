@@ -224,6 +224,23 @@ def test_markdown_formatting():
     assert "(2 of 4 rows shown" in aggregate.to_markdown(df, max_rows=2)
 
 
+def test_a_benchmark_table_has_the_tables_layout():
+    """markdown.plain (the benchmark scripts' reports, their values already written): the layout of every other
+    table (padded, pipes escaped), every row and every long text kept in place, a right-aligned column on request."""
+    from pretrain_planner.tables import markdown
+
+    long = "ZeRO-1 + offload against ZeRO-2's estimate (the issue's count)"
+    lines = markdown.plain(["stage", "wall (s)"], [["a|b", "0.25"], [long, "12.00"]], right={"wall (s)"})
+    width = len(long)
+    assert lines[0] == f"| {'stage'.ljust(width)} | wall (s) |"
+    assert lines[1] == f"|{'-' * (width + 2)}|---------:|"
+    escaped = "a\\|b"
+    assert lines[2] == f"| {escaped.ljust(width)} | 0.25     |" and lines[3] == f"| {long} | 12.00    |"
+    assert markdown.plain(["a", "b"], [["x", "y"]]) == markdown.table(["a", "b"], [["x", "y"]]).splitlines()
+    with pytest.raises(ValueError, match="has not 2 values"):
+        markdown.plain(["a", "b"], [["x"]])
+
+
 @pytest.mark.slow  # the plots timed against a wall-clock limit: load-sensitive
 def test_plots_and_report(gpu_tables):
     root, out, _ = gpu_tables
