@@ -39,6 +39,7 @@ from gpucheck.sustain import TARGET, sustained  # noqa: E402
 from pretrain_planner.planning.catalog import Catalog, load_catalog  # noqa: E402
 from pretrain_planner.planning.grid import Cell  # noqa: E402
 from pretrain_planner.planning.spec import cell_spec  # noqa: E402
+from pretrain_planner.tables import markdown  # noqa: E402
 
 T0 = time.perf_counter()
 
@@ -113,19 +114,17 @@ def render(meta: dict[str, Any], records: list[dict[str, Any]]) -> str:
         f"block. Global batch = {meta['accum']} x micro-batch cap {meta['max_micro_batch']}. Target: +-{TARGET:.0%}"
         + (" (on GPU; CPU timings on a shared machine are noise)" if meta["mode"].startswith("smoke") else "")
         + ".\n",
-        "| model | method | status | micro-batch x accum | predicted step s (p10-p90) | sustained mean step s "
-        "| steps | error | within target | attention kernel | wall s (measure + sustained) |",
-        "|" + "---|" * 11,
     ]
+    table = []
     for rec in records:
         p, s, r = rec.get("predicted") or {}, rec.get("sustained") or {}, rec.get("result") or {}
         err = rec.get("error")
         status = rec.get("status")
         if status != "ok":
-            status = f"{status}: {rec.get('reason') or rec.get('error_text') or ''}"[:200].replace("|", "\\|")
+            status = f"{status}: {rec.get('reason') or rec.get('error_text') or ''}"[:200]
         predicted = f"{p['step_time_s']:.4f} ({p['step_time_p10_s']:.4f}-{p['step_time_p90_s']:.4f})" if p else "–"
         within = "yes" if rec.get("within_target") else ("no" if "within_target" in rec else "–")
-        cells = [
+        table.append([
             rec["model"],
             rec["method"],
             status,
@@ -137,9 +136,11 @@ def render(meta: dict[str, Any], records: list[dict[str, Any]]) -> str:
             within,
             rec.get("attention_kernel") or "–",
             f"{rec.get('measure_wall_s', 0):.0f} + {rec.get('sustained_wall_s', 0):.0f}",
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines.append("")
+        ])  # fmt: skip
+    columns = ["model", "method", "status", "micro-batch x accum", "predicted step s (p10-p90)",
+               "sustained mean step s", "steps", "error", "within target", "attention kernel",
+               "wall s (measure + sustained)"]  # fmt: skip
+    lines += [*markdown.plain(columns, table), ""]
     for rec in records:
         if rec.get("traceback"):
             lines.append(f"## {rec['model']}: error\n\n```\n{rec['traceback'][-4000:]}\n```\n")

@@ -34,7 +34,7 @@ from pretrain_planner.planning.grid import expand  # noqa: E402
 from pretrain_planner.report import document, study_plots  # noqa: E402
 from pretrain_planner.report import plots as pp_plots  # noqa: E402
 from pretrain_planner.results import atomic_write_text, write_result  # noqa: E402
-from pretrain_planner.tables import aggregate, export, study, whatif  # noqa: E402
+from pretrain_planner.tables import aggregate, export, markdown, study, whatif  # noqa: E402
 from pretrain_planner.versions import installed_version  # noqa: E402
 
 MODELS = ["pythia-160m", "pythia-410m", "pythia-1b", "pythia-1.4b", "pythia-2.8b", "pythia-6.9b", "roberta-large",
@@ -77,9 +77,8 @@ def synthesise(folder: Path, n: int, seed: int = 0) -> tuple[str, list[str]]:
     keep = {p.cell for p in valid}
     rows = [r for r, p in zip(rows, planned, strict=True) if p.cell in keep or not p.valid]
     header = list(rows[0])
-    lines = [",".join(header)] + [",".join(f'"{r[k]}"' if k == "reason" else str(r[k]) for k in header) for r in rows]
     plan = folder / "plan.csv"
-    atomic_write_text(plan, "\n".join(lines) + "\n")
+    atomic_write_text(plan, markdown.csv_text(header, ([r[k] for k in header] for r in rows)))
     paths = []
     for p in valid:
         c, m, g = p.cell, catalog.models[p.cell.model], catalog.gpus[p.cell.gpu]
@@ -175,7 +174,7 @@ def main() -> int:
             str(results / "optimal"),
             str(logs / "export.log"),
             catalog,
-        ),  # fmt: skip
+        ),
     )
     stage("report: report.write_report",
           lambda: document.write_report(tables, plots, str(results / "optimal"), str(results / "report.md"),
@@ -215,9 +214,16 @@ def main() -> int:
         "(other jobs on the machine inflate wall time; CPU time is this process's own)",
         f"- writing the synthetic inputs took {synth_s:.1f} s (not part of any stage)",
         "",
-        f"| stage ({args.repeat} runs) | wall min (s) | wall median (s) | wall max (s) | CPU of the fastest run (s) |",
-        "|---|---|---|---|---|",
-        *[f"| {k} | {a:.2f} | {b:.2f} | {c:.2f} | {d:.2f} |" for k, (a, b, c, d) in t.items()],
+        *markdown.plain(
+            [
+                f"stage ({args.repeat} runs)",
+                "wall min (s)",
+                "wall median (s)",
+                "wall max (s)",
+                "CPU of the fastest run (s)",
+            ],
+            [[k, *(f"{x:.2f}" for x in v)] for k, v in t.items()],
+        ),
         "",
         f"Target: tables < 2 s on 2 cores -> {'met' if t['tables: aggregate.build_tables'][0] < 2 else 'NOT met'} "
         f"(fastest of {args.repeat} runs: {t['tables: aggregate.build_tables'][0]:.2f} s).",

@@ -61,6 +61,7 @@ sys.path.insert(0, str(REPO / "workflow"))
 
 from pretrain_planner.launch.preflight import JOB_PREFIX  # noqa: E402  (a GPU type's preflight job's name)
 from pretrain_planner.results import parse_result  # noqa: E402
+from pretrain_planner.tables import markdown  # noqa: E402
 
 SITE = REPO / "tests/data/site-testbed.yaml"
 PROFILE = REPO / "cluster/slurm"
@@ -878,6 +879,13 @@ def report(args: argparse.Namespace, reference: Round, rounds: list[Round], tota
         most = ", ".join(str(r.figures.get("most_capped_at_once")) for r in [reference, *rounds])
         site = (f"restrictive (daemon.sh profile restrictive; a100's jobs under QOS pp-cap, cap 2, the driver allowed "
                 f"4): most a100 jobs queued at once per round {most}")  # fmt: skip
+    columns = ["round", "wall (min)", "faults by kind", "skipped (no target)", "jobs per name (jobs: names)",
+               "failed attempts, each from a fault", "budget / train drilled by", "2-node cells drilled by",
+               "driver restarts", "failed driver runs", "mismatches"]  # fmt: skip
+    table = [[r.label, f"{r.wall_s / 60:.1f}", _kv(r.figures["faults"]), _kv(r.figures["skipped"]),
+              _kv(r.figures["jobs_per_name"]), _kv(r.figures["failed_attempts_accounted"]),
+              _kv(r.figures["stage_drills"]), _kv(r.figures["multi_drills"]), r.figures["driver_restarts"],
+              r.figures["failed_driver_runs"], r.figures["mismatches"]] for r in [reference, *rounds]]  # fmt: skip
     lines = [
         f"\n## {args.preset} soak, {dt.datetime.now():%Y-%m-%d %H:%M}, commit {rev}, seed {args.seed}\n",
         f"`{' '.join(sys.argv)}` on the cluster/testbed SLURM ({os.cpu_count()} cores, shared).\n",
@@ -890,20 +898,8 @@ def report(args: argparse.Namespace, reference: Round, rounds: list[Round], tota
         f"- result mismatches: {mism}",
         f"- site: {site}",
         "",
-        "| round | wall (min) | faults by kind | skipped (no target) | jobs per name (jobs: names) | "
-        "failed attempts, each from a fault | budget / train drilled by | 2-node cells drilled by | driver restarts | "
-        "failed driver runs | mismatches |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        *markdown.plain(columns, table),
     ]
-    for r in [reference, *rounds]:
-        f = r.figures
-        lines.append(
-            f"| {r.label} | {r.wall_s / 60:.1f} | {_kv(f['faults'])} | {_kv(f['skipped'])} | {_kv(f['jobs_per_name'])} "
-            f"| {_kv(f['failed_attempts_accounted'])} | {_kv(f['stage_drills'])} | {_kv(f['multi_drills'])} "
-            f"| {f['driver_restarts']} "
-            f"| {f['failed_driver_runs']} "
-            f"| {f['mismatches']} |"
-        )
     for r in [reference, *rounds]:
         for m in r.mismatches:
             lines.append(f"- mismatch ({r.label}): {m}")

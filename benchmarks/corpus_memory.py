@@ -21,6 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "workflow"))
 sys.path.insert(0, str(REPO))
+from pretrain_planner.tables import markdown  # noqa: E402
 
 # The process's own peak: VmHWM (reset by exec), not getrusage's ru_maxrss, which Linux carries over from the forking
 # parent (this script, with its imports: a floor of ~300 MB seen in a first run). Workers: getrusage of the children
@@ -145,14 +146,32 @@ def main() -> None:
         f"{a.steps} training steps reading memmapped blocks (train/run.py), each in a fresh process; peak RSS: the "
         "process's VmHWM, the largest worker's getrusage. Run with `nice` on a shared 2-core host.",
         "",
-        "| corpus | tokens | shards | tokenize s | tokenize peak RSS (parent) | tokenize peak RSS (largest worker) "
-        "| train blocks | train peak RSS |",
-        "|---|---|---|---|---|---|---|---|",
+        *markdown.plain(
+            [
+                "corpus",
+                "tokens",
+                "shards",
+                "tokenize s",
+                "tokenize peak RSS (parent)",
+                "tokenize peak RSS (largest worker)",
+                "train blocks",
+                "train peak RSS",
+            ],
+            [
+                [
+                    f"{r['mb']:.0f} MB",
+                    f"{r['tok_tokens'] / 1e6:.1f} M",
+                    r["tok_shards"],
+                    f"{r['tok_seconds']:.0f}",
+                    f"{r['tok_self_mb']:.0f} MB",
+                    f"{r['tok_workers_mb']:.0f} MB",
+                    r["train_blocks"],
+                    f"{r['train_self_mb']:.0f} MB",
+                ]
+                for r in rows
+            ],
+        ),
     ]
-    for r in rows:
-        lines.append(f"| {r['mb']:.0f} MB | {r['tok_tokens'] / 1e6:.1f} M | {r['tok_shards']} | "
-                     f"{r['tok_seconds']:.0f} | {r['tok_self_mb']:.0f} MB | {r['tok_workers_mb']:.0f} MB | "
-                     f"{r['train_blocks']} | {r['train_self_mb']:.0f} MB |")  # fmt: skip
     lines += [
         "",
         f"Larger / smaller: tokenizing (the largest process) {ratio['tok_peak_mb']:.2f}x, training "

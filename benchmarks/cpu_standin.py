@@ -30,6 +30,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "workflow"))
+from pretrain_planner.tables import markdown  # noqa: E402
+
 # oneDNN and ATen without AVX-512; inductor's cache apart: its keys do not include ATen's capability, and a kernel
 # compiled under one and loaded under the other corrupts memory (seen here: malloc's "unaligned tcache chunk")
 EMULATED = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2",
@@ -131,10 +133,11 @@ def main(argv: list[str] | None = None) -> int:
         f"The demo cell `{MODEL}/cpu/1x1/naive` through the pipeline against a plain torch loop of the same step",
         "(fp32, one pinned thread); target: within 1.5x on both kinds of CPU. bf16 rows: the same cell with a bf16",
         "recipe, forced to run (the grid marks it invalid where bf16 is emulated).\n",
-        "| host | bf16 | pipeline precision | pipeline step (ms) | plain fp32 loop (ms) | ratio |",
-        "|---|---|---|---|---|---|",
+        *markdown.plain(
+            ["host", "bf16", "pipeline precision", "pipeline step (ms)", "plain fp32 loop (ms)", "ratio"],
+            [[h, b, p, f"{s * 1e3:.1f}", f"{pl * 1e3:.1f}", f"{r:.2f}"] for h, b, p, s, pl, r in rows],
+        ),
     ]
-    text += [f"| {h} | {b} | {p} | {s * 1e3:.1f} | {pl * 1e3:.1f} | {r:.2f} |" for h, b, p, s, pl, r in rows]
     fp32 = [r for *_, p, _, _, r in rows if p == "fp32"]
     text.append(f"\nfp32 (the demo): worst ratio {max(fp32):.2f} ({'within' if max(fp32) <= 1.5 else 'ABOVE'} 1.5x)")
     if not args.out.exists():

@@ -34,6 +34,7 @@ import predict_crossgpu  # noqa: E402
 from pretrain_planner.planning import crossgpu, evidence  # noqa: E402
 from pretrain_planner.planning.catalog import load_catalog  # noqa: E402
 from pretrain_planner.planning.evidence import Run  # noqa: E402
+from pretrain_planner.tables import markdown  # noqa: E402
 
 KS = (0, 1, 2, 4, 8, 16)
 
@@ -83,10 +84,11 @@ def report(only: Iterable[str] | None = None, seeds: int = 5) -> tuple[str, dict
     fig = figures(replay(ev.runs, catalog.gpus, seeds=range(seeds), only=only))
     lines = ["# A site's own cells tighten its GPU type's predictions (replay on the public evidence)", "",
              __doc__.split("\n\n")[2].replace("\n", " "), "",
-             "| cells finished on the site's GPU type (k) | held-back cells predicted | mean abs error | truth inside "
-             "the band | median band half-width |", "|---|---|---|---|---|"]  # fmt: skip
-    for k, f in fig.items():
-        lines.append(f"| {k} | {f['cells']} | {f['mean_abs']:.1%} | {f['inside']:.0%} | +-{f['half_width']:.0%} |")
+             *markdown.plain(
+                 ["cells finished on the site's GPU type (k)", "held-back cells predicted", "mean abs error",
+                  "truth inside the band", "median band half-width"],
+                 [[k, f["cells"], f"{f['mean_abs']:.1%}", f"{f['inside']:.0%}", f"+-{f['half_width']:.0%}"]
+                  for k, f in fig.items()])]  # fmt: skip
     first, last = fig[str(KS[0])], fig[str(KS[-1])]
     lines += ["", f"From no cell of its own to {KS[-1]}, the mean error on the site's held-back cells goes from "
               f"{first['mean_abs']:.1%} to {last['mean_abs']:.1%} ({len(ev.runs)} public runs; "

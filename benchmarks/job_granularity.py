@@ -37,6 +37,9 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "workflow"))
+from pretrain_planner.tables import markdown  # noqa: E402
+
 BIN = Path(sys.executable).parent
 SITE = REPO / "tests/data/site-testbed.yaml"
 
@@ -103,9 +106,7 @@ def table(cells: list[dict]) -> tuple[list[str], dict]:
     by: dict[str, list[dict]] = defaultdict(list)
     for c in cells:
         by[c["setting"]].append(c)
-    lines = ["| setting | cells | queue wait per cell (s) | allocation per cell (s) | launch per cell (s) | "
-             "allocation: per cell / per setting (s) | waits saved (s) | critical path: side by side / in turn (s) |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    rows = []
     tot = defaultdict(float)
     for setting, cs in sorted(by.items()):
         n, nodes = len(cs), cs[0]["nodes"]  # a setting's cells share its layout
@@ -115,14 +116,19 @@ def table(cells: list[dict]) -> tuple[list[str], dict]:
         waits = sorted(c["queue_s"] for c in cs)
         saved_wait = sum(waits) - waits[0]  # in turn: the setting's job waits once (its shortest cell's wait)
         side, turn = max(c["job_s"] for c in cs), sum(c["job_s"] for c in cs) - saved_launch / nodes
-        lines.append(f"| {setting} | {n} | {statistics.mean(waits):.1f} | {alloc / n:.1f} | "
-                     f"{statistics.mean(c['launch_s'] for c in cs):.1f} | {alloc:.0f} / {alloc - saved_launch:.0f} | "
-                     f"{saved_wait:.0f} | {side:.0f} / {turn:.0f} |")  # fmt: skip
+        rows.append([setting, n, f"{statistics.mean(waits):.1f}", f"{alloc / n:.1f}",
+                     f"{statistics.mean(c['launch_s'] for c in cs):.1f}", f"{alloc:.0f} / {alloc - saved_launch:.0f}",
+                     f"{saved_wait:.0f}", f"{side:.0f} / {turn:.0f}"])  # fmt: skip
         tot[f"turn {cs[0]['gpu']}"] += turn
         for k, v in (("cells", n), ("settings", 1), ("alloc", alloc), ("saved_launch", saved_launch),
                      ("saved_wait", saved_wait), ("launch", sum(c["launch_s"] for c in cs)),
                      ("job", sum(c["job_s"] for c in cs))):  # fmt: skip
             tot[k] += v
+    lines = markdown.plain(
+        ["setting", "cells", "queue wait per cell (s)", "allocation per cell (s)", "launch per cell (s)",
+         "allocation: per cell / per setting (s)", "waits saved (s)", "critical path: side by side / in turn (s)"],
+        rows,
+    )  # fmt: skip
     return lines, tot
 
 

@@ -26,6 +26,7 @@ sys.path.insert(0, str(REPO / "workflow"))
 from pretrain_planner.planning import losscheck as lc  # noqa: E402
 from pretrain_planner.planning.catalog import load_catalog  # noqa: E402
 from pretrain_planner.schema import section  # noqa: E402
+from pretrain_planner.tables import markdown  # noqa: E402
 from pretrain_planner.trainer import losscheck  # noqa: E402
 
 CORRECT = ["fl", "fl+ac", "naive+ac", "fl+flce"]
@@ -65,7 +66,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "benchmarks/results/loss_check_false_alarm"))
     ap.add_argument("--eager", action="store_true", help="no model compiled (fl's compile left out)")
     args = ap.parse_args()
-    os.environ[losscheck.FAULT_ENV] = ";".join(f"{n}={f}" for n, (_, f) in BROKEN.items())
+    os.environ[lc.FAULT_ENV] = ";".join(f"{n}={f}" for n, (_, f) in BROKEN.items())
     catalog = load_catalog(REPO / "config/models.yaml", REPO / "config/gpus.yaml")
     gpu = catalog.gpu("cpu").to_dict()
     t0, rows, lines = time.time(), [], []
@@ -96,9 +97,8 @@ def write(args: argparse.Namespace, rows: list[dict], t0: float) -> list[str]:
         + "). Each seed changes the initial weights and the batches. A correct method called "
         "`differs` is a false alarm; a broken one called `same` is a miss.",
         "",
-        "| model | method | kind | same | differs | rate | worst distance / band (max over seeds) |",
-        "|---|---|---|---:|---:|---|---:|",
     ]
+    table = []
     summary = []
     for name in args.models:
         for method in [*CORRECT, *BROKEN]:
@@ -110,10 +110,12 @@ def write(args: argparse.Namespace, rows: list[dict], t0: float) -> list[str]:
             kind = "broken" if method in BROKEN else "correct"
             rate = f"{differs}/{len(mine)} false alarms" if kind == "correct" else f"{differs}/{len(mine)} caught"
             worst = max((r["worst_ratio"] for r in mine if r["worst_ratio"] is not None), default=None)
-            lines.append(f"| {name} | {method} | {kind} | {same} | {differs} | {rate} | "
-                         f"{'' if worst is None else f'{worst:.3g}'} |")  # fmt: skip
+            table.append([name, method, kind, same, differs, rate, "" if worst is None else f"{worst:.3g}"])
             summary.append({"model": name, "method": method, "kind": kind, "same": same, "differs": differs,
                             "runs": len(mine), "worst_ratio": worst})  # fmt: skip
+    worst_col = "worst distance / band (max over seeds)"
+    columns = ["model", "method", "kind", "same", "differs", "rate", worst_col]
+    lines += markdown.plain(columns, table, right={"same", "differs", worst_col})
     correct = [s for s in summary if s["kind"] == "correct"]
     alarms, total = sum(s["differs"] for s in correct), sum(s["runs"] for s in correct)
     lines += ["", f"False-alarm rate over every correct method and seed: {alarms}/{total}."]

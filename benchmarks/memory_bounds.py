@@ -37,6 +37,7 @@ from pretrain_planner.planning import memory  # noqa: E402
 from pretrain_planner.planning.catalog import load_catalog  # noqa: E402
 from pretrain_planner.planning.flops import param_count  # noqa: E402
 from pretrain_planner.planning.methods import SHARDING_ENGINE, SHARDING_LEVEL, parse  # noqa: E402
+from pretrain_planner.tables import markdown  # noqa: E402
 
 GIB = memory.GIB
 STAGES = {1: "zero1", 2: "zero2", 3: "zero3"}
@@ -203,6 +204,27 @@ def _deepspeed_section(rows) -> list[str]:
     def issue_ref(r):  # the issue's reference: ZeRO-1 + offload against ZeRO-2's offload estimate (2P)
         return r["ds_estimate"] - (2 * r["ds_params"] if r["stage"] == 1 and r["offload"] else 0)
 
+    def of(rs, key, ref) -> str:
+        return f"{over(rs, key, ref)} of {len(rs)}"
+
+    def previous_issue(rs) -> str:
+        return f"{sum(r['previous'] > issue_ref(r) * (1 + 1e-9) for r in rs)} of {len(rs)}"
+
+    sixteen = [r for r in rows if r["precision"] != "fp32"]
+    comparisons = [
+        ["previous bound > DeepSpeed's estimate, ZeRO-1 + offload against ZeRO-2's (the issue's count)",
+         previous_issue(issue), previous_issue(rows)],
+        ["previous bound > DeepSpeed's estimate (ZeRO-1 with its whole 16-bit gradients)",
+         of(issue, "previous", "ds_estimate"), of(rows, "previous", "ds_estimate")],
+        ["bound > DeepSpeed's estimate as printed (16-bit weights assumed)", of(issue, "bound", "ds_estimate"),
+         of(rows, "bound", "ds_estimate")],
+        ["bound > DeepSpeed's estimate as printed, 16-bit recipes only", of(fp16, "bound", "ds_estimate"),
+         of(sixteen, "bound", "ds_estimate")],
+        ["bound > DeepSpeed's estimate at the recipe's width", of(issue, "bound", "ds_at_width"),
+         of(rows, "bound", "ds_at_width")],
+        ["bound from DeepSpeed's parameter count > the estimate at the recipe's width",
+         of(issue, "bound_ds_params", "ds_at_width"), of(rows, "bound_ds_params", "ds_at_width")],
+    ]  # fmt: skip
     worst = max(issue, key=lambda r: r["previous"] / r["ds_estimate"])
     lines = [
         "## 1. Against DeepSpeed's estimators",
@@ -211,25 +233,7 @@ def _deepspeed_section(rows) -> list[str]:
         "most model-state bytes the bound says one GPU holds at once (`StateBytes.peak`), from the planner's parameter "
         "count; DeepSpeed's estimate from DeepSpeed's count of the model (meta device).",
         "",
-        "| comparison | 1, 2, 4, 8 GPUs | 1-8 GPUs |",
-        "|---|---|---|",
-        f"| previous bound > DeepSpeed's estimate, ZeRO-1 + offload against ZeRO-2's (the issue's count) | "
-        f"{sum(r['previous'] > issue_ref(r) * (1 + 1e-9) for r in issue)} of {len(issue)} | "
-        f"{sum(r['previous'] > issue_ref(r) * (1 + 1e-9) for r in rows)} of {len(rows)} |",
-        f"| previous bound > DeepSpeed's estimate (ZeRO-1 with its whole 16-bit gradients) | "
-        f"{over(issue, 'previous', 'ds_estimate')} of {len(issue)} | {over(rows, 'previous', 'ds_estimate')} of "
-        f"{len(rows)} |",
-        f"| bound > DeepSpeed's estimate as printed (16-bit weights assumed) | "
-        f"{over(issue, 'bound', 'ds_estimate')} of {len(issue)} | {over(rows, 'bound', 'ds_estimate')} of "
-        f"{len(rows)} |",
-        f"| bound > DeepSpeed's estimate as printed, 16-bit recipes only | {over(fp16, 'bound', 'ds_estimate')} of "
-        f"{len(fp16)} | {over([r for r in rows if r['precision'] != 'fp32'], 'bound', 'ds_estimate')} of "
-        f"{sum(r['precision'] != 'fp32' for r in rows)} |",
-        f"| bound > DeepSpeed's estimate at the recipe's width | {over(issue, 'bound', 'ds_at_width')} of {len(issue)} "
-        f"| {over(rows, 'bound', 'ds_at_width')} of {len(rows)} |",
-        f"| bound from DeepSpeed's parameter count > the estimate at the recipe's width | "
-        f"{over(issue, 'bound_ds_params', 'ds_at_width')} of {len(issue)} | "
-        f"{over(rows, 'bound_ds_params', 'ds_at_width')} of {len(rows)} |",
+        *markdown.plain(["comparison", "1, 2, 4, 8 GPUs", "1-8 GPUs"], comparisons),
         "",
         f"The previous bound's worst: {worst['model']} ZeRO-{worst['stage']}{' + offload' if worst['offload'] else ''} "
         f"on {worst['world']} GPUs, {_gb(worst['previous'])} GB against DeepSpeed's {_gb(worst['ds_estimate'])} GB "
@@ -238,9 +242,8 @@ def _deepspeed_section(rows) -> list[str]:
         "",
         "Bound / DeepSpeed's estimate at the recipe's width (min - max over the models), per stage and count:",
         "",
-        "| stage | offload | " + " | ".join(f"{w} GPU{'s' if w > 1 else ''}" for w in COUNTS) + " |",
-        "|---" * (2 + len(COUNTS)) + "|",
     ]
+    table = []
     for stage in STAGES:
         for off in (False, True):
             cells = []
@@ -251,7 +254,8 @@ def _deepspeed_section(rows) -> list[str]:
                     if (r["stage"], r["offload"], r["world"]) == (stage, off, w)
                 ]
                 cells.append(f"{min(rs):.2f}-{max(rs):.2f}")
-            lines.append(f"| ZeRO-{stage} | {'yes' if off else 'no'} | " + " | ".join(cells) + " |")
+            table.append([f"ZeRO-{stage}", "yes" if off else "no", *cells])
+    lines += markdown.plain(["stage", "offload", *(f"{w} GPU{'s' if w > 1 else ''}" for w in COUNTS)], table)
     ex = [r for r in rows if r["model"] == "pythia-2.8b" and r["stage"] == 1 and not r["offload"] and r["world"] == 8]
     if ex:
         r = ex[0]
@@ -272,17 +276,15 @@ def _measured_section(rows) -> list[str]:
         "storage once) at the end of a step's first / second micro-batch's forward, inside the optimizer step and "
         "after it; bound / held. tiny-gptneox: bf16 recipe, tiny-bert: fp32.",
         "",
-        "| model | ranks | method | " + " | ".join(INSTANTS) + " | bound / held, least - most |",
-        "|---" * (4 + len(INSTANTS)) + "|",
     ]
+    table = []
     key = list(dict.fromkeys((r["model"], r["world"], r["method"]) for r in rows))  # measured order
     for model, world, method in key:
         rs = {r["instant"]: r for r in rows if (r["model"], r["world"], r["method"]) == (model, world, method)}
         cells = [f"{rs[i]['bound'] / rs[i]['params']:.1f} / {rs[i]['held'] / rs[i]['params']:.1f}" for i in INSTANTS]
         ratios = [rs[i]["bound"] / rs[i]["held"] for i in INSTANTS]
-        lines.append(
-            f"| {model} | {world} | {method} | " + " | ".join(cells) + f" | {min(ratios):.2f} - {max(ratios):.2f} |"
-        )
+        table.append([model, world, method, *cells, f"{min(ratios):.2f} - {max(ratios):.2f}"])
+    lines += markdown.plain(["model", "ranks", "method", *INSTANTS, "bound / held, least - most"], table)
     over = [r for r in rows if r["bound"] > r["held"]]
     lines += [
         "",
@@ -297,17 +299,16 @@ def _h200_section(rows) -> list[str]:
     lines = [
         "## 3. Against the H200 peaks (one GPU, bf16 autocast; tests/data/h200_memory_peaks.yaml)",
         "",
-        "| measured | method | micro-batch | fits | peak GiB | bound at it GiB (states + activations) | "
-        "largest micro-batch by the bound |",
-        "|---|---|---|---|---|---|---|",
     ]
+    table = []
     for r in rows:
         peak = f"{r['peak_gib']:.1f}" if r["peak_gib"] else "> 139"
-        lines.append(
-            f"| {r['table']} | {r['method']}{'' if r['compiled'] else ' (eager)'} | {r['micro_batch']} | "
-            f"{'yes' if r['fits'] else 'no'} | {peak} | {r['bound_gib']:.1f} ({r['states_gib']:.1f} + "
-            f"{r['activation_gib'] * r['micro_batch']:.1f}) | {r['predicted']} |"
-        )
+        table.append([r["table"], f"{r['method']}{'' if r['compiled'] else ' (eager)'}", r["micro_batch"],
+                      "yes" if r["fits"] else "no", peak, f"{r['bound_gib']:.1f} ({r['states_gib']:.1f} + "
+                      f"{r['activation_gib'] * r['micro_batch']:.1f})", r["predicted"]])  # fmt: skip
+    lines += markdown.plain(["measured", "method", "micro-batch", "fits", "peak GiB",
+                             "bound at it GiB (states + activations)", "largest micro-batch by the bound"],
+                            table)  # fmt: skip
     fitting = [r for r in rows if r["fits"]]
     ratios = [r["bound_gib"] / r["peak_gib"] for r in fitting]
     lines += ["", f"Bound / measured peak where it fits: {min(ratios):.2f}-{max(ratios):.2f} (mean "

@@ -119,6 +119,9 @@ def in_process(config: dict, site_path: Path, basedir: Path) -> dict:
 
 
 def markdown(rec: dict) -> str:
+    sys.path.insert(0, str(REPO / "workflow"))
+    from pretrain_planner.tables import markdown as md
+
     ip = rec["in_process"]
     lines = [
         "# Planning speed: a dry run of a large sweep",
@@ -128,14 +131,14 @@ def markdown(rec: dict) -> str:
         f"{len(rec['sweep']['models'])} models x {len(rec['sweep']['gpus'])} GPU types x 1-8 GPUs per node x 1-2 "
         f"nodes x {len(METHODS)} methods. Target (issue 41): 20k cells in under 5 s in both profiles.",
         "",
-        "| profile | jobs planned | wall | under cProfile | this package (entry points, profiled) | Snakemake and the "
-        "rest (profiled) |",
-        "|---|---|---|---|---|---|",
     ]
-    for name, r in rec["dry_runs"].items():
-        rest = r["profiled_s"] - r["ours_s"]
-        lines.append(f"| {name} | {r['jobs']:,} | {r['wall_s']:.1f} s | {r['profiled_s']:.1f} s | "
-                     f"{r['ours_s']:.1f} s ({r['ours_s'] / r['profiled_s']:.0%}) | {rest:.1f} s |")  # fmt: skip
+    lines += md.plain(
+        ["profile", "jobs planned", "wall", "under cProfile", "this package (entry points, profiled)",
+         "Snakemake and the rest (profiled)"],
+        [[name, f"{r['jobs']:,}", f"{r['wall_s']:.1f} s", f"{r['profiled_s']:.1f} s",
+          f"{r['ours_s']:.1f} s ({r['ours_s'] / r['profiled_s']:.0%})", f"{r['profiled_s'] - r['ours_s']:.1f} s"]
+         for name, r in rec["dry_runs"].items()],
+    )  # fmt: skip
     ours = ip["load_s"] + ip["summary_s"] + ip["per_cell_s"]
     lines += ["", "This package's planning in one process, without Snakemake: load (validate, catalog, the grid, the "
               f"site's limits) {ip['load_s']:.2f} s, the dry run's summary {ip['summary_s']:.2f} s, every valid "
@@ -147,8 +150,8 @@ def markdown(rec: dict) -> str:
                      f"these jobs would need {5000 / r['jobs']:.2f} ms per job with nothing of ours.")  # fmt: skip
     lines.append("")
     for name, r in rec["dry_runs"].items():
-        lines += [f"Where this package's time goes in the {name} dry run:", "", "| entry point | s |", "|---|---|"]
-        lines += [f"| {t['where']} | {t['s']:.2f} |" for t in r["top"]] + [""]
+        lines += [f"Where this package's time goes in the {name} dry run:", ""]
+        lines += [*md.plain(["entry point", "s"], [[t["where"], f"{t['s']:.2f}"] for t in r["top"]]), ""]
     return "\n".join(lines)
 
 

@@ -22,6 +22,7 @@ sys.path.insert(0, str(REPO / "workflow"))
 import polars as pl  # noqa: E402
 from pretrain_planner.planning.catalog import load_catalog  # noqa: E402
 from pretrain_planner.planning.flops import train_flops_per_sample  # noqa: E402
+from pretrain_planner.tables import markdown  # noqa: E402
 from pretrain_planner.tables.predictor import Predictor  # noqa: E402
 from pretrain_planner.tables.study import STUDY_CLAIMS  # noqa: E402
 
@@ -45,17 +46,18 @@ def main() -> int:
     ap.add_argument("--out", default=str(REPO / "benchmarks/results/predict_holdout.md"))
     args = ap.parse_args()
     catalog = load_catalog(REPO / "config/models.yaml", REPO / "config/gpus.yaml")
-    lines = ["# What-if predictor: hold-out against the study's published days", "", __doc__.split("\n\n")[2], "",
-             "| held out | published days | predicted optimistic | central | pessimistic | "
-             "error of central | published inside the band |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["# What-if predictor: hold-out against the study's published days", "", __doc__.split("\n\n")[2], ""]
+    rows = []
     for held in STUDY_CLAIMS:
         others = [c for c in STUDY_CLAIMS if c is not held]
         p = Predictor(cells(catalog, others), catalog).predict(held["model"], held["gpu"], 1, held["world_size"])
         err = (p.days_central - held["study_days"]) / held["study_days"]
         inside = p.days_optimistic <= held["study_days"] <= p.days_pessimistic
-        lines.append(f"| {held['world_size']} x {held['gpu']} | {held['study_days']:g} | "
-                     f"{p.days_optimistic:.3g} | {p.days_central:.3g} | {p.days_pessimistic:.3g} | {err:+.0%} | "
-                     f"{'yes' if inside else 'no'} |")  # fmt: skip
+        rows.append([f"{held['world_size']} x {held['gpu']}", f"{held['study_days']:g}",
+                     f"{p.days_optimistic:.3g}", f"{p.days_central:.3g}", f"{p.days_pessimistic:.3g}", f"{err:+.0%}",
+                     "yes" if inside else "no"])  # fmt: skip
+    lines += markdown.plain(["held out", "published days", "predicted optimistic", "central", "pessimistic",
+                             "error of central", "published inside the band"], rows)  # fmt: skip
     lines += [
         "",
         "Reading: the published numbers imply 99% (A100), 69% (H100) and 142% (RTX 3090) of the dense peak "

@@ -47,6 +47,7 @@ from pretrain_planner.planning.evidence_prior import EvidencePrior  # noqa: E402
 from pretrain_planner.planning.flops import train_flops_per_sample  # noqa: E402
 from pretrain_planner.search import rules  # noqa: E402
 from pretrain_planner.search.timemodel import Hypotheses  # noqa: E402
+from pretrain_planner.tables import markdown  # noqa: E402
 from snakemake.utils import update_config  # noqa: E402
 
 import tests.test_search as lattices  # noqa: E402  (the simulator and the five lattices of the tests)
@@ -117,7 +118,7 @@ class Bench:
 # ------------------------------------------------------------------------------- 1: the order of an untimed family
 
 
-def _untimed_rows(b: Bench) -> list[str]:
+def _untimed_rows(b: Bench) -> list[list[str | int]]:
     shipped = {}
 
     def evidence(st: search.Setting) -> EvidencePrior:
@@ -144,9 +145,8 @@ def _untimed_rows(b: Bench) -> list[str]:
                 scores = b.replay_all(settings, hw, prior)
                 guessed = sum(s[4] for s in scores)  # the last column's: the study grid
                 cells.append(_total(scores))
-            rows.append(f"| {hw.bus / 1e9:g} / {hw.cpu_adam / 1e9:g} / {hw.pcie / 1e9:g} | {name} | "
-                        + " | ".join(cells) + f" | {guessed} |")  # fmt: skip
-            print(rows[-1], flush=True)
+            rows.append([f"{hw.bus / 1e9:g} / {hw.cpu_adam / 1e9:g} / {hw.pcie / 1e9:g}", name, *cells, guessed])
+            print(" | ".join(map(str, rows[-1])), flush=True)
         with _oracle_order(b) as oracle:
             cells = []
             for _col, settings in b.columns():
@@ -156,9 +156,9 @@ def _untimed_rows(b: Bench) -> list[str]:
                     oracle.update(table)
                     scores.append(_score(st, table, search.replay(st, table)))
                 cells.append(_total(scores))
-        rows.append(f"| {hw.bus / 1e9:g} / {hw.cpu_adam / 1e9:g} / {hw.pcie / 1e9:g} | the ceiling: the true fastest "
-                    f"candidate next | " + " | ".join(cells) + " | - |")  # fmt: skip
-        print(rows[-1], flush=True)
+        rows.append([f"{hw.bus / 1e9:g} / {hw.cpu_adam / 1e9:g} / {hw.pcie / 1e9:g}",
+                     "the ceiling: the true fastest candidate next", *cells, "-"])  # fmt: skip
+        print(" | ".join(rows[-1]), flush=True)
     return rows
 
 
@@ -210,7 +210,7 @@ def _ratio_order(elsewhere: dict) -> Iterator[None]:
         rules._next = saved
 
 
-def _ratio_rows(b: Bench) -> list[str]:
+def _ratio_rows(b: Bench) -> list[list[str]]:
     rows = []
     for target, source in ((0, 1), (0, 4), (4, 0), (1, 3)):
         hw, other = MACHINES[target], MACHINES[source]
@@ -222,8 +222,8 @@ def _ratio_rows(b: Bench) -> list[str]:
                 with _ratio_order(b.simulate(st, other)):
                     scores.append(_score(st, table, search.replay(st, table)))
             cells.append(_total(scores))
-        rows.append(f"| {_hw(hw)} | {_hw(other)} | " + " | ".join(cells) + " |")
-        print(rows[-1], flush=True)
+        rows.append([_hw(hw), _hw(other), *cells])
+        print(" | ".join(rows[-1]), flush=True)
     return rows
 
 
@@ -265,7 +265,7 @@ def _shared_hardware(bus_only: bool) -> Iterator[list]:
         rules.time_model = saved
 
 
-def _shared_rows(b: Bench) -> list[str]:
+def _shared_rows(b: Bench) -> list[list[str]]:
     rows = []
     order = sorted(b.grid, key=lambda s: (s.gpu, s.nodes, s.gpus_per_node, s.memory.params or 0))
     for size_bus in (False, True):
@@ -287,8 +287,8 @@ def _shared_rows(b: Bench) -> list[str]:
                     scores.append(_score(st, table, rep))
                 cells.append(_total(scores))
             bus = f"x (params / 7e9) ** {SIZE_BUS_EXPONENT}" if size_bus else "one per machine"
-            rows.append(f"| {_hw(hw)} | {bus} | " + " | ".join(cells) + " |")
-            print(rows[-1], flush=True)
+            rows.append([_hw(hw), bus, *cells])
+            print(" | ".join(rows[-1]), flush=True)
     return rows
 
 
@@ -298,8 +298,6 @@ def main() -> None:
     args = ap.parse_args()
     b = Bench()
     names = [name for name, _s in b.columns()]
-    head = "| " + " | ".join(names) + " |"
-    rule = "|---" * len(names)
     text = [
         "# What the evidence is worth to the adaptive search\n",
         f"{dt.date.today()}; `{' '.join(sys.argv)}` (benchmarks/search_evidence.py's docstring says how). GPU-hours "
@@ -310,21 +308,20 @@ def main() -> None:
         "The evidence prices only a family none of whose cells in the setting has a time (its probe ran out of memory "
         "or was unsupported), for the order; pruning keeps the MFU ceiling. Last column: study-grid settings where "
         "such a family was ordered.\n",
-        f"| machine | the family's seconds per sample {head} settings ordered so |",
-        f"|---|---{rule}|---|",
-        *_untimed_rows(b),
+        *markdown.plain(
+            ["machine", "the family's seconds per sample", *names, "settings ordered so"], _untimed_rows(b)
+        ),
         "",
         "## 2. Every candidate ordered by its ratios measured on another machine (not adopted)\n",
-        f"| machine searched | machine the ratios come from {head}",
-        f"|---|---{rule}|",
-        *_ratio_rows(b),
+        *markdown.plain(["machine searched", "machine the ratios come from", *names], _ratio_rows(b)),
         "",
         "## 3. Hardware hypotheses shared with the site's other models at the same layout (not adopted)\n",
         "Study grid only, the settings of a GPU type and layout searched smallest model first, each seeing the cells "
         "the earlier ones measured.\n",
-        "| machine | bus an all-reduce reaches | alone (today) | every dimension shared | the bus only shared |",
-        "|---|---|---|---|---|",
-        *_shared_rows(b),
+        *markdown.plain(
+            ["machine", "bus an all-reduce reaches", "alone (today)", "every dimension shared", "the bus only shared"],
+            _shared_rows(b),
+        ),
         "",
     ]
     Path(args.out).write_text("\n".join(text))

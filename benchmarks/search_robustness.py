@@ -23,6 +23,7 @@ sys.path[:0] = [str(REPO), str(REPO / "workflow")]
 import yaml  # noqa: E402
 from pretrain_planner import search as search  # noqa: E402
 from pretrain_planner.facade.pipeline import load  # noqa: E402
+from pretrain_planner.tables import markdown  # noqa: E402
 from snakemake.utils import update_config  # noqa: E402
 
 import tests.test_search as lattices  # noqa: E402  (the simulator and the five lattices of the tests)
@@ -74,8 +75,8 @@ def main() -> None:
             cells.append(_replay_all(lattices.lattice(paper, model, gpu, counts, capacity, hw)))
         cells.append(_replay_all((st, lattices.simulate(st, *lattices.model_and_peak(paper, st), hw)) for st in grid))
         bus, cpu, pcie, expo = hw.bus, hw.cpu_adam, hw.pcie, hw.small_batch_exponent
-        rows.append(f"| {bus / 1e9:g} | {cpu / 1e9:g} | {pcie / 1e9:g} | {expo:g} | " + " | ".join(cells) + " |")
-        print(rows[-1], flush=True)
+        rows.append([f"{bus / 1e9:g}", f"{cpu / 1e9:g}", f"{pcie / 1e9:g}", f"{expo:g}", *cells])
+        print(" | ".join(rows[-1]), flush=True)
     names.append(f"study grid ({len(grid)} settings)")
     text = "\n".join(
         [
@@ -85,9 +86,7 @@ def main() -> None:
             "lattice (tests/test_search.py's simulator with the speeds below; first row = the lattices of the tests), "
             "and how much slower than the exhaustive optimum the worst pick is; **wrong** = more than 2% slower. "
             "The last column replays every setting of config/paper.yaml the simulator can model.\n",
-            "| bus GB/s | CPU Adam GB/s | PCIe GB/s | small-batch exp. | " + " | ".join(names) + " |",
-            "|---" * (4 + len(names)) + "|",
-            *rows,
+            *markdown.plain(["bus GB/s", "CPU Adam GB/s", "PCIe GB/s", "small-batch exp.", *names], rows),
             "",
         ]
     )

@@ -32,6 +32,7 @@ sys.path.insert(0, str(REPO / "workflow"))
 from pretrain_planner.launch import driver, slurm  # noqa: E402
 from pretrain_planner.launch.request import JobRequest, RuleLog  # noqa: E402
 from pretrain_planner.launch.slurm_state import slurm_state  # noqa: E402
+from pretrain_planner.tables import markdown  # noqa: E402
 
 JOB_INFO = ("REQUEST_JOB_INFO", "REQUEST_JOB_INFO_SINGLE")
 
@@ -110,6 +111,10 @@ def main() -> int:
             rows.append(measure(mode, args.jobs, args.seconds, args.poll_max_s, Path(tmp)))
             print(rows[-1], flush=True)
             time.sleep(5)  # the cancelled jobs leave the controller
+    columns = ["wait", "jobs", "window s", "job-information calls", "per poll interval", "per job",
+               "all calls of the user"]  # fmt: skip
+    table = [[r["mode"], r["jobs"], f"{r['window_s']:.0f}", r["job_info_calls"], f"{r['per_poll_interval']:.1f}",
+              f"{r['per_job']:.2f}", r["user_calls"]] for r in rows]  # fmt: skip
     lines = [
         "# What waiting on SLURM jobs costs the controller (benchmarks/slurm_rpc.py)",
         "",
@@ -117,12 +122,8 @@ def main() -> int:
         f"{subprocess.run(['sinfo', '-V'], capture_output=True, text=True).stdout.split()[-1]}): {args.jobs} jobs "
         f"waited on for {args.seconds:g} s each, poll_max_s {args.poll_max_s:g}; slurmctld's counts from `sdiag`.",
         "",
-        "| wait | jobs | window s | job-information calls | per poll interval | per job | all calls of the user |",
-        "|---|---|---|---|---|---|---|",
+        *markdown.plain(columns, table),
     ]
-    for r in rows:
-        lines.append(f"| {r['mode']} | {r['jobs']} | {r['window_s']:.0f} | {r['job_info_calls']} | "
-                     f"{r['per_poll_interval']:.1f} | {r['per_job']:.2f} | {r['user_calls']} |")  # fmt: skip
     lines += ["", "`driver`: launch/slurm.py's wait (one poller, one `squeue` per round for every job); `per_job`: "
               "each job's own `scontrol show job` on its own back-off, the wait before issue 53. `all calls` "
               "include sbatch, scancel and sdiag itself."]  # fmt: skip

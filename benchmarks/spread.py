@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(HERE / "workflow"))
+from pretrain_planner.tables import markdown  # noqa: E402
 
 
 def run_sweep(repo: Path, work: Path) -> dict[str, dict]:
@@ -56,9 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"\n## {args.label} ({rev}), {dt.date.today()}, {args.runs} runs of the demo sweep, "
         f"{os.cpu_count()} cores ({platform.processor() or platform.machine()})\n",
-        "| cell | step time per run (ms) | max/min across runs | p90/p10 within a run (median) |",
-        "|---|---|---|---|",
     ]
+    table = []
     for cell in sorted(runs[0]):
         steps = [r[cell]["step_time_s"] for r in runs if r.get(cell, {}).get("step_time_s")]
         within = [
@@ -66,8 +67,11 @@ def main(argv: list[str] | None = None) -> int:
         ]
         if not steps:
             continue
-        lines.append(f"| {cell} | {', '.join(f'{s * 1000:.1f}' for s in steps)} | {max(steps) / min(steps):.2f} | "
-                     f"{statistics.median(within):.2f} |")  # fmt: skip
+        table.append([cell, ", ".join(f"{s * 1000:.1f}" for s in steps), f"{max(steps) / min(steps):.2f}",
+                      f"{statistics.median(within):.2f}"])  # fmt: skip
+    lines += markdown.plain(
+        ["cell", "step time per run (ms)", "max/min across runs", "p90/p10 within a run (median)"], table
+    )
     for model in sorted({c.split("/")[0] for c in runs[0]}):
         for method in sorted({c.split("/")[-1] for c in runs[0]}):
             one, two = f"{model}/cpu/1x1/{method}", f"{model}/cpu/1x2/{method}"

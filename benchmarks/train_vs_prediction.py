@@ -27,6 +27,9 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "workflow"))
+from pretrain_planner.tables import markdown  # noqa: E402
+
 BIN = Path(sys.executable).parent
 
 
@@ -99,12 +102,21 @@ def main() -> int:
         "(tokenised, packed); sustained = the mean step over the run after its 2 warm-up steps (data loading "
         "included, which the benchmark's pre-made batches leave out).",
         "",
-        "| run | timed steps | sustained step (s) | median step (s) | ratio sustained / prediction | wall (s) |",
-        "|---|---|---|---|---|---|",
+        *markdown.plain(
+            ["run", "timed steps", "sustained step (s)", "median step (s)", "ratio sustained / prediction", "wall (s)"],
+            [
+                [
+                    r["run"],
+                    r["steps_timed"],
+                    f"{r['sustained_s']:.4g}",
+                    f"{r['median_s']:.4g}",
+                    f"{r['ratio']:.3f}",
+                    f"{r['wall_s']:.0f}",
+                ]
+                for r in runs
+            ],
+        ),
     ]
-    for r in runs:
-        lines.append(f"| {r['run']} | {r['steps_timed']} | {r['sustained_s']:.4g} | {r['median_s']:.4g} | "
-                     f"{r['ratio']:.3f} | {r['wall_s']:.0f} |")  # fmt: skip
     lines += ["", f"Ratio over the runs: mean {statistics.mean(ratios):.3f}, min {min(ratios):.3f}, "
               f"max {max(ratios):.3f} (1.0 = the prediction held; above 1 = slower than predicted)."]  # fmt: skip
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -36,6 +36,7 @@ import transformers  # noqa: E402
 from pretrain_planner.planning.catalog import load_catalog  # noqa: E402
 from pretrain_planner.planning.grid import Cell  # noqa: E402
 from pretrain_planner.planning.spec import cell_spec  # noqa: E402
+from pretrain_planner.tables import markdown  # noqa: E402
 from pretrain_planner.trainer.models import build_model  # noqa: E402
 from pretrain_planner.trainer.run import run_rank  # noqa: E402
 from pretrain_planner.trainer.tasks import synthetic_batch  # noqa: E402
@@ -166,11 +167,11 @@ def main() -> int:
         f"{a.accum} x sequence {seq}; precision {precision}; {a.warmup} warm-up + {a.steps} timed steps",
         f"command: `{' '.join(sys.argv)}`",
         "",
-        "| trainer | step s (median) | tokens/s | ratio vs Trainer |",
-        "|---|---|---|---|",
+        *markdown.plain(
+            ["trainer", "step s (median)", "tokens/s", "ratio vs Trainer"],
+            [[label, f"{t:.4f}", f"{tokens / t:,.0f}", f"{hf['step_time_s'] / t:.3f}"] for label, t in rows],
+        ),
     ]
-    for label, t in rows:
-        lines.append(f"| {label} | {t:.4f} | {tokens / t:,.0f} | {hf['step_time_s'] / t:.3f} |")
     text = "\n".join(lines) + "\n"
     print(text)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)

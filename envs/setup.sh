@@ -93,8 +93,8 @@ case "$MODE" in
     say "installing Chromium for the HTML report's browser test"; bash envs/browser.sh ;;
   *) echo "usage: bash envs/setup.sh [run|test]" >&2; exit 2 ;;
 esac
-# One line in site-packages that, in `snakemake` processes only, checks each --configfile before Snakemake loads it
-# (a YAML mistake or a wrong path: one line naming the file and line; workflow/pretrain_planner/configfiles.py)
+# An older setup put a hook line in site-packages for the --configfile check; the check now ships in the package
+# (a Snakemake logger plugin: workflow/pretrain_planner/configfiles.py), so the line goes
 site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-.venv/bin/python -m pretrain_planner.configfiles "$site" >/dev/null
+rm -f "$site/pretrain_planner_snakemake.pth"
 say "done: $(.venv/bin/python -c 'import torch, transformers, snakemake; print("torch", torch.__version__, "transformers", transformers.__version__, "snakemake", snakemake.__version__)')"

@@ -11,7 +11,7 @@ import pytest
 from pretrain_planner.planning.flops import train_flops_per_sample
 from pretrain_planner.report import document
 from pretrain_planner.report import plots as pp_plots
-from pretrain_planner.tables import aggregate
+from pretrain_planner.tables import aggregate, columns
 
 from .conftest import CATALOG, COSTS, INVALID, P, cell_result, gpu_set_results, write_set
 
@@ -224,6 +224,23 @@ def test_markdown_formatting():
     assert "(2 of 4 rows shown" in aggregate.to_markdown(df, max_rows=2)
 
 
+def test_a_benchmark_table_has_the_tables_layout():
+    """markdown.plain (the benchmark scripts' reports, their values already written): the layout of every other
+    table (padded, pipes escaped), every row and every long text kept in place, a right-aligned column on request."""
+    from pretrain_planner.tables import markdown
+
+    long = "ZeRO-1 + offload against ZeRO-2's estimate (the issue's count)"
+    lines = markdown.plain(["stage", "wall (s)"], [["a|b", "0.25"], [long, "12.00"]], right={"wall (s)"})
+    width = len(long)
+    assert lines[0] == f"| {'stage'.ljust(width)} | wall (s) |"
+    assert lines[1] == f"|{'-' * (width + 2)}|---------:|"
+    escaped = "a\\|b"
+    assert lines[2] == f"| {escaped.ljust(width)} | 0.25     |" and lines[3] == f"| {long} | 12.00    |"
+    assert markdown.plain(["a", "b"], [["x", "y"]]) == markdown.table(["a", "b"], [["x", "y"]]).splitlines()
+    with pytest.raises(ValueError, match="has not 2 values"):
+        markdown.plain(["a", "b"], [["x"]])
+
+
 @pytest.mark.slow  # the plots timed against a wall-clock limit: load-sensitive
 def test_plots_and_report(gpu_tables):
     root, out, _ = gpu_tables
@@ -275,3 +292,17 @@ def test_a_noisy_timing_fits_but_is_never_the_answer(tmp_path):
     cells = tables["cells"]
     assert cells.filter(pl.col("method") == "fl+ac")["status"].to_list() == ["noisy"]
     assert tables["problems"].height == 0
+
+
+def test_every_table_reads_back_with_the_types_it_was_written_with(gpu_tables):
+    """One statement of each column's type (tables/columns.py): cells.csv reads back as cells.parquet holds it
+    (a result field has its RESULT_FIELDS type, e.g. skipped_steps an integer, not a float) and every column of every
+    table has a declared type, not an inference."""
+    _, out, _tables = gpu_tables
+    parquet = pl.read_parquet(out["cells_parquet"])
+    back = aggregate.read_table(out["cells_csv"])
+    differ = {c: (back.schema[c], parquet.schema[c]) for c in back.columns if back.schema[c] != parquet.schema[c]}
+    assert not differ, differ
+    for name in aggregate.TABLE_NAMES:
+        table = aggregate.read_table(out[f"{name}_csv"])
+        assert dict(table.schema) == columns.schema(table.columns), name

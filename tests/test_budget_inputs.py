@@ -4,6 +4,8 @@ shorter samples; a local Hugging Face tokenizer folder (made here, nothing downl
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -136,3 +138,24 @@ def test_local_hugging_face_tokenizer_folder(tmp_path):
     want = ours.encode(sentence, add_special_tokens=False).tokens
     assert converted.encode(sentence, add_special_tokens=False).tokens == want
     assert BertTokenizer(str(tmp_path / "vocab.txt")).tokenize(sentence) == want
+
+
+def test_a_parquet_corpus_is_read_by_the_train_stages_reader(tmp_path):
+    """The masked-LM preparation reads a Parquet corpus through tokens.piece_documents (one row group at a time, as
+    the train stage does), with the documents it read before: nulls and empty rows skipped, a document's newlines
+    made spaces, every row group in order, a missing column named; and without polars (one reader of Parquet)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = ["first doc", None, "  ", "multi\nline\r\ndoc", *[f"doc {i}" for i in range(7)]]
+    pq.write_table(pa.table({"id": list(range(len(rows))), "body": rows}), tmp_path / "c.parquet", row_group_size=3)
+    assert pq.ParquetFile(tmp_path / "c.parquet").num_row_groups == 4
+    want = ["first doc", "multi line doc", *[f"doc {i}" for i in range(7)]]
+    assert list(text.iter_documents([str(tmp_path / "c.parquet")], field="body")) == want
+    with pytest.raises(ValueError, match="no column 'text'"):
+        list(text.iter_documents([str(tmp_path / "c.parquet")]))
+    probe = ("import sys; from pretrain_planner.trainer.data import text; "
+             f"n = len(list(text.iter_documents([{str(tmp_path / 'c.parquet')!r}], field='body'))); "
+             "print(n, 'polars' in sys.modules)")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == [str(len(want)), "False"], out.stderr[-2000:]

@@ -10,12 +10,15 @@ real model sizes and GPU memories, a cell's cost its wall time (start-up, micro-
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import time
+from pathlib import Path
 
 import polars as pl
 import pytest
 import yaml
+from pretrain_planner import layout
 from pretrain_planner import search as search
 from pretrain_planner.facade.pipeline import load
 from pretrain_planner.planning import memory
@@ -411,3 +414,18 @@ def test_the_old_margin_key_says_what_replaced_it():
     with pytest.raises(ConfigError) as err:
         validate({"search": {"strategy": "adaptive", "margin": 0.15}}, "config", "my.yaml")
     assert "my.yaml" in str(err.value) and "'margin' was replaced by tolerance and model_error" in str(err.value)
+
+
+def test_the_round_files_name_is_layouts_alone(tmp_path):
+    """The checkpoint rule writes round{k}.json where layout.round_file says and the status view reads the newest
+    one there: the name is spelled once (layout.py), not in the rule and again in the reader."""
+    rules = (REPO / "workflow/rules/benchmark.smk").read_text()
+    assert "round{" not in rules and "pp_layout.round_file(SEARCH_DIR" in rules
+    folder = layout.search_dir(tmp_path, "m/cpu/1x2")
+    Path(folder).mkdir(parents=True)
+    for k in (0, 1, 10):
+        Path(layout.round_file(folder, k)).write_text(json.dumps({"folder": "m/cpu/1x2", "round": k}))
+    Path(layout.round_file(folder, 2, "log")).write_text("a log, not a round")
+    Path(folder, layout.SEARCH_FILE).write_text(json.dumps({"folder": "m/cpu/1x2", "round": 99}))
+    assert search.latest_rounds(tmp_path) == {"m/cpu/1x2": {"folder": "m/cpu/1x2", "round": 10}}
+    assert layout.round_number(layout.round_file(folder, 7)) == 7 and layout.round_number("roundabout.json") is None

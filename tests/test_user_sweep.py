@@ -16,7 +16,7 @@ import yaml
 from pretrain_planner import layout
 from pretrain_planner.results import write_result
 
-from .conftest import BIN, REPO, cell_result, snakemake
+from .conftest import REPO, cell_result, snakemake
 
 pytestmark = pytest.mark.slow
 
@@ -149,15 +149,3 @@ def test_a_config_mistake_is_one_line_naming_the_file(tmp_path, name, text, said
         assert "did you mean my-sweep.yaml" in err
     message = [ln for ln in err.splitlines() if said in ln]
     assert len(message) == 1 and len(message[0].replace(str(tmp_path), "")) < 400  # one line a person reads
-
-
-def test_the_check_is_installed_for_snakemake_only():
-    """envs/setup.sh's .pth line: in a `snakemake` process Snakemake's loader is wrapped; in any other process of the
-    environment nothing is imported (a torch rank's start-up pays nothing)."""
-    probe = "import sys; print('pretrain_planner.configfiles' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60).stdout
-    assert out.strip() == "False"
-    cmd = [str(BIN / "python"), "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-n", "--configfile", "nowhere.yaml"]
-    wrapped = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
-    said = wrapped.stdout + wrapped.stderr
-    assert wrapped.returncode == 1 and "--configfile nowhere.yaml: no such file" in said, said

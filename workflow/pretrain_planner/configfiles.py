@@ -2,28 +2,23 @@
 
 `snakemake --configfile FILE` loads FILE in its own command-line code: a YAML mistake gives "Config file is not
 valid JSON or YAML" with neither the file nor the line, an empty or comment-only file "must be given as JSON or YAML
-with keys at top level" without the file, and a mistyped path a 27-line traceback. Nothing of ours runs by then, so
-`envs/setup.sh` puts one line in the environment's site-packages (`pretrain_planner_snakemake.pth`) that, in a
-`snakemake` process only, calls `install()`: when Snakemake imports its config-file loader, the loader is wrapped so
-that each file is first checked by `problem()`, and a mistake ends the run with one line naming the file (and line),
-what is wrong and what to do. A file that passes is loaded by Snakemake's own code, unchanged.
+with keys at top level" without the file, and a mistyped path a 27-line traceback. No line of the Snakefile runs by
+then, but Snakemake imports every installed `snakemake_logger_plugin_*` package before it reads the config files
+(its plugin registries are built with its command line). This distribution ships one,
+`snakemake_logger_plugin_pretrain_planner` (beside this package, installed with it by any installer), whose import
+calls `install()`: Snakemake's config-file loader is wrapped so that each file is first checked by `problem()`, and
+a mistake ends the run with one line naming the file (and line), what is wrong and what to do. A file that passes is
+loaded by Snakemake's own code, unchanged. Nothing runs in a Python process that is not Snakemake's.
 
-Everything here must cost nothing when Python starts (the .pth line runs in every process of the environment): only
-`sys` is imported until a `snakemake` process imports the loader. Imports no torch."""
+`problem()` is also what the CLI's `--config` and `schema.load_yaml` say a YAML mistake with. Imports no torch."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
-LOADER = "snakemake.common.configfile"  # Snakemake 9's module of load_configfile (cli.py and settings import it)
-# one line (site runs a .pth line starting with `import`); silent where the package is gone (uninstalled)
-PTH_LINE = (
-    "import sys; (sys.argv[:1] and sys.argv[0].rsplit('/', 1)[-1] == 'snakemake' or sys.orig_argv[1:3] == "
-    "['-m', 'snakemake']) and exec('try:\\n from pretrain_planner.configfiles import install\\n install()\\n"
-    "except ImportError:\\n pass')"
-)
+LOADER = "snakemake.common.configfile"  # Snakemake 9's module of load_configfile
+USERS = ("snakemake.settings.types",)  # ConfigSettings, which loads each --configfile, imported it by name
 
 
 def problem(path: str | Path) -> str | None:
@@ -52,7 +47,7 @@ def problem(path: str | Path) -> str | None:
         try:
             data = yaml.safe_load(text)
         except yaml.MarkedYAMLError as exc:
-            return _yaml_error(path, exc)
+            return yaml_error(path, exc)
         except yaml.YAMLError as exc:
             return f"{path}: not valid YAML: {' '.join(str(exc).split())}"
     if data is None:
@@ -64,7 +59,7 @@ def problem(path: str | Path) -> str | None:
     return None
 
 
-def _yaml_error(path: str | Path, exc: Any) -> str:
+def yaml_error(path: str | Path, exc: Any) -> str:
     """'my.yaml:3:11: not valid YAML: expected ',' or ']', but got '<scalar>' (in the flow sequence that starts at
     line 2, column 11); fix it there (tabs are not allowed for indentation)'"""
     mark = exc.problem_mark or exc.context_mark
@@ -86,28 +81,6 @@ def _near(p: Path) -> str:
     pool = {str(f) for d in {folder, Path("config")} if d.is_dir() for f in d.glob("*.y*ml")}
     close = difflib.get_close_matches(str(p), sorted(pool), n=2, cutoff=0.6)
     return f"; did you mean {' or '.join(close)}?" if close else ""
-
-
-class _Finder:
-    """Wraps Snakemake's config-file loader when it is imported (once; then it leaves sys.meta_path)."""
-
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name != LOADER:
-            return None
-        import importlib.util
-
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        run = spec.loader.exec_module
-
-        def exec_module(module: Any) -> None:
-            run(module)
-            wrap(module)
-
-        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
 
 
 def wrap(module: Any) -> None:
@@ -146,23 +119,18 @@ def _raiser(module: Any) -> Any:
 
 
 def install() -> None:
-    """Called by the .pth line in a `snakemake` process: wrap the loader when Snakemake imports it (or now, if it
-    already has). Never raises: a failure here must not stop Snakemake, which then reports as it always did."""
+    """Called when Snakemake imports its logger plugins (snakemake_logger_plugin_pretrain_planner): wrap its loader
+    where its command line looks it up. Never raises: a failure here must not stop Snakemake, which then reports as
+    it always did."""
+    import importlib
+
     try:
-        if LOADER in sys.modules:
-            wrap(sys.modules[LOADER])
-        elif not any(isinstance(f, _Finder) for f in sys.meta_path):
-            sys.meta_path.insert(0, _Finder())
+        loader = importlib.import_module(LOADER)
+        original = getattr(loader, "load_configfile", None)
+        wrap(loader)
+        for name in USERS:  # modules that bound the name at their import: `from ... import load_configfile`
+            user = importlib.import_module(name)
+            if getattr(user, "load_configfile", None) is original:
+                user.load_configfile = loader.load_configfile
     except Exception:  # noqa: BLE001 - see the docstring
         pass
-
-
-def pth_file(site_packages: str | Path) -> Path:
-    """Write the .pth line into `site_packages` (envs/setup.sh); returns its path."""
-    path = Path(site_packages) / "pretrain_planner_snakemake.pth"
-    path.write_text(PTH_LINE + "\n")
-    return path
-
-
-if __name__ == "__main__":  # python -m pretrain_planner.configfiles SITE_PACKAGES (envs/setup.sh)
-    print(pth_file(sys.argv[1]))

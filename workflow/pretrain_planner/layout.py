@@ -7,7 +7,7 @@ planner, the launcher, the search, the tables, the CLI, the trainer's loop and t
       plan.csv                                   every cell of the sweep, valid or not
       config.json                                the config the sweep ran with (sweeprecord.py: what the CLI reads)
       cells/{model}/{gpu}/{N}x{G}/{method}/      one cell: result.json, steps.jsonl, cell.log, state.json ...
-      search/{model}/{gpu}/{N}x{G}/              the adaptive search's rounds: round{k}.json, search.json
+      search/{model}/{gpu}/{N}x{G}/              the adaptive search's rounds: round{k}.json (round_file), search.json
       tables/ plots/ report.md                   the aggregation
       loss_check/{model}/{gpu}/{N}x{G}/          the loss-equivalence check of a setting: curves.json, check.log,
                                                  runs/ (each run's curve by its key: a later check reuses it)
@@ -62,7 +62,7 @@ CELL_STATE = "state.json"  # launch/state.py
 CELL_PROGRESS = "progress.jsonl"  # launch/progress.py
 SLURM_RECORD = "slurm_job.json"  # launch/rankjob.py
 LOCAL_RECORD = "local_job.json"
-ROUND = "round{k}.json"
+ROUND = "round"  # search/{setting}/round{k}.json and .log: the adaptive search's k-th round (round_file)
 SEARCH_FILE = "search.json"
 PLAN_FILE = "plan.json"
 OPTIMAL_INDEX = "index.csv"  # optimal/index.csv: every setting's plan, or why there is none
@@ -129,6 +129,18 @@ def all_results(results: str | Path, model: str = "*") -> list[Path]:
 
 def search_dir(results: str | Path, folder: str) -> str:
     return f"{results}/{SEARCH}/{folder}"
+
+
+def round_file(folder: str | Path, k: int | str, ext: str = "json") -> str:
+    """{folder}/round{k}.json (or .log): the rule's pattern (k a wildcard, "{k}"), a glob's ("*") and a reader's."""
+    return f"{folder}/{ROUND}{k}.{ext}"
+
+
+def round_number(path: str | Path) -> int | None:
+    """k of a round{k}.json, None for a file of another name."""
+    p = Path(path)
+    k = p.stem.removeprefix(ROUND)
+    return int(k) if p.stem.startswith(ROUND) and k.isdigit() and p.suffix == ".json" else None
 
 
 def optimal_dir(results: str | Path, model: str, gpu: str, nodes: int | str, gpus_per_node: int | str) -> Path:

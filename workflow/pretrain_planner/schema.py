@@ -105,8 +105,12 @@ def load_yaml(path: str | Path) -> Any:
         raise ConfigError(f"{path}: file not found")
     try:
         return yaml.safe_load(path.read_text())
+    except yaml.MarkedYAMLError as exc:  # one line naming the file and line, as a --configfile's mistake is said
+        from pretrain_planner.configfiles import yaml_error
+
+        raise ConfigError(yaml_error(path, exc)) from exc
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from exc
 
 
 def schema_defaults(schema_name: str) -> dict[str, Any]:

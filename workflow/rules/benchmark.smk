@@ -81,9 +81,9 @@ if PP.adaptive:
         input:
             unpack(INPUTS.search_round),
         output:
-            decision=f"{SEARCH_DIR}/round{{k}}.json",
+            decision=pp_layout.round_file(SEARCH_DIR, pp_layout.wildcard("k")),
         log:
-            f"{SEARCH_DIR}/round{{k}}.log",
+            pp_layout.round_file(SEARCH_DIR, pp_layout.wildcard("k"), "log"),
         wildcard_constraints:
             k=r"\d+",
         params:

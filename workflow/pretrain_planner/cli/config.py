@@ -27,8 +27,12 @@ def resolve(path: str) -> Path:
 def _load_file_config(path: Path, source: str) -> dict[str, Any]:
     """A config file as --config gives it: validated, the schema's defaults in (a file without `sweep:` is given a
     placeholder: the CLI needs only the other sections of it)."""
+    from pretrain_planner.configfiles import problem
     from pretrain_planner.schema import load_yaml, validate
 
+    why = problem(path) if path.is_file() else None  # a YAML mistake, an empty file: one line naming file and line
+    if why:
+        raise CliError(why)
     config = (load_yaml(path) if path.is_file() or source != DEFAULT_CONFIG else {}) or {}
     if "sweep" not in config:  # no sweep at hand: only the keys the CLI needs
         config["sweep"] = {"models": ["-"], "gpus": ["-"]}

@@ -103,10 +103,10 @@ def read_searches(paths: Iterable[str | Path]) -> tuple[list[str], dict[tuple[st
 def latest_rounds(results_dir: str | Path) -> dict[str, dict[str, Any]]:
     """The newest round file of each setting under results/search (for the status view), by folder."""
     out: dict[str, tuple[int, dict[str, Any]]] = {}
-    for path in Path(results_dir, layout.SEARCH).glob("*/*/*/round*.json"):
+    for path in Path(results_dir, layout.SEARCH).glob(layout.round_file("*/*/*", "*")):
+        k = layout.round_number(path)
         try:
-            k = int(path.stem.removeprefix("round"))
-            data = read_round(path)
+            data = read_round(path) if k is not None else {}
         except (ValueError, OSError):
             continue
         if data.get("folder") and (data["folder"] not in out or out[data["folder"]][0] < k):

@@ -23,7 +23,6 @@ from pretrain_planner.planning.flops import train_flops_per_sample
 from pretrain_planner.results import (
     JSON_FIELDS,
     RAN,
-    RESULT_FIELDS,
     STATUSES,
     atomic_write,
     atomic_write_text,
@@ -31,12 +30,11 @@ from pretrain_planner.results import (
     gpu_hours,
     parse_result,
 )
+from pretrain_planner.tables import columns, intros, memfix, views
 from pretrain_planner.tables import costs as pp_costs
-from pretrain_planner.tables import intros, memfix, views
+from pretrain_planner.tables.columns import RESULT_SCHEMA
 from pretrain_planner.tables.markdown import WIDTH, to_markdown
 
-_PL_TYPES = {"str": pl.String, "int": pl.Int64, "float": pl.Float64, "bool": pl.Boolean, "json": pl.String}
-RESULT_SCHEMA = {name: _PL_TYPES[kind] for name, kind in RESULT_FIELDS.items()}
 GROUP = ["model", "gpu", "nodes", "gpus_per_node"]
 KEYS = [*GROUP, "method"]
 
@@ -79,31 +77,6 @@ VERDICTS = {
     "invalid": "invalid setting (see plan.csv)",
 }
 
-# column dtypes for reading the CSV tables back (an all-empty column would otherwise read as text)
-_STR_COLS = {"model", "gpu", "method", "best_method", "status", "reason", "path", "problem", "cost_note", "cost_kind",
-             "verdict", "naive", "fl", "fitting_methods", "partition", "precision", "suspect_reason", "peak_mem_kind",
-             "device_name", "hostname", "slurm_job_id", "slurm_nodelist", "submitit_job_id", "started_at",
-             "finished_at", "folder", "files", "note", "state", "detail", "strategy", "peak_kind",
-             "peak_source", "need_method", "need_source", "cheapest_fix", "other_fixes", "loss", "passed_over",
-             "role", "against", "quantity", "test_fault", "curves", "tie"}  # fmt: skip
-_INT_COLS = {"nodes", "gpus_per_node", "world_size", "micro_batch", "grad_accum_steps", "methods_ok",
-             "methods_oom", "methods_unsupported", "methods_suspect", "methods_noisy", "methods_valid",
-             "methods_not_measured",
-             "global_batch", "timed_steps", "warmup_steps", "recipe_steps", "time_limit_min", "methods_run",
-             "methods_pruned", "left_at", "band_runs", "steps"}  # fmt: skip
-_BOOL_COLS = {"valid", "suspect", "fits_naive", "fits_fl", "fits_any", "pareto"}
-
-
-def column_dtype(name: str) -> type[pl.DataType]:
-    if name in _STR_COLS:
-        return pl.String
-    if name in _INT_COLS:
-        return pl.Int64
-    if name in _BOOL_COLS:
-        return pl.Boolean
-    return pl.Float64
-
-
 TABLE_NAMES = ("cells", "time_to_train", "feasibility", "costs", "pareto", "problems", "benchmark_cost", "loss_check")
 LOSS_CHECK_COLUMNS = [
     "model", "gpu", "nodes", "gpus_per_node", "world_size", "method", "role", "against", "loss", "quantity",
@@ -127,9 +100,7 @@ def table_files(folder: str) -> dict[str, str]:
 
 def read_table(path: str | Path) -> pl.DataFrame:
     """A table CSV written by `build_tables`, with its columns' declared dtypes."""
-    with open(path) as fh:
-        header = fh.readline().rstrip("\n").split(",")
-    return pl.read_csv(path, schema_overrides={c: column_dtype(c) for c in header if c})
+    return columns.read_csv(path)
 
 
 # ----------------------------------------------------------------------------------------------- reading
@@ -145,7 +116,7 @@ def read_results(paths: Iterable[str]) -> tuple[pl.DataFrame, pl.DataFrame]:
         else:
             rows.append(row)
     results = pl.DataFrame(rows, schema=RESULT_SCHEMA)
-    schema = {c: column_dtype(c) for c in PROBLEMS_COLUMNS}
+    schema = {c: columns.dtype(c) for c in PROBLEMS_COLUMNS}
     return results, pl.DataFrame(problems, schema=schema)
 
 
@@ -201,7 +172,7 @@ def cells_table(
     if pruned:
         why = pl.DataFrame(
             [(*k, r) for k, r in pruned.items()],
-            schema={**{c: column_dtype(c) for c in KEYS}, "_pruned": pl.String},
+            schema={**{c: columns.dtype(c) for c in KEYS}, "_pruned": pl.String},
             orient="row",
         )
         cells = (
@@ -334,7 +305,7 @@ def time_to_train(cells: pl.DataFrame) -> pl.DataFrame:
     naive and fl alone."""
     for col in [*ANALYTIC_COLUMNS, "loss"]:
         if col not in cells.columns:
-            cells = cells.with_columns(pl.lit(None, dtype=column_dtype(col)).alias(col))
+            cells = cells.with_columns(pl.lit(None, dtype=columns.dtype(col)).alias(col))
     ok = _ok(cells)
     differs = pl.col("loss").fill_null("").str.starts_with(losscheck.DIFFERS)
     ranked = ok.sort("step_time_s", "method")
@@ -454,7 +425,7 @@ def costs_table(ttt: pl.DataFrame, catalog: Catalog | None, costs_config: dict[s
     )
     for r, on in zip(rows, mask, strict=True):
         r["pareto"] = on
-    return pl.DataFrame(rows, schema={c: column_dtype(c) for c in COSTS_COLUMNS}).select(COSTS_COLUMNS)
+    return pl.DataFrame(rows, schema={c: columns.dtype(c) for c in COSTS_COLUMNS}).select(COSTS_COLUMNS)
 
 
 def pareto_table(costs: pl.DataFrame, costs_config: dict[str, Any] | None = None) -> pl.DataFrame:
@@ -492,7 +463,7 @@ def benchmark_cost(cells: pl.DataFrame, ttt: pl.DataFrame, strategy: str,
         .with_columns(pl.lit(strategy).alias("strategy"))
     )
     rows = [{**dict(zip(GROUP, k, strict=True)), "loss_check_gpu_hours": v} for k, v in (check_hours or {}).items()]
-    hours = pl.DataFrame(rows, schema={**{c: column_dtype(c) for c in GROUP}, "loss_check_gpu_hours": pl.Float64})
+    hours = pl.DataFrame(rows, schema={**{c: columns.dtype(c) for c in GROUP}, "loss_check_gpu_hours": pl.Float64})
     table = table.join(hours, on=GROUP, how="left")
     return table.select(BENCHMARK_COST_COLUMNS).sort(GROUP)
 
@@ -531,7 +502,7 @@ def loss_check_table(paths: Iterable[str], conf: dict[str, Any] | None,
     for r in rows:
         r["world_size"] = r["nodes"] * r["gpus_per_node"]
         r["curves"] = curves.get(losscheck.folder_of({"setting": r}))
-    schema = {c: column_dtype(c) for c in LOSS_CHECK_COLUMNS}
+    schema = {c: columns.dtype(c) for c in LOSS_CHECK_COLUMNS}
     table = pl.DataFrame([{c: r.get(c) for c in LOSS_CHECK_COLUMNS} for r in rows], schema=schema)
     return table.sort(KEYS), hours
 

@@ -16,7 +16,7 @@ import csv
 import io
 import math
 import textwrap
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pretrain_planner.tables import units
@@ -91,10 +91,11 @@ def _notes(rows: list[list[str]]) -> tuple[list[list[str]], list[str]]:
     return out, lines
 
 
-def _lines(columns: Sequence[str], rows: list[list[str]]) -> list[str]:
+def _lines(columns: Sequence[str], rows: list[list[str]], right: Collection[str] = ()) -> list[str]:
     widths = [max([len(c), 3, *(len(r[i]) for r in rows)]) for i, c in enumerate(columns)]
+    rule = ["-" * (w + 1) + ":" if c in right else "-" * (w + 2) for c, w in zip(columns, widths, strict=True)]
     lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)) + " |",
-             "|" + "|".join("-" * (w + 2) for w in widths) + "|"]  # fmt: skip
+             "|" + "|".join(rule) + "|"]  # fmt: skip
     lines += ["| " + " | ".join(t.ljust(w) for t, w in zip(r, widths, strict=True)) + " |" for r in rows]
     return lines
 
@@ -162,6 +163,16 @@ def table(
     if n > len(shown):
         lines.append(f"\n({len(shown)} of {n} rows shown; all of them in the CSV beside this file)")
     return "\n".join(lines) + "\n"
+
+
+def plain(columns: Sequence[str], rows: Iterable[Sequence[Any]], right: Collection[str] = ()) -> list[str]:
+    """The lines of a Markdown table of values already written as text (a benchmark's report: its own digits and
+    units, every row, no notes): `table`'s layout (padded, `|` and line breaks escaped), the `right` columns
+    right-aligned."""
+    texts = [[str(v).replace("|", "\\|").replace("\n", " ") for v in row] for row in rows]
+    if any(len(r) != len(columns) for r in texts):
+        raise ValueError(f"a row has not {len(columns)} values (columns {list(columns)})")
+    return _lines(list(columns), texts, right)
 
 
 def to_markdown(df: pl.DataFrame, max_rows: int | None = None, keys: int | None = None, width: int = WIDTH) -> str:

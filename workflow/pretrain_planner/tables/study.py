@@ -44,7 +44,7 @@ from pretrain_planner.planning.families import DISPLAY_ORDER, FAMILIES
 from pretrain_planner.planning.flops import mfu, param_count, suspect, train_flops_per_sample
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.schema import ConfigError, section
-from pretrain_planner.tables import units, views
+from pretrain_planner.tables import columns, units, views
 from pretrain_planner.tables.aggregate import GROUP, MD_ROWS
 from pretrain_planner.tables.markdown import WIDTH, to_markdown
 
@@ -120,22 +120,9 @@ INTROS = {
 }
 
 
-_STRING = {"model", "gpu", "best_method", "sharding", "ours_setting", "ours_method", "original_source",
-           "free_lunch_method", "memory_saving_method", "optimal_method", "family", "study_counter_note",
-           "suspect_reason", "source", "status", "method", "why", "basis", "note",
-           "evidence", "rests_on", "sources", "transfer", "model_error", "peak_kind"}  # fmt: skip
-_BOOL = {"free_lunch", "checkpointing", "offload", "in_sweep", "suspect", "in_mean", "in_count_mean", "stand_in"}
-_INT = {"nodes", "gpus_per_node", "world_size", "micro_batch", "grad_accum_steps", "original_gpus",
-        "memory_saving_methods", "global_batch", "recipe_steps"}  # fmt: skip
-
-
 def read_study_table(path: str | Path) -> pl.DataFrame:
     """A study or what-if CSV with its columns' dtypes (an all-empty column would otherwise read as text)."""
-    with open(path) as fh:
-        header = fh.readline().rstrip("\n").split(",")
-    kinds = {c: pl.String if c in _STRING else pl.Boolean if c in _BOOL else pl.Int64 if c in _INT else pl.Float64
-             for c in header if c}  # fmt: skip
-    return pl.read_csv(path, schema_overrides=kinds)
+    return columns.read_csv(path, columns.STUDY_COLUMNS)
 
 
 def table_files(folder: str) -> dict[str, str]:

@@ -44,7 +44,8 @@ def file_format(path: str, fmt: str = "auto") -> str:
 
 
 def _texts(path: str, fmt: str, field: str) -> Iterator[str]:
-    """The raw document texts of one file, streamed (Parquet: one row group's column at a time)."""
+    """The raw document texts of one file, streamed (Parquet and datasets Arrow files: through the train stage's
+    piece reader, tokens.piece_documents, so the two stages read a column the same way)."""
     if fmt == "text":
         with open(path, encoding="utf-8", errors="replace") as fh:
             yield from fh
@@ -65,15 +66,16 @@ def _texts(path: str, fmt: str, field: str) -> Iterator[str]:
         from pretrain_planner.trainer.data.tokens import piece_documents
 
         yield from piece_documents({"file": path}, "datasets", field)
-    else:
-        import polars as pl
+    else:  # Parquet: one row group at a time, by the train stage's reader (trainer/data/tokens.py)
+        import pyarrow.parquet as pq
 
-        try:
-            lazy = pl.scan_parquet(path).select(pl.col(field).cast(pl.Utf8))
-            for frame in lazy.collect_batches() if hasattr(lazy, "collect_batches") else [lazy.collect()]:
-                yield from (t for t in frame.get_column(field).to_list() if t is not None)
-        except pl.exceptions.ColumnNotFoundError:
-            raise ValueError(f"{path}: no column {field!r} (corpus.text_field)") from None
+        from pretrain_planner.trainer.data.tokens import piece_documents
+
+        meta = pq.ParquetFile(path)
+        if field not in meta.schema_arrow.names:
+            raise ValueError(f"{path}: no column {field!r} (corpus.text_field)")
+        for group in range(meta.num_row_groups):
+            yield from piece_documents({"file": path, "row_group": group}, "parquet", field)
 
 
 def iter_documents(files: list[str], fmt: str = "auto", field: str = "text") -> Iterator[str]:
