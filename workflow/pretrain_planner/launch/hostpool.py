@@ -245,6 +245,28 @@ def start_time(pid: int) -> int | None:
     return int(fields[19])
 
 
+def _boot_epoch(now: float) -> float | None:
+    """The wall-clock time the host booted: now - /proc/uptime (10 ms), else /proc/stat's btime (1 s)."""
+    try:
+        with open("/proc/uptime") as fh:
+            return now - float(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open("/proc/stat") as fh:
+            return next(float(ln.split()[1]) for ln in fh if ln.startswith("btime "))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def start_epoch(pid: int) -> float | None:
+    """The wall-clock time a live process started (Linux: /proc/<pid>/stat's starttime, field 22, placed on the
+    wall clock by the boot time); None where /proc cannot tell."""
+    ticks, hz = start_time(pid), os.sysconf("SC_CLK_TCK")
+    boot = _boot_epoch(time.time())
+    return None if ticks is None or boot is None or hz <= 0 else boot + ticks / hz
+
+
 def alive(pid: int, started: int | None) -> bool:
     now = start_time(pid)
     return now is not None and (started is None or now == started)

@@ -12,7 +12,8 @@ Only for jobs that use no GPU: CUDA cannot be used in a process forked from one 
 imports torch with no GPU visible. A rank's start-up stays honest: it starts at its fork, and the imports it did
 not pay are added to its `process_to_rank_s` (PRELOAD_ENV: the server's own start to its imports' end), so the
 calendar prices a restart as a fresh process would pay it. When the server cannot be reached the client starts the
-rank the ordinary way (exec), so a warm start is never a failure. Standard library only: the client must be light.
+rank the ordinary way (exec), so a warm start is never a failure. The client imports the standard library and
+launch/hostpool alone (~50 ms): it is every local rank's first process.
 """
 
 from __future__ import annotations
@@ -33,7 +34,11 @@ import threading
 import time
 from pathlib import Path
 
-from pretrain_planner.trainer.startup import PRELOAD_ENV, process_start_epoch
+from pretrain_planner.launch.hostpool import alive, start_epoch
+
+# In the environment of a rank forked here: the seconds its server spent starting and importing what a rank imports,
+# which the rank did not pay but a fresh process (a restart) does (trainer/startup.Clock adds them back).
+PRELOAD_ENV = "PP_WARM_PRELOAD_S"
 
 # What a rank imports before it runs (trainer.run: torch, the trainer; modeling_utils: most of transformers' cost,
 # each family's module is then ~0.1 s); submitit's job runner, which the rank calls.
@@ -144,7 +149,7 @@ def client(sock_path: str, argv: list[str]) -> None:
         signal.signal(sig, forward)
     end, _ = _recv(conn)  # the rank's end (recv retries after a forwarded signal: PEP 475)
     if end is None:  # the server ended (its driver was killed): the rank goes on; wait for it, exit code unknown
-        while _alive(pid):
+        while alive(pid, None):
             time.sleep(0.5)
         sys.exit(0)  # submitit reads the rank's result file, not this code
     if end.get("signal"):
@@ -159,7 +164,7 @@ def serve(sock_path: str, parent: int) -> None:
     t0 = time.time()
     for name in PRELOAD:
         __import__(name)
-    started = process_start_epoch() or t0
+    started = start_epoch(os.getpid()) or t0
     preload_s = time.time() - started
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(sock_path)
@@ -276,18 +281,9 @@ def _rank(req: dict, fds: list[int], conn: socket.socket, preload_s: float) -> N
         os._exit(code)
 
 
-def _alive(pid: int) -> bool:
-    """A process that exists and is not a zombie (this host's PID 1 may not reap orphans)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def _watch(client: int) -> None:
     """A rank outlives no client: a SIGKILLed client (the controller's last resort) cannot forward its death."""
-    while _alive(client):
+    while alive(client, None):
         time.sleep(0.5)
     os.kill(os.getpid(), signal.SIGKILL)
 

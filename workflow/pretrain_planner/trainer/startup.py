@@ -21,41 +21,18 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-# In the environment of a rank forked from a warm interpreter (launch/warm.py): the seconds that interpreter spent
-# starting and importing what a rank imports, which the forked rank did not pay but a fresh process (a restart) does.
-PRELOAD_ENV = "PP_WARM_PRELOAD_S"
+from pretrain_planner.launch.hostpool import start_epoch
+from pretrain_planner.launch.warm import PRELOAD_ENV
+
 PHASES = ("process_to_rank_s", "model_build_s", "method_wrap_s", "data_ready_s", "compile_s")
 
 _RUNS = [0]  # runs begun in this process (only the first may take the process's own start)
 
 
-def _boot_epoch(now: float) -> float | None:
-    """The wall-clock time the host booted: now - /proc/uptime (10 ms), else /proc/stat's btime (1 s)."""
-    try:
-        with open("/proc/uptime") as fh:
-            return now - float(fh.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        with open("/proc/stat") as fh:
-            return next(float(ln.split()[1]) for ln in fh if ln.startswith("btime "))
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
-
-
 def process_start_epoch() -> float | None:
     """The wall-clock time this process started (Linux: /proc/self/stat's starttime + the boot time); None where
     /proc cannot tell."""
-    try:
-        with open("/proc/self/stat") as fh:
-            stat = fh.read()
-        # field 22 (starttime); the command name (field 2) may hold spaces and parentheses: count after its ")"
-        ticks = int(stat.rsplit(")", 1)[1].split()[19])
-        hz = os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
-    boot = _boot_epoch(time.time())
-    return None if boot is None or hz <= 0 else boot + ticks / hz
+    return start_epoch(os.getpid())
 
 
 def own_process(entries: Iterable[str] = ()) -> bool:
