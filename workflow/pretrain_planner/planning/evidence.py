@@ -239,6 +239,9 @@ def run_of_row(row: dict[str, str], entry: dict[str, Any], catalog: Any, suspect
     model = _public_model(row, entry, catalog)
     if unit is None or rate <= 0 or model is None:
         return f"no per-GPU rate in tokens or samples ({row['per_gpu_rate_unit']!r})"
+    missing = [k for k in FAMILIES[model["family"]].required_arch if k not in model["arch"]]
+    if missing:  # never a config class's default for what the formulas read (a Llama's kv heads: MHA otherwise)
+        return f"{row['model']}: {MODELS_YAML.name} gives no {', '.join(missing)} for family {model['family']!r}"
     model["recipe"]["precision"] = precision
     micro_batch, per_step = None, None  # a replicated rank's model-state traffic per sample (unknown where sharded)
     if not SHARDED_TEXT.search(row["method"]):
