@@ -23,7 +23,9 @@ from .test_flops import counted_flops_per_sample
 TINY = ["tiny-llama", "tiny-qwen3", "tiny-olmo2"]
 # published runs' token counts (docs/methods.md, "Llama-style decoders")
 TOKENS = {"llama-3.2-1b": 9e12, "llama-3.2-3b": 9e12, "smollm2-1.7b": 11e12, "tinyllama-1.1b": 3e12,
-          "qwen3-0.6b": 36e12, "qwen3-1.7b": 36e12, "olmo-2-0425-1b": 4e12}  # fmt: skip
+          "qwen3-0.6b": 36e12, "qwen3-1.7b": 36e12, "olmo-2-0425-1b": 4e12,
+          # SmolLM2's nanotron configs: 512 x 2048 x 2M steps, 768 x 2048 x 2.6M ("2T" / "4T" on the model cards)
+          "smollm2-135m": 2.097152e12, "smollm2-360m": 4.0894464e12}  # fmt: skip
 PUBLISHED = list(TOKENS)
 
 
