@@ -274,10 +274,12 @@ def _evidence_rows() -> dict[str, list[dict[str, str]]]:
     return out
 
 
-# The public workloads that ran a Llama-family model (torchtitan, fms-fsdp, MLPerf); the Megatron GPT 7B is GeLU
+# The public workloads that ran a Llama-family model (torchtitan, fms-fsdp, MLPerf); the Megatron GPT 7B is GeLU.
+# A workload model text that names Llama and is missing here fails test_every_llama_workload_is_checked
 LLAMA_WORKLOADS = ["Llama 3 / 3.1 8B", "fms Llama 7B (Llama 2 shape)", "fms Llama 13B (Llama 2 shape)",
                    "fms Llama 34B (Code Llama shape)", "fms Llama 70B (Llama 2 shape)",
-                   "MLPerf Llama 3.1 405B pre-training (Mixtral 8x22B tokenizer)"]  # fmt: skip
+                   "MLPerf Llama 3.1 405B pre-training (Mixtral 8x22B tokenizer)", "Llama 3 70B (torchtitan)",
+                   "Llama 2 13B (torchtitan)", "Llama 2 70B (torchtitan)"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", LLAMA_WORKLOADS)
@@ -328,3 +330,10 @@ def test_an_evidence_entry_without_the_kv_heads_is_no_run(catalog):
     why = evidence.run_of_row(row, {**entry, "arch": arch}, catalog)
     assert why == "Llama 3 / 3.1 8B: models.yaml gives no num_key_value_heads for family 'llama'"
     assert isinstance(evidence.run_of_row(row, entry, catalog), evidence.Run)
+
+
+def test_every_llama_workload_is_checked():
+    """A Llama workload added to data/evidence/models.yaml is read with the exact form only if checked above."""
+    from pretrain_planner.planning import evidence
+
+    assert sorted(n for n in evidence._models_yaml() if "llama" in n.lower()) == sorted(LLAMA_WORKLOADS)
