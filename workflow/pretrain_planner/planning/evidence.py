@@ -5,7 +5,8 @@ text, a sample for images) on one GPU of a GPU type, beside the unit's matmul FL
 family's formulas (planning/flops.py, planning/stepmodel.py).
 
 data/evidence/models.yaml maps each public workload onto a catalog family and the shape its rows leave out; a row is
-left out, with the reason, when its workload has no entry or is excluded there, its GPU type is not in the catalog
+left out, with the reason, when its workload has no entry or is excluded there (or the entry lacks an arch key its
+family requires: a Llama's kv heads are never the config class's default), its GPU type is not in the catalog
 (no rates), its precision has no rate (fp8), its source flags it SUSPECT (a multi-GPU rate per GPU above 1.1x or below
 0.5x the same suite's one-GPU rate: a super-linear or collapsed run, sources.md), or it implies more than the
 `suspect` share of the dense peak. Each run carries the software it ran (`software`: the source, and for Lambda's
