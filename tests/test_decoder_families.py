@@ -23,7 +23,9 @@ from .test_flops import counted_flops_per_sample
 TINY = ["tiny-llama", "tiny-qwen3", "tiny-olmo2"]
 # published runs' token counts (docs/methods.md, "Llama-style decoders")
 TOKENS = {"llama-3.2-1b": 9e12, "llama-3.2-3b": 9e12, "smollm2-1.7b": 11e12, "tinyllama-1.1b": 3e12,
-          "qwen3-0.6b": 36e12, "qwen3-1.7b": 36e12, "olmo-2-0425-1b": 4e12}  # fmt: skip
+          "qwen3-0.6b": 36e12, "qwen3-1.7b": 36e12, "olmo-2-0425-1b": 4e12,
+          # SmolLM2's nanotron configs: 512 x 2048 x 2M steps, 768 x 2048 x 2.6M ("2T" / "4T" on the model cards)
+          "smollm2-135m": 2.097152e12, "smollm2-360m": 4.0894464e12}  # fmt: skip
 PUBLISHED = list(TOKENS)
 
 
@@ -257,3 +259,81 @@ def test_liger_applies_its_own_kernels_to_each_decoder(catalog, name):
     loss = net(**batch).loss
     loss.backward()
     assert torch.isfinite(loss)
+
+
+# ------------------------------------------------------------------- the public evidence's Llama runs (issue 55, 4)
+def _evidence_rows() -> dict[str, list[dict[str, str]]]:
+    import csv
+
+    from pretrain_planner.planning import evidence
+
+    out: dict[str, list[dict[str, str]]] = {}
+    with open(evidence.PUBLIC_CSV, newline="") as f:
+        for row in csv.DictReader(f):
+            out.setdefault(row["model"], []).append(row)
+    return out
+
+
+# The public workloads that ran a Llama-family model (torchtitan, fms-fsdp, MLPerf); the Megatron GPT 7B is GeLU.
+# A workload model text that names Llama and is missing here fails test_every_llama_workload_is_checked
+LLAMA_WORKLOADS = ["Llama 3 / 3.1 8B", "fms Llama 7B (Llama 2 shape)", "fms Llama 13B (Llama 2 shape)",
+                   "fms Llama 34B (Code Llama shape)", "fms Llama 70B (Llama 2 shape)",
+                   "MLPerf Llama 3.1 405B pre-training (Mixtral 8x22B tokenizer)", "Llama 3 70B (torchtitan)",
+                   "Llama 2 13B (torchtitan)", "Llama 2 70B (torchtitan)"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", LLAMA_WORKLOADS)
+def test_the_evidence_reads_a_llama_run_with_the_exact_form(catalog, name):
+    """Each Llama run of the public evidence is read as the llama family with its published shape (the row's own
+    layers / hidden / heads / vocab agree), so a run's parameters are those of the LlamaForCausalLM transformers
+    builds from it to the unit, and its FLOPs per token (what the cross-GPU model's MFU and compute time rest on)
+    are torch's FLOP counter's on that model at the rows' sequence length (counted on the meta device: no memory).
+    The GPT-NeoX stand-in before issue 55 fails here: its Llama 3 8B FLOPs were 8% high (no GQA), its parameters
+    left the norms out."""
+    from pretrain_planner.planning import evidence
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    entry = evidence._models_yaml()[name]
+    assert FAMILIES[entry["family"]].config_class == "LlamaConfig", entry.get("family")
+    rows = _evidence_rows()[name]
+    model = evidence._public_model(rows[0], entry, catalog)
+    a = model["arch"]
+    for row in rows:
+        shape = (int(row["n_layers"]), int(row["hidden"]), int(row["heads"]), int(row["vocab"]))
+        assert shape == (a["num_hidden_layers"], a["hidden_size"], a["num_attention_heads"], a["vocab_size"]), row
+    with torch.device("meta"):
+        net, _ = build_model(model, "sdpa")
+    built = sum(p.numel() for p in net.parameters())
+    runs = [r for r in evidence.public_evidence(catalog).runs if r.model == name]
+    assert param_count(model) == built and all(r.params == built for r in runs)
+    if not runs:  # MLPerf's 405B rows are FP8 (no rate): its shape is checked, its FLOPs are not used
+        assert all("fp8" in r["precision"] for r in rows)
+        return
+    tokens = model["recipe"]["sequence_length"]
+    ids = torch.zeros((1, tokens), dtype=torch.long, device="meta")
+    net.train()
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        net(input_ids=ids, labels=ids).loss.backward()
+    assert [r.flops for r in runs] == pytest.approx([counter.get_total_flops() / tokens] * len(runs), rel=1e-6)
+
+
+def test_an_evidence_entry_without_the_kv_heads_is_no_run(catalog):
+    """A Llama entry of data/evidence/models.yaml that leaves out what the formulas read is not read with the config
+    class's default (every head a kv head: a GQA run's FLOPs 8% high, as the stand-in had them): the row is left
+    out, the reason naming the key."""
+    from pretrain_planner.planning import evidence
+
+    entry = evidence._models_yaml()["Llama 3 / 3.1 8B"]
+    row = _evidence_rows()["Llama 3 / 3.1 8B"][0]
+    arch = {k: v for k, v in entry["arch"].items() if k != "num_key_value_heads"}
+    why = evidence.run_of_row(row, {**entry, "arch": arch}, catalog)
+    assert why == "Llama 3 / 3.1 8B: models.yaml gives no num_key_value_heads for family 'llama'"
+    assert isinstance(evidence.run_of_row(row, entry, catalog), evidence.Run)
+
+
+def test_every_llama_workload_is_checked():
+    """A Llama workload added to data/evidence/models.yaml is read with the exact form only if checked above."""
+    from pretrain_planner.planning import evidence
+
+    assert sorted(n for n in evidence._models_yaml() if "llama" in n.lower()) == sorted(LLAMA_WORKLOADS)

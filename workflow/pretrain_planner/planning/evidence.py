@@ -5,7 +5,8 @@ text, a sample for images) on one GPU of a GPU type, beside the unit's matmul FL
 family's formulas (planning/flops.py, planning/stepmodel.py).
 
 data/evidence/models.yaml maps each public workload onto a catalog family and the shape its rows leave out; a row is
-left out, with the reason, when its workload has no entry or is excluded there, its GPU type is not in the catalog
+left out, with the reason, when its workload has no entry or is excluded there (or the entry lacks an arch key its
+family requires: a Llama's kv heads are never the config class's default), its GPU type is not in the catalog
 (no rates), its precision has no rate (fp8), its source flags it SUSPECT (a multi-GPU rate per GPU above 1.1x or below
 0.5x the same suite's one-GPU rate: a super-linear or collapsed run, sources.md), or it implies more than the
 `suspect` share of the dense peak. Each run carries the software it ran (`software`: the source, and for Lambda's
@@ -239,6 +240,9 @@ def run_of_row(row: dict[str, str], entry: dict[str, Any], catalog: Any, suspect
     model = _public_model(row, entry, catalog)
     if unit is None or rate <= 0 or model is None:
         return f"no per-GPU rate in tokens or samples ({row['per_gpu_rate_unit']!r})"
+    missing = [k for k in FAMILIES[model["family"]].required_arch if k not in model["arch"]]
+    if missing:  # never a config class's default for what the formulas read (a Llama's kv heads: MHA otherwise)
+        return f"{row['model']}: {MODELS_YAML.name} gives no {', '.join(missing)} for family {model['family']!r}"
     model["recipe"]["precision"] = precision
     micro_batch, per_step = None, None  # a replicated rank's model-state traffic per sample (unknown where sharded)
     if not SHARDED_TEXT.search(row["method"]):
