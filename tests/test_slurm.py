@@ -387,6 +387,10 @@ def test_the_plan_asks_the_scheduler_what_a_partition_holds(slurm_cluster, tmp_p
 
 # the multi-node path: DDP's all-reduce, FSDP2's all-gather / reduce-scatter, DeepSpeed ZeRO-3's partitions
 MULTI = ("naive", "naive+fsdp-full", "naive+zero3")
+# The two-node sweep's model: a Llama-style decoder (grouped-query attention, SwiGLU, RMSNorm: issue 55, every
+# method on the new families, hybrid sharding included); GPT-NeoX's two-node cells are the chaos soak's and
+# tests/test_slurm_faults.py's.
+MULTI_MODEL = "tiny-llama"
 
 
 @pytest.fixture(scope="module")
@@ -401,7 +405,7 @@ def multi_node(slurm_cluster, tmp_path_factory):
     site["gpus"]["l40s"]["qos"] = CAP_QOS
     site["max_queued_jobs"] = 4
     (work / "site.yaml").write_text(yaml.safe_dump(site))
-    sweep = {"models": ["tiny-gptneox"], "gpus": ["l40s"], "nodes": [2], "gpus_per_node": [1, 2],
+    sweep = {"models": [MULTI_MODEL], "gpus": ["l40s"], "nodes": [2], "gpus_per_node": [1, 2],
              "methods": [*MULTI, "naive+hsdp", "naive+zero2"]}  # fmt: skip
     cfg = write_config(work / "c.yaml", sweep=sweep, launcher={"kind": "slurm", "site": str(work / "site.yaml")},
                        benchmark=bench(3))  # fmt: skip
@@ -494,7 +498,7 @@ def test_a_multi_node_cell_is_one_job_over_both_nodes_with_its_ranks_placed(mult
     work, since = multi_node
     (r,) = [x for x in cell_results(work) if x["method"] == method and x["gpus_per_node"] == gpn]
     assert r["status"] == "ok" and r["nodes"] == 2 and r["world_size"] == 2 * gpn, r
-    (job,) = wait_for(lambda: sacct(since, f"pp-tiny-gptneox-l40s-2x{gpn}-{method}"), 30, "sacct")
+    (job,) = wait_for(lambda: sacct(since, f"pp-{MULTI_MODEL}-l40s-2x{gpn}-{method}"), 30, "sacct")
     assert job["Partition"] == "multi" and job["NodeList"] == "node-mn[0-1]", job
     assert f"gres/gpu:l40s={2 * gpn}" in job["AllocTRES"], job
     assert _step_tasks(job["JobID"]) == 2 * gpn
@@ -529,7 +533,7 @@ def test_the_exported_two_node_plan_runs_under_sbatch(multi_node):
     """Issue 37: `sbatch launch.sh` of the 2 x 1 plan the multi-node sweep exported runs its training as its header
     says: one torchrun per node via srun, the rendezvous at the first node of SLURM_JOB_NODELIST; both nodes train."""
     work, _ = multi_node
-    folder = work / "results/optimal/tiny-gptneox/l40s/2x1"
+    folder = work / f"results/optimal/{MULTI_MODEL}/l40s/2x1"
     out = work / "train-2x1"
     env = {**os.environ, "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
     env.pop("PYTHON", None)
@@ -542,7 +546,7 @@ def test_the_exported_two_node_plan_runs_under_sbatch(multi_node):
     result = json.loads((out / "result.json").read_text())
     assert result["status"] == "ok" and result["steps"] == 3, result
     assert result["world_size"] == 2 and result["nodes"] == 2, result
-    (job,) = wait_for(lambda: sacct(since, "pp-train-tiny-gptneox-l40s-2x1"), 30, "sacct")
+    (job,) = wait_for(lambda: sacct(since, f"pp-train-{MULTI_MODEL}-l40s-2x1"), 30, "sacct")
     assert job["NodeList"] == "node-mn[0-1]" and job["State"] == "COMPLETED", job
     assert _step_tasks(job["JobID"]) == 2  # one torchrun per node
 
@@ -563,12 +567,12 @@ def test_the_train_stage_on_two_nodes_resumes_in_new_jobs_where_the_site_refuses
     out = work / "train-stage-2x1"
     steps = out / "run/steps.jsonl"
     lines = lambda: len(steps.read_text().splitlines()) if steps.is_file() else 0  # noqa: E731
-    cmd = [str(BIN / "pretrain-planner"), "train", "--plan", "results/optimal/tiny-gptneox/l40s/2x1",
+    cmd = [str(BIN / "pretrain-planner"), "train", "--plan", f"results/optimal/{MULTI_MODEL}/l40s/2x1",
            "--steps", str(steps_lasting(20)), "--out", str(out)]  # fmt: skip
     with open(work / "train-stage.log", "w") as log:
         proc = subprocess.Popen(cmd, cwd=work, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                 env={**os.environ, "HF_HUB_OFFLINE": "1", **PACED})  # fmt: skip
-    name = "pp-train-tiny-gptneox-l40s-2x1"
+    name = f"pp-train-{MULTI_MODEL}-l40s-2x1"
     signalled: list[str] = []
 
     def running() -> list[dict]:
