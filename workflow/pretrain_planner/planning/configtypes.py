@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, ClassVar, Self
 
 from pretrain_planner import schema
 from pretrain_planner.planning.runspec import MissingSetting, TrainSetting, setting_of_json
@@ -35,11 +35,24 @@ def _keys_of(cls: type, section: Any, where: str) -> dict[str, Any]:
     return {n: section[n] for n in names}
 
 
+class _Flat:
+    """A section whose every key is a plain value: `of` takes its validated mapping as it is."""
+
+    WHERE: ClassVar[str]  # the section's name in its file, for the messages
+
+    @classmethod
+    def of(cls, section: Mapping[str, Any], where: str | None = None) -> Self:
+        """From the validated section."""
+        return cls(**_keys_of(cls, section, where or cls.WHERE))
+
+
 @dataclass(frozen=True)
-class TrainSection:
+class TrainSection(_Flat):
     """The config's `train:` section (workflow/schemas/config.schema.yaml): the train stage's budget, data,
     checkpoints, validation and device, as the train rule and `pretrain-planner train` read them (a CLI flag
     replaces a field: `dataclasses.replace`). A run's job gets `job_options()`, JSON."""
+
+    WHERE: ClassVar[str] = "train"
 
     steps: int | None
     time_budget_hours: float | None
@@ -51,11 +64,6 @@ class TrainSection:
     eval_every: int
     eval_batches: int
     device: str
-
-    @classmethod
-    def of(cls, section: Mapping[str, Any], where: str = "train") -> TrainSection:
-        """From the validated config's `train` section."""
-        return cls(**_keys_of(cls, section, where))
 
     @classmethod
     def defaults(cls) -> TrainSection:
@@ -77,8 +85,10 @@ class TrainSection:
 
 
 @dataclass(frozen=True)
-class BudgetValidation:
+class BudgetValidation(_Flat):
     """The budget file's `train.validation`: when the pre-training validates (fractions of the budget) and on what."""
+
+    WHERE: ClassVar[str] = "train.validation"
 
     every: float
     dense_every: float
@@ -87,21 +97,15 @@ class BudgetValidation:
     max_samples: int
     rotate: bool
 
-    @classmethod
-    def of(cls, section: Mapping[str, Any], where: str = "train.validation") -> BudgetValidation:
-        return cls(**_keys_of(cls, section, where))
-
 
 @dataclass(frozen=True)
-class LossScaleFloor:
+class LossScaleFloor(_Flat):
     """The budget file's `train.loss_scale_floor`: fp16's stop on a loss scale at or below `scale` for `steps`."""
+
+    WHERE: ClassVar[str] = "train.loss_scale_floor"
 
     scale: float
     steps: int
-
-    @classmethod
-    def of(cls, section: Mapping[str, Any], where: str = "train.loss_scale_floor") -> LossScaleFloor:
-        return cls(**_keys_of(cls, section, where))
 
 
 @dataclass(frozen=True)
