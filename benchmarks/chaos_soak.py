@@ -74,6 +74,11 @@ KINDS = ("driver_kill", "driver_term", "node_down", "ctld_restart", "dbd_restart
          "truncate")  # fmt: skip
 # what a fault leaves in accounting for the job it hit, when it took effect
 ENDS = {"scancel": "CANCELLED", "rank_kill": "FAILED", "node_down": "NODE_FAIL"}
+# srun's error when SLURM's own task layout fails as a job starts on a node ("failed to distribute tasks ... this
+# should never happen"): seen on the restrictive testbed (task/affinity on virtual nodes that claim 4 CPUs of a
+# 2-core host) when a job a node_down requeued starts again on the node that came back. The job ends FAILED at launch,
+# before any rank ran; the driver submits it anew.
+LAYOUT_FAILED = "Unable to layout tasks on given cpus"
 TRAIN_SETTING = ("tiny-gptneox", "cpu", 1, 2)  # a `cpu` setting: every method exports a plan there
 BUDGET_JOB = "pp-budget-pretrain-tiny-bert-24h-a100-1x2"  # the budget stage's pre-training (budget.jobs names it)
 TRAIN_JOB = "pp-train-{}-{}-{}x{}".format(*TRAIN_SETTING)  # the train stage's run (train.jobs)
@@ -613,6 +618,14 @@ class Round:
         except Exception:  # noqa: BLE001 - a damaged pickle did not deliver
             return False
 
+    def relaunch_failed(self, name: str, job_id: str, faults: list[Fault]) -> bool:
+        """Whether a node_down hit the job and its requeued run then failed at launch in SLURM's task layout (its
+        task logs hold srun's LAYOUT_FAILED): the node fault's doing, not the driver's."""
+        if not any(f.kind == "node_down" for f in faults):
+            return False
+        logs = self.folder_of(name).glob(f"{job_id}_*_log.err")
+        return any(LAYOUT_FAILED in p.read_text(errors="replace") for p in logs)
+
     def reruns_after_driver_faults(self, name: str) -> int:
         """Budget / train jobs run again because their job had finished while the driver was away and Snakemake had
         removed the outputs as incomplete (their log says so); each needs a driver fault before it."""
@@ -662,6 +675,8 @@ class Round:
                     accounted[f"{hit[0].kind}, but the job delivered"] += 1
                 elif hit:
                     accounted[hit[0].kind] += 1
+                elif j["state"] == "FAILED" and self.relaunch_failed(name, j["id"], fault_of.get(j["id"], [])):
+                    accounted["node_down, then its requeued run failed at launch (SLURM's task layout)"] += 1
                 else:
                     self.mismatches.append(f"sacct: job {j['id']} ({name}) ended {j['state']} and no fault explains it")
             reruns = self.reruns_after_driver_faults(name)
