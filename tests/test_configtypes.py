@@ -67,7 +67,8 @@ def test_the_train_stage_below_the_entrance_refuses_a_dict(tmp_path):
         "train.jobs.check_data": lambda: jobs.check_data(yaml.safe_load(plan.read_text()), section),
         "train.jobs.run_plan": lambda: jobs.run_plan(plan, launch, tmp_path / "out", tmp_path / "log", section),
         "train.jobs.train_rule": lambda: jobs.train_rule(str(plan), wildcards, section, {"kind": "debug"}, "cpu",
-                                                          str(tmp_path / "out"), str(tmp_path / "log"), 1, REPO),
+                                                          str(tmp_path / "out/result.json"), str(tmp_path / "log"), 1,
+                                                          REPO),
         "train.run._Train": lambda: _Train({}, plan, tmp_path / "out", {"threads": 1, **section}),  # type: ignore
     }  # fmt: skip
     for where, call in calls.items():

@@ -29,7 +29,7 @@ rule train:
             PP.train,
             PP.config["launcher"],
             PP.train_device,
-            os.path.dirname(output.result),
+            output.result,
             log[0],
             threads,
             workflow.basedir,

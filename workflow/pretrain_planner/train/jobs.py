@@ -9,6 +9,7 @@ pre-empted or timed-out run checkpoints, is requeued and resumes) and `debug` (i
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -128,21 +129,21 @@ def train_rule(
     train: TrainSection,
     launcher: dict[str, Any],
     device: str,
-    out_dir: str,
+    result: str,
     log_path: str,
     threads: int,
     basedir: str | Path,
 ) -> dict[str, Any]:
     """The train rule: the setting's plan.json (given, or inside the export's optimal/ folder) through the
     config's launcher, with the config's `train` section (typed by the facade: Pipeline.train) on `device`
-    (Pipeline.train_device)."""
+    (Pipeline.train_device), into the folder of the rule's `result` (result.json)."""
     require(train, TrainSection, "train.jobs.train_rule")
     setting = layout.setting_folder(wildcards.model, wildcards.gpu, wildcards.nodes, wildcards.gpus_per_node)
     p = plan_file(plan_input, setting)
     rec = read_plan(p)
     launch = launch_settings(launcher, rec, basedir)
     run = replace(train, data=canonical(train.data), tokenizer=canonical_tokenizer(train.tokenizer))
-    return run_plan(p, launch, out_dir, log_path, run, threads=threads, device=device)
+    return run_plan(p, launch, os.path.dirname(result), log_path, run, threads=threads, device=device)
 
 
 def canonical(path: str | None) -> str | None:
