@@ -165,6 +165,8 @@ class Runner:
             for w in running:
                 if w.proc.poll() is None:
                     self._stop(w)
+                    # what it wrote since the last poll (a cell it began within poll_s: else not recorded stopped)
+                    self._read(w, len(running))
                     if w.current:
                         self._ended(w, "stopped", "the command was stopped while it ran")
 
