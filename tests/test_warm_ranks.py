@@ -18,14 +18,13 @@ from pretrain_planner.launch.request import JobFailed, JobRequest, RuleLog
 
 from .launch_jobs import Sleeps, WhereAmI
 
-pytestmark = pytest.mark.slow  # rank processes
-
 
 def _request(tmp_path, fn, **launcher) -> JobRequest:
     return JobRequest(fn=fn, name="t", kind="local", folder=tmp_path / "submitit", gpus_per_node=2,
                       record=tmp_path / "local_job.json", timeout_min=5, launcher=launcher)  # fmt: skip
 
 
+@pytest.mark.slow  # rank processes
 def test_warm_ranks_start_imported_and_otherwise_as_fresh_ones(tmp_path, monkeypatch):
     monkeypatch.setenv("PP_WARM_PROBE", "the driver's")
     log = tmp_path / "job.log"
@@ -39,6 +38,7 @@ def test_warm_ranks_start_imported_and_otherwise_as_fresh_ones(tmp_path, monkeyp
     assert warm[0]["ppid"] == warm[1]["ppid"] != cold[0]["ppid"]  # one server forked both
 
 
+@pytest.mark.slow  # rank processes
 def test_a_warm_rank_ends_with_its_client(tmp_path):
     """The controller's last resort is SIGKILL to its task (the client), which cannot forward its own death: the
     rank, a child of the server, notices within a second and ends itself."""
@@ -71,3 +71,20 @@ def test_a_warm_rank_ends_with_its_client(tmp_path):
     assert not any(alive(r["pid"], r["start"]) for r in ranks), "a rank outlived its client"
     t.join(60)
     assert failed, "the job should have failed: its ranks were killed"
+
+
+def test_two_messages_sent_back_to_back_are_read_one_at_a_time():
+    """A rank that ends at once has its end sent right behind its pid: the client reads the pid, then the end (a
+    read of whatever had arrived took both, and the pid did not parse)."""
+    import socket
+
+    from pretrain_planner.launch import warm
+
+    a, b = socket.socketpair()
+    with a, b:
+        warm._send(a, {"pid": 12})
+        warm._send(a, {"code": 3})
+        assert warm._recv(b) == ({"pid": 12}, [])
+        assert warm._recv(b) == ({"code": 3}, [])
+        a.close()
+        assert warm._recv(b) == (None, [])  # the server gone

@@ -82,8 +82,9 @@ def _start_server() -> None:
         proc.kill()
         raise RuntimeError(f"no answer in 120 s (its log: {folder / 'server.log'})" if not ready else
                            f"it said {line.strip()!r} (its log: {folder / 'server.log'})")  # fmt: skip
-    _SERVER.update(proc=proc, socket=str(sock), preload_s=float(line.split()[1]))
-    atexit.register(stop_server)
+    if not _SERVER:  # once per process, whichever server is then running
+        atexit.register(stop_server)
+    _SERVER.update(proc=proc, socket=str(sock))
 
 
 def stop_server() -> None:
@@ -97,9 +98,9 @@ def stop_server() -> None:
         _SERVER.pop("failed", None)
 
 
-# ---------------------------------------------------------------- the wire: one JSON line each way, fds beside
+# ---------------------------------------------------------------- the wire: length-prefixed JSON, fds beside
 def _send(conn: socket.socket, obj: dict, fds: list[int] | None = None) -> None:
-    data = json.dumps(obj).encode() + b"\n"
+    data = json.dumps(obj).encode()
     head = struct.pack("!I", len(data))
     if fds:
         socket.send_fds(conn, [head + data], fds)
@@ -107,22 +108,24 @@ def _send(conn: socket.socket, obj: dict, fds: list[int] | None = None) -> None:
         conn.sendall(head + data)
 
 
+def _exactly(conn: socket.socket, n: int, got: bytes = b"") -> bytes | None:
+    """`n` bytes (`got` first), no more: a rank that ends at once has its end sent right behind its pid."""
+    while len(got) < n:
+        more = conn.recv(n - len(got))
+        if not more:
+            return None
+        got += more
+    return got
+
+
 def _recv(conn: socket.socket, want_fds: int = 0) -> tuple[dict | None, list[int]]:
     fds: list[int] = []
+    first = b""
     if want_fds:
-        msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, want_fds)
-    else:
-        msg = conn.recv(1 << 20)
-    if len(msg) < 4:
-        return None, fds
-    (size,) = struct.unpack("!I", msg[:4])
-    body = msg[4:]
-    while len(body) < size:
-        more = conn.recv(size - len(body))
-        if not more:
-            return None, fds
-        body += more
-    return json.loads(body), fds
+        first, fds, _, _ = socket.recv_fds(conn, 4, want_fds)
+    head = _exactly(conn, 4, first)
+    body = _exactly(conn, struct.unpack("!I", head)[0]) if head is not None else None
+    return (json.loads(body) if body is not None else None), fds
 
 
 # ---------------------------------------------------------------- the client: submitit's task
