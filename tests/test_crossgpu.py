@@ -309,3 +309,27 @@ def test_a_fit_is_made_once_per_process_for_the_same_runs_and_gpu_types():
     assert crossgpu.fit(runs[:-1], CATALOG.gpus) is not first
     faster = {**CATALOG.gpus, "h100": dataclasses.replace(CATALOG.gpus["h100"], memory_gb_s=9999)}
     assert crossgpu.fit(runs, faster) is not first
+
+
+def test_a_calibration_kept_on_disk_is_the_one_computed_and_its_evidence_keys_it(tmp_path, monkeypatch):
+    """A CLI answer is a new process: the calibration (seconds of out-of-sample refits) is computed once per evidence
+    and code and read back after (planning/diskcache.py), equal to the one computed in every field; other evidence is
+    an entry of its own. On the code before the cache, nothing was stored."""
+    monkeypatch.setenv("PP_CACHE_DIR", str(tmp_path))
+    gpus = ["a100", "h100", "a6000", "rtx3090", "l40s", "a100-40gb"]
+    runs = _runs(gpus, noise=[OFFSETS[g] for g in gpus])
+    monkeypatch.setattr(crossgpu, "_FITS", {})
+    first = crossgpu.fit(runs, CATALOG.gpus)
+    assert first.calibration.kinds and first.calibration.origins
+    assert len(list(tmp_path.rglob("*.json"))) == 1
+    calibrated = []
+    monkeypatch.setattr(crossgpu, "_FITS", {})  # a new process's memo
+    monkeypatch.setattr(crossgpu, "_calibrate", lambda t: calibrated.append(t) or pytest.fail("calibrated again"))
+    again = crossgpu.fit(runs, CATALOG.gpus)
+    assert not calibrated
+    assert again.calibration == first.calibration
+    assert (again.params, again.effects) == (first.params, first.effects)
+    monkeypatch.undo()
+    monkeypatch.setenv("PP_CACHE_DIR", str(tmp_path))
+    crossgpu.fit(runs[:-1], CATALOG.gpus)
+    assert len(list(tmp_path.rglob("*.json"))) == 2

@@ -45,7 +45,7 @@ def problem(path: str | Path) -> str | None:
         import yaml
 
         try:
-            data = yaml.safe_load(text)
+            data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 - safe loaders
         except yaml.MarkedYAMLError as exc:
             return yaml_error(path, exc)
         except yaml.YAMLError as exc:

