@@ -43,6 +43,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -324,11 +325,21 @@ class Round:
 
     def _check_preflight(self, name: str, jobs: list[dict[str, str]], fault_of: dict[str, list[Fault]]) -> None:
         """A GPU type's preflight (one short job before its cells, launch/preflight.py): of a GPU type of the
-        sweep, delivered at least once, every other end explained by a fault (a driver fault may run it again)."""
+        sweep, delivered at least once, every other end explained by a fault (a driver fault may run it again, and
+        the next run cancels one the stopped driver left queued)."""
         if name.removeprefix(JOB_PREFIX) not in self.preset.gpus:
             self.mismatches.append(f"sacct: a preflight of a GPU type the sweep does not have: {name}: {jobs}")
             return
+        # each run of the driver asks its own preflight: a queued one of a stopped driver is cancelled by the next run
+        # (launch/preflight.py: another identity), which its log says
+        gpu = name.removeprefix(JOB_PREFIX)
+        logs = (self.work / "results/logs").glob(f"*preflight-{gpu}.log*")
+        said = " ".join(p.read_text(errors="replace") for p in logs)
+        by_driver = set(re.findall(r"cancelled job (\d+) \(it ran another spec", said))
+        driver_faults = any(f.kind in ("driver_kill", "driver_term") for f in self.faults)
         for j in jobs:
+            if j["state"] == "CANCELLED" and j["id"] in by_driver and driver_faults:
+                continue
             if j["state"] != "COMPLETED" and not any(ENDS.get(f.kind) == j["state"] for f in fault_of.get(j["id"], [])):
                 self.mismatches.append(f"sacct: job {j['id']} ({name}) ended {j['state']} and no fault explains it")
         if not any(j["state"] == "COMPLETED" for j in jobs):

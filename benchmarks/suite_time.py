@@ -9,9 +9,9 @@ start, end and worker).
     .venv/bin/python benchmarks/suite_time.py report --cpu /tmp/cpu.jsonl --label "2 cores, one kept busy"
                                                     # -> appended to benchmarks/results/suite_time.md
 
-A worker runs whole units (tests/conftest.py `unit_of`: a module, two modules that share a sweep, the SLURM
-testbed's modules), so the suite cannot end before its longest unit does, whatever the number of workers; on a
-2-core host the three workers share two cores, so the suite also cannot end before the CPU its units need is spent.
+A worker runs whole units (tests/conftest.py `unit_of`: a module, two modules that share a sweep, one SLURM
+testbed cluster's modules), so the suite cannot end before its longest unit does, whatever the number of workers; on a
+2-core host the workers share two cores, so the suite also cannot end before the CPU its units need is spent.
 The report names both floors: the longest unit, and the CPU seconds over the cores. A new test's cost is the wall
 time it adds to its unit and the CPU it adds to the whole.
 """

@@ -100,24 +100,26 @@ def write_config(path: Path, **sections) -> Path:
     return path
 
 
-# How the suite runs on pytest-xdist workers (pyproject's addopts, `-n 3`): most of a SLURM drill's time is waiting for
-# the scheduler, and most of an end-to-end sweep's is one rank computing, so three workers share two cores well.
+# How the suite runs on pytest-xdist workers (pyproject's addopts, `-n 4`): most of a SLURM drill's time is waiting for
+# the scheduler, and most of an end-to-end sweep's is one rank computing, so four workers (two of them the SLURM
+# units) share two cores well.
 # A module's tests stay on one worker (its module fixtures, Snakemake sweeps of minutes, run once, not once per
-# worker), and the modules of the SLURM testbed run on one worker, one after the other: the drills take nodes down,
-# restart the daemons and count every job in sacct. The longest units start first (their order below; the rest
-# follows in collection order), so no worker is left with a long one at the end. Two modules that read one sweep
-# (a session fixture: made once per worker process) are one unit too, so the sweep is made once (SWEEP_UNITS).
-SLURM_MODULES = (
-    "test_slurm_faults",
-    "test_chaos_soak",
-    "test_slurm",
-    "test_budget_slurm",
-    "test_calendar_slurm",
-    "test_preflight_slurm",
-)
+# worker). The SLURM modules run on two independent testbed clusters (cluster/testbed/instance.sh: `testbed` at
+# /etc/slurm, `testbed1` at /etc/slurm-1), each cluster's modules on one worker, one after the other: the drills take
+# nodes down, restart the daemons and count every job in sacct, so no other test may use their cluster meanwhile,
+# but the two clusters share nothing but munged and the cores, so their units run side by side (one unit of ~38 min
+# was the suite's critical path). The longest units start first (their order below; the rest follows in collection
+# order), so no worker is left with a long one at the end. Two modules that read one sweep (a session fixture: made
+# once per worker process) are one unit too, so the sweep is made once (SWEEP_UNITS); test_slurm and
+# test_calendar_slurm share partitions_sweep, so they share a cluster.
+SLURM_UNITS = {  # the unit: (its cluster's instance, its modules)
+    "the SLURM testbed": (0, ("test_slurm", "test_calendar_slurm", "test_preflight_slurm")),
+    "the second SLURM testbed": (1, ("test_chaos_soak", "test_slurm_faults", "test_budget_slurm")),
+}
+SLURM_INSTANCE = {module: instance for instance, modules in SLURM_UNITS.values() for module in modules}
+SLURM_MODULES = tuple(SLURM_INSTANCE)
 FIRST_MODULES = ("test_pipeline_e2e", "test_search_e2e", "test_benchmarks_smoke", "test_deepspeed", "test_sharding",
                  "test_budget_glue", "test_oom", "test_memory", "test_local_runs", "test_bad_env")  # fmt: skip
-SLURM_UNIT = "the SLURM testbed"
 SWEEP_UNITS = {  # the module: (its unit, the shared sweep's fixtures it reads)
     "test_search_e2e": ("the default sweep", ("adaptive_sweep", "default_sweep")),
     "test_pipeline_e2e": ("the default sweep", ("adaptive_sweep", "default_sweep")),
@@ -126,12 +128,17 @@ SWEEP_UNITS = {  # the module: (its unit, the shared sweep's fixtures it reads)
 }
 
 
+def slurm_unit(stem: str) -> str | None:
+    """The SLURM unit a test module belongs to, or None."""
+    return next((unit for unit, (_, modules) in SLURM_UNITS.items() if stem in modules), None)
+
+
 def unit_of(nodeid: str) -> str:
-    """The unit of work a test belongs to: the SLURM testbed's modules together, two modules that share a sweep
-    together, else the test's module file."""
+    """The unit of work a test belongs to: each SLURM testbed cluster's modules together, two modules that share a
+    sweep together, else the test's module file."""
     path = nodeid.split("::", 1)[0]
     stem = Path(path).stem
-    return SLURM_UNIT if stem in SLURM_MODULES else SWEEP_UNITS[stem][0] if stem in SWEEP_UNITS else path
+    return slurm_unit(stem) or (SWEEP_UNITS[stem][0] if stem in SWEEP_UNITS else path)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -140,7 +147,7 @@ def pytest_xdist_make_scheduler(config, log):
     groups from the test ids, which pytest 9.2's structured ids no longer let it change)."""
     from xdist.scheduler import LoadScopeScheduling
 
-    order = list(dict.fromkeys([SLURM_UNIT, *(unit_of(f"tests/{m}.py") for m in FIRST_MODULES)]))
+    order = list(dict.fromkeys([*SLURM_UNITS, *(unit_of(f"tests/{m}.py") for m in FIRST_MODULES)]))
 
     class ByUnit(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
@@ -155,12 +162,14 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Every test on the SLURM testbed must sit in one of SLURM_MODULES, or a worker would run it beside a drill;
-    every test of a shared sweep in one of its SWEEP_UNITS modules, or another worker would make the sweep again."""
-    stray = sorted(item.nodeid for item in items if "slurm_cluster" in item.fixturenames
-                   and unit_of(item.nodeid) != SLURM_UNIT)  # fmt: skip
+    """Every test on a SLURM testbed cluster must sit in one of SLURM_UNITS' modules, or a worker would run it beside
+    a drill (partitions_sweep's in the first cluster's, where it runs); every test of a shared sweep in one of its
+    SWEEP_UNITS modules, or another worker would make the sweep again."""
+    stray = sorted(item.nodeid for item in items if ("slurm_cluster" in item.fixturenames
+                   and slurm_unit(Path(item.path).stem) is None) or ("partitions_sweep" in item.fixturenames
+                   and SLURM_INSTANCE.get(Path(item.path).stem) != 0))  # fmt: skip
     if stray:
-        raise pytest.UsageError(f"tests on the SLURM testbed outside tests/conftest.py SLURM_MODULES: {stray}")
+        raise pytest.UsageError(f"tests on a SLURM testbed cluster outside tests/conftest.py SLURM_UNITS: {stray}")
     shared = {f: unit for unit, fixtures in SWEEP_UNITS.values() for f in fixtures}
     stray = sorted(item.nodeid for item in items for f in item.fixturenames if f in shared
                    and unit_of(item.nodeid) != shared[f])  # fmt: skip
@@ -226,26 +235,64 @@ def repo() -> Path:
     return REPO
 
 
-def _slurm_healthy() -> bool:
+def _slurm_healthy(env: dict[str, str]) -> bool:
     try:
-        out = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=10)
+        out = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=10, env=env)
     except (OSError, subprocess.TimeoutExpired):
         return False
     return "UP" in out.stdout
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster():
-    """The live single-host SLURM of cluster/testbed: started if it is not running (needs root)."""
+def slurm_env(instance: int) -> dict[str, str]:
+    """The environment that points SLURM's commands (and cluster/testbed's scripts) at a testbed cluster: instance 0
+    is SLURM's default place, /etc/slurm; instance 1's config is /etc/slurm-1 (cluster/testbed/instance.sh). sbatch
+    carries SLURM_CONF into the jobs, and slurmd sets it in them too."""
+    if instance == 0:
+        return {}
+    return {"SLURM_TESTBED_INSTANCE": str(instance), "SLURM_CONF": f"/etc/slurm-{instance}/slurm.conf"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _slurm_instance(request):
+    """A SLURM module's tests, fixtures and subprocesses talk to its own testbed cluster (SLURM_UNITS): the module's
+    environment is set before its module fixtures (autouse comes first in its scope) and put back after it."""
+    instance = SLURM_INSTANCE.get(Path(request.path).stem)
+    if instance is None:
+        yield
+        return
+    keys = ("SLURM_TESTBED_INSTANCE", "SLURM_CONF")
+    before = {k: os.environ.pop(k, None) for k in keys}
+    os.environ.update(slurm_env(instance))
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            os.environ.pop(k, None)
+            if v is not None:
+                os.environ[k] = v
+
+
+def testbed_up(instance: int) -> None:
+    """The live single-host SLURM cluster `instance` of cluster/testbed: started if it is not running (needs root)."""
     import shutil
 
     if shutil.which("slurmctld") is None or shutil.which("sbatch") is None:
         pytest.skip("SLURM is not installed: run `bash envs/setup.sh test` (installs cluster/testbed packages)")
-    if not _slurm_healthy() and os.geteuid() != 0:
-        pytest.skip("the SLURM testbed is down and starting it needs root: bash cluster/testbed/slurm-up.sh")
+    env = {k: v for k, v in os.environ.items() if k not in ("SLURM_TESTBED_INSTANCE", "SLURM_CONF")}
+    env.update(slurm_env(instance))
+    if not _slurm_healthy(env) and os.geteuid() != 0:
+        pytest.skip(f"the SLURM testbed's cluster {instance} is down and starting it needs root: "
+                    f"SLURM_TESTBED_INSTANCE={instance} bash cluster/testbed/slurm-up.sh")  # fmt: skip
     # idempotent: a no-op (~0.2 s) on a healthy cluster, a fresh cluster otherwise
-    proc = subprocess.run(["bash", str(REPO / "cluster/testbed/slurm-up.sh")], capture_output=True, text=True)
+    proc = subprocess.run(["bash", str(REPO / "cluster/testbed/slurm-up.sh")], capture_output=True, text=True,
+                          env=env)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster(request):
+    """The module's testbed cluster (SLURM_UNITS), running."""
+    testbed_up(SLURM_INSTANCE.get(Path(request.path).stem, 0))
     return True
 
 
@@ -868,13 +915,16 @@ def site_two_envs(work: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def partitions_sweep(slurm_cluster, tmp_path_factory):
+def partitions_sweep(tmp_path_factory):
     """tiny-gptneox naive 1x1 and 1x2 on a100 and h100 through the slurm profile: one job per cell on each GPU type's
     partition, the tables, the exported plans and the calendar; (folder, config, (the last job id before it, the
     last after it), the process). The driver runs in a login environment without torch (`login_env`), the jobs in
     the site's (`site_two_envs`).
-    Shared by the SLURM modules (one xdist worker runs them all): tests/test_slurm.py reads its jobs and calendar,
-    tests/test_calendar_slurm.py trains its h100 1x1 plan in segments."""
+    Shared by the first cluster's SLURM modules (one xdist worker runs them): tests/test_slurm.py reads its jobs and
+    calendar, tests/test_calendar_slurm.py trains its h100 1x1 plan in segments. Session-scoped, so it starts before
+    any module's environment is set: it is the first cluster's (no SLURM_CONF), which pytest_collection_modifyitems
+    checks."""
+    testbed_up(0)
     work = tmp_path_factory.mktemp("partitions")
     since = last_job_id()
     sweep = {"models": ["tiny-gptneox"], "gpus": ["a100", "h100"], "methods": ["naive"], "gpus_per_node": [1, 2]}

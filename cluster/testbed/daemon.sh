@@ -18,7 +18,8 @@
 # controller knows every queued and running job again. Needs root, like slurm-up.sh.
 set -euo pipefail
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin:$PATH
-ROOT=${SLURM_TESTBED_ROOT:-/var/tmp/pp-slurm}
+# shellcheck source=instance.sh
+. "$(dirname "${BASH_SOURCE[0]}")/instance.sh"   # which cluster (SLURM_TESTBED_INSTANCE): its ROOT and CONF_DIR
 usage="usage: daemon.sh stop|start slurmdbd|slurmctld, daemon.sh conf KEY VALUE [KEY VALUE ...],"
 usage+=" or daemon.sh profile restrictive|permissive"
 action=${1:?$usage}
@@ -33,7 +34,7 @@ if [ "$action" = profile ]; then
 fi
 if [ "$action" = conf ]; then
   shift
-  conf=/etc/slurm/slurm.conf
+  conf=$CONF_DIR/slurm.conf
   while [ $# -gt 0 ]; do
     name=$1; value=${2:?$usage}; shift 2
     case "$name=$value" in

@@ -7,12 +7,15 @@
 # (slurm-up.sh wipes state itself).
 #
 # Env:
-#   SLURM_TESTBED_ROOT        state root, as for slurm-up.sh (default /var/tmp/pp-slurm)
-#   SLURM_TESTBED_STOP_MUNGE  1 (default) also stops munged via /run/munge/munged.pid
+#   SLURM_TESTBED_INSTANCE    which cluster, as for slurm-up.sh (instance.sh: 0, the default, or 1)
+#   SLURM_TESTBED_ROOT        state root, as for slurm-up.sh (default /var/tmp/pp-slurm, /var/tmp/pp-slurm-1)
+#   SLURM_TESTBED_STOP_MUNGE  1 (default) also stops munged via /run/munge/munged.pid, unless the other
+#                             instance's controller still runs (munged is shared)
 set -euo pipefail
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin:$PATH
 
-ROOT=${SLURM_TESTBED_ROOT:-/var/tmp/pp-slurm}
+# shellcheck source=instance.sh
+. "$(dirname "${BASH_SOURCE[0]}")/instance.sh"
 T0=$(date +%s%N)
 log() { echo "[slurm-down +$(( ($(date +%s%N) - T0) / 1000000 ))ms] $*"; }
 
@@ -56,7 +59,12 @@ for f in "$ROOT"/run/slurmd-*.pid; do [ -e "$f" ] && expect[$f]=slurmd; done
 expect[$ROOT/run/slurmctld.pid]=slurmctld
 expect[$ROOT/run/slurmdbd.pid]=slurmdbd
 expect[$ROOT/mysql/mariadbd.pid]=mariadbd
-[ "${SLURM_TESTBED_STOP_MUNGE:-1}" = 1 ] && expect[/run/munge/munged.pid]=munged
+others=0
+for r in "${OTHER_ROOTS[@]}"; do
+  p=$(cat "$r/run/slurmctld.pid" 2>/dev/null || true)
+  [[ $p =~ ^[0-9]+$ ]] && alive "$p" && [ "$(cat "/proc/$p/comm" 2>/dev/null)" = slurmctld ] && others=1
+done
+[ "${SLURM_TESTBED_STOP_MUNGE:-1}" = 1 ] && [ "$others" = 0 ] && expect[/run/munge/munged.pid]=munged
 
 pids=()
 for f in "${!expect[@]}"; do

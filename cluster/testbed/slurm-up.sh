@@ -10,22 +10,20 @@
 # (jobs kept); if it is only partly up (or another part of its config is stale) it is torn down and rebuilt.
 #
 # Env:
-#   SLURM_TESTBED_ROOT     state/logs/pid files        (default /var/tmp/pp-slurm)
-#   SLURM_TESTBED_DB_PORT  MariaDB TCP port, 127.0.0.1 (default 3306)
+#   SLURM_TESTBED_INSTANCE 0 (default) or 1: a second, independent cluster beside the first (instance.sh)
+#   SLURM_TESTBED_ROOT     state/logs/pid files        (default /var/tmp/pp-slurm, /var/tmp/pp-slurm-1)
+#   SLURM_TESTBED_DB_PORT  MariaDB TCP port, 127.0.0.1 (default 3306, 3307)
 set -euo pipefail
 
 # Daemons live in /usr/sbin; CI shells do not always have it on PATH.
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin:$PATH
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-ROOT=${SLURM_TESTBED_ROOT:-/var/tmp/pp-slurm}
-DB_PORT=${SLURM_TESTBED_DB_PORT:-3306}
-# Config must be in the default location /etc/slurm: snakemake's jobstep plugin strips
-# SLURM_CONF from the env before its inner srun, which then can't find a config elsewhere.
-CONF_DIR=/etc/slurm
+# shellcheck source=instance.sh
+. "$HERE/instance.sh"   # INSTANCE, CLUSTER, ROOT, CONF_DIR, the ports; SLURM_CONF for instance 1
 HOST=$(hostname -s)
 NODES=(node-a100 node-h100 node-mn0 node-mn1)
-PORTS=(6817 6819 17001 17002 17003 17004 "$DB_PORT")   # ctld, dbd, slurmd x4, MariaDB
+PORTS=("$CTLD_PORT" "$DBD_PORT" "$NODE_PORT0" $((NODE_PORT0 + 1)) $((NODE_PORT0 + 2)) $((NODE_PORT0 + 3)) "$DB_PORT")
 
 T0=$(date +%s%N)
 log() { echo "[slurm-up +$(( ($(date +%s%N) - T0) / 1000000 ))ms] $*"; }
@@ -67,7 +65,7 @@ render_slurmdbd_conf() {
 AuthType=auth/munge
 DbdHost=$HOST
 DbdAddr=127.0.0.1
-DbdPort=6819
+DbdPort=$DBD_PORT
 SlurmUser=root
 DebugLevel=info
 LogFile=$ROOT/log/slurmdbd.log
@@ -95,14 +93,15 @@ render_slurm_conf() {
   # Partition short (node-h100, MaxTime=2 min): a training longer than its limit runs there as requeued segments,
   #   each warned (--signal) before the limit (tests/test_calendar_slurm.py); asking more than 2 min is refused.
   cat <<EOF
-ClusterName=testbed
+ClusterName=$CLUSTER
+FirstJobId=$FIRST_JOB_ID
 SlurmctldHost=$HOST(127.0.0.1)
 AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=cred_expire=30
 SlurmUser=root
 SlurmdUser=root
-SlurmctldPort=6817
+SlurmctldPort=$CTLD_PORT
 StateSaveLocation=$ROOT/state/ctld
 SlurmdSpoolDir=$ROOT/state/d/%n
 SlurmctldPidFile=$ROOT/run/slurmctld.pid
@@ -125,7 +124,7 @@ JobRequeue=1
 GresTypes=gpu
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=127.0.0.1
-AccountingStoragePort=6819
+AccountingStoragePort=$DBD_PORT
 AccountingStorageTRES=gres/gpu,gres/gpu:a100,gres/gpu:h100,gres/gpu:l40s
 JobAcctGatherType=jobacct_gather/linux
 JobCompType=jobcomp/none
@@ -135,10 +134,10 @@ MinJobAge=300
 SlurmctldTimeout=30
 SlurmdTimeout=30
 Waittime=0
-NodeName=node-a100 NodeHostname=$HOST NodeAddr=127.0.0.1 Port=17001 CPUs=4 RealMemory=8000 Features=a100 Gres=gpu:a100:2 State=UNKNOWN
-NodeName=node-h100 NodeHostname=$HOST NodeAddr=127.0.0.1 Port=17002 CPUs=4 RealMemory=8000 Features=h100 Gres=gpu:h100:2 State=UNKNOWN
-NodeName=node-mn0 NodeHostname=$HOST NodeAddr=127.0.0.1 Port=17003 CPUs=4 RealMemory=8000 Features=l40s Gres=gpu:l40s:2 State=UNKNOWN
-NodeName=node-mn1 NodeHostname=$HOST NodeAddr=127.0.0.1 Port=17004 CPUs=4 RealMemory=8000 Features=l40s Gres=gpu:l40s:2 State=UNKNOWN
+NodeName=node-a100 NodeHostname=$HOST NodeAddr=127.0.0.1 Port=$((NODE_PORT0 + 0)) CPUs=4 RealMemory=8000 Features=a100 Gres=gpu:a100:2 State=UNKNOWN
+NodeName=node-h100 NodeHostname=$HOST NodeAddr=127.0.0.1 Port=$((NODE_PORT0 + 1)) CPUs=4 RealMemory=8000 Features=h100 Gres=gpu:h100:2 State=UNKNOWN
+NodeName=node-mn0 NodeHostname=$HOST NodeAddr=127.0.0.1 Port=$((NODE_PORT0 + 2)) CPUs=4 RealMemory=8000 Features=l40s Gres=gpu:l40s:2 State=UNKNOWN
+NodeName=node-mn1 NodeHostname=$HOST NodeAddr=127.0.0.1 Port=$((NODE_PORT0 + 3)) CPUs=4 RealMemory=8000 Features=l40s Gres=gpu:l40s:2 State=UNKNOWN
 PartitionName=cpu  Nodes=node-a100,node-h100 Default=YES MaxTime=INFINITE State=UP
 PartitionName=a100 Nodes=node-a100 MaxTime=INFINITE State=UP
 PartitionName=h100 Nodes=node-h100 MaxTime=INFINITE State=UP
@@ -227,7 +226,7 @@ accounts() {
 
 if healthy; then
   accounts || die "could not add the testbed's account pp-lab and QOS pp-cap (sacctmgr)"
-  log "cluster already up and healthy; nothing to do"
+  log "cluster $CLUSTER already up and healthy; nothing to do"
   exit 0
 fi
 # A cluster that runs an older slurm.conf differing only in its partitions (e.g. one started before `short` was
@@ -311,7 +310,7 @@ render_slurm_conf > "$CONF_DIR/slurm.conf"
 render_gres_conf > "$CONF_DIR/gres.conf"
 
 daemon slurmdbd slurmdbd
-wait_for 60 tcp_open 6819 || die "slurmdbd did not listen on 6819; see $ROOT/log/slurmdbd.log"
+wait_for 60 tcp_open "$DBD_PORT" || die "slurmdbd did not listen on $DBD_PORT; see $ROOT/log/slurmdbd.log"
 log "slurmdbd up"
 
 # slurmctld registers the cluster in the DB by itself (AccountingStorageEnforce is off).
