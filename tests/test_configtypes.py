@@ -189,6 +189,30 @@ def test_the_sweep_benchmark_and_launcher_sections_are_typed_once_with_the_files
     assert off.loss_check.mode == "off" and off.loss_check_folders() == []
 
 
+def test_the_site_file_is_typed_where_the_config_is_loaded_each_gpu_type_with_its_full_settings():
+    """A slurm config's site file (launcher.site) is read once by the facade into a SiteFile: its schema's keys
+    (and where it is), narrowed to the sweep's GPU types, each with the file's defaults under its entry and its
+    partition's limits resolved; a cell's `slurm` is that GPU type's settings as JSON."""
+    from pretrain_planner.planning.configtypes import SiteFile
+
+    pipe = load(_demo(launcher={"kind": "slurm", "site": "cluster/slurm/site.yaml"}), REPO)
+    assert isinstance(pipe.site, SiteFile)
+    assert [f.name for f in fields(SiteFile)] == ["path", *load_schema("site")["properties"]]
+    given = yaml.safe_load((REPO / "cluster/slurm/site.yaml").read_text())
+    assert set(pipe.site.gpus) == set(DEMO["sweep"]["gpus"]) and pipe.site.poll_max_s == given["poll_max_s"]
+    cpu = pipe.site.gpus["cpu"]
+    defaults = schema_defaults("site")
+    for key in load_schema("site")["$defs"]["settings"]["properties"]:
+        want = (given["gpus"]["cpu"] or {}).get(key, given["defaults"].get(key, defaults.get(f"defaults.{key}")))
+        assert cpu[key] == want, key
+    assert set(cpu["limits"]) == {"max_nodes", "gpus_per_node", "max_time_h"}  # resolved at load
+    wildcards = SimpleNamespace(model="tiny-bert", gpu="cpu", nodes="1", gpus_per_node="1", method="fl")
+    spec = pipe.spec(wildcards, SimpleNamespace(result="r.json", steps="s.jsonl"))
+    assert spec["slurm"] == {**cpu, "gpu_type": "cpu", "site": pipe.site.path}
+    with pytest.raises(FrozenInstanceError):
+        pipe.site.poll_max_s = 1  # type: ignore[misc]
+
+
 def test_a_jobs_json_is_the_config_it_was_given_key_for_key_in_its_order():
     """The cell's and the check's specs and the plan's params are the rules' params, which Snakemake compares by
     their repr: typed or not, each is the validated section, in the order the config wrote its keys (a config that
@@ -240,7 +264,7 @@ def test_the_sweep_benchmark_and_launcher_below_the_entrance_refuse_a_dict(tmp_p
     from pretrain_planner.facade.budget import BudgetStage
     from pretrain_planner.launch import stage
     from pretrain_planner.launch.rankjob import EntryJob
-    from pretrain_planner.planning import grid, losscheck
+    from pretrain_planner.planning import grid, losscheck, site
     from pretrain_planner.planning.spec import cell_spec
     from pretrain_planner.tables import aggregate, whatif
     from pretrain_planner.train import jobs
@@ -251,6 +275,8 @@ def test_the_sweep_benchmark_and_launcher_below_the_entrance_refuse_a_dict(tmp_p
     launch = {**launcher, "slurm": None}  # what launch/stage.launch_settings used to return
     cell = pipe.cells[0]
     plan = yaml.safe_load(write_plan(tmp_path / "plan", "tiny-gptneox").read_text())
+    site_file = site.read_site(REPO / "cluster/slurm/site.yaml")
+    site_dict = {**asdict(site_file), "gpus": dict(site_file.gpus)}  # what planning/site.read_site used to return
     calls = {
         "planning.grid.expand": lambda: grid.expand(sweep, launcher, pipe.catalog),  # type: ignore[arg-type]
         "planning.grid.check_sweep": lambda: grid.check_sweep(sweep, pipe.catalog),  # type: ignore[arg-type]
@@ -272,10 +298,14 @@ def test_the_sweep_benchmark_and_launcher_below_the_entrance_refuse_a_dict(tmp_p
         "tables.aggregate.loss_check_table": lambda: aggregate.loss_check_table([], bench["loss_check"]),
         "tables.whatif.counts_of": lambda: whatif.counts_of(sweep, None),  # type: ignore[arg-type]
         "tables.whatif.rule_settings": lambda: whatif.rule_settings(pipe.sweep, bench, config, pipe.catalog),
+        "planning.site.for_gpus": lambda: site.for_gpus(site_dict, ["cpu"]),
+        "planning.site.resolve_limits": lambda: site.resolve_limits(site_dict),
+        "planning.site.within_limits": lambda: site.within_limits(pipe.planned, site_dict),
+        "planning.site.gpu_settings": lambda: site.gpu_settings(site_dict, "cpu"),
     }  # fmt: skip
     for where, call in calls.items():
         with pytest.raises(TypeError, match=rf"{where}: takes a (SweepSection|BenchmarkSection|LauncherSection|"
-                                            r"LossCheckSection|Launch)\b"):  # fmt: skip
+                                            r"LossCheckSection|Launch|SiteFile)\b"):  # fmt: skip
             call()
     assert not any((tmp_path / p).exists() for p in ("run", "log", "glue", "out"))
     # launch/stage.launch_settings's answer is typed (a Launch) for every stage's jobs

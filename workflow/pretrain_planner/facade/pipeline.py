@@ -25,6 +25,7 @@ from pretrain_planner.planning.configtypes import (
     BenchmarkSection,
     LauncherSection,
     LossCheckSection,
+    SiteFile,
     SweepSection,
     TrainSection,
 )
@@ -45,7 +46,7 @@ class Pipeline:
     config: dict[str, Any]
     catalog: Catalog
     planned: list[grid.PlannedCell]
-    site: dict[str, Any] | None = None
+    site: SiteFile | None = None  # the site file (slurm): the sweep's GPU types, their limits resolved
     sources: list[tuple[str, Any]] | None = None  # the config files merged, in order (for the dry run)
     cores: int | None = None  # the cores Snakemake has (None: unknown), what a rule's `threads:` stays within
     # the config's sections, typed once here (planning/configtypes.py): what the rules and the stages below take
@@ -158,12 +159,12 @@ class Pipeline:
         return {gpu: self._preflight(gpu) for gpu in self.preflight_gpus}
 
     def _preflight(self, gpu: str) -> tuple[Expect, str]:
-        settings = self.site["gpus"][gpu]
+        settings = self.site.gpus[gpu]
         needs_cuda = wants_cuda(gpu, self.benchmark.device)
         expect = Expect(
             gpu_type=gpu, gpu=self.catalog.gpu(gpu).to_dict(), needs_cuda=needs_cuda,
             gpus_asked=0 if settings["gpu_request"] == "none" else 1, cpus_per_gpu=settings["cpus_per_gpu"],
-            site=self.site.get("path") or "the site file", python=settings.get("python"),
+            site=self.site.path or "the site file", python=settings.get("python"),
             container=settings.get("container"), catalog=tuple(g.to_dict() for g in self.catalog.gpus.values()),
         )  # fmt: skip
         return expect, preflight_digest(expect, settings, sys.executable, __version__)
@@ -217,12 +218,12 @@ class Pipeline:
 
     def time_limit_min(self, gpu: str) -> int:
         if self.site:
-            return self.site["gpus"][gpu]["time_limit_min"]
+            return self.site.gpus[gpu]["time_limit_min"]
         return self.launcher.timeout_min
 
     def partition(self, gpu: str) -> str:
         if self.site:
-            return self.site["gpus"][gpu]["partition"] or "(default)"
+            return self.site.gpus[gpu]["partition"] or "(default)"
         return f"({self.launcher.kind})"
 
     def rows(self) -> list[dict[str, Any]]:
@@ -446,8 +447,8 @@ def load(
     site = None
     if launcher.kind == "slurm" and launcher.site is not None:
         mapped = read_site(resolve_path(launcher.site, basedir))
-        site = for_gpus(mapped, list(sweep.gpus), source)
-        planned = within_limits(planned, resolve_limits(site))
+        site = resolve_limits(for_gpus(mapped, list(sweep.gpus), source))
+        planned = within_limits(planned, site)
         catalog = catalog.with_network(mapped)  # every type the site maps: the what-if predicts them all
     grid.check_plan(planned, source)
     return Pipeline(config, catalog, planned, site, sources, cores)

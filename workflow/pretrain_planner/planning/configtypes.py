@@ -273,6 +273,23 @@ class Launch:
 
 
 @dataclass(frozen=True)
+class SiteFile:
+    """The SLURM site file that `launcher.site` names (workflow/schemas/site.schema.yaml), validated by
+    planning/site.read_site: where it is, its `defaults`, each GPU type it maps with its full settings (`defaults`
+    under the type's entry: the JSON a job's `slurm` carries, planning/site.gpu_settings, read by key by the jobs,
+    sbatch and the preflight at that boundary), whether the plan asks the scheduler for a partition's limits, and
+    the driver's keys. Read where the config is loaded (facade/pipeline.load, the CLI, a stage's launcher);
+    narrowed to the sweep's GPU types and their limits resolved there, each step a new value."""
+
+    path: str
+    defaults: Mapping[str, Any]
+    gpus: Mapping[str, Mapping[str, Any]]
+    ask_scheduler: bool
+    poll_max_s: int
+    max_queued_jobs: int | None
+
+
+@dataclass(frozen=True)
 class BudgetValidation(_Flat):
     """The budget file's `train.validation`: when the pre-training validates (fractions of the budget) and on what."""
 

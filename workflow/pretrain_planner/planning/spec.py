@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from pretrain_planner.planning.catalog import Catalog
-from pretrain_planner.planning.configtypes import BenchmarkSection, LauncherSection, require
+from pretrain_planner.planning.configtypes import BenchmarkSection, LauncherSection, SiteFile, require
 from pretrain_planner.planning.grid import Cell
 from pretrain_planner.planning.site import gpu_settings
 
@@ -17,7 +17,7 @@ def cell_spec(
     launcher: LauncherSection,
     result: str,
     steps: str,
-    site: dict[str, Any] | None = None,
+    site: SiteFile | None = None,
 ) -> dict[str, Any]:
     """Everything a cell's job needs, as plain JSON data (the job never reads config files): the typed sections
     turned into JSON here, at the job's boundary (the cell rule's params, whose change measures the cell again:
