@@ -49,15 +49,15 @@ class Pipeline:
     site: SiteFile | None = None  # the site file (slurm): the sweep's GPU types, their limits resolved
     sources: list[tuple[str, Any]] | None = None  # the config files merged, in order (for the dry run)
     cores: int | None = None  # the cores Snakemake has (None: unknown), what a rule's `threads:` stays within
-    # the config's sections, typed once here (planning/configtypes.py): what the rules and the stages below take
+    # the config's sections, typed once (planning/configtypes.py): what the rules and the stages below take; the
+    # sweep and the launcher by `load`, which expands the grid with them
+    sweep: SweepSection = field(kw_only=True)
+    launcher: LauncherSection = field(kw_only=True)
     train: TrainSection = field(init=False)
-    sweep: SweepSection = field(init=False)
     benchmark: BenchmarkSection = field(init=False)
-    launcher: LauncherSection = field(init=False)
 
     def __post_init__(self) -> None:
         self.train = TrainSection.of(self.config["train"])
-        self.sweep, self.launcher = SweepSection.of(self.config["sweep"]), LauncherSection.of(self.config["launcher"])
         self.benchmark = BenchmarkSection.of(self.config["benchmark"])
 
     @property
@@ -451,7 +451,7 @@ def load(
         planned = within_limits(planned, site)
         catalog = catalog.with_network(mapped)  # every type the site maps: the what-if predicts them all
     grid.check_plan(planned, source)
-    return Pipeline(config, catalog, planned, site, sources, cores)
+    return Pipeline(config, catalog, planned, site, sources, cores, sweep=sweep, launcher=launcher)
 
 
 def load_or_exit(*args: Any, **kwargs: Any) -> Pipeline:
