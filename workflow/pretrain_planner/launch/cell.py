@@ -79,7 +79,7 @@ def _materialise(payload: dict[str, Any], spec: dict[str, Any]) -> None:
 
 
 def _host_memory_oom(
-    exc: JobFailed, spec: dict[str, Any], kills_before: int | None, log: RuleLog
+    exc: JobFailed, spec: dict[str, Any], launch: Launch, kills_before: int | None, log: RuleLog
 ) -> dict[str, Any] | None:
     """A job that failed because the kernel killed a rank for host memory is an `oom` result, not a crash to
     retry: rank 0 wrote it before the job failed (a peer was killed), or the driver writes it (rank 0 was
@@ -107,7 +107,7 @@ def _host_memory_oom(
     result = {"status": "oom", "reason": why, **c, "world_size": c["nodes"] * c["gpus_per_node"],
               "precision": spec["model"]["recipe"]["precision"],
               "global_batch": spec["model"]["recipe"]["global_batch"],
-              "slurm_job_id": exc.job_id if spec["launcher"]["kind"] == "slurm" else None,
+              "slurm_job_id": exc.job_id if launch.kind == "slurm" else None,
               "submitit_job_id": exc.job_id}  # fmt: skip
     write_steps(spec["outputs"]["steps"], [])
     write_result(result_path, result)
@@ -274,7 +274,7 @@ def _launch(spec: dict[str, Any], launch: Launch, log: RuleLog, log_path: str, o
     try:
         outcome = stage.run(req, log, f"cell {c}", log_path, [result_path], collect)
     except JobFailed as exc:
-        payload = _host_memory_oom(exc, spec, kills_before, log)
+        payload = _host_memory_oom(exc, spec, launch, kills_before, log)
         if payload is None:
             raise
         return payload, exc.job_id
