@@ -37,6 +37,7 @@ if str(REPO / "workflow") not in sys.path:
 from gpucheck.cells import cleanup  # noqa: E402  (the GPU check's pieces; benchmarks/ is on sys.path)
 from gpucheck.sustain import TARGET, sustained  # noqa: E402
 from pretrain_planner.planning.catalog import Catalog, load_catalog  # noqa: E402
+from pretrain_planner.planning.configtypes import BenchmarkSection, LauncherSection  # noqa: E402
 from pretrain_planner.planning.grid import Cell  # noqa: E402
 from pretrain_planner.planning.spec import cell_spec  # noqa: E402
 from pretrain_planner.tables import markdown  # noqa: E402
@@ -60,7 +61,8 @@ def make_spec(model: str, args: argparse.Namespace, catalog: Catalog, folder: Pa
         "launcher": {"kind": "debug", "timeout_min": 30},
     }
     cell = Cell(model, args.gpu_type, 1, 1, args.method)
-    spec = cell_spec(cell, catalog, config, str(folder / "result.json"), str(folder / "steps.jsonl"))
+    typed = BenchmarkSection.given(config["benchmark"]), LauncherSection.given(config["launcher"])
+    spec = cell_spec(cell, catalog, *typed, str(folder / "result.json"), str(folder / "steps.jsonl"))
     spec["model"]["recipe"]["global_batch"] = args.accum * args.max_micro_batch
     spec["threads_per_rank"] = args.threads
     if args.smoke:  # bf16 autocast on a CPU is ~5x slower than fp32

@@ -55,13 +55,13 @@ def one(model: dict, gpu: dict, seed: int, steps: int, work: Path, eager: bool =
         spec["compile_model"] = False  # the models stay eager (a CPU compile per run dominates the time)
     rec = losscheck.run_rank(spec)["record"]
     conf = lc.settings()
-    return lc.judge_records([rec], conf["k"], conf["tail"])
+    return lc.judge_records([rec], conf.k, conf.tail)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, default=20)
-    ap.add_argument("--steps", type=int, default=lc.settings()["steps"])
+    ap.add_argument("--steps", type=int, default=lc.settings().steps)
     ap.add_argument("--models", nargs="+", default=["tiny-gptneox", "tiny-bert"])
     ap.add_argument("--out", default=str(REPO / "benchmarks/results/loss_check_false_alarm"))
     ap.add_argument("--eager", action="store_true", help="no model compiled (fl's compile left out)")
@@ -92,7 +92,7 @@ def write(args: argparse.Namespace, rows: list[dict], t0: float) -> list[str]:
         f"{' --eager' if args.eager else ''}` "
         f"({time.strftime('%Y-%m-%d')}, one CPU rank, {time.time() - t0:.0f} s so far; seeds run: "
         + ", ".join(f"{n} {k}" for n, k in seeds.items())
-        + f"; k = {lc.settings()['k']}, tail = {lc.settings()['tail']}"
+        + f"; k = {lc.settings().k}, tail = {lc.settings().tail}"
         + ("; models eager, no compile" if args.eager else "")
         + "). Each seed changes the initial weights and the batches. A correct method called "
         "`differs` is a false alarm; a broken one called `same` is a miss.",

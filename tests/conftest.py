@@ -28,7 +28,7 @@ from pretrain_planner.budget import jobs
 from pretrain_planner.facade.pipeline import PLAN_COLUMNS, load
 from pretrain_planner.launch.preflight import JOB_PREFIX
 from pretrain_planner.planning.catalog import load_catalog
-from pretrain_planner.planning.configtypes import BudgetRecipe
+from pretrain_planner.planning.configtypes import BenchmarkSection, BudgetRecipe, Launch, LauncherSection
 from pretrain_planner.planning.flops import train_flops_per_sample
 from pretrain_planner.planning.runspec import RunSpec
 from pretrain_planner.planning.settings import KEYS, differences, resolve
@@ -93,6 +93,12 @@ def budget_workflow(work: Path, budget: dict, launcher: str, steps: int, **train
     proc = snakemake(work, "--cores", "2", "--force-use-threads", "budget", timeout=900, snakefile=work / "Snakefile")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return work / "results"
+
+
+def sections(config: dict) -> tuple[BenchmarkSection, LauncherSection]:
+    """A test's partial `benchmark` and `launcher` sections typed as the facade types them (the schema's defaults
+    under what the test gives): what planning/spec.cell_spec takes."""
+    return BenchmarkSection.given(config.get("benchmark")), LauncherSection.given(config.get("launcher"))
 
 
 def write_config(path: Path, **sections) -> Path:
@@ -443,7 +449,8 @@ def budget_cfg(tmp_path, load=True, **over):
 
 
 # ---------------------------------------- the budget stage's pre-training through the local launcher
-LOCAL_LAUNCH = {"kind": "local", "timeout_min": 10, "slurm": None}
+LOCAL_LAUNCH = Launch(LauncherSection.given({"kind": "local", "timeout_min": 10}), None, None)
+DEBUG_LAUNCH = Launch(LauncherSection.given({"kind": "debug", "timeout_min": 1}), None, None)
 
 
 def budget_steps(run_dir):

@@ -73,8 +73,8 @@ def build_demo_results(root: Path, with_plots: bool = False) -> tuple[dict[str, 
     study.build_study_tables(tables["cells_parquet"], extra, str(root / "study.log"), catalog,
                              config["benchmark"]["suspect_mfu"], settings)  # fmt: skip
     whatif.build_whatif(tables["cells_parquet"], extra, str(root / "whatif.log"), catalog, config["sweep"]["models"],
-                        whatif.counts_of(config), config["benchmark"]["suspect_mfu"], config["costs"],
-                        named=config["whatif"]["models"])  # fmt: skip
+                        whatif.counts_of(pipe.sweep, config.get("study")), config["benchmark"]["suspect_mfu"],
+                        config["costs"], named=config["whatif"]["models"])  # fmt: skip
     cal = calendar.table_files(str(root / "tables"))
     calendar.build_calendar({"time_to_train": tables["time_to_train_csv"], "cells": tables["cells_parquet"]}, cal,
                             str(root / "calendar.log"), pipe.site, pipe.catalog, config["train"])  # fmt: skip

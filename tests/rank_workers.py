@@ -16,16 +16,18 @@ REPO = Path(__file__).resolve().parents[1]
 def run_config(model: str, method: str, ranks: int, *, precision: str | None = "fp32", **bench: Any):
     """The RunConfig of a `cpu` cell, as the planner would hand it to the job (fp32: fast on CPUs)."""
     from pretrain_planner.planning.catalog import load_catalog
+    from pretrain_planner.planning.configtypes import BenchmarkSection, LauncherSection
     from pretrain_planner.planning.grid import Cell
     from pretrain_planner.planning.spec import cell_spec
     from pretrain_planner.trainer.config import RunConfig
 
     catalog = load_catalog(REPO / "config/models.yaml", REPO / "config/gpus.yaml")
-    config = {
-        "benchmark": {"warmup_steps": 1, "timed_steps": 2, "max_micro_batch": 4, "max_spread": 50, **bench},
-        "launcher": {"kind": "local", "timeout_min": 5},
-    }
-    spec = cell_spec(Cell(model, "cpu", 1, ranks, method), catalog, config, "/nonexistent/r.json", "s.jsonl")
+    benchmark = BenchmarkSection.given({"warmup_steps": 1, "timed_steps": 2, "max_micro_batch": 4, "max_spread": 50,
+                                        **bench})  # fmt: skip
+    launcher = LauncherSection.given({"kind": "local", "timeout_min": 5})
+    spec = cell_spec(
+        Cell(model, "cpu", 1, ranks, method), catalog, benchmark, launcher, "/nonexistent/r.json", "s.jsonl"
+    )
     if precision:
         spec["model"]["recipe"]["precision"] = precision
     return RunConfig.from_spec(spec), spec

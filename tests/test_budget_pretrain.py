@@ -19,7 +19,7 @@ from pretrain_planner.schema import ConfigError
 from pretrain_planner.trainer.data import mlm as data
 from safetensors.torch import load_file
 
-from .conftest import REPO, budget_cfg
+from .conftest import DEBUG_LAUNCH, REPO, budget_cfg
 
 
 def _steps(run_dir):
@@ -178,15 +178,14 @@ def test_debug_launcher_runs_in_process_and_refuses_ranks(uninterrupted):
     cfg, tmp, _ = uninterrupted
     capped = {**cfg, "train": {**cfg["train"], "max_steps": 2}}
     d = tmp / "g"
-    res = jobs.pretrain(BudgetRecipe.of(capped), {"kind": "debug", "timeout_min": 1, "slurm": None},
+    res = jobs.pretrain(BudgetRecipe.of(capped), DEBUG_LAUNCH,
                         str(tmp / "data/index.json"), str(d / "model"), str(d / "result.json"), str(d / "run"),
                         str(d / "log"))  # fmt: skip
     assert res["steps"] == 2 and res["world_size"] == 1 and res["method_settings"]["parallel"] == "single"
     assert "launcher debug, 1 rank(s)" in (d / "log").read_text() and not (d / "submitit").exists()
-    main = {"launcher": {"kind": "debug", "timeout_min": 1, "site": "x"}}
     two = {**cfg, "train": {**cfg["train"], "gpus_per_node": 2}}
     with pytest.raises(ConfigError, match="launcher.kind debug runs one rank"):
-        bconfig.launch_settings(main["launcher"], BudgetTrain.of(two["train"]), two["source"], REPO)
+        bconfig.launch_settings(DEBUG_LAUNCH.launcher, BudgetTrain.of(two["train"]), two["source"], REPO)
 
 
 @pytest.mark.slow  # a training subprocess or gloo ranks: not in the everyday subset

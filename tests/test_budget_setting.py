@@ -17,7 +17,7 @@ from pretrain_planner.trainer.data import mlm as data
 from pretrain_planner.trainer.data import shards
 from pretrain_planner.trainer.models import build_model
 
-from .conftest import REPO, budget_cfg, snakemake, write_config
+from .conftest import DEBUG_LAUNCH, REPO, budget_cfg, snakemake, write_config
 
 CATALOG = load_catalog(REPO / "config/models.yaml", REPO / "config/gpus.yaml")
 
@@ -86,11 +86,11 @@ def test_missing_plan_warns_at_parse_and_stops_the_pretrain_job(tmp_path):
     cfg = bconfig.load(path, results=tmp_path / "results")
     assert cfg["setting"].source == "missing"
     with pytest.raises(ConfigError, match="train.setting: benchmark, but there is no benchmark plan"):
-        jobs.pretrain(BudgetRecipe.of(cfg), {"kind": "debug", "timeout_min": 1, "slurm": None}, "i", "m", "r", "run",
+        jobs.pretrain(BudgetRecipe.of(cfg), DEBUG_LAUNCH, "i", "m", "r", "run",
                       "log")  # fmt: skip
     _write_plan(tmp_path / "results", gpn=1)
     with pytest.raises(ConfigError, match="It exists now"):
-        jobs.pretrain(BudgetRecipe.of(cfg), {"kind": "debug", "timeout_min": 1, "slurm": None}, "i", "m", "r", "run",
+        jobs.pretrain(BudgetRecipe.of(cfg), DEBUG_LAUNCH, "i", "m", "r", "run",
                       "log")  # fmt: skip
 
 

@@ -89,6 +89,7 @@ def test_sbatch_test_only_gives_the_expected_start():
 
 import polars as pl  # noqa: E402
 from pretrain_planner.planning.catalog import load_catalog  # noqa: E402
+from pretrain_planner.planning.configtypes import SiteFile  # noqa: E402
 from pretrain_planner.planning.queue import ask_start, asking_command  # noqa: E402
 from pretrain_planner.tables import views  # noqa: E402
 from pretrain_planner.tables.calendar import Site, calendar_table, settings_of  # noqa: E402
@@ -116,8 +117,8 @@ def _site(**a100):
             "qos": None, "reservation": None, "time_limit_min": 24 * 60, "cpus_per_gpu": 8, "mem_per_gpu_gb": None,
             "signal_delay_s": 120, "extra_sbatch": {}, "setup": [], "requeue_wait_h": None, "checkpoint_gb_s": 1.0,
             "limits": {}}  # fmt: skip
-    return {"path": "site.yaml", "poll_max_s": 60, "gpus": {"a100": {**base, **a100}, "h100": {**base,
-            "partition": "h100", "gres_type": "h100"}}}  # fmt: skip
+    gpus = {"a100": {**base, **a100}, "h100": {**base, "partition": "h100", "gres_type": "h100"}}
+    return SiteFile("site.yaml", {}, gpus, ask_scheduler=False, poll_max_s=60, max_queued_jobs=None)
 
 
 def _scheduler(starts: dict[str, str | None]):
@@ -231,8 +232,8 @@ def test_a_train_stage_budget_is_its_own_row():
 
 
 def test_the_scheduler_unreachable_is_an_unknown_wait():
-    w, cmd = ask_start(_site()["gpus"]["a100"], 1, 2, "x", lambda c: (127, "FileNotFoundError: sbatch"), NOW)
-    assert w.hours is None and "not reachable" in w.how and cmd == asking_command(_site()["gpus"]["a100"], 1, 2, "x")
+    w, cmd = ask_start(_site().gpus["a100"], 1, 2, "x", lambda c: (127, "FileNotFoundError: sbatch"), NOW)
+    assert w.hours is None and "not reachable" in w.how and cmd == asking_command(_site().gpus["a100"], 1, 2, "x")
 
 
 @pytest.mark.parametrize(("delay", "margin"), [(0, 0), (5, 30), (29, 30), (30, 60), (120, 150)])

@@ -16,6 +16,7 @@ import re
 import signal
 import subprocess
 import time
+from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -23,6 +24,7 @@ import pytest
 import yaml
 from pretrain_planner.launch import stage
 from pretrain_planner.launch.rankjob import EntryJob
+from pretrain_planner.planning.configtypes import Launch, LauncherSection
 from pretrain_planner.planning.queue import ask_start
 from pretrain_planner.planning.site import gpu_settings, load_site
 
@@ -318,13 +320,13 @@ def test_a_run_that_resumes_is_not_cut_short_by_submitits_count_of_time_out_requ
     its checkpoint is allowed as many as its progress earns (progress.py refuses a time-out that got no further). A
     benchmark cell, which starts over, keeps the count its hours give."""
     site = {"time_limit_min": 24 * 60, "signal_delay_s": 120, "poll_max_s": 60}
-    launch = {"kind": "slurm", "timeout_min": 60, "slurm": site}
+    launch = Launch(LauncherSection.given({"kind": "slurm", "timeout_min": 60}), site, None)
     resumes = stage.request(EntryJob("m:f", {}, restartable=False), "pp-train", launch, tmp_path, {}, hours=0)
     assert resumes.max_num_timeout >= 31
     starts_over = stage.request(EntryJob("m:f", {}), "pp-cell", launch, tmp_path, {}, hours=0)
     assert starts_over.max_num_timeout == stage.limits(launch, 0)[1] == 4
-    local = stage.request(EntryJob("m:f", {}, restartable=False), "pp-train", {**launch, "kind": "local",
-                          "slurm": None}, tmp_path, {}, hours=0)  # fmt: skip
+    on_this_host = Launch(replace(launch.launcher, kind="local"), None, None)
+    local = stage.request(EntryJob("m:f", {}, restartable=False), "pp-train", on_this_host, tmp_path, {}, hours=0)
     assert local.max_num_timeout == 3
 
 

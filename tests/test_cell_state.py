@@ -22,7 +22,7 @@ from pretrain_planner.planning.grid import Cell
 from pretrain_planner.planning.spec import cell_spec
 from pretrain_planner.tables import status
 
-from .conftest import REPO, P, cell_result, snakemake, write_config, write_set
+from .conftest import REPO, P, cell_result, sections, snakemake, write_config, write_set
 
 EXE = Path(sys.executable).parent / "pretrain-planner"
 CATALOG = load_catalog(REPO / "config/models.yaml", REPO / "config/gpus.yaml")
@@ -31,7 +31,7 @@ CATALOG = load_catalog(REPO / "config/models.yaml", REPO / "config/gpus.yaml")
 def _spec(folder: Path, kind: str, method: str = "naive") -> dict:
     config = {"benchmark": {"warmup_steps": 1, "timed_steps": 3, "max_micro_batch": 4, "seed": 0, "max_spread": 50},
               "launcher": {"kind": kind, "timeout_min": 5}}  # fmt: skip
-    return cell_spec(Cell("tiny-gptneox", "cpu", 1, 1, method), CATALOG, config, str(folder / "result.json"),
+    return cell_spec(Cell("tiny-gptneox", "cpu", 1, 1, method), CATALOG, *sections(config), str(folder / "result.json"),
                      str(folder / "steps.jsonl"))  # fmt: skip
 
 

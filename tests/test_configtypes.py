@@ -81,7 +81,7 @@ def test_the_train_stage_below_the_entrance_refuses_a_dict(tmp_path):
 def _budget_stage(tmp_path):
     from pretrain_planner.facade.budget import BudgetStage
 
-    return BudgetStage("config/budget.yaml", REPO, str(tmp_path / "results"), load(_demo(), REPO).config, 2)
+    return BudgetStage("config/budget.yaml", REPO, str(tmp_path / "results"), load(_demo(), REPO).launcher, 2)
 
 
 def test_the_default_budget_file_gives_its_typed_recipe_with_the_files_and_the_schemas_values(tmp_path):
@@ -146,3 +146,167 @@ def test_the_budget_stage_below_the_entrance_refuses_a_dict(tmp_path):
         with pytest.raises(TypeError, match=rf"{where}: takes a (BudgetRecipe|BudgetTrain|BudgetGlue)"):
             call()
     assert not (tmp_path / "run").exists() and not (tmp_path / "glue").exists() and not (tmp_path / "log").exists()
+
+
+# --- the config's sweep, benchmark and launcher sections (and a job's launch with its site settings) -------------
+def _section_keys(*path: str) -> list[str]:
+    schema = load_schema("config")
+    for key in path:
+        schema = schema["properties"][key]
+    return list(schema["properties"])
+
+
+def test_the_sweep_benchmark_and_launcher_sections_are_typed_once_with_the_files_and_the_schemas_values():
+    """Every key of the schema's `sweep:`, `benchmark:` (and its `loss_check:`) and `launcher:` is a field (none
+    more), each the file's value or the schema's default; the facade types each section once, frozen."""
+    from pretrain_planner.planning.configtypes import (
+        BenchmarkSection,
+        LauncherSection,
+        LossCheckSection,
+        SweepSection,
+    )
+
+    for cls, path in ((SweepSection, ("sweep",)), (BenchmarkSection, ("benchmark",)), (LauncherSection, ("launcher",)),
+                      (LossCheckSection, ("benchmark", "loss_check"))):  # fmt: skip
+        assert [f.name for f in fields(cls)] == _section_keys(*path), cls.__name__
+    pipe = load(_demo(), REPO)
+    defaults = schema_defaults("config")
+    assert pipe.sweep == SweepSection(**{k: tuple(DEMO["sweep"].get(k, defaults.get(f"sweep.{k}"))) for k in
+                                         _section_keys("sweep")})  # fmt: skip
+    for key in _section_keys("launcher"):
+        assert getattr(pipe.launcher, key) == DEMO["launcher"].get(key, defaults[f"launcher.{key}"]), key
+    for key in _section_keys("benchmark"):
+        if key != "loss_check":
+            assert getattr(pipe.benchmark, key) == DEMO["benchmark"].get(key, defaults[f"benchmark.{key}"]), key
+    for key in _section_keys("benchmark", "loss_check"):
+        given = DEMO["benchmark"]["loss_check"]
+        assert getattr(pipe.loss_check, key) == given.get(key, defaults[f"benchmark.loss_check.{key}"]), key
+    assert pipe.loss_check is pipe.benchmark.loss_check
+    for value in (pipe.sweep, pipe.benchmark, pipe.launcher, pipe.loss_check):
+        with pytest.raises(FrozenInstanceError):
+            value.seed = 1  # type: ignore[misc,union-attr]
+    off = load(_demo(benchmark={"loss_check": {"mode": False}}), REPO)  # YAML's unquoted off
+    assert off.loss_check.mode == "off" and off.loss_check_folders() == []
+
+
+def test_the_site_file_is_typed_where_the_config_is_loaded_each_gpu_type_with_its_full_settings():
+    """A slurm config's site file (launcher.site) is read once by the facade into a SiteFile: its schema's keys
+    (and where it is), narrowed to the sweep's GPU types, each with the file's defaults under its entry and its
+    partition's limits resolved; a cell's `slurm` is that GPU type's settings as JSON."""
+    from pretrain_planner.planning.configtypes import SiteFile
+
+    pipe = load(_demo(launcher={"kind": "slurm", "site": "cluster/slurm/site.yaml"}), REPO)
+    assert isinstance(pipe.site, SiteFile)
+    assert [f.name for f in fields(SiteFile)] == ["path", *load_schema("site")["properties"]]
+    given = yaml.safe_load((REPO / "cluster/slurm/site.yaml").read_text())
+    assert set(pipe.site.gpus) == set(DEMO["sweep"]["gpus"]) and pipe.site.poll_max_s == given["poll_max_s"]
+    cpu = pipe.site.gpus["cpu"]
+    defaults = schema_defaults("site")
+    for key in load_schema("site")["$defs"]["settings"]["properties"]:
+        want = (given["gpus"]["cpu"] or {}).get(key, given["defaults"].get(key, defaults.get(f"defaults.{key}")))
+        assert cpu[key] == want, key
+    assert set(cpu["limits"]) == {"max_nodes", "gpus_per_node", "max_time_h"}  # resolved at load
+    wildcards = SimpleNamespace(model="tiny-bert", gpu="cpu", nodes="1", gpus_per_node="1", method="fl")
+    spec = pipe.spec(wildcards, SimpleNamespace(result="r.json", steps="s.jsonl"))
+    assert spec["slurm"] == {**cpu, "gpu_type": "cpu", "site": pipe.site.path}
+    with pytest.raises(FrozenInstanceError):
+        pipe.site.poll_max_s = 1  # type: ignore[misc]
+
+
+def test_a_jobs_json_is_the_config_it_was_given_key_for_key_in_its_order():
+    """The cell's and the check's specs and the plan's params are the rules' params, which Snakemake compares by
+    their repr: typed or not, each is the validated section, in the order the config wrote its keys (a config that
+    writes `device` before `seed`, as config/paper.yaml does, keeps every measured cell)."""
+    from pretrain_planner.planning.configtypes import BenchmarkSection, Launch, LauncherSection
+
+    config = _demo(benchmark={"timed_steps": 3, "device": "cpu", "warmup_steps": 1, "loss_check": {"steps": 4}},
+                   launcher={"timeout_min": 9, "kind": "local"},
+                   sweep={**DEMO["sweep"], "methods": ["naive", "fl"], "nodes": [1],
+                          "models": ["tiny-bert"]})  # fmt: skip
+    pipe = load(config, REPO)
+    validated = pipe.config
+    wildcards = SimpleNamespace(model="tiny-bert", gpu="cpu", nodes="1", gpus_per_node="1", method="fl")
+    spec = pipe.spec(wildcards, SimpleNamespace(result="r.json", steps="s.jsonl"))
+    assert list(spec["benchmark"].items()) == [(k, v) for k, v in validated["benchmark"].items() if k != "loss_check"]
+    assert list(spec["launcher"].items()) == [(k, v) for k, v in validated["launcher"].items() if k != "site"]
+    assert list(pipe.plan_params()["sweep"].items()) == list(validated["sweep"].items())
+    check = pipe.loss_check_spec({"model": "tiny-bert", "gpu": "cpu", "nodes": "1", "gpus_per_node": "1"})
+    assert list(check["benchmark"]) == list(validated["benchmark"]) and check["benchmark"]["loss_check"]["steps"] == 4
+    # the job types its JSON back at its entrance: the same values
+    assert BenchmarkSection.of_job(check["benchmark"]) == pipe.benchmark
+    assert BenchmarkSection.of_job(spec["benchmark"]).device == "cpu"
+    launch = Launch.of_job(spec)
+    assert launch.launcher == LauncherSection.of({**validated["launcher"], "site": None}) and launch.slurm is None
+    with pytest.raises(ValueError, match=r"the job's spec: launcher: .*missing \['timeout_min'"):
+        Launch.of_job({**spec, "launcher": {"kind": "local"}})  # a spec that did not come from the facade
+
+
+def test_the_loss_check_job_types_its_spec_at_its_entrance(tmp_path):
+    """launch/losscheck.run_check reads the check's settings typed from its spec: a setting whose naive did not
+    train records why, with the spec's steps and seed, and starts no job."""
+    import json
+
+    from pretrain_planner.launch.losscheck import run_check
+
+    pipe = load(_demo(results=str(tmp_path / "results")), REPO)
+    spec = pipe.loss_check_spec({"model": "tiny-bert", "gpu": "cpu", "nodes": "1", "gpus_per_node": "1"})
+    curves = tmp_path / "curves.json"
+    record = run_check(spec, [], str(curves), str(tmp_path / "check.log"))
+    assert record["note"].startswith("naive did not train at this setting") and record["runs"] == []
+    assert record["check"]["steps"] == DEMO["benchmark"]["loss_check"]["steps"] and record["check"]["seed"] == 0
+    assert json.loads(curves.read_text()) == record and not (tmp_path / "submitit").exists()
+
+
+def test_the_sweep_benchmark_and_launcher_below_the_entrance_refuse_a_dict(tmp_path):
+    """The planning, launch, table and stage functions take the sections the facade typed (and a job's launch);
+    the config's dict is refused in one line naming the class, before any job."""
+    from pretrain_planner.budget import jobs as bjobs
+    from pretrain_planner.facade.budget import BudgetStage
+    from pretrain_planner.launch import stage
+    from pretrain_planner.launch.rankjob import EntryJob
+    from pretrain_planner.planning import grid, losscheck, site
+    from pretrain_planner.planning.spec import cell_spec
+    from pretrain_planner.tables import aggregate, whatif
+    from pretrain_planner.train import jobs
+
+    pipe = load(_demo(), REPO)
+    config = pipe.config  # the validated dicts: what used to be passed down
+    sweep, bench, launcher = config["sweep"], config["benchmark"], config["launcher"]
+    launch = {**launcher, "slurm": None}  # what launch/stage.launch_settings used to return
+    cell = pipe.cells[0]
+    plan = yaml.safe_load(write_plan(tmp_path / "plan", "tiny-gptneox").read_text())
+    site_file = site.read_site(REPO / "cluster/slurm/site.yaml")
+    site_dict = {**asdict(site_file), "gpus": dict(site_file.gpus)}  # what planning/site.read_site used to return
+    calls = {
+        "planning.grid.expand": lambda: grid.expand(sweep, launcher, pipe.catalog),  # type: ignore[arg-type]
+        "planning.grid.check_sweep": lambda: grid.check_sweep(sweep, pipe.catalog),  # type: ignore[arg-type]
+        "planning.spec.cell_spec": lambda: cell_spec(cell, pipe.catalog, bench, launcher, "r", "s"),  # type: ignore
+        "planning.losscheck.plan_runs": lambda: losscheck.plan_runs({}, bench["loss_check"], {}, {}, 1, 1, False),
+        "planning.losscheck.unplanned": lambda: losscheck.unplanned(bench["loss_check"], ["naive"]),
+        "launch.stage.launch_settings": lambda: stage.launch_settings(launcher, "cpu", 1, 1, REPO, "c", "r", "g"),
+        "launch.stage.placement": lambda: stage.placement(launch, "cpu", "cpu", 1, 1),  # type: ignore[arg-type]
+        "launch.stage.limits": lambda: stage.limits(launch, 1.0),  # type: ignore[arg-type]
+        "launch.stage.request": lambda: stage.request(EntryJob("m:f", {}), "n", launch, tmp_path, {}),  # type: ignore
+        "train.jobs.launch_settings": lambda: jobs.launch_settings(launcher, plan, REPO),  # type: ignore[arg-type]
+        "budget.jobs.pretrain": lambda: bjobs.pretrain(_budget_stage(tmp_path).recipe(""), launch, "i", "m", "r",
+                                                       str(tmp_path / "run"), str(tmp_path / "log")),
+        "budget.jobs.finetune": lambda: bjobs.finetune(_budget_stage(tmp_path).recipe(""), launch, "rte", "m",
+                                                       str(tmp_path / "glue/m.json"), str(tmp_path / "log")),
+        "train.jobs.run_plan": lambda: jobs.run_plan(tmp_path / "plan", launch, tmp_path / "out", tmp_path / "log",
+                                                     pipe.train),
+        "facade.budget.BudgetStage": lambda: BudgetStage("config/budget.yaml", REPO, "r", config, 2),  # type: ignore
+        "tables.aggregate.loss_check_table": lambda: aggregate.loss_check_table([], bench["loss_check"]),
+        "tables.whatif.counts_of": lambda: whatif.counts_of(sweep, None),  # type: ignore[arg-type]
+        "tables.whatif.rule_settings": lambda: whatif.rule_settings(pipe.sweep, bench, config, pipe.catalog),
+        "planning.site.for_gpus": lambda: site.for_gpus(site_dict, ["cpu"]),
+        "planning.site.resolve_limits": lambda: site.resolve_limits(site_dict),
+        "planning.site.within_limits": lambda: site.within_limits(pipe.planned, site_dict),
+        "planning.site.gpu_settings": lambda: site.gpu_settings(site_dict, "cpu"),
+    }  # fmt: skip
+    for where, call in calls.items():
+        with pytest.raises(TypeError, match=rf"{where}: takes a (SweepSection|BenchmarkSection|LauncherSection|"
+                                            r"LossCheckSection|Launch|SiteFile)\b"):  # fmt: skip
+            call()
+    assert not any((tmp_path / p).exists() for p in ("run", "log", "glue", "out"))
+    # launch/stage.launch_settings's answer is typed (a Launch) for every stage's jobs
+    assert stage.launch_settings(pipe.launcher, "cpu", 1, 1, REPO, "c", "r", "g").launcher is pipe.launcher

@@ -17,7 +17,7 @@ from pretrain_planner.planning.flops import param_count, train_flops_per_sample
 from pretrain_planner.planning.formulas import Transformer
 from pretrain_planner.trainer.models import build_model
 
-from .conftest import REPO
+from .conftest import REPO, sections
 from .test_flops import counted_flops_per_sample
 
 TINY = ["tiny-llama", "tiny-qwen3", "tiny-olmo2"]
@@ -168,11 +168,11 @@ def made_up(tmp_path):
 
 
 def _plan(catalog) -> list:
+    from pretrain_planner.planning.configtypes import LauncherSection, SweepSection
     from pretrain_planner.planning.grid import expand
 
-    config = {"sweep": {"models": ["my-llama-tiny"], "gpus": ["cpu"], "nodes": [1], "gpus_per_node": [2],
-                        "methods": METHODS}, "launcher": {"kind": "local"}}  # fmt: skip
-    return expand(config, catalog)
+    sweep = SweepSection(("my-llama-tiny",), ("cpu",), (1,), (2,), tuple(METHODS))
+    return expand(sweep, LauncherSection.given({"kind": "local"}), catalog)
 
 
 def test_a_made_up_llama_is_planned_and_predicted_with_no_code_change(made_up, tmp_path, monkeypatch, capsys):
@@ -212,7 +212,7 @@ def test_a_made_up_llama_is_benchmarked_on_the_cpu_stand_in(made_up, tmp_path):
     config = {"benchmark": {"warmup_steps": 1, "timed_steps": 2, "max_micro_batch": 2, "max_spread": 50},
               "launcher": {"kind": "local", "timeout_min": 5}}  # fmt: skip
     result, steps = tmp_path / "result.json", tmp_path / "steps.jsonl"
-    spec = cell_spec(cell, catalog, config, str(result), str(steps))
+    spec = cell_spec(cell, catalog, *sections(config), str(result), str(steps))
     out = run_ranks("tests.rank_workers:run_spec", 2, {"spec": spec}, 240)
     assert not out[0]["timed_out"] and out[0]["returncode"] == 0, out[0]["stderr"][-3000:]
     got = json.loads(result.read_text())

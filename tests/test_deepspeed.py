@@ -10,7 +10,7 @@ from pretrain_planner.planning.catalog import load_catalog
 from pretrain_planner.planning.grid import Cell
 from pretrain_planner.planning.spec import cell_spec
 
-from .conftest import HAVE_DS, REPO, TIMED, cell, leftover_processes, losses
+from .conftest import HAVE_DS, REPO, TIMED, cell, leftover_processes, losses, sections
 from .conftest import ZERO_METHODS as ZERO
 
 needs_ds = pytest.mark.skipif(not HAVE_DS, reason="DeepSpeed is not installed (bash envs/setup.sh test)")
@@ -32,7 +32,7 @@ def _run_config(model: str, method: str, ranks: int = 2, gpu: str = "cpu", preci
 
     catalog = load_catalog(REPO / "config/models.yaml", REPO / "config/gpus.yaml")
     config = {"benchmark": {"warmup_steps": 1, "timed_steps": 1}, "launcher": {"kind": "local", "timeout_min": 5}}
-    spec = cell_spec(Cell(model, gpu, 1, ranks, method), catalog, config, "r.json", "s.jsonl")
+    spec = cell_spec(Cell(model, gpu, 1, ranks, method), catalog, *sections(config), "r.json", "s.jsonl")
     if precision:
         spec["model"]["recipe"]["precision"] = precision
     return RunConfig.from_spec(spec)
@@ -197,6 +197,7 @@ BROKEN_IMPORT_CELL = """
 import json, sys
 from pretrain_planner.planning.catalog import load_catalog
 from pretrain_planner.planning.grid import Cell
+from pretrain_planner.planning.configtypes import BenchmarkSection, LauncherSection
 from pretrain_planner.planning.spec import cell_spec
 from pretrain_planner.trainer.run import run_rank
 
@@ -208,7 +209,8 @@ except BaseException as exc:  # what a GPU image with a mismatched pair shows
 repo, out = sys.argv[1], sys.argv[2]
 catalog = load_catalog(f"{repo}/config/models.yaml", f"{repo}/config/gpus.yaml")
 config = {"benchmark": {"warmup_steps": 1, "timed_steps": 1}, "launcher": {"kind": "debug", "timeout_min": 5}}
-spec = cell_spec(Cell("tiny-bert", "cpu", 1, 1, "naive+zero1"), catalog, config, f"{out}/result.json",
+typed = BenchmarkSection.given(config["benchmark"]), LauncherSection.given(config["launcher"])
+spec = cell_spec(Cell("tiny-bert", "cpu", 1, 1, "naive+zero1"), catalog, *typed, f"{out}/result.json",
                  f"{out}/steps.jsonl")
 run_rank(spec)
 print(json.dumps({"raised": raised, "result": json.load(open(f"{out}/result.json"))}))

@@ -243,7 +243,7 @@ def test_launch_script_asks_what_the_sites_jobs_asked_and_runs_their_interpreter
         "python": "/opt/venv/bin/python", "container": "apptainer exec --nv /img/pp.sif", "modules": ["cuda/12.4"],
         "env": {"NCCL_SOCKET_IFNAME": "ib0", "NOTE": "$(touch pwned)"}, "setup": ["echo ready"],
         "extra_sbatch": {"exclusive": True, "comment": "grant 7"}}}}))  # fmt: skip
-    site = load_site(site_file, ["a100"])["gpus"]["a100"]
+    site = load_site(site_file, ["a100"]).gpus["a100"]
     cat = load_catalog(REPO / "config/models.yaml", REPO / "config/gpus.yaml")
     gpu = dataclasses.replace(cat.gpus["a100"], label="A100\nrm -rf ~")
     row = {"model": "pythia-1b", "gpu": "a100", "best_method": "naive", "micro_batch": 8, "grad_accum_steps": 2,

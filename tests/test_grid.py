@@ -13,6 +13,7 @@ from pretrain_planner import schema
 from pretrain_planner.layout import CELL_PATTERN
 from pretrain_planner.planning import grid
 from pretrain_planner.planning.catalog import load_catalog
+from pretrain_planner.planning.configtypes import LauncherSection, SweepSection
 from pretrain_planner.planning.grid import WILDCARD_CONSTRAINTS, Cell, PlannedCell
 from pretrain_planner.schema import ConfigError
 
@@ -65,6 +66,11 @@ def _reason(catalog, model, gpu, nodes=1, gpn=1, method="fl", launcher="slurm"):
 def _config(**sweep):
     cfg = {"sweep": sweep, "launcher": {"kind": sweep.pop("launcher", "slurm")}}
     return schema.validate(cfg, "config", "test")
+
+
+def _expand(cfg, catalog, source="config"):
+    """The grid of a validated config, its sections typed as the facade types them."""
+    return grid.expand(SweepSection.of(cfg["sweep"]), LauncherSection.of(cfg["launcher"]), catalog, source)
 
 
 # ------------------------------------------------------------------------------------------ validity rules
@@ -274,7 +280,7 @@ def test_expand_length_is_the_product(catalog):
         gpus_per_node=[1, 2, 4],
         methods=["naive", "fl", "fl+ac", "fl+zero3+off"],
     )
-    planned = grid.expand(cfg, catalog, "test")
+    planned = _expand(cfg, catalog, "test")
     assert len(planned) == 3 * 2 * 2 * 3 * 4
     assert all(isinstance(p, PlannedCell) for p in planned)
     assert len({p.cell for p in planned}) == len(planned)
@@ -285,12 +291,12 @@ def test_expand_length_is_the_product(catalog):
         )
     ]
     assert [p.cell for p in planned] == expected  # sweep order, method innermost
-    assert grid.expand(cfg, catalog, "test") == planned  # stable
+    assert _expand(cfg, catalog, "test") == planned  # stable
 
 
 def test_expand_reasons_and_rows(catalog):
     cfg = _config(models=["pythia-1b"], gpus=["v100", "a100"], gpus_per_node=[1, 2], methods=["fl", "fl+zero1"])
-    planned = {p.cell: p for p in grid.expand(cfg, catalog)}
+    planned = {p.cell: p for p in _expand(cfg, catalog)}
     assert all(not p.valid for c, p in planned.items() if c.gpu == "v100")  # bf16
     assert planned[Cell("pythia-1b", "a100", 1, 1, "fl")].valid
     assert not planned[Cell("pythia-1b", "a100", 1, 1, "fl+zero1")].valid
@@ -316,19 +322,19 @@ def test_expand_reasons_and_rows(catalog):
 
 def test_expand_canonicalises_and_deduplicates_methods(catalog):
     cfg = _config(models=["tiny-bert"], gpus=["cpu"], gpus_per_node=[2], methods=["fl+off+zero3", "fl+zero3+off"])
-    planned = grid.expand(cfg, catalog)
+    planned = _expand(cfg, catalog)
     assert [p.cell.method for p in planned] == ["fl+zero3+off"]
 
 
 def test_expand_uses_the_launcher(catalog):
     cfg = _config(models=["tiny-bert"], gpus=["cpu"], gpus_per_node=[1, 2], methods=["fl"], launcher="debug")
-    valid = [p.valid for p in grid.expand(cfg, catalog)]
+    valid = [p.valid for p in _expand(cfg, catalog)]
     assert valid == [True, False]
 
 
 def test_default_config_sweep_is_all_valid(catalog):
     cfg = schema.validate(yaml.safe_load((ROOT / "config" / "config.yaml").read_text()), "config", "config.yaml")
-    planned = grid.expand(cfg, catalog, "config.yaml")
+    planned = _expand(cfg, catalog, "config.yaml")
     sweep = cfg["sweep"]  # 2 models x 1 GPU type x 1 node count x 2 GPU counts x 3 methods (naive, fl, fl+ac)
     assert (
         len(planned) == 2 * 1 * 1 * 2 * 3 == len(sweep["models"]) * len(sweep["gpus_per_node"]) * len(sweep["methods"])
@@ -343,7 +349,7 @@ def test_default_config_sweep_is_all_valid(catalog):
 def test_check_sweep_unknown_model(catalog):
     cfg = _config(models=["tiny-bert", "gpt-5"], gpus=["cpu"])
     with pytest.raises(ConfigError) as info:
-        grid.check_sweep(cfg, catalog, "config/my.yaml")
+        grid.check_sweep(SweepSection.of(cfg["sweep"]), catalog, "config/my.yaml")
     msg = str(info.value)
     assert msg.startswith("config/my.yaml: sweep.models[1]:")
     assert "'gpt-5'" in msg and catalog.models_path in msg
@@ -353,7 +359,7 @@ def test_check_sweep_unknown_model(catalog):
 def test_check_sweep_unknown_gpu(catalog):
     cfg = _config(models=["tiny-bert"], gpus=["cpu", "a100", "mi300x"])
     with pytest.raises(ConfigError) as info:
-        grid.check_sweep(cfg, catalog, "config/my.yaml")
+        grid.check_sweep(SweepSection.of(cfg["sweep"]), catalog, "config/my.yaml")
     msg = str(info.value)
     assert "config/my.yaml" in msg
     assert "sweep.gpus[2]" in msg
@@ -361,23 +367,24 @@ def test_check_sweep_unknown_gpu(catalog):
     assert catalog.gpus_path in msg and "gpus.yaml" in msg
     assert "h100" in msg
     with pytest.raises(ConfigError, match=r"sweep\.gpus\[2\]"):
-        grid.expand(cfg, catalog, "config/my.yaml")
+        _expand(cfg, catalog, "config/my.yaml")
 
 
 def test_check_sweep_bad_method(catalog):
     cfg = _config(models=["tiny-bert"], gpus=["cpu"], methods=["fl", "fl+bogus"])
     with pytest.raises(ConfigError, match=r"config/my\.yaml: sweep\.methods\[1\]"):
-        grid.check_sweep(cfg, catalog, "config/my.yaml")
+        grid.check_sweep(SweepSection.of(cfg["sweep"]), catalog, "config/my.yaml")
 
 
 def test_check_sweep_accepts_known_names(catalog):
-    grid.check_sweep(_config(models=["pythia-1b", "tiny-bert"], gpus=["a100", "cpu"], methods=["fl+ac"]), catalog)
+    cfg = _config(models=["pythia-1b", "tiny-bert"], gpus=["a100", "cpu"], methods=["fl+ac"])
+    grid.check_sweep(SweepSection.of(cfg["sweep"]), catalog)
 
 
 def test_check_plan_model_without_valid_cell(tmp_catalog):
     # batch-6: 6 samples on 4 or 8 GPUs never divide; tiny: 16 / 4 and 16 / 8 are fine
     cfg = _config(models=["tiny", "batch-6"], gpus=["a100"], gpus_per_node=[4, 8], methods=["fl"])
-    planned = grid.expand(cfg, tmp_catalog)
+    planned = _expand(cfg, tmp_catalog)
     with pytest.raises(ConfigError) as info:
         grid.check_plan(planned, "config/my.yaml")
     msg = str(info.value)
@@ -389,18 +396,18 @@ def test_check_plan_model_without_valid_cell(tmp_catalog):
 
 def test_check_plan_each_rule_can_empty_a_model(tmp_catalog):
     cfg = _config(models=["tiny", "batch-6"], gpus=["a100"], gpus_per_node=[2, 4], methods=["fl"])
-    planned = grid.expand(cfg, tmp_catalog)
+    planned = _expand(cfg, tmp_catalog)
     assert [p.valid for p in planned] == [True, True, False, False]  # 6 / 2 = 3 is not a power of two
     with pytest.raises(ConfigError, match="batch-6"):
         grid.check_plan(planned)
     cfg = _config(models=["tiny", "batch-6"], gpus=["a100"], gpus_per_node=[1, 2], methods=["fl"])
     with pytest.raises(ConfigError, match="batch-6"):  # 6 / 1 = 6 is not a power of two either
-        grid.check_plan(grid.expand(cfg, tmp_catalog))
+        grid.check_plan(_expand(cfg, tmp_catalog))
     cfg = _config(models=["tiny", "batch-24"], gpus=["a100"], gpus_per_node=[1, 8], methods=["fl"])
     with pytest.raises(ConfigError, match="batch-24"):
-        grid.check_plan(grid.expand(cfg, tmp_catalog))
+        grid.check_plan(_expand(cfg, tmp_catalog))
     cfg = _config(models=["tiny", "no-ac"], gpus=["a100"], gpus_per_node=[1, 2], methods=["fl", "fl+ac"])
-    grid.check_plan(grid.expand(cfg, tmp_catalog))  # no-ac has valid fl cells
+    grid.check_plan(_expand(cfg, tmp_catalog))  # no-ac has valid fl cells
 
 
 # ------------------------------------------------------------------------------------------ extra method parts
@@ -497,7 +504,7 @@ def test_the_batch_and_layout_rules_have_one_home(catalog, tmp_path):
     judged by one rule each (planning/runspec: batch_split_reason, sharding_reason): the grid, the what-if, the
     loss check, the budget stage's config and the train stage's accumulation all give its words."""
     from pretrain_planner.budget import config as bconfig
-    from pretrain_planner.planning.losscheck import plan_runs
+    from pretrain_planner.planning.losscheck import plan_runs, settings
     from pretrain_planner.planning.methods import parse
     from pretrain_planner.planning.runspec import RunSpec, accumulation, batch_split_reason, sharding_reason
     from pretrain_planner.tables.predictor import Predictor
@@ -510,7 +517,7 @@ def test_the_batch_and_layout_rules_have_one_home(catalog, tmp_path):
     assert rule in _reason(catalog, "tiny-gptneox", "cpu", gpn=3)
     measured = Predictor(cells({"a100": 0.45}), catalog, public=None)
     assert measured.predict("tiny-gptneox", "a100", 1, 3).why == rule
-    conf = {"mode": "all", "global_batch": 16, "seeds": 1, "steps": 2}
+    conf = settings({"mode": "all", "global_batch": 16, "seeds": 1, "steps": 2})
     assert plan_runs({}, conf, catalog.model("tiny-gptneox").to_dict(), {}, 3, 1, False)[1] == f"the check's {rule}"
     with pytest.raises(ValueError, match=rule):
         accumulation(16, 1, 3)  # the train stage's and the budget sweep's accumulation

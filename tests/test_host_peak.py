@@ -17,7 +17,7 @@ from pretrain_planner.planning.spec import cell_spec
 from pretrain_planner.tables import aggregate, views
 from pretrain_planner.trainer import hostpeak
 
-from .conftest import REPO
+from .conftest import REPO, sections
 
 CATALOG = load_catalog(REPO / "config/models.yaml", REPO / "config/gpus.yaml")
 
@@ -68,8 +68,8 @@ def cell(tmp_path_factory):
     folder = root / "cells/tiny-gptneox/cpu/1x1/naive"
     config = {"benchmark": {"warmup_steps": 1, "timed_steps": 3, "max_micro_batch": 4, "seed": 0, "max_spread": 50},
               "launcher": {"kind": "debug", "timeout_min": 5}}  # fmt: skip
-    spec = cell_spec(Cell("tiny-gptneox", "cpu", 1, 1, "naive"), CATALOG, config, str(folder / "result.json"),
-                     str(folder / "steps.jsonl"))  # fmt: skip
+    spec = cell_spec(Cell("tiny-gptneox", "cpu", 1, 1, "naive"), CATALOG, *sections(config),
+                     str(folder / "result.json"), str(folder / "steps.jsonl"))  # fmt: skip
     run_cell(spec, str(folder / "cell.log"))
     return root, json.loads((folder / "result.json").read_text())
 

@@ -10,7 +10,7 @@ from pretrain_planner.planning.grid import Cell
 from pretrain_planner.planning.spec import cell_spec
 from pretrain_planner.trainer import kernels
 
-from .conftest import GPUS_YAML, MODELS_YAML
+from .conftest import GPUS_YAML, MODELS_YAML, sections
 
 SDPA_FLASH = "aten::_scaled_dot_product_flash_attention"
 
@@ -29,7 +29,11 @@ def _run(catalog, tmp_path, model: str, method: str, compile_: bool | None = Fal
         "launcher": {"kind": "debug", "timeout_min": 5},
     }
     spec = cell_spec(
-        Cell(model, "cpu", 1, 1, method), catalog, config, str(tmp_path / "r.json"), str(tmp_path / "s.jsonl")
+        Cell(model, "cpu", 1, 1, method),
+        catalog,
+        *sections(config),
+        str(tmp_path / "r.json"),
+        str(tmp_path / "s.jsonl"),
     )
     spec["model"]["recipe"]["global_batch"] = 2
     if compile_ is not None:

@@ -156,7 +156,7 @@ def test_cstep_same_update_as_an_eager_step(tmp_path):
     from pretrain_planner.trainer.rank import close_rank, init_rank
     from pretrain_planner.trainer.run import make_builder
 
-    from .conftest import GPUS_YAML, MODELS_YAML
+    from .conftest import GPUS_YAML, MODELS_YAML, sections
 
     catalog = load_catalog(MODELS_YAML, GPUS_YAML)
     config = {"benchmark": {"seed": 0}, "launcher": {"kind": "debug", "timeout_min": 5}}
@@ -164,7 +164,7 @@ def test_cstep_same_update_as_an_eager_step(tmp_path):
     for slug in ("fl", "fl+cstep"):
         # the optimizer step only: the model stays eager (a model without compile has no cstep in its settings,
         # RunSpec.reason: the step is compiled by hand here), so the two differ by the compiled step alone
-        spec = cell_spec(Cell("tiny-gptneox", "cpu", 1, 1, "fl"), catalog, config, str(tmp_path / "r"), "s")
+        spec = cell_spec(Cell("tiny-gptneox", "cpu", 1, 1, "fl"), catalog, *sections(config), str(tmp_path / "r"), "s")
         spec["model"]["supports_compile"] = False
         spec["model"]["recipe"]["precision"] = "fp32"
         spec["model"]["arch"].update(num_hidden_layers=1, hidden_size=32, intermediate_size=64, vocab_size=128)

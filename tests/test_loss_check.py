@@ -18,8 +18,8 @@ import pytest
 from pretrain_planner.launch import losscheck as driver
 from pretrain_planner.planning import losscheck as lc
 from pretrain_planner.planning.catalog import load_catalog
+from pretrain_planner.planning.configtypes import BenchmarkSection, LauncherSection
 from pretrain_planner.planning.losscheck import FAULT_ENV
-from pretrain_planner.schema import section
 from pretrain_planner.tables import aggregate
 
 from .conftest import HAVE_DS, REPO
@@ -38,8 +38,8 @@ FAULTS = {"naive!unscaled_accum": ("naive", "unscaled_accum"), "fl!lr_x2": ("fl"
 def _job(work, model: dict, world: int, runs: list[dict], steps: int) -> str:
     c = {"model": model["name"], "gpu": "cpu", "nodes": 1, "gpus_per_node": world, "method": "naive"}
     spec = {"cell": c, "name": f"{model['name']}-{world}", "model": model, "gpu": CATALOG.gpu("cpu").to_dict(),
-            "benchmark": section("config", "benchmark", {}),
-            "launcher": {"kind": "local", "timeout_min": 15}}  # fmt: skip
+            "benchmark": BenchmarkSection.given().to_json(),
+            "launcher": LauncherSection.given({"kind": "local", "timeout_min": 15}).job_options()}  # fmt: skip
     folder = work / "loss_check" / model["name"] / "cpu" / f"1x{world}"
     check = {"steps": steps, "global_batch": model["recipe"]["global_batch"], "seed": 0,
              "init": str(work / "loss_check" / model["name"] / "init-seed0.pt")}  # fmt: skip
@@ -129,7 +129,7 @@ def test_each_injected_fault_differs_where_it_leaves_the_band(checked, name, lef
     ref, bad = runs["naive"]["loss"], runs[name]["loss"]
     variants = [x["loss"] for x in rec["runs"] if x.get("of") == "naive" and not x.get("skipped")]
     width = lc.band(ref, variants)
-    assert all(abs(b - a) <= CONF["k"] * w for a, b, w in zip(ref[: r["left_at"]], bad, width, strict=False))
+    assert all(abs(b - a) <= CONF.k * w for a, b, w in zip(ref[: r["left_at"]], bad, width, strict=False))
     assert abs(bad[r["left_at"]] - ref[r["left_at"]]) > width[r["left_at"]]  # and at it, outside the band
 
 

@@ -5,6 +5,7 @@ No torch, no training, no Snakemake: the planning object, the tables and the CLI
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import yaml
 from pretrain_planner import cli
@@ -37,7 +38,8 @@ def test_no_check_is_planned_without_naive_and_the_plan_says_why():
 def test_why_unchecked_names_the_real_reason():
     conf = lc.settings()
     assert lc.why_unchecked("fl", None, conf, ["fl", "fl+ac"]) == lc.NO_REFERENCE
-    assert lc.why_unchecked("fl", None, {**conf, "mode": "off"}, ["naive", "fl"]) == "benchmark.loss_check.mode is off"
+    off = replace(conf, mode="off")
+    assert lc.why_unchecked("fl", None, off, ["naive", "fl"]) == "benchmark.loss_check.mode is off"
     note = "naive did not train at this setting (oom): no reference"
     assert lc.why_unchecked("fl", {"runs": [], "note": note}, conf, ["naive", "fl"]) == note
 

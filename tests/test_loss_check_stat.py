@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from pretrain_planner.planning import losscheck as lc
@@ -28,13 +29,13 @@ def test_band_is_a_running_envelope_with_a_floor():
 
 
 def test_inside_the_band_is_same():
-    v = lc.judge(run([r + 4e-4 for r in REF]), run(REF), [run(NOISE[0])], CONF["k"], CONF["tail"])
+    v = lc.judge(run([r + 4e-4 for r in REF]), run(REF), [run(NOISE[0])], CONF.k, CONF.tail)
     assert v.verdict == lc.SAME and v.text == "same" and v.left_at is None
 
 
 def test_a_curve_that_leaves_is_differs_at_the_step_it_left():
     curve = [r if s < 12 else r * 0.97 for s, r in enumerate(REF)]
-    v = lc.judge(run(curve), run(REF), [run(NOISE[0])], CONF["k"], CONF["tail"])
+    v = lc.judge(run(curve), run(REF), [run(NOISE[0])], CONF.k, CONF.tail)
     assert v.verdict == lc.DIFFERS and v.left_at == 12
     assert v.text == f"differs {v.tail_rel * 100:+.1f}% at step 12" and v.tail_rel == pytest.approx(-0.03)
 
@@ -43,13 +44,13 @@ def test_a_slow_drift_fails_on_the_tail_mean_without_a_jump():
     # never beyond k x band at any step, but every tail step outside the band: differs, from where it left for good
     width = lc.band(REF, NOISE)
     curve = [r + (2.0 * w if s >= 15 else 0.0) for s, (r, w) in enumerate(zip(REF, width, strict=True))]
-    v = lc.judge(run(curve), run(REF), [run(NOISE[0])], CONF["k"], CONF["tail"])
-    assert v.verdict == lc.DIFFERS and v.left_at == 15 and v.worst_ratio <= CONF["k"]
+    v = lc.judge(run(curve), run(REF), [run(NOISE[0])], CONF.k, CONF.tail)
+    assert v.verdict == lc.DIFFERS and v.left_at == 15 and v.worst_ratio <= CONF.k
 
 
 def test_the_gradient_norm_decides_when_the_loss_agrees():
     grads = [1.0] * 20
-    v = lc.judge(run(REF, [4.0] * 20), run(REF, grads), [run(NOISE[0], [1.0001] * 20)], CONF["k"], CONF["tail"])
+    v = lc.judge(run(REF, [4.0] * 20), run(REF, grads), [run(NOISE[0], [1.0001] * 20)], CONF.k, CONF.tail)
     assert v.verdict == lc.DIFFERS and v.quantity == "grad_norm" and v.text.startswith("differs grad_norm +300.0%")
 
 
@@ -70,7 +71,7 @@ def rows(**methods):
 
 
 def plan(rows_, mode="chosen", model="tiny-bert", gpu="cpu", world=2, **conf):
-    c = {**CONF, "mode": mode, **conf}
+    c = replace(CONF, mode=mode, **conf)
     cuda = gpu != "cpu"
     return lc.plan_runs(rows_, c, CATALOG.model(model).to_dict(), CATALOG.gpu(gpu).to_dict(), world, 1, cuda)
 

@@ -32,7 +32,7 @@ def test_every_paper_cell_exports_its_settings(paper):
     assert len(valid) == 2952
     checked = 0
     for cell in valid:
-        spec = cell_spec(cell, paper.catalog, paper.config, "/nonexistent/r.json", "s.jsonl")
+        spec = cell_spec(cell, paper.catalog, paper.benchmark, paper.launcher, "/nonexistent/r.json", "s.jsonl")
         world = cell.nodes * cell.gpus_per_node
         trainer_side = RunConfig.from_spec(json.loads(json.dumps(spec))).run_spec(
             RankEnv(0, world, 0, torch.device("cuda", 0))

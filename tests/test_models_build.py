@@ -20,6 +20,8 @@ from pretrain_planner.planning.spec import cell_spec
 from pretrain_planner.trainer.models import build_model, kernel_info
 from pretrain_planner.trainer.tasks import synthetic_batch
 
+from .conftest import sections
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # Total parameters, with their sources. Pythia: the "Total Params" column of EleutherAI's Pythia README
@@ -266,7 +268,7 @@ def test_tiny_model_trains_one_step_through_run_rank(catalog, tmp_path, name):
     }
     cell = Cell(name, "cpu", 1, 1, "naive")
     assert invalid_reason(cell, catalog.model(name), catalog.gpu("cpu"), "debug", catalog) is None
-    spec = cell_spec(cell, catalog, config, str(tmp_path / "result.json"), str(tmp_path / "steps.jsonl"))
+    spec = cell_spec(cell, catalog, *sections(config), str(tmp_path / "result.json"), str(tmp_path / "steps.jsonl"))
     spec["model"]["recipe"]["global_batch"] = 4  # 2 micro-batches of 2: real gradient accumulation
     run_rank(spec)
     result = json.loads((tmp_path / "result.json").read_text())

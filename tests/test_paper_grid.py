@@ -34,7 +34,7 @@ def test_the_study_sweep(paper):
     }
     assert methods == expected and len(sweep["methods"]) == 25
     assert paper.config["launcher"]["kind"] == "slurm"
-    assert set(paper.site["gpus"]) == set(STUDY_GPUS)
+    assert set(paper.site.gpus) == set(STUDY_GPUS)
     # the CPU default's cap must not leak into the study's micro-batch search
     assert paper.config["benchmark"]["max_micro_batch"] is None
 

@@ -51,7 +51,7 @@ def test_accepted_values_stay_one_header_line_each(tmp_path):
                          "setup": ["module load cuda/12.4", "source ~/venv/bin/activate"]}),
         ["a100"],
     )  # fmt: skip
-    params = sbatch_parameters(site["gpus"]["a100"], 1, 2, "pp-cell")
+    params = sbatch_parameters(site.gpus["a100"], 1, 2, "pp-cell")
     script = _make_sbatch_string(command="python -m x", folder=str(tmp_path), **params)
     header = [ln for ln in script.splitlines() if ln.startswith("#SBATCH")]
     assert "#SBATCH --time=77" in header and "#SBATCH --signal=USR2@45" in header
@@ -131,7 +131,7 @@ def test_a_jobs_environment_is_the_sites(tmp_path):
                          "env": {"GLOO_SOCKET_IFNAME": "lo", "NOTE": "$(touch x) `id`", "FLAG": True},
                          "srun_args": ["--container-image=nvcr.io#nvidia/pytorch:25.01-py3"]}),
         ["a100"],
-    )["gpus"]["a100"]  # fmt: skip
+    ).gpus["a100"]  # fmt: skip
     lines = job_lines(site)
     assert lines == [
         "module load cuda/12.4",

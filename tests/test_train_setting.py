@@ -16,7 +16,7 @@ from pretrain_planner.results import parse_result, with_current_keys, write_resu
 from pretrain_planner.schema import section
 from pretrain_planner.trainer.config import RunConfig
 
-from .conftest import CATALOG, budget_cfg, cell_result
+from .conftest import CATALOG, budget_cfg, cell_result, sections
 
 
 def _plan(**measured) -> dict:
@@ -65,7 +65,7 @@ def test_result_files_name_the_micro_batch_once_and_old_results_still_read(tmp_p
 
 def test_the_benchmark_defaults_are_filled_once_by_the_cell_spec():
     config = {"benchmark": {"seed": 3}, "launcher": {"kind": "debug", "timeout_min": 5}}
-    spec = cell_spec(Cell("tiny-gptneox", "cpu", 1, 1, "naive"), CATALOG, config, "r.json", "s.jsonl")
+    spec = cell_spec(Cell("tiny-gptneox", "cpu", 1, 1, "naive"), CATALOG, *sections(config), "r.json", "s.jsonl")
     assert spec["benchmark"] == section("config", "benchmark", {"seed": 3})
     assert RunConfig.from_spec(spec).bench.seed == 3
     del spec["benchmark"]["warmup_steps"]  # the job fills nothing in: a spec without a key is not a spec

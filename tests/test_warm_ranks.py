@@ -15,13 +15,15 @@ import pytest
 from pretrain_planner.launch.executor import run_job
 from pretrain_planner.launch.hostpool import alive, descendants
 from pretrain_planner.launch.request import JobFailed, JobRequest, RuleLog
+from pretrain_planner.planning.configtypes import LauncherSection
 
 from .launch_jobs import Sleeps, WhereAmI
 
 
 def _request(tmp_path, fn, **launcher) -> JobRequest:
     return JobRequest(fn=fn, name="t", kind="local", folder=tmp_path / "submitit", gpus_per_node=2,
-                      record=tmp_path / "local_job.json", timeout_min=5, launcher=launcher)  # fmt: skip
+                      record=tmp_path / "local_job.json", timeout_min=5,
+                      launcher=LauncherSection.given(launcher))  # fmt: skip
 
 
 @pytest.mark.slow  # rank processes

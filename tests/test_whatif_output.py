@@ -13,6 +13,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from pretrain_planner.planning.configtypes import SweepSection
 from pretrain_planner.planning.crossgpu import STAND_IN_RATIO, Kind
 from pretrain_planner.planning.flops import param_count
 from pretrain_planner.report import study_plots
@@ -93,14 +94,18 @@ def test_whatif_md_says_each_reason_once_per_model(demo):
     assert "whatif.csv" in md.splitlines()[-1] or "whatif.csv" in " ".join(md.splitlines()[-3:])
 
 
+def _counts(config: dict) -> list[tuple[int, int]]:
+    return whatif.counts_of(SweepSection.of(config["sweep"]), config.get("study"))
+
+
 def test_the_models_the_config_names_lead_beside_the_swept(tmp_path, demo):
     """`whatif.models` (config) adds catalog models to the lead: each setting of pythia-1b, ranked by its central
     days, right after the swept models; the CSV keeps the same rows and columns as without it."""
     _root, tables, config = demo
     out = whatif.table_files(str(tmp_path / "tables"))
     table = whatif.build_whatif(tables["cells_parquet"], out, str(tmp_path / "whatif.log"), CATALOG,
-                                config["sweep"]["models"], whatif.counts_of(config),
-                                config["benchmark"]["suspect_mfu"], config["costs"], named=["pythia-1b"])  # fmt: skip
+                                config["sweep"]["models"], _counts(config), config["benchmark"]["suspect_mfu"],
+                                config["costs"], named=["pythia-1b"])  # fmt: skip
     md = Path(out["whatif_md"]).read_text()
     headings = re.findall(r"^### (\S+) \((.+)\)$", md, flags=re.M)
     assert headings[len(config["sweep"]["models"])] == ("pythia-1b", "named in whatif.models")
@@ -137,7 +142,7 @@ def test_whatif_csv_keeps_every_row_and_column_in_the_reading_order(demo, predic
     csv = read_study_table(tables["whatif_csv"])
     assert csv.columns == list(whatif.COLUMNS)
     models = [*config["sweep"]["models"], *whatif.evidence_models(predictor)]
-    full = whatif.whatif_table(predictor, models, whatif.counts_of(config))
+    full = whatif.whatif_table(predictor, models, _counts(config))
     key = ["model", "gpu", "nodes", "gpus_per_node"]
     assert csv.height == full.height and csv.select(key).sort(key).equals(full.select(key).sort(key))
     swept = config["sweep"]["models"]

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pretrain_planner.planning.catalog import Catalog
+from pretrain_planner.planning.configtypes import BenchmarkSection, LauncherSection
 from pretrain_planner.planning.grid import Cell, invalid_reason
 from pretrain_planner.planning.methods import ZERO_STAGE, parse
 from pretrain_planner.planning.spec import cell_spec
@@ -135,7 +136,8 @@ def make_spec(plan: Plan, catalog: Catalog, s: Settings, folder: Path) -> tuple[
         "launcher": {"kind": "debug" if plan.ranks == 1 else "local", "timeout_min": 20},
     }
     cell = Cell(plan.model, s.gpu, 1, plan.ranks, plan.method)
-    spec = cell_spec(cell, catalog, config, str(folder / "result.json"), str(folder / "steps.jsonl"))
+    typed = BenchmarkSection.given(config["benchmark"]), LauncherSection.given(config["launcher"])
+    spec = cell_spec(cell, catalog, *typed, str(folder / "result.json"), str(folder / "steps.jsonl"))
     recipe = spec["model"]["recipe"]
     recipe_gb = recipe["global_batch"]
     gb = plan.global_batch or s.accum_factor * cap * plan.ranks

@@ -21,6 +21,7 @@ from typing import Any
 
 from pretrain_planner.planning import losscheck as lc
 from pretrain_planner.planning.catalog import Catalog
+from pretrain_planner.planning.configtypes import BenchmarkSection, LauncherSection
 from pretrain_planner.planning.grid import Cell
 from pretrain_planner.planning.spec import cell_spec
 
@@ -57,18 +58,18 @@ def loss_plan(smoke: bool) -> LossPlan:
     methods = ("fl+liger", "fl+flce", "fl+cstep", "fl+cg", LEVERS)
     if smoke:
         return LossPlan("tiny-gptneox", methods, 2, 8, 8, compile_model=False, fp32=True)
-    return LossPlan("pythia-160m", methods, 8, 16, lc.settings()["steps"], compile_model=True, fp32=False)
+    return LossPlan("pythia-160m", methods, 8, 16, lc.settings().steps, compile_model=True, fp32=False)
 
 
 def make_spec(plan: LossPlan, catalog: Catalog, gpu: str, threads: int, folder: Path) -> tuple[dict, list[dict]]:
     """The check job's spec (as launch/losscheck.py gives it to every rank) and its runs."""
-    config = {"benchmark": {"seed": 0}, "launcher": {"kind": "debug"}}
-    spec = cell_spec(Cell(plan.model, gpu, 1, 1, "naive"), catalog, config, "", "")
+    benchmark, launcher = BenchmarkSection.given({"seed": 0}), LauncherSection.given({"kind": "debug"})
+    spec = cell_spec(Cell(plan.model, gpu, 1, 1, "naive"), catalog, benchmark, launcher, "", "")
     if plan.fp32:
         spec["model"]["recipe"]["precision"] = "fp32"
     if not plan.compile_model:
         spec["compile_model"] = False
-    conf = {**lc.settings(), "mode": "all", "steps": plan.steps, "global_batch": plan.global_batch}
+    conf = lc.settings({"mode": "all", "steps": plan.steps, "global_batch": plan.global_batch})
     rows = {m: {"method": m, "status": "ok", "micro_batch": plan.micro} for m in ("naive", *plan.methods)}
     runs, why, size = lc.plan_runs(rows, conf, spec["model"], spec["gpu"], 1, 1, gpu != "cpu")
     if not runs:
@@ -107,7 +108,7 @@ def run_loss_check(plan: LossPlan, catalog: Catalog, gpu: str, threads: int, fol
         return [{**head, "label": plan.label, "status": "timeout" if code is None else "error",
                  "reason": f"the check's process: {why}", "worker_log_tail": tail, "wall_s": wall}]  # fmt: skip
     conf = lc.settings()
-    return [record(row, head, wall) for row in lc.judge_records([curves], conf["k"], conf["tail"])]
+    return [record(row, head, wall) for row in lc.judge_records([curves], conf.k, conf.tail)]
 
 
 def record(row: dict[str, Any], head: dict[str, Any], wall: float) -> dict[str, Any]:

@@ -24,7 +24,7 @@ rule aggregate:
         pp_layout.log(RESULTS, "aggregate.log"),
     params:
         costs=PP.config.get("costs", {}),
-        loss_check=PP.loss_check,
+        loss_check=PP.loss_check.to_json(),  # JSON: a param Snakemake compares (a change re-aggregates)
     run:
         pp_aggregate.aggregate_rule(input, output, log[0], PP.catalog, params)
 
@@ -40,7 +40,7 @@ rule export_plan:
     log:
         pp_layout.log(RESULTS, "export_plan.log"),
     params:
-        seed=PP.config["benchmark"]["seed"],
+        seed=PP.benchmark.seed,
     run:
         pp_export.export_plans(
             input.time_to_train, input.feasibility, output[0], log[0], PP.catalog, params.seed, site=PP.site
@@ -57,7 +57,7 @@ rule study_tables:
     log:
         pp_layout.log(RESULTS, "study_tables.log"),
     params:
-        suspect_mfu=PP.config["benchmark"]["suspect_mfu"],
+        suspect_mfu=PP.benchmark.suspect_mfu,
         study=pp_study.study_settings(PP.config.get("study"), PP.catalog),  # checked at parse time (the dry run)
     run:
         pp_study.build_study_tables(
@@ -77,7 +77,7 @@ rule whatif:
     log:
         pp_layout.log(RESULTS, "whatif.log"),
     params:
-        settings=pp_whatif.rule_settings(PP.config, PP.catalog),  # checked at parse time (the dry run)
+        settings=pp_whatif.rule_settings(PP.sweep, PP.benchmark, PP.config, PP.catalog),  # checked at parse time (the dry run)
     run:
         pp_whatif.build_whatif(input.cells, dict(output.items()), log[0], PP.catalog, **params.settings)
 

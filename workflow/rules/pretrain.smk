@@ -8,7 +8,7 @@
 import pretrain_planner.facade.budget as pp_budget_stage
 
 BUDGET = pp_budget_stage.BudgetStage(
-    config.get("budget", "config/budget.yaml"), workflow.basedir, RESULTS, PP.config, workflow.cores
+    config.get("budget", "config/budget.yaml"), workflow.basedir, RESULTS, PP.launcher, workflow.cores
 )
 
 

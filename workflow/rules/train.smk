@@ -27,7 +27,7 @@ rule train:
             input.plan,
             wildcards,
             PP.train,
-            PP.config["launcher"],
+            PP.launcher,
             PP.train_device,
             output.result,
             log[0],

@@ -7,12 +7,12 @@ import glob
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pretrain_planner import layout
 from pretrain_planner.launch import stage
 from pretrain_planner.planning.catalog import load_models
-from pretrain_planner.planning.configtypes import BudgetRecipe, BudgetTrain, require
+from pretrain_planner.planning.configtypes import BudgetRecipe, BudgetTrain, Launch, LauncherSection, require
 from pretrain_planner.planning.methods import parse
 from pretrain_planner.planning.runspec import MissingSetting, TrainSetting, accumulation, setting_of_json
 from pretrain_planner.schema import ConfigError, load_yaml, resolve_path, validate
@@ -49,7 +49,10 @@ def load(path: str | Path, basedir: str | Path = ".", results: str | Path | None
     return cfg
 
 
-def or_exit(fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+_T = TypeVar("_T")
+
+
+def or_exit(fn: Callable[..., _T], *args: Any) -> _T:
     """`fn(*args)`, a configuration error ending the workflow's parse with its message (not a traceback)."""
     try:
         return fn(*args)
@@ -134,17 +137,18 @@ def for_job(cfg: dict[str, Any]) -> dict[str, Any]:
     return BudgetRecipe.of(cfg).to_job()
 
 
-def launch_settings(launcher: dict[str, Any], tr: BudgetTrain, source: str, basedir: str | Path) -> dict[str, Any]:
+def launch_settings(launcher: LauncherSection, tr: BudgetTrain, source: str, basedir: str | Path) -> Launch:
     """How the stage's jobs run (launch/stage.py): the main config's launcher, and on SLURM the site's settings
     for train.gpu (its partition and GPU request). A launcher that cannot run the setting stops the dry run; a site
     without train.gpu stops only the budget's jobs (`slurm_error`), not a benchmark sweep's parse. `source`: the
     budget file (errors name it)."""
     require(tr, BudgetTrain, "budget.config.launch_settings")
+    require(launcher, LauncherSection, "budget.config.launch_settings")
     return stage.launch_settings(launcher, tr.gpu, tr.nodes, tr.world_size, basedir, source,
                                  "train.nodes x train.gpus_per_node", "train.gpu", soft_site=True)  # fmt: skip
 
 
-def launch_or_exit(launcher: dict[str, Any], tr: BudgetTrain, source: str, basedir: str | Path) -> dict[str, Any]:
+def launch_or_exit(launcher: LauncherSection, tr: BudgetTrain, source: str, basedir: str | Path) -> Launch:
     return or_exit(launch_settings, launcher, tr, source, basedir)
 
 

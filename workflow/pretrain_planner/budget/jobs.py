@@ -16,7 +16,7 @@ from pretrain_planner.budget.config import checked
 from pretrain_planner.launch import stage
 from pretrain_planner.launch.rankjob import EntryJob
 from pretrain_planner.launch.request import JobRequest, RuleLog
-from pretrain_planner.planning.configtypes import BudgetRecipe, require
+from pretrain_planner.planning.configtypes import BudgetRecipe, Launch, require
 
 ENTRIES = {"pretrain": "pretrain_planner.budget.pretrain:pretrain", "finetune": "pretrain_planner.budget.glue:finetune"}
 
@@ -26,7 +26,7 @@ def _of(recipe: BudgetRecipe) -> str:
     return f"-{recipe.recipe}" if recipe.recipe else ""
 
 
-def _request(entry: str, kwargs: dict[str, Any], launch: dict[str, Any], folder: Path, on_gpus: bool,
+def _request(entry: str, kwargs: dict[str, Any], launch: Launch, folder: Path, on_gpus: bool,
              **more: Any) -> JobRequest:  # fmt: skip
     """The job of a budget rule: `entry` with `kwargs` on train.gpu in `folder` (what identifies it for a
     re-attach: the entry and its arguments). The pre-training resumes from its checkpoint (not restartable)."""
@@ -37,7 +37,7 @@ def _request(entry: str, kwargs: dict[str, Any], launch: dict[str, Any], folder:
 
 def pretrain(
     recipe: BudgetRecipe,
-    launch: dict[str, Any],
+    launch: Launch,
     index: str,
     out_model: str,
     out_result: str,
@@ -50,6 +50,7 @@ def pretrain(
     train.nodes x train.gpus_per_node ranks. `kill_at_step` (testing): rank 0 SIGKILLs itself after that step, a
     crash mid-run."""
     require(recipe, BudgetRecipe, "budget.jobs.pretrain")
+    require(launch, Launch, "budget.jobs.pretrain")
     tr, setting = recipe.train, checked(recipe.setting)
     world = setting.world_size
     run = Path(run_dir).resolve()
@@ -63,7 +64,7 @@ def pretrain(
         kwargs["kill_at_step"] = kill_at_step
     log = RuleLog(log_path)
     log(
-        f"pretrain: launcher {launch['kind']}, {world} rank(s) ({tr.nodes}x{tr.gpus_per_node} {tr.gpu}), "
+        f"pretrain: launcher {launch.kind}, {world} rank(s) ({tr.nodes}x{tr.gpus_per_node} {tr.gpu}), "
         f"setting from {setting.source}{' (' + setting.plan + ')' if setting.plan else ''}: micro-batch "
         f"{setting.micro_batch} x {setting.grad_accum_steps} accumulation x {world} = {setting.global_batch}, "
         f"method {setting.method.slug}, {kwargs['threads']} thread(s) per rank"
@@ -74,12 +75,12 @@ def pretrain(
         nodes=tr.nodes, gpus_per_node=tr.gpus_per_node,
     )  # fmt: skip
     outputs = [Path(out_model), Path(out_result)]
-    return stage.run(req, log, "budget pretrain", log_path, outputs, launch_error=launch.get("slurm_error")).first or {}
+    return stage.run(req, log, "budget pretrain", log_path, outputs, launch_error=launch.slurm_error).first or {}
 
 
 def finetune(
     recipe: BudgetRecipe,
-    launch: dict[str, Any],
+    launch: Launch,
     task: str,
     init_model: str,
     out_metrics: str,
@@ -91,6 +92,7 @@ def finetune(
 ) -> dict[str, Any]:
     """A finetune rule: one GLUE task of `recipe` (typed by the facade) on one rank (GPU) of train.gpu."""
     require(recipe, BudgetRecipe, "budget.jobs.finetune")
+    require(launch, Launch, "budget.jobs.finetune")
     tr = recipe.train
     out = Path(out_metrics).resolve()
     on_gpus, per_rank = stage.placement(launch, tr.gpu, tr.device, 1, threads)
@@ -100,8 +102,8 @@ def finetune(
         "out_model": str(Path(out_model).resolve()) if out_model else None, "init_kind": init_kind, "threads": per_rank,
     }  # fmt: skip
     log = RuleLog(log_path)
-    log(f"finetune {task} from {init_kind}: launcher {launch['kind']}, 1 rank ({tr.gpu})")
+    log(f"finetune {task} from {init_kind}: launcher {launch.kind}, 1 rank ({tr.gpu})")
     name = f"pp-budget-glue-{task}{_of(recipe)}"
     req = _request("finetune", kwargs, launch, out.parent, on_gpus, name=name)
     outputs = [Path(out_metrics)] + ([Path(out_model)] if out_model else [])
-    return stage.run(req, log, "budget finetune", log_path, outputs, launch_error=launch.get("slurm_error")).first or {}
+    return stage.run(req, log, "budget finetune", log_path, outputs, launch_error=launch.slurm_error).first or {}

@@ -88,15 +88,16 @@ def calendar_site(config: dict[str, Any], gpus: list[str]):
     from datetime import datetime
 
     from pretrain_planner.planning.calendar import disk_write_rate
+    from pretrain_planner.planning.configtypes import LauncherSection
     from pretrain_planner.planning.queue import run_sbatch
     from pretrain_planner.planning.site import load_site
     from pretrain_planner.schema import resolve_path
     from pretrain_planner.tables.calendar import Site
 
-    launcher = config["launcher"]
+    launcher = LauncherSection.of(config["launcher"])  # the answered config's, typed here at the CLI's entrance
     site = None
-    if launcher["kind"] == "slurm":
-        site = load_site(resolve_path(launcher["site"], REPO), gpus, "the config", "launcher.site")
+    if launcher.kind == "slurm" and launcher.site:
+        site = load_site(resolve_path(launcher.site, REPO), gpus, "the config", "launcher.site")
     rate, how = disk_write_rate(str(results_dir(config)))
     return Site(site, rate, how, run_sbatch if site else None, datetime.now())
 

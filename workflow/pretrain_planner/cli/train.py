@@ -16,7 +16,7 @@ from typing import Any
 
 from pretrain_planner import layout
 from pretrain_planner.cli.config import REPO, CliError, load_config, results_dir
-from pretrain_planner.planning.configtypes import TrainSection
+from pretrain_planner.planning.configtypes import BenchmarkSection, LauncherSection, TrainSection
 from pretrain_planner.tables import units
 
 
@@ -33,11 +33,9 @@ def query(args: argparse.Namespace) -> Trained:
 
     config = load_config(args)
     rec = jobs.read_plan(args.plan)
-    launcher = {**config["launcher"], **({"kind": args.launcher} if args.launcher else {})}
-    if args.site:
-        launcher["site"] = args.site
-    if args.timeout_min:
-        launcher["timeout_min"] = args.timeout_min
+    launcher = LauncherSection.of(config["launcher"])  # the config's launcher, typed here; a flag replaces a field
+    flags = {"kind": args.launcher, "site": args.site, "timeout_min": args.timeout_min}
+    launcher = replace(launcher, **{k: v for k, v in flags.items() if v})
     launch = jobs.launch_settings(launcher, rec, REPO)
     out = Path(args.out) if args.out else layout.train_dir_of_plan(rec, results_dir(config))
     out = out.resolve()  # the run's folder, whatever the job's working directory
@@ -45,7 +43,7 @@ def query(args: argparse.Namespace) -> Trained:
     t = TrainSection.of(config["train"])  # the config's train section, typed as the train rule has it; a flag wins
     if args.steps or args.time_budget_h:
         t = replace(t, steps=args.steps, time_budget_hours=args.time_budget_h)
-    device = args.device or t.run_device(config["benchmark"]["device"])
+    device = args.device or t.run_device(BenchmarkSection.of(config["benchmark"]).device)
     t = replace(t, data=jobs.canonical(args.data or t.data),
                 tokenizer=jobs.canonical_tokenizer(args.tokenizer or t.tokenizer),
                 data_dtype=args.data_dtype or t.data_dtype, data_field=args.data_field or t.data_field,
@@ -55,7 +53,7 @@ def query(args: argparse.Namespace) -> Trained:
         jobs.check_data(rec, t)
     except jobs.DataError as exc:  # before any job or host lock: one line
         raise CliError(str(exc)) from None
-    follow = contextlib.nullcontext() if launch["kind"] == "debug" else _following(out / layout.TRAIN_LOG)
+    follow = contextlib.nullcontext() if launch.kind == "debug" else _following(out / layout.TRAIN_LOG)
     try:
         with follow:  # (the debug launcher's rank prints its lines itself)
             res = jobs.run_plan(

@@ -17,15 +17,23 @@ from pretrain_planner import layout
 from pretrain_planner.budget import config as bconfig
 from pretrain_planner.budget import sweep
 from pretrain_planner.launch.request import driver_cores
-from pretrain_planner.planning.configtypes import BudgetGlue, BudgetRecipe, BudgetTrain
+from pretrain_planner.planning.configtypes import (
+    BudgetGlue,
+    BudgetRecipe,
+    BudgetTrain,
+    Launch,
+    LauncherSection,
+    require,
+)
 
 
 class BudgetStage:
-    """`path`: the budget file (the main config's `budget`, default config/budget.yaml); `main`: the validated
-    main config (its launcher); `cores`: what Snakemake has (None: unknown)."""
+    """`path`: the budget file (the main config's `budget`, default config/budget.yaml); `launcher`: the main
+    config's, typed (Pipeline.launcher); `cores`: what Snakemake has (None: unknown)."""
 
-    def __init__(self, path: str, basedir: str | Path, results: str, main: dict[str, Any], cores: int | None):
-        self.path, self.basedir, self.results, self.main, self.cores = path, basedir, results, main, cores
+    def __init__(self, path: str, basedir: str | Path, results: str, launcher: LauncherSection, cores: int | None):
+        require(launcher, LauncherSection, "facade.budget.BudgetStage")
+        self.path, self.basedir, self.results, self.launcher, self.cores = path, basedir, results, launcher, cores
 
     def __call__(self, pattern: str, **fields: str) -> str:
         """A path under budget/ (layout.budget_path); what is not given stays a wildcard."""
@@ -50,8 +58,8 @@ class BudgetStage:
         return self.recipe(sweep.BASE).glue
 
     @functools.cached_property
-    def launch(self) -> dict[str, Any]:
-        return bconfig.launch_or_exit(self.main["launcher"], self.train, self.cfg["source"], self.basedir)
+    def launch(self) -> Launch:
+        return bconfig.launch_or_exit(self.launcher, self.train, self.cfg["source"], self.basedir)
 
     @functools.cached_property
     def recipes(self) -> dict[str, dict[str, Any]]:
@@ -76,7 +84,7 @@ class BudgetStage:
         """Cores a budget job of `ranks` ranks holds on the driver's host: its ranks run here (local, debug), or
         elsewhere (slurm)."""
         own = min(self.train.threads or self.cores or 1, self.cores or 1)
-        return driver_cores(self.launch["kind"], ranks, own, self.cores)
+        return driver_cores(self.launch.kind, ranks, own, self.cores)
 
     def pretrain_threads(self, wildcards: Any = None) -> int:
         return self.threads(self.recipe(sweep.BASE).setting.world_size)

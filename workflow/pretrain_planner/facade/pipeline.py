@@ -21,7 +21,14 @@ from pretrain_planner import search as pp_search
 from pretrain_planner.launch.request import driver_cores
 from pretrain_planner.planning import grid, losscheck
 from pretrain_planner.planning.catalog import Catalog, load_catalog
-from pretrain_planner.planning.configtypes import TrainSection
+from pretrain_planner.planning.configtypes import (
+    BenchmarkSection,
+    LauncherSection,
+    LossCheckSection,
+    SiteFile,
+    SweepSection,
+    TrainSection,
+)
 from pretrain_planner.planning.corpus import check_train_data
 from pretrain_planner.planning.devices import wants_cuda
 from pretrain_planner.planning.evidence_exchange import evidence_folder
@@ -39,13 +46,19 @@ class Pipeline:
     config: dict[str, Any]
     catalog: Catalog
     planned: list[grid.PlannedCell]
-    site: dict[str, Any] | None = None
+    site: SiteFile | None = None  # the site file (slurm): the sweep's GPU types, their limits resolved
     sources: list[tuple[str, Any]] | None = None  # the config files merged, in order (for the dry run)
     cores: int | None = None  # the cores Snakemake has (None: unknown), what a rule's `threads:` stays within
-    train: TrainSection = field(init=False)  # the config's `train:` section, typed once here (the train rule's)
+    # the config's sections, typed once (planning/configtypes.py): what the rules and the stages below take; the
+    # sweep and the launcher by `load`, which expands the grid with them
+    sweep: SweepSection = field(kw_only=True)
+    launcher: LauncherSection = field(kw_only=True)
+    train: TrainSection = field(init=False)
+    benchmark: BenchmarkSection = field(init=False)
 
     def __post_init__(self) -> None:
         self.train = TrainSection.of(self.config["train"])
+        self.benchmark = BenchmarkSection.of(self.config["benchmark"])
 
     @property
     def results(self) -> str:
@@ -58,9 +71,9 @@ class Pipeline:
     @functools.cached_property
     def settings(self) -> dict[str, pp_search.Setting]:
         """The adaptive search's settings by folder ({model}/{gpu}/{N}x{G}), each with its valid methods."""
-        s, b = self.config["search"], self.config["benchmark"]
+        s, b = self.config["search"], self.benchmark
         found = pp_search.settings(
-            self.planned, self.catalog, b["max_micro_batch"], s["saturated_tokens"], b["suspect_mfu"],
+            self.planned, self.catalog, b.max_micro_batch, s["saturated_tokens"], b.suspect_mfu,
             s["tolerance"], s["model_error"],
         )  # fmt: skip
         return {x.folder: x for x in found}
@@ -73,7 +86,7 @@ class Pipeline:
         imported into the evidence folder and the model's cells in the results folder (read when first needed)."""
         st = self.setting(wildcards)
         return EvidencePrior(self.catalog, st.model, st.gpu, self.results, evidence_folder(self.config),
-                             self.config["benchmark"]["suspect_mfu"])  # fmt: skip
+                             self.benchmark.suspect_mfu)  # fmt: skip
 
     def search_files(self) -> list[str]:
         """Each setting's final search decision (adaptive), what the aggregation waits for."""
@@ -111,28 +124,21 @@ class Pipeline:
 
     def _cores(self, ranks: int) -> int:
         """Cores a job of `ranks` ranks holds on the driver's host: one per rank when they run here, else 1."""
-        return driver_cores(self.config["launcher"]["kind"], ranks, 1, self.cores)
+        return driver_cores(self.launcher.kind, ranks, 1, self.cores)
 
     def threads(self, wildcards: Any) -> int:
         """A cell's rule `threads:` (`_cores` of its ranks)."""
         return self._cores(grid.Cell.from_wildcards(wildcards).world_size)
 
-    @functools.cached_property
-    def _cell_benchmark(self) -> dict[str, Any]:
-        """The benchmark section a cell's job is given, shared by every cell spec (its defaults are in it already):
-        all of it but the loss check, which is the check job's (loss_check_spec). A cell's spec is its rule's params,
-        whose change measures the cell again: a loss-check setting changes no measurement."""
-        return {k: v for k, v in self.config["benchmark"].items() if k != "loss_check"}
-
     def spec(self, wildcards: Any, output: Any) -> dict[str, Any]:
+        """A cell's job spec (its rule's params, JSON: planning/spec.cell_spec from the typed sections)."""
         cell = grid.Cell.from_wildcards(wildcards)
-        return cell_spec(cell, self.catalog, self.config, output.result, output.steps, self.site,
-                         self._cell_benchmark)  # fmt: skip
+        return cell_spec(cell, self.catalog, self.benchmark, self.launcher, output.result, output.steps, self.site)
 
     @property
     def preflight_on(self) -> bool:
         """Whether each GPU type's cells wait for its preflight (launch/preflight.py): on SLURM, unless turned off."""
-        return self.config["launcher"]["kind"] == "slurm" and bool(self.config["launcher"]["preflight"])
+        return self.launcher.kind == "slurm" and self.launcher.preflight
 
     @functools.cached_property
     def preflight_gpus(self) -> list[str]:
@@ -153,12 +159,12 @@ class Pipeline:
         return {gpu: self._preflight(gpu) for gpu in self.preflight_gpus}
 
     def _preflight(self, gpu: str) -> tuple[Expect, str]:
-        settings = self.site["gpus"][gpu]
-        needs_cuda = wants_cuda(gpu, self.config["benchmark"]["device"])
+        settings = self.site.gpus[gpu]
+        needs_cuda = wants_cuda(gpu, self.benchmark.device)
         expect = Expect(
             gpu_type=gpu, gpu=self.catalog.gpu(gpu).to_dict(), needs_cuda=needs_cuda,
             gpus_asked=0 if settings["gpu_request"] == "none" else 1, cpus_per_gpu=settings["cpus_per_gpu"],
-            site=self.site.get("path") or "the site file", python=settings.get("python"),
+            site=self.site.path or "the site file", python=settings.get("python"),
             container=settings.get("container"), catalog=tuple(g.to_dict() for g in self.catalog.gpus.values()),
         )  # fmt: skip
         return expect, preflight_digest(expect, settings, sys.executable, __version__)
@@ -171,13 +177,13 @@ class Pipeline:
         """What a GPU type's preflight job needs: what its cells need there, the launcher and the site's settings."""
         expect, digest = self._preflights[wildcards.gpu]
         return {"gpu_type": wildcards.gpu, "expect": asdict(expect), "digest": digest, "results": self.results,
-                "launcher": {k: v for k, v in self.config["launcher"].items() if k != "site"},
+                "launcher": self.launcher.job_options(),
                 "slurm": gpu_settings(self.site, wildcards.gpu)}  # fmt: skip
 
     @property
-    def loss_check(self) -> dict[str, Any]:
-        """benchmark.loss_check, its mode normalised (planning/losscheck.settings)."""
-        return losscheck.settings(self.config["benchmark"]["loss_check"])
+    def loss_check(self) -> LossCheckSection:
+        """benchmark.loss_check, typed (its mode normalised)."""
+        return self.benchmark.loss_check
 
     def setting_methods(self) -> dict[str, list[str]]:
         """Each setting ({model}/{gpu}/{N}x{G}) -> its valid methods."""
@@ -202,8 +208,8 @@ class Pipeline:
     def loss_check_spec(self, wildcards: Any) -> dict[str, Any]:
         """The check job's spec: the setting's naive cell spec (model, GPU, launcher, site) and the check's config."""
         cell = grid.Cell(*_setting_key(wildcards), "naive")
-        spec = cell_spec(cell, self.catalog, self.config, "", "", self.site, self.config["benchmark"])
-        spec["benchmark"] = {**spec["benchmark"], "loss_check": self.loss_check}
+        spec = cell_spec(cell, self.catalog, self.benchmark, self.launcher, "", "", self.site)
+        spec["benchmark"] = self.benchmark.to_json()
         return {**spec, "results": self.results, "name": f"{cell.model}-{cell.gpu}-{cell.nodes}x{cell.gpus_per_node}"}
 
     def loss_check_threads(self, wildcards: Any) -> int:
@@ -212,13 +218,13 @@ class Pipeline:
 
     def time_limit_min(self, gpu: str) -> int:
         if self.site:
-            return self.site["gpus"][gpu]["time_limit_min"]
-        return self.config["launcher"]["timeout_min"]
+            return self.site.gpus[gpu]["time_limit_min"]
+        return self.launcher.timeout_min
 
     def partition(self, gpu: str) -> str:
         if self.site:
-            return self.site["gpus"][gpu]["partition"] or "(default)"
-        return f"({self.config['launcher']['kind']})"
+            return self.site.gpus[gpu]["partition"] or "(default)"
+        return f"({self.launcher.kind})"
 
     def rows(self) -> list[dict[str, Any]]:
         """plan.csv rows: each cell, where it runs, and the most GPU-hours it can spend."""
@@ -257,7 +263,7 @@ class Pipeline:
             f"{self.results}/cells (kept unless a setting they ran with changed)")  # fmt: skip
         lines += [
             f"pretrain-planner plan: {cells}, {len(self.planned) - len(rows)} invalid "
-            f"(reasons in {self.results}/plan.csv); launcher {self.config['launcher']['kind']}"
+            f"(reasons in {self.results}/plan.csv); launcher {self.launcher.kind}"
         ]
         for part, agg in sorted(by_part.items()):
             lines.append(
@@ -284,12 +290,12 @@ class Pipeline:
             why = unplanned[0] if unplanned else "no setting"
             return [f"  loss check: none, no method is checked to train naive's model: {why}"]
         skipped = f"; {len(unplanned)} settings not checked ({unplanned[0]})" if unplanned else ""
-        which = "each setting's pick" if conf["mode"] == "chosen" else "every method that trains"
-        naive = 2 + conf["seeds"] - 1  # the reference, its half micro-batch, its other dropout seeds (if any dropout)
-        runs = naive + (1 if conf["mode"] == "chosen" else max(1, len(self.cells) // len(folders) - 1))
-        return [f"  loss check ({conf['mode']}): {which} against naive, {len(folders)} settings, one job each of at "
-                f"most {runs} runs x {conf['steps']} steps (about {runs * conf['steps']} step times per setting, "
-                f"against the {self.config['benchmark']['warmup_steps'] + self.config['benchmark']['timed_steps']}+ "
+        which = "each setting's pick" if conf.mode == "chosen" else "every method that trains"
+        naive = 2 + conf.seeds - 1  # the reference, its half micro-batch, its other dropout seeds (if any dropout)
+        runs = naive + (1 if conf.mode == "chosen" else max(1, len(self.cells) // len(folders) - 1))
+        return [f"  loss check ({conf.mode}): {which} against naive, {len(folders)} settings, one job each of at "
+                f"most {runs} runs x {conf.steps} steps (about {runs * conf.steps} step times per setting, "
+                f"against the {self.benchmark.warmup_steps + self.benchmark.timed_steps}+ "
                 f"of each cell; tables/benchmark_cost.csv: loss_check_gpu_hours){skipped}"]  # fmt: skip
 
     def settings_lines(self) -> list[str]:
@@ -335,7 +341,7 @@ class Pipeline:
     @property
     def train_device(self) -> str:
         """The device the train rule's jobs run on (TrainSection.run_device: cpu where train or benchmark says so)."""
-        return self.train.run_device(self.config["benchmark"]["device"])
+        return self.train.run_device(self.benchmark.device)
 
     def train_threads(self, wildcards: Any) -> int:
         """Cores a train run holds on the driver's host: one per rank (local, debug), one for a SLURM job."""
@@ -344,7 +350,7 @@ class Pipeline:
 
     def plan_params(self) -> dict[str, Any]:
         """What plan.csv depends on besides the catalog files (a change re-plans)."""
-        return {"sweep": self.config["sweep"], "launcher": self.config["launcher"]["kind"]}
+        return {"sweep": self.sweep.to_json(), "launcher": self.launcher.kind}
 
     def search_params(self, wildcards: Any) -> dict[str, Any]:
         """What a setting's search rounds depend on (a change of methods or micro-batch cap re-decides)."""
@@ -436,15 +442,16 @@ def load(
     cat = config["catalog"]
     models, gpus = resolve_path(cat["models"], basedir), resolve_path(cat["gpus"], basedir)
     catalog = load_catalog(models, gpus).with_prices(config["costs"].get("prices"), source)
-    planned = grid.expand(config, catalog, source)
+    sweep, launcher = SweepSection.of(config["sweep"]), LauncherSection.of(config["launcher"])
+    planned = grid.expand(sweep, launcher, catalog, source)
     site = None
-    if config["launcher"]["kind"] == "slurm":
-        mapped = read_site(resolve_path(config["launcher"]["site"], basedir))
-        site = for_gpus(mapped, config["sweep"]["gpus"], source)
-        planned = within_limits(planned, resolve_limits(site))
+    if launcher.kind == "slurm" and launcher.site is not None:
+        mapped = read_site(resolve_path(launcher.site, basedir))
+        site = resolve_limits(for_gpus(mapped, list(sweep.gpus), source))
+        planned = within_limits(planned, site)
         catalog = catalog.with_network(mapped)  # every type the site maps: the what-if predicts them all
     grid.check_plan(planned, source)
-    return Pipeline(config, catalog, planned, site, sources, cores)
+    return Pipeline(config, catalog, planned, site, sources, cores, sweep=sweep, launcher=launcher)
 
 
 def load_or_exit(*args: Any, **kwargs: Any) -> Pipeline:

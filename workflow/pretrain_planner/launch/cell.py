@@ -23,6 +23,7 @@ from pretrain_planner.launch.hostpool import cgroup_oom_kills
 from pretrain_planner.launch.rankjob import RankJob, entry, global_rank, job_id_here
 from pretrain_planner.launch.request import JobFailed, Outcome, RuleLog
 from pretrain_planner.launch.state import StateRecord
+from pretrain_planner.planning.configtypes import BenchmarkSection, Launch
 from pretrain_planner.results import (
     atomic_write_text,
     parse_result,
@@ -78,7 +79,7 @@ def _materialise(payload: dict[str, Any], spec: dict[str, Any]) -> None:
 
 
 def _host_memory_oom(
-    exc: JobFailed, spec: dict[str, Any], kills_before: int | None, log: RuleLog
+    exc: JobFailed, spec: dict[str, Any], launch: Launch, kills_before: int | None, log: RuleLog
 ) -> dict[str, Any] | None:
     """A job that failed because the kernel killed a rank for host memory is an `oom` result, not a crash to
     retry: rank 0 wrote it before the job failed (a peer was killed), or the driver writes it (rank 0 was
@@ -106,7 +107,7 @@ def _host_memory_oom(
     result = {"status": "oom", "reason": why, **c, "world_size": c["nodes"] * c["gpus_per_node"],
               "precision": spec["model"]["recipe"]["precision"],
               "global_batch": spec["model"]["recipe"]["global_batch"],
-              "slurm_job_id": exc.job_id if spec["launcher"]["kind"] == "slurm" else None,
+              "slurm_job_id": exc.job_id if launch.kind == "slurm" else None,
               "submitit_job_id": exc.job_id}  # fmt: skip
     write_steps(spec["outputs"]["steps"], [])
     write_result(result_path, result)
@@ -253,10 +254,11 @@ def cell_line(cell: dict[str, Any], result: dict[str, Any] | None, error: str | 
     return f"cell {name}: {status}" + (f", {', '.join(parts)}" if parts else "") + f" ({took})"
 
 
-def _launch(spec: dict[str, Any], log: RuleLog, log_path: str, on_gpus: bool, per_rank: int, progress_file: Path,
-            preflight: dict[str, Any] | None = None) -> tuple[dict[str, Any], str | None]:  # fmt: skip
-    """Run the cell's job with its launcher: (rank 0's payload, the job's id; None in-process)."""
-    launch = {**spec["launcher"], "slurm": spec.get("slurm")}
+def _launch(spec: dict[str, Any], launch: Launch, log: RuleLog, log_path: str, on_gpus: bool, per_rank: int,
+            progress_file: Path, preflight: dict[str, Any] | None = None,
+            ) -> tuple[dict[str, Any], str | None]:  # fmt: skip
+    """Run the cell's job with its launcher (`launch`: the spec's, typed at run_cell): (rank 0's payload, the job's
+    id; None in-process)."""
     result_path = Path(spec["outputs"]["result"])
     c = spec["cell"]
     req = stage.request(
@@ -272,7 +274,7 @@ def _launch(spec: dict[str, Any], log: RuleLog, log_path: str, on_gpus: bool, pe
     try:
         outcome = stage.run(req, log, f"cell {c}", log_path, [result_path], collect)
     except JobFailed as exc:
-        payload = _host_memory_oom(exc, spec, kills_before, log)
+        payload = _host_memory_oom(exc, spec, launch, kills_before, log)
         if payload is None:
             raise
         return payload, exc.job_id
@@ -292,11 +294,12 @@ def run_cell(
     """Run one cell to completion with the configured launcher; raise if it crashed (Snakemake retries).
     Its state record says where it stands at every point; one line on the console says how it ended. `preflight`:
     its GPU type's passed preflight record (SLURM), which its result records."""
-    kind = spec["launcher"]["kind"]
+    launch, benchmark = Launch.of_job(spec), BenchmarkSection.of_job(spec["benchmark"])  # its JSON, typed again
+    kind = launch.kind
     world = spec["cell"]["nodes"] * spec["cell"]["gpus_per_node"]
-    gpu, device = spec["cell"]["gpu"], spec["benchmark"].get("device")
+    gpu, device = spec["cell"]["gpu"], benchmark.device
     # a `cpu` rank: one core (its stand-in for a GPU); a GPU rank: its GPU's share of the cores
-    on_gpus, per_rank = stage.placement({**spec["launcher"], "slurm": spec.get("slurm")}, gpu, device, world, world)
+    on_gpus, per_rank = stage.placement(launch, gpu, device, world, world)
     spec = {
         **spec,
         "threads_per_rank": per_rank,
@@ -318,7 +321,9 @@ def run_cell(
     follow.start()
     t0 = time.time()
     try:
-        payload, job_id = _launch(spec, log, log_path, on_gpus, per_rank, progress_file, _preflight_summary(preflight))
+        payload, job_id = _launch(
+            spec, launch, log, log_path, on_gpus, per_rank, progress_file, _preflight_summary(preflight)
+        )
         if not result_path.is_file():
             raise RuntimeError(f"cell {spec['cell']} finished but wrote no {result_path}; see {log_path}")
     except Exception as exc:

@@ -24,7 +24,6 @@ from pretrain_planner.launch.rankjob import LOCAL_RECORD
 from pretrain_planner.launch.request import JobFailed, JobRequest, Outcome, RuleLog
 from pretrain_planner.launch.slurm import task_jobs
 from pretrain_planner.results import atomic_write_text, read_json
-from pretrain_planner.schema import section
 
 LOCAL_RANKS = "local_ranks"  # each local rank's pid (job.RankJob writes them)
 # Jobs of one Snakemake process (--force-use-threads) share torch's global RNG and thread settings: a torch job in
@@ -138,7 +137,7 @@ def run_debug(req: JobRequest, log: RuleLog, what: str) -> Outcome:
     folder's lock, the host's devices, this process's torch turn)."""
     if req.world_size != 1:
         raise ValueError(f"{what}: the debug launcher runs one rank in the driver's process, not {req.world_size}")
-    pool = HostPool.from_config(req.launcher.get("local_gpus"))
+    pool = HostPool.from_config(req.launcher.local_gpus)
     with folder_lock(req.workdir, what), pool.hold(1, req.use_gpus, req.cpu_threads, log, driver.STOP), torch_job():
         value = req.fn()
     log("finished in-process")
@@ -154,10 +153,10 @@ def run_local(req: JobRequest, log: RuleLog, what: str, log_path: str | Path) ->
     workdir = req.workdir
     with folder_lock(workdir, what):
         end_orphans(workdir, log)
-        pool = HostPool.from_config(req.launcher.get("local_gpus"))
+        pool = HostPool.from_config(req.launcher.local_gpus)
         with pool.hold(req.world_size, req.use_gpus, req.cpu_threads, log, driver.STOP) as place:
             # CPU ranks forked from a warm interpreter (launch/warm.py: ~4 s of imports each saved); GPU ones cold
-            warm_on = section("config", "launcher", req.launcher)["warm_ranks"] and not place.gpus
+            warm_on = req.launcher.warm_ranks and not place.gpus
             python = warm.server_command(log) if warm_on else None
             ex = submitit.LocalExecutor(folder=req.folder, max_num_timeout=req.max_num_timeout, python=python)
             ex.update_parameters(nodes=1, tasks_per_node=req.world_size, timeout_min=req.timeout_min,

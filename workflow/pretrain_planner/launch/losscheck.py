@@ -15,6 +15,7 @@ from pretrain_planner.launch import stage
 from pretrain_planner.launch.rankjob import EntryJob
 from pretrain_planner.launch.request import Outcome, RuleLog
 from pretrain_planner.planning import losscheck
+from pretrain_planner.planning.configtypes import BenchmarkSection, Launch
 from pretrain_planner.planning.methods import parse_canonical
 from pretrain_planner.results import atomic_write_text, parse_result
 
@@ -35,17 +36,18 @@ def run_check(spec: dict[str, Any], cell_results: list[str], curves: str, log_pa
               ) -> dict[str, Any]:  # fmt: skip
     """The rule: plan the setting's runs, launch those that an earlier check of the setting did not make already
     (layout.loss_check_run: each run kept by its key), or record why there are none; leave `curves` behind."""
-    c, conf = spec["cell"], spec["benchmark"]["loss_check"]
+    c, benchmark = spec["cell"], BenchmarkSection.of_job(spec["benchmark"], "the check's spec: benchmark")
+    conf = benchmark.loss_check  # the spec's JSON, typed again here
     world = c["nodes"] * c["gpus_per_node"]
     rows = cell_rows(cell_results)
-    cuda = c["gpu"] != "cpu" and spec["benchmark"].get("device") != "cpu"
+    cuda = c["gpu"] != "cpu" and benchmark.device != "cpu"
     runs, why, size = losscheck.plan_runs(rows, conf, spec["model"], spec["gpu"], world, c["nodes"], cuda)
     log = RuleLog(log_path)
-    check = {"steps": conf["steps"], "global_batch": size, "seed": spec["benchmark"]["seed"],
-             "init": str(Path(layout.loss_check_init(spec["results"], c["model"], spec["benchmark"]["seed"]))
-                         .resolve()), "identity": losscheck.identity(spec)}  # fmt: skip
+    check = {"steps": conf.steps, "global_batch": size, "seed": benchmark.seed,
+             "init": str(Path(layout.loss_check_init(spec["results"], c["model"], benchmark.seed)).resolve()),
+             "identity": losscheck.identity(spec)}  # fmt: skip
     step_s = (rows.get("naive") or {}).get("step_time_s")
-    check["gpu_hours_estimate"] = losscheck.cost_gpu_hours(len(runs), conf["steps"], step_s, world)
+    check["gpu_hours_estimate"] = losscheck.cost_gpu_hours(len(runs), conf.steps, step_s, world)
     where = layout.setting_folder(**{k: c[k] for k in ("model", "gpu", "nodes", "gpus_per_node")})
     if not runs:
         record = {"setting": c, "check": check, "runs": [], "note": why}
@@ -85,8 +87,8 @@ def launch_check(spec: dict[str, Any], runs: list[dict[str, Any]], check: dict[s
     """One job of the setting's ranks running `runs` in turn (trainer/losscheck.run_rank); its record."""
     c = spec["cell"]
     world = c["nodes"] * c["gpus_per_node"]
-    launch = {**spec["launcher"], "slurm": spec.get("slurm")}
-    on_gpus, per_rank = stage.placement(launch, c["gpu"], spec["benchmark"].get("device"), world, world)
+    launch, benchmark = Launch.of_job(spec), BenchmarkSection.of_job(spec["benchmark"], "the check's spec: benchmark")
+    on_gpus, per_rank = stage.placement(launch, c["gpu"], benchmark.device, world, world)
     out = Path(curves).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     job_spec = {**{k: spec[k] for k in ("cell", "model", "gpu", "benchmark")}, "threads_per_rank": per_rank,

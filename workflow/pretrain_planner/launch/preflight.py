@@ -24,6 +24,7 @@ from pretrain_planner import layout
 from pretrain_planner.launch import stage
 from pretrain_planner.launch.rankjob import EntryJob
 from pretrain_planner.launch.request import JobFailed, RuleLog
+from pretrain_planner.planning.configtypes import Launch, LauncherSection
 from pretrain_planner.planning.preflight import ERROR, WARNING, Expect, Finding, findings, markdown, summary
 from pretrain_planner.results import atomic_write_text, read_json
 
@@ -87,7 +88,7 @@ def run_preflight(spec: dict[str, Any], out_json: str | Path, log_path: str | Pa
     workdir = out.parent / gpu
     settings = {**spec["slurm"], "time_limit_min": min(TIME_LIMIT_MIN, spec["slurm"]["time_limit_min"])}
     settings["signal_delay_s"] = min(settings["signal_delay_s"], 30)
-    launch = {**spec["launcher"], "slurm": settings}
+    launch = Launch(LauncherSection.of_job(spec["launcher"]), settings, None)  # the spec's JSON, typed again
     job = EntryJob(PROBE, {"gpus_asked": expect.gpus_asked})
     log(f"preflight of {gpu}: one job on {settings.get('partition') or '(the default partition)'} asking "
         f"{expect.gpus_asked} GPU(s), {expect.cpus_per_gpu} core(s); cells need CUDA: {expect.needs_cuda}")  # fmt: skip

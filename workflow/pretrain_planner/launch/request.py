@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pretrain_planner.launch.hostpool import HostPool
+from pretrain_planner.planning.configtypes import LauncherSection
 from pretrain_planner.planning.runspec import OnNodes
 from pretrain_planner.results import before_write, disk_full
 
@@ -109,7 +110,7 @@ class JobRequest(OnNodes):
     identity: dict[str, Any] | None = None  # what the job computes: a recorded job of another identity is not reused
     max_num_timeout: int = 3  # requeues after a time-out that submitit allows (a long budget run needs more)
     extra_record: dict[str, Any] = field(default_factory=dict)
-    launcher: dict[str, Any] = field(default_factory=dict)  # the config's launcher section (waits, local_gpus)
+    launcher: LauncherSection = field(default_factory=LauncherSection.given)  # the config's (waits, local GPUs)
     cpu_threads: int = 1  # threads of each rank of a CPU job (a GPU rank gets its GPU's share of the cores)
 
     @property

@@ -19,7 +19,6 @@ from pretrain_planner.launch.request import JobFailed, JobRequest, Outcome, Rule
 from pretrain_planner.launch.slurm_state import SlurmState, run_cmd, slurm_state
 from pretrain_planner.planning.site import driver_settings, rank_python, sbatch_parameters
 from pretrain_planner.results import atomic_write_text, before_write, read_json
-from pretrain_planner.schema import section
 
 # final states after which SLURM may still requeue the job (JobRequeue): give the controller a moment
 SETTLING_STATES = {"NODE_FAIL", "PREEMPTED", "BOOT_FAIL"}
@@ -84,7 +83,7 @@ def _ask_until_known(job_id: str, req: JobRequest, log: RuleLog,
                      ask: Callable[[], SlurmState | None] | None = None) -> SlurmState:  # fmt: skip
     """The job's state; while nobody can tell it, wait and ask again (bounded by launcher.state_wait_min). `ask`:
     the next state from the driver's poller (None: the driver stops); without it, the job's own question."""
-    wait_s = float(section("config", "launcher", req.launcher)["state_wait_min"]) * 60
+    wait_s = float(req.launcher.state_wait_min) * 60
     t0, said, asked = time.time(), False, 0
     while True:
         if ask is not None:
@@ -224,7 +223,7 @@ def _submit_slurm(req: JobRequest, log: RuleLog):
     params = sbatch_parameters(settings, req.nodes, req.gpus_per_node, req.name)
     ex.update_parameters(**params)
     req.fn.context = req.context()
-    wait_s = float(section("config", "launcher", req.launcher)["submit_wait_min"]) * 60
+    wait_s = float(req.launcher.submit_wait_min) * 60
     t0, attempt, limited = time.time(), 0, 0
     while True:
         attempt += 1

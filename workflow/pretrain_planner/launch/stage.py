@@ -1,8 +1,9 @@
 """One launcher for every stage's job: a benchmark cell (launch/cell.py), the train stage's run (train/jobs.py), the
 budget stage's pre-training and GLUE fine-tunes (budget/jobs.py). Imports no torch.
 
-- `launch_settings`: how a stage's jobs run: the config's launcher, and on SLURM the site's settings for the
-  job's GPU type; a launcher that cannot run the job's ranks stops the dry run.
+- `launch_settings`: how a stage's jobs run (a typed `Launch`): the config's launcher (typed where the config is
+  loaded), and on SLURM the site's settings for the job's GPU type; a launcher that cannot run the job's ranks stops
+  the dry run.
 - `placement`: whether a local job takes GPUs from the host's pool, and each rank's CPU threads.
 - `limits`: the local executor's time-out and the requeues after a time-out that a run of some hours needs (one
   longer than the site's time limit runs in requeued pieces, each resuming from the last checkpoint).
@@ -26,12 +27,13 @@ from pretrain_planner import layout
 from pretrain_planner.launch.executor import run_job
 from pretrain_planner.launch.rankjob import LOCAL_RECORD, SLURM_RECORD
 from pretrain_planner.launch.request import JobRequest, Outcome, RuleLog, holds_gpus, threads_per_rank
+from pretrain_planner.planning.configtypes import Launch, LauncherSection, require
 from pretrain_planner.planning.site import gpu_settings, load_site
 from pretrain_planner.schema import ConfigError, resolve_path
 
 
 def launch_settings(
-    launcher: dict[str, Any],
+    launcher: LauncherSection,
     gpu: str,
     nodes: int,
     world: int,
@@ -40,45 +42,47 @@ def launch_settings(
     ranks_key: str,
     gpu_key: str,
     soft_site: bool = False,
-) -> dict[str, Any]:
+) -> Launch:
     """The config's `launcher` (its site file read) for a job of `world` ranks on `nodes` nodes of GPU type `gpu`;
     `source`, `ranks_key` and `gpu_key` name where those came from in errors. `soft_site`: a site that does not map
     the GPU type stops only these jobs (`slurm_error`), not the parse (a benchmark sweep need not map a stage's
     GPU type)."""
-    out: dict[str, Any] = {**{k: v for k, v in launcher.items() if k != "site"}, "slurm": None}
-    if launcher["kind"] == "debug" and world > 1:
+    require(launcher, LauncherSection, "launch.stage.launch_settings")
+    if launcher.kind == "debug" and world > 1:
         raise ConfigError(f"{source}: {ranks_key} = {world} ranks, but launcher.kind debug runs one rank in the "
                           "driver's process: use launcher.kind local or slurm")  # fmt: skip
-    if launcher["kind"] == "local" and nodes > 1:
+    if launcher.kind == "local" and nodes > 1:
         raise ConfigError(f"{source}: {nodes} nodes: the local launcher runs on one node (use launcher.kind slurm)")
-    if launcher["kind"] == "slurm":
-        try:
-            out["slurm"] = gpu_settings(
-                load_site(resolve_path(launcher["site"], basedir), [gpu], source, key=gpu_key), gpu
-            )
-        except ConfigError as exc:
-            if not soft_site:
-                raise
-            out["slurm_error"] = str(exc)
-    return out
+    if launcher.kind != "slurm" or launcher.site is None:
+        return Launch(launcher, None, None)
+    try:
+        site = load_site(resolve_path(launcher.site, basedir), [gpu], source, key=gpu_key)
+    except ConfigError as exc:
+        if not soft_site:
+            raise
+        return Launch(launcher, None, str(exc))
+    return Launch(launcher, gpu_settings(site, gpu), None)
 
 
-def placement(launch: dict[str, Any], gpu: str, device: str | None, world: int, threads: int) -> tuple[bool, int]:
+def placement(launch: Launch, gpu: str, device: str | None, world: int, threads: int) -> tuple[bool, int]:
     """(whether a local job takes GPUs from the host's pool, each rank's CPU threads): the site's CPUs per GPU under
     SLURM, a GPU's share of the host's cores for a rank on a GPU, else the rule's `threads` shared out."""
-    on_gpus = holds_gpus(gpu, device, launch.get("local_gpus"))
-    return on_gpus, threads_per_rank(launch["kind"], launch["slurm"], threads, world, on_gpus, launch.get("local_gpus"))
+    require(launch, Launch, "launch.stage.placement")
+    local_gpus = launch.launcher.local_gpus
+    on_gpus = holds_gpus(gpu, device, local_gpus)
+    return on_gpus, threads_per_rank(launch.kind, launch.slurm, threads, world, on_gpus, local_gpus)
 
 
-def limits(launch: dict[str, Any], hours: float | None) -> tuple[int, int]:
+def limits(launch: Launch, hours: float | None) -> tuple[int, int]:
     """(the local executor's time-out in minutes, the requeues after a time-out submitit allows) for a run of
     `hours` (None: not a timed run: the launcher's time-out, three requeues)."""
+    require(launch, Launch, "launch.stage.limits")
     if hours is None:
-        return launch["timeout_min"], 3
-    limit = max(launch["timeout_min"], math.ceil(hours * 60 * 1.5) + 30)
+        return launch.launcher.timeout_min, 3
+    limit = max(launch.launcher.timeout_min, math.ceil(hours * 60 * 1.5) + 30)
     requeues = 3
-    if launch["slurm"]:
-        usable = max(1.0, launch["slurm"]["time_limit_min"] - launch["slurm"]["signal_delay_s"] / 60)
+    if launch.slurm:
+        usable = max(1.0, launch.slurm["time_limit_min"] - launch.slurm["signal_delay_s"] / 60)
         requeues = math.ceil(limit / usable) + 3  # a run longer than the time limit: several requeued pieces
     return limit, requeues
 
@@ -94,7 +98,7 @@ RESUMING_REQUEUES = 10_000
 def request(
     fn: Any,
     name: str,
-    launch: dict[str, Any],
+    launch: Launch,
     workdir: Path,
     identity: dict[str, Any],
     *,
@@ -107,14 +111,16 @@ def request(
 ) -> JobRequest:
     """The job `fn` (a rankjob.RankJob) named `name` in its folder `workdir`; `identity`: what it computes (a
     recorded job of another identity is never re-attached to); `threads`: each rank's (`placement`)."""
+    require(launch, Launch, "launch.stage.request")
     timeout, requeues = limits(launch, hours)
-    if launch["slurm"] and not getattr(fn, "restartable", True):
+    if launch.slurm and not getattr(fn, "restartable", True):
         requeues = max(requeues, RESUMING_REQUEUES)  # bounded by its progress instead (see RESUMING_REQUEUES)
     return JobRequest(
-        fn=fn, name=name, kind=launch["kind"], folder=workdir / layout.SUBMITIT, nodes=nodes,
-        gpus_per_node=gpus_per_node, timeout_min=timeout, use_gpus=on_gpus, slurm=launch["slurm"],
-        record=workdir / (SLURM_RECORD if launch["kind"] == "slurm" else LOCAL_RECORD), identity=identity,
-        max_num_timeout=requeues, extra_record=extra_record or {}, launcher=launch, cpu_threads=threads,
+        fn=fn, name=name, kind=launch.kind, folder=workdir / layout.SUBMITIT, nodes=nodes,
+        gpus_per_node=gpus_per_node, timeout_min=timeout, use_gpus=on_gpus,
+        slurm=dict(launch.slurm) if launch.slurm else None,
+        record=workdir / (SLURM_RECORD if launch.kind == "slurm" else LOCAL_RECORD), identity=identity,
+        max_num_timeout=requeues, extra_record=extra_record or {}, launcher=launch.launcher, cpu_threads=threads,
     )  # fmt: skip
 
 

@@ -183,16 +183,17 @@ class Catalog:
             gpus[name] = replace(gpus[name], **keys, price_note=note)
         return replace(self, gpus=gpus)
 
-    def with_network(self, site: dict[str, Any] | None) -> Catalog:
+    def with_network(self, site: Any) -> Catalog:
         """The catalog with the site file's network (`inter_node_gbit_s` of each GPU type it maps) over
-        config/gpus.yaml's reference-system default: what a multi-node prediction's bus crosses the nodes at."""
+        config/gpus.yaml's reference-system default: what a multi-node prediction's bus crosses the nodes at.
+        `site`: a planning/configtypes.SiteFile (not imported here: configtypes imports the catalog), or None."""
         if not site:
             return self
         gpus = dict(self.gpus)
-        for name, settings in site["gpus"].items():
+        for name, settings in site.gpus.items():
             given = settings.get("inter_node_gbit_s")
             if given and name in gpus:
-                note = f"inter_node_gbit_s from {site['path']} (gpus.{name})"
+                note = f"inter_node_gbit_s from {site.path} (gpus.{name})"
                 gpus[name] = replace(gpus[name], inter_node_gbit_s=float(given), network_note=note)
         return replace(self, gpus=gpus)
 

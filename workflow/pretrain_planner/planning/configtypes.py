@@ -6,6 +6,8 @@ the schema's (workflow/schemas/), filled by `schema.validate` before a section i
 
 from __future__ import annotations
 
+import copy
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Self
@@ -18,8 +20,9 @@ def require(value: Any, cls: type, where: str) -> None:
     """TypeError naming `where` unless `value` is a `cls`: a function below the entrance takes the typed section,
     never a dict (a dict would be read by key again, its keys unchecked)."""
     if not isinstance(value, cls):
+        made = getattr(cls, "MADE_BY", f"{cls.__name__}.of(validated section)")
         raise TypeError(f"{where}: takes a {cls.__name__} (planning/configtypes.py, typed once where the config is "
-                        f"loaded: {cls.__name__}.of(validated section)), not a {type(value).__name__}")  # fmt: skip
+                        f"loaded: {made}), not a {type(value).__name__}")  # fmt: skip
 
 
 def _keys_of(cls: type, section: Any, where: str) -> dict[str, Any]:
@@ -82,6 +85,208 @@ class TrainSection(_Flat):
                 "tokenizer": self.tokenizer, "data_dtype": self.data_dtype, "data_field": self.data_field,
                 "checkpoint_every_min": self.checkpoint_every_min, "eval_every": self.eval_every,
                 "eval_batches": self.eval_batches}  # fmt: skip
+
+
+# -- the config's sweep, benchmark and launcher sections (and a job's launcher with its site settings) -------------
+
+
+def _given(name: str, given: Mapping[str, Any] | None, where: str) -> dict[str, Any]:
+    """The config's section `name` from part of it: validated, the schema's defaults filled under what is given
+    (nested sections too), for a caller that is not handed a whole config (a test, a script, a job request)."""
+    config = {"sweep": {"models": ["-"], "gpus": ["-"]}, name: copy.deepcopy(dict(given or {}))}
+    return schema.validate(config, "config", where)[name]
+
+
+class _StatedOrder:
+    """A section whose JSON at a job's boundary keeps the order the validated mapping stated its keys in (the
+    file's keys as written, then the schema's defaults): a rule's params are compared by their repr, and a job
+    whose params' repr changed runs again, so typing the section must not re-measure a sweep's cells. Not a field:
+    equality, `dataclasses.replace` and the schema's keys ignore it (a replaced value writes the schema's order)."""
+
+    def _stated(self, section: Mapping[str, Any]) -> Self:
+        object.__setattr__(self, "_order", tuple(section))
+        return self
+
+    def _in_stated_order(self, values: dict[str, Any]) -> dict[str, Any]:
+        order = [k for k in getattr(self, "_order", ()) if k in values]
+        return {k: values[k] for k in (*order, *(k for k in values if k not in order))}
+
+
+@dataclass(frozen=True)
+class SweepSection(_StatedOrder):
+    """The config's `sweep:` section: the grid's axes (every combination is one cell), each a tuple. Typed where the
+    config is loaded (facade/pipeline.load) and expanded by planning/grid.expand; plan.csv's params get `to_json`."""
+
+    models: tuple[str, ...]
+    gpus: tuple[str, ...]
+    nodes: tuple[int, ...]
+    gpus_per_node: tuple[int, ...]
+    methods: tuple[str, ...]
+
+    @classmethod
+    def of(cls, section: Mapping[str, Any], where: str = "sweep") -> SweepSection:
+        return cls(**{k: tuple(v) for k, v in _keys_of(cls, section, where).items()})._stated(section)
+
+    def to_json(self) -> dict[str, Any]:
+        """The section as the config states it (lists): a rule's params, whose change re-plans."""
+        return self._in_stated_order({f.name: list(getattr(self, f.name)) for f in fields(self)})
+
+
+@dataclass(frozen=True)
+class LossCheckSection(_Flat):
+    """The config's `benchmark.loss_check`: which methods are checked to train naive's model, and how strictly.
+    `mode` is `off`, `chosen` or `all` (YAML reads an unquoted `off` as false: typed as "off" here, once)."""
+
+    WHERE: ClassVar[str] = "benchmark.loss_check"
+
+    mode: str
+    steps: int
+    seeds: int
+    global_batch: int | None
+    k: float
+    tail: float
+
+    @classmethod
+    def of(cls, section: Mapping[str, Any], where: str | None = None) -> LossCheckSection:
+        values = _keys_of(cls, section, where or cls.WHERE)
+        return cls(**{**values, "mode": values["mode"] or "off"})
+
+    def to_json(self) -> dict[str, Any]:
+        """The check's settings as its job gets them (the loss-check rule's spec, the aggregate rule's params), in
+        the schema's order."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class BenchmarkSection(_StatedOrder):
+    """The config's `benchmark:` section: how a cell is timed (warm-up and timed steps, the micro-batch cap, the
+    seed, the device, the suspect and spread limits) and the loss check. Typed where the config is loaded (the
+    facade, the CLI); a cell's job gets `cell_options()` as JSON (its rule's params: the loss check is the check
+    job's, whose change measures no cell again) and types it back at its entrance (`of_job`)."""
+
+    warmup_steps: int
+    timed_steps: int
+    max_micro_batch: int | None
+    seed: int
+    device: str
+    suspect_mfu: float
+    max_spread: float
+    loss_check: LossCheckSection
+
+    @classmethod
+    def of(cls, section: Mapping[str, Any], where: str = "benchmark") -> BenchmarkSection:
+        values = _keys_of(cls, section, where)
+        loss_check = LossCheckSection.of(values["loss_check"], f"{where}.loss_check")
+        return cls(**{**values, "loss_check": loss_check})._stated(section)
+
+    def cell_options(self) -> dict[str, Any]:
+        """What a cell's job is given (JSON, in the stated order): every key but the loss check. A copy of one
+        made once (a plan asks it for every cell)."""
+        return dict(self._cell_json)
+
+    def to_json(self) -> dict[str, Any]:
+        """The whole section as JSON, the loss check's included (the loss-check job's spec)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return self._in_stated_order({**values, "loss_check": self.loss_check.to_json()})
+
+    @functools.cached_property
+    def _cell_json(self) -> dict[str, Any]:
+        return {k: v for k, v in self.to_json().items() if k != "loss_check"}
+
+    @classmethod
+    def given(cls, given: Mapping[str, Any] | None = None) -> BenchmarkSection:
+        """From part of the section (the schema's defaults under it): a test's or a script's cell."""
+        return cls.of(_given("benchmark", given, "a given benchmark section"))
+
+    @classmethod
+    def of_job(cls, options: Mapping[str, Any], where: str = "the cell's spec: benchmark") -> BenchmarkSection:
+        """From a job's JSON copy (`cell_options`, or `to_json`): a cell's has no loss check (the schema's then,
+        which no cell reads)."""
+        loss_check = options.get("loss_check") or schema.section("config", "benchmark.loss_check", None)
+        return cls.of({**options, "loss_check": loss_check}, where)
+
+
+@dataclass(frozen=True)
+class LauncherSection(_Flat, _StatedOrder):
+    """The config's `launcher:` section: local, debug or slurm, the local time-out and GPUs, warm ranks, the site
+    file (slurm) and the scheduler's waits. Typed where the config is loaded (the facade, the CLI, a flag replacing
+    a field); a job's spec carries `job_options()` (JSON, no site file: the job has its GPU type's settings) and
+    its entrance types it back (`of_job`, `site` None)."""
+
+    WHERE: ClassVar[str] = "launcher"
+
+    kind: str
+    timeout_min: int
+    site: str | None  # None: a job's copy (`of_job`), whose site settings are its `Launch.slurm`
+    local_gpus: int | None
+    warm_ranks: bool
+    submit_wait_min: float
+    preflight: bool
+    state_wait_min: float
+
+    @classmethod
+    def given(cls, given: Mapping[str, Any] | None = None) -> LauncherSection:
+        """From part of the section (the schema's defaults under it; none given: the defaults alone, what a job
+        request made without a config has)."""
+        return cls.of(_given("launcher", given, "a given launcher section"))
+
+    @classmethod
+    def of(cls, section: Mapping[str, Any], where: str | None = None) -> LauncherSection:
+        return cls(**_keys_of(cls, section, where or cls.WHERE))._stated(section)
+
+    def job_options(self) -> dict[str, Any]:
+        """What a job's spec carries (JSON, in the stated order): every key but the site file. A copy of one made
+        once (a plan asks it for every cell)."""
+        return dict(self._job_json)
+
+    @functools.cached_property
+    def _job_json(self) -> dict[str, Any]:
+        return self._in_stated_order({f.name: getattr(self, f.name) for f in fields(self) if f.name != "site"})
+
+    @classmethod
+    def of_job(cls, options: Mapping[str, Any], where: str = "the job's spec: launcher") -> LauncherSection:
+        """From a job's JSON copy (`job_options`)."""
+        return cls.of({**options, "site": None}, where)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How one job runs (launch/stage.py): the launcher, and under SLURM its GPU type's settings from the site file
+    (planning/site.gpu_settings: JSON, as a job's spec carries them and submitit's request reads them) or why
+    there are none (`slurm_error`: a site that does not map a stage's GPU type stops only that stage's jobs).
+    Made by stage.launch_settings for a stage, and at a cell's or check's entrance from its spec (`of_job`)."""
+
+    MADE_BY: ClassVar[str] = "launch/stage.launch_settings; at a job's entrance Launch.of_job(spec)"
+
+    launcher: LauncherSection
+    slurm: Mapping[str, Any] | None
+    slurm_error: str | None
+
+    @classmethod
+    def of_job(cls, spec: Mapping[str, Any]) -> Launch:
+        """A job's launch from its spec's JSON: `launcher` (LauncherSection.job_options) and `slurm`."""
+        return cls(LauncherSection.of_job(spec["launcher"]), spec.get("slurm"), None)
+
+    @property
+    def kind(self) -> str:
+        return self.launcher.kind
+
+
+@dataclass(frozen=True)
+class SiteFile:
+    """The SLURM site file that `launcher.site` names (workflow/schemas/site.schema.yaml), validated by
+    planning/site.read_site: where it is, its `defaults`, each GPU type it maps with its full settings (`defaults`
+    under the type's entry: the JSON a job's `slurm` carries, planning/site.gpu_settings, read by key by the jobs,
+    sbatch and the preflight at that boundary), whether the plan asks the scheduler for a partition's limits, and
+    the driver's keys. Read where the config is loaded (facade/pipeline.load, the CLI, a stage's launcher);
+    narrowed to the sweep's GPU types and their limits resolved there, each step a new value."""
+
+    path: str
+    defaults: Mapping[str, Any]
+    gpus: Mapping[str, Mapping[str, Any]]
+    ask_scheduler: bool
+    poll_max_s: int
+    max_queued_jobs: int | None
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from typing import Any
 from pretrain_planner import layout
 from pretrain_planner.planning import hostcpu, methods
 from pretrain_planner.planning.catalog import Catalog, GpuSpec, ModelSpec
+from pretrain_planner.planning.configtypes import LauncherSection, SweepSection, require
 from pretrain_planner.planning.runspec import OnNodes, RunSpec, batch_split_reason
 from pretrain_planner.schema import ConfigError
 
@@ -131,37 +132,38 @@ def invalid_reason(cell: Cell, model: ModelSpec, gpu: GpuSpec, launcher: str, ca
     return None
 
 
-def check_sweep(config: dict, catalog: Catalog, source: str = "config") -> None:
+def check_sweep(sweep: SweepSection, catalog: Catalog, source: str = "config") -> None:
     """Names in the sweep must exist in the catalog; method slugs must parse."""
-    sweep = config["sweep"]
+    require(sweep, SweepSection, "planning.grid.check_sweep")
     for key, known, path in (
         ("models", catalog.models, catalog.models_path),
         ("gpus", catalog.gpus, catalog.gpus_path),
     ):
-        for i, name in enumerate(sweep[key]):
+        for i, name in enumerate(getattr(sweep, key)):
             if name not in known:
                 raise ConfigError(
                     f"{source}: sweep.{key}[{i}]: {name!r} is not defined in {path}; known: {', '.join(known)}"
                 )
-    for i, slug in enumerate(sweep["methods"]):
+    for i, slug in enumerate(sweep.methods):
         methods.parse(slug, where=f"{source}: sweep.methods[{i}]")
 
 
-def expand(config: dict, catalog: Catalog, source: str = "config") -> list[PlannedCell]:
-    """Every cell of the sweep, valid or not, in a stable order."""
-    check_sweep(config, catalog, source)
-    sweep, launcher = config["sweep"], config["launcher"]["kind"]
-    slugs = list(dict.fromkeys(methods.parse(s).slug for s in sweep["methods"]))
+def expand(sweep: SweepSection, launcher: LauncherSection, catalog: Catalog, source: str = "config"
+           ) -> list[PlannedCell]:  # fmt: skip
+    """Every cell of the sweep, valid or not (on `launcher`'s kind too), in a stable order."""
+    require(launcher, LauncherSection, "planning.grid.expand")
+    check_sweep(sweep, catalog, source)
+    slugs = list(dict.fromkeys(methods.parse(s).slug for s in sweep.methods))
     planned = []
-    for model_name in sweep["models"]:
+    for model_name in sweep.models:
         model = catalog.models[model_name]
-        for gpu_name in sweep["gpus"]:
+        for gpu_name in sweep.gpus:
             gpu = catalog.gpus[gpu_name]
-            for nodes in sweep["nodes"]:
-                for gpn in sweep["gpus_per_node"]:
+            for nodes in sweep.nodes:
+                for gpn in sweep.gpus_per_node:
                     for slug in slugs:
                         cell = Cell(model_name, gpu_name, nodes, gpn, slug)
-                        reason = invalid_reason(cell, model, gpu, launcher, catalog)
+                        reason = invalid_reason(cell, model, gpu, launcher.kind, catalog)
                         planned.append(PlannedCell(cell, reason, model.recipe.global_batch / cell.world_size))
     return planned
 

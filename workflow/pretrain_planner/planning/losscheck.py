@@ -24,11 +24,12 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pretrain_planner.planning.configtypes import LossCheckSection, require
 from pretrain_planner.planning.runspec import batch_split_reason
 from pretrain_planner.runlog import fingerprint
 from pretrain_planner.schema import section
@@ -45,11 +46,10 @@ FAULTS = ("unscaled_accum", "lr_x2", "bf16_no_master")
 SOFTWARE = ("torch", "transformers", "deepspeed", "pretrain-planner")
 
 
-def settings(given: dict[str, Any] | None = None) -> dict[str, Any]:
-    """benchmark.loss_check with the schema's defaults under what is given, its mode normalised (YAML reads an
-    unquoted `off` as false)."""
-    conf = section("config", "benchmark.loss_check", given)
-    return {**conf, "mode": conf["mode"] or "off"}
+def settings(given: Mapping[str, Any] | None = None) -> LossCheckSection:
+    """benchmark.loss_check typed, the schema's defaults under what is given: for a caller holding part of a
+    config or its JSON (the CLI, the aggregate rule's params, a test); the facade types the whole section."""
+    return LossCheckSection.of(section("config", "benchmark.loss_check", dict(given or {})))
 
 
 @dataclass(frozen=True)
@@ -160,15 +160,17 @@ def has_reference(methods: Sequence[str]) -> bool:
     return "naive" in methods
 
 
-def unplanned(conf: dict[str, Any], methods: Sequence[str]) -> str | None:
+def unplanned(conf: LossCheckSection, methods: Sequence[str]) -> str | None:
     """Why a setting with valid methods `methods` has no check planned (None: it has one), in the words `best`,
     loss_check.md and report.md use."""
-    if conf["mode"] == "off":
+    require(conf, LossCheckSection, "planning.losscheck.unplanned")
+    if conf.mode == "off":
         return "benchmark.loss_check.mode is off"
     return None if has_reference(methods) else NO_REFERENCE
 
 
-def why_unchecked(method: str, record: dict[str, Any] | None, conf: dict[str, Any], methods: Sequence[str]) -> str:
+def why_unchecked(method: str, record: dict[str, Any] | None, conf: LossCheckSection, methods: Sequence[str]
+                  ) -> str:  # fmt: skip
     """Why `method` has no verdict at its setting: the plan's reason, else the setting's check record's (its
     `note`: naive did not train there, the check batch does not split, the pick is naive), else the mode's."""
     reason = unplanned(conf, methods)
@@ -178,7 +180,7 @@ def why_unchecked(method: str, record: dict[str, Any] | None, conf: dict[str, An
         return "the setting's check has not run yet"
     if record.get("note"):
         return str(record["note"])
-    if conf["mode"] == "chosen":
+    if conf.mode == "chosen":
         return (f"{method} was not the setting's pick when the check ran (benchmark.loss_check.mode chosen checks "
                 "the pick only; `all` checks every method)")  # fmt: skip
     return "the check recorded no verdict for it (tables/loss_check.md)"
@@ -205,7 +207,7 @@ def precision_key(settings: Any) -> tuple[Any, ...]:
     return (settings.autocast, settings.tf32)
 
 
-def plan_runs(rows: dict[str, dict[str, Any]], conf: dict[str, Any], model: dict[str, Any], gpu: dict[str, Any],
+def plan_runs(rows: dict[str, dict[str, Any]], conf: LossCheckSection, model: dict[str, Any], gpu: dict[str, Any],
               world: int, nodes: int, cuda: bool) -> tuple[list[dict[str, Any]], str | None, int]:  # fmt: skip
     """(the runs of a setting's check job, why there are none, the check's global batch), from the setting's cell
     results by method (`rows`) and `benchmark.loss_check` (`conf`): naive as the reference, naive's variants
@@ -216,8 +218,9 @@ def plan_runs(rows: dict[str, dict[str, Any]], conf: dict[str, Any], model: dict
     from pretrain_planner.planning.settings import resolve
     from pretrain_planner.results import RAN
 
-    size = int(conf.get("global_batch") or model["recipe"]["global_batch"])
-    if conf["mode"] == "off":
+    require(conf, LossCheckSection, "planning.losscheck.plan_runs")
+    size = int(conf.global_batch or model["recipe"]["global_batch"])
+    if conf.mode == "off":
         return [], "benchmark.loss_check.mode is off", size
     why = batch_split_reason(size, world)
     if why:
@@ -226,13 +229,13 @@ def plan_runs(rows: dict[str, dict[str, Any]], conf: dict[str, Any], model: dict
     if naive is None or naive.get("status") not in RAN:
         why = "not measured" if naive is None else naive.get("status")
         return [], f"naive did not train at this setting ({why}): no reference", size
-    if conf["mode"] == "chosen":
+    if conf.mode == "chosen":
         pick = picked(rows)
         methods = [pick] if pick and pick != "naive" else []
     else:
         methods = sorted(m for m, r in rows.items() if m != "naive" and r.get("status") in RAN)
     if not methods:
-        return [], "the pick is naive itself: nothing to check" if conf["mode"] == "chosen" else None, size
+        return [], "the pick is naive itself: nothing to check" if conf.mode == "chosen" else None, size
 
     def micro_batch_of(method: str) -> int:
         micro_batch = min(int(rows[method]["micro_batch"]), size // world)
@@ -260,7 +263,7 @@ def plan_runs(rows: dict[str, dict[str, Any]], conf: dict[str, Any], model: dict
                     "of": f"naive{suffix}",
                 }
             )
-        for seed in range(1, int(conf["seeds"])):
+        for seed in range(1, conf.seeds):
             out.append({"name": f"naive{suffix}~dropout{seed}", "method": "naive", "micro_batch": micro_batch,
                         "dropout_seed": seed, "overrides": overrides, "role": "variant", "of": f"naive{suffix}",
                         "only_if_dropout": True})  # fmt: skip

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pretrain_planner.planning.calendar import max_time_hours
+from pretrain_planner.planning.configtypes import SiteFile, require
 from pretrain_planner.planning.grid import PlannedCell
 from pretrain_planner.schema import ConfigError, default, load_yaml, validate
 
@@ -25,35 +26,34 @@ LIMITS = ("max_nodes", "gpus_per_node", "max_time_h")
 DRIVER_KEYS = ("poll_max_s", "max_queued_jobs")
 
 
-def read_site(path: str | Path) -> dict[str, Any]:
-    """The site file validated, every GPU type it maps with its full settings (the schema filled the defaults every
-    key a GPU type may leave out): what the CLI's predictions read (the network of `inter_node_gbit_s`)."""
+def read_site(path: str | Path) -> SiteFile:
+    """The site file validated and typed, every GPU type it maps with its full settings (the schema filled the
+    defaults every key a GPU type may leave out): what the CLI's predictions read (the network of
+    `inter_node_gbit_s`)."""
     data = validate(load_yaml(path), "site", path)
-    return {
-        **{k: data[k] for k in DRIVER_KEYS},
-        "ask_scheduler": data["ask_scheduler"],
-        "gpus": {g: {**data["defaults"], **(v or {})} for g, v in data["gpus"].items()},
-        "path": str(path),
-    }
+    return SiteFile(
+        path=str(path), defaults=data["defaults"],
+        gpus={g: {**data["defaults"], **(v or {})} for g, v in data["gpus"].items()},
+        ask_scheduler=data["ask_scheduler"], poll_max_s=data["poll_max_s"], max_queued_jobs=data["max_queued_jobs"],
+    )  # fmt: skip
 
 
-def load_site(
-    path: str | Path, gpu_types: list[str], source: str = "config", key: str = "sweep.gpus"
-) -> dict[str, Any]:
+def load_site(path: str | Path, gpu_types: list[str], source: str = "config", key: str = "sweep.gpus") -> SiteFile:
     """Validate the site file and resolve every GPU type of the sweep to its full settings."""
     return for_gpus(read_site(path), gpu_types, source, key)
 
 
-def for_gpus(site: dict[str, Any], gpu_types: list[str], source: str = "config", key: str = "sweep.gpus") -> dict:
+def for_gpus(site: SiteFile, gpu_types: list[str], source: str = "config", key: str = "sweep.gpus") -> SiteFile:
     """`read_site`'s site narrowed to the GPU types a sweep uses; one it does not map is an error naming the file."""
-    missing = [g for g in gpu_types if g not in site["gpus"]]
+    require(site, SiteFile, "planning.site.for_gpus")
+    missing = [g for g in gpu_types if g not in site.gpus]
     if missing:
         raise ConfigError(
-            f"{site['path']}: gpus: no entry for GPU type(s) {', '.join(map(repr, missing))} used in {source} {key}; "
-            f"mapped: {', '.join(site['gpus']) or 'none'}. Add e.g.\n  gpus:\n    {missing[0]}: "
+            f"{site.path}: gpus: no entry for GPU type(s) {', '.join(map(repr, missing))} used in {source} {key}; "
+            f"mapped: {', '.join(site.gpus) or 'none'}. Add e.g.\n  gpus:\n    {missing[0]}: "
             f"{{partition: <partition>, gres_type: {missing[0]}}}"
         )
-    return {**site, "gpus": {g: site["gpus"][g] for g in gpu_types}}
+    return replace(site, gpus={g: site.gpus[g] for g in gpu_types})
 
 
 Runner = Callable[[list[str]], str]  # a command's stdout (the scheduler's CLI), or OSError / CalledProcessError
@@ -94,29 +94,32 @@ def partition_limits(partition: str | None, gres_type: str | None, gpu_request: 
     return {"max_nodes": max_nodes, "gpus_per_node": gpus, "max_time_h": max_time, "how": how, "partition": name}
 
 
-def resolve_limits(site: dict[str, Any], run: Runner = _run) -> dict[str, Any]:
-    """The site with each GPU type's limits known where they can be (`limits` and `limits_how`): the site file's
-    values, and with `ask_scheduler` those it leaves null from the scheduler (one question per partition)."""
+def resolve_limits(site: SiteFile, run: Runner = _run) -> SiteFile:
+    """The site with each GPU type's limits known where they can be (`limits` and `limits_how` added to its
+    settings): the site file's values, and with `ask_scheduler` those it leaves null from the scheduler (one
+    question per partition)."""
+    require(site, SiteFile, "planning.site.resolve_limits")
     asked: dict[tuple, dict] = {}
-    for gpu, settings in site["gpus"].items():
+    resolved: dict[str, dict[str, Any]] = {}
+    for gpu, settings in site.gpus.items():
         limits = {k: settings.get(k) for k in LIMITS}
-        how = {k: f"{site['path']}: gpus.{gpu}.{k}" for k in LIMITS if limits[k] is not None}
-        if site.get("ask_scheduler") and any(v is None for v in limits.values()):
+        how = {k: f"{site.path}: gpus.{gpu}.{k}" for k in LIMITS if limits[k] is not None}
+        if site.ask_scheduler and any(v is None for v in limits.values()):
             key = (settings.get("partition"), settings.get("gres_type"), settings["gpu_request"])
             if key not in asked:
                 try:
                     asked[key] = partition_limits(*key, run=run)
                 except (OSError, subprocess.SubprocessError) as exc:
                     raise ConfigError(
-                        f"{site['path']}: ask_scheduler: true, but the scheduler could not be asked for partition "
+                        f"{site.path}: ask_scheduler: true, but the scheduler could not be asked for partition "
                         f"{key[0] or '(default)'}'s limits ({exc}); set gpus.{gpu}.max_nodes, gpus_per_node and "
                         "max_time_h in the site file, or ask_scheduler: false"
                     ) from exc
             for k in LIMITS:
                 if limits[k] is None and asked[key][k] is not None:
                     limits[k], how[k] = asked[key][k], asked[key]["how"]
-        settings["limits"], settings["limits_how"] = limits, how
-    return site
+        resolved[gpu] = {**settings, "limits": limits, "limits_how": how}
+    return replace(site, gpus=resolved)
 
 
 def limit_reason(settings: dict[str, Any], nodes: int, gpus_per_node: int) -> str | None:
@@ -136,19 +139,22 @@ def limit_reason(settings: dict[str, Any], nodes: int, gpus_per_node: int) -> st
     return None
 
 
-def within_limits(planned: list[PlannedCell], site: dict[str, Any]) -> list[PlannedCell]:
-    """The plan with each valid cell that its partition cannot hold made invalid, with the limit and its source."""
+def within_limits(planned: list[PlannedCell], site: SiteFile) -> list[PlannedCell]:
+    """The plan with each valid cell that its partition cannot hold made invalid, with the limit and its source
+    (`site`: resolve_limits')."""
+    require(site, SiteFile, "planning.site.within_limits")
     out = []
     for p in planned:
-        why = limit_reason(site["gpus"][p.cell.gpu], p.cell.nodes, p.cell.gpus_per_node) if p.valid else None
+        why = limit_reason(site.gpus[p.cell.gpu], p.cell.nodes, p.cell.gpus_per_node) if p.valid else None
         out.append(replace(p, reason=why) if why else p)
     return out
 
 
-def gpu_settings(site: dict[str, Any], gpu: str) -> dict[str, Any]:
+def gpu_settings(site: SiteFile, gpu: str) -> dict[str, Any]:
     """What a job on `gpu` gets from the site (`load_site`'s): its GPU type's settings, the GPU type and the site
-    file (a job's `slurm`)."""
-    return {**site["gpus"][gpu], "gpu_type": gpu, "site": site.get("path")}
+    file (a job's `slurm`: JSON, at the job's boundary)."""
+    require(site, SiteFile, "planning.site.gpu_settings")
+    return {**site.gpus[gpu], "gpu_type": gpu, "site": site.path}
 
 
 def driver_settings(path: str | Path | None) -> dict[str, Any]:
@@ -165,8 +171,8 @@ def driver_settings(path: str | Path | None) -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=16)
 def _driver_settings(path: str, _mtime_ns: int) -> dict[str, Any]:
-    data = read_site(path)
-    return {k: data[k] for k in DRIVER_KEYS}
+    site = read_site(path)
+    return {k: getattr(site, k) for k in DRIVER_KEYS}
 
 
 def sbatch_parameters(settings: dict[str, Any], nodes: int, gpus_per_node: int, job_name: str) -> dict[str, Any]:

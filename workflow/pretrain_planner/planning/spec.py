@@ -5,22 +5,25 @@ from __future__ import annotations
 from typing import Any
 
 from pretrain_planner.planning.catalog import Catalog
+from pretrain_planner.planning.configtypes import BenchmarkSection, LauncherSection, SiteFile, require
 from pretrain_planner.planning.grid import Cell
 from pretrain_planner.planning.site import gpu_settings
-from pretrain_planner.schema import section
 
 
 def cell_spec(
     cell: Cell,
     catalog: Catalog,
-    config: dict[str, Any],
+    benchmark: BenchmarkSection,
+    launcher: LauncherSection,
     result: str,
     steps: str,
-    site: dict[str, Any] | None = None,
-    benchmark: dict[str, Any] | None = None,
+    site: SiteFile | None = None,
 ) -> dict[str, Any]:
-    """Everything a cell's job needs, as plain JSON data (the job never reads config files). `benchmark`: the
-    config's benchmark section with its defaults, when the caller has it (a plan asks it for every cell)."""
+    """Everything a cell's job needs, as plain JSON data (the job never reads config files): the typed sections
+    turned into JSON here, at the job's boundary (the cell rule's params, whose change measures the cell again:
+    the benchmark's `cell_options`, no loss check; the launcher's `job_options`, no site file)."""
+    require(benchmark, BenchmarkSection, "planning.spec.cell_spec")
+    require(launcher, LauncherSection, "planning.spec.cell_spec")
     spec = {
         "cell": {
             "model": cell.model,
@@ -32,10 +35,10 @@ def cell_spec(
         "name": cell.name,
         "model": catalog.model(cell.model).to_dict(),
         "gpu": catalog.gpu(cell.gpu).to_dict(),
-        "benchmark": benchmark if benchmark is not None else section("config", "benchmark", config["benchmark"]),
-        "launcher": {k: v for k, v in config["launcher"].items() if k != "site"},
+        "benchmark": benchmark.cell_options(),
+        "launcher": launcher.job_options(),
         "outputs": {"result": str(result), "steps": str(steps)},
     }
-    if config["launcher"]["kind"] == "slurm" and site:
+    if launcher.kind == "slurm" and site:
         spec["slurm"] = gpu_settings(site, cell.gpu)
     return spec

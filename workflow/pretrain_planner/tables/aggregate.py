@@ -19,6 +19,7 @@ import polars as pl
 
 from pretrain_planner.planning import losscheck, methods
 from pretrain_planner.planning.catalog import Catalog
+from pretrain_planner.planning.configtypes import LossCheckSection, require
 from pretrain_planner.planning.flops import train_flops_per_sample
 from pretrain_planner.results import (
     JSON_FIELDS,
@@ -471,14 +472,15 @@ def benchmark_cost(cells: pl.DataFrame, ttt: pl.DataFrame, strategy: str,
 UNCHECKED = "unchecked"  # a loss_check line's role: a setting no method was checked at, its `note` says why
 
 
-def loss_check_table(paths: Iterable[str], conf: dict[str, Any] | None,
+def loss_check_table(paths: Iterable[str], conf: LossCheckSection | None,
                      setting_methods: dict[tuple[Any, ...], list[str]] | None = None,
                      ) -> tuple[pl.DataFrame, dict[Any, float]]:  # fmt: skip
     """Every checked method's verdict and every precision change's line (planning/losscheck.judge_records), and
     each setting's check cost in GPU-hours, from the settings' curves files; a setting of `setting_methods`
     (setting -> its valid methods) that no method was checked at has an `unchecked` line saying why (its check
     record's note, or why none was planned), so that no reader is left to guess from an empty table."""
-    conf = losscheck.settings(conf)
+    conf = conf or losscheck.settings()  # None: the schema's
+    require(conf, LossCheckSection, "tables.aggregate.loss_check_table")
     records, hours, why = [], {}, {}
     for path in paths:
         rec = losscheck.read(path)
@@ -492,7 +494,7 @@ def loss_check_table(paths: Iterable[str], conf: dict[str, Any] | None,
         hours[(s["model"], s["gpu"], s["nodes"], s["gpus_per_node"])] = spent or 0.0
         if not rec.get("runs") and rec.get("note"):
             why[(s["model"], s["gpu"], s["nodes"], s["gpus_per_node"])] = rec["note"]
-    rows = losscheck.judge_records(records, conf["k"], conf["tail"])
+    rows = losscheck.judge_records(records, conf.k, conf.tail)
     for key, valid in (setting_methods or {}).items():
         reason = losscheck.unplanned(conf, valid) or why.get(key)
         if reason:
@@ -562,7 +564,7 @@ def build_all(
     pruned: dict[tuple[str, str, int, int, str], str] | None = None,
     strategy: str = "exhaustive",
     loss_checks: Iterable[str] = (),
-    loss_check: dict[str, Any] | None = None,
+    loss_check: LossCheckSection | None = None,
 ) -> dict[str, pl.DataFrame]:
     """Every table, in memory (`loss_checks`: the settings' loss-check curves files; `loss_check`: its config)."""
     cells, problems = cells_table(plan, result_paths, catalog, pruned)
@@ -588,10 +590,10 @@ def build_all(
 
 def aggregate_rule(inputs: Any, outputs: Any, log_path: str, catalog: Catalog, params: Any) -> dict[str, pl.DataFrame]:
     """The `aggregate` rule's call (workflow/rules/aggregate.smk): its named inputs (plan, results, search,
-    loss_checks), outputs and params (costs, loss_check) handed to `build_tables`."""
+    loss_checks), outputs and params (costs, loss_check: its JSON, typed here) handed to `build_tables`."""
     return build_tables(inputs["plan"], list(inputs["results"]), dict(outputs.items()), log_path, catalog,
                         params["costs"], search=list(inputs["search"]), loss_checks=list(inputs["loss_checks"]),
-                        loss_check=params["loss_check"])  # fmt: skip
+                        loss_check=losscheck.settings(params["loss_check"]))  # fmt: skip
 
 
 def build_tables(
@@ -603,7 +605,7 @@ def build_tables(
     costs_config: dict[str, Any] | None = None,
     search: Iterable[str] = (),
     loss_checks: Iterable[str] = (),
-    loss_check: dict[str, Any] | None = None,
+    loss_check: LossCheckSection | None = None,
 ) -> dict[str, pl.DataFrame]:
     """The `aggregate` rule: every table to CSV + Markdown (cells also Parquet), a log naming problems.
     With the adaptive search, `search` lists each setting's search.json: the cells it ran and those pruned;

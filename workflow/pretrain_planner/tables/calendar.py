@@ -41,6 +41,7 @@ from pretrain_planner.planning.calendar import (
     training_calendar,
 )
 from pretrain_planner.planning.catalog import Catalog
+from pretrain_planner.planning.configtypes import SiteFile
 from pretrain_planner.planning.flops import param_count
 from pretrain_planner.planning.queue import Asker, ask_start, cred_expire, run_sbatch
 from pretrain_planner.planning.site import gpu_settings
@@ -89,7 +90,7 @@ class Site:
     the checkpoint rate measured on the results folder and how (a GPU type's `checkpoint_gb_s` in the site file
     overrides it); the scheduler to ask (None: not asked); the clock."""
 
-    site: dict[str, Any] | None
+    site: SiteFile | None
     measured_gb_s: float | None
     measured_how: str
     ask: Asker | None = None
@@ -109,9 +110,9 @@ class Site:
 
     def checkpoint_rate(self, gpu: str) -> tuple[float | None, str]:
         """(GB/s, how) a checkpoint of a job on `gpu` is written and read at."""
-        given = (self.site or {}).get("gpus", {}).get(gpu, {}).get("checkpoint_gb_s")
-        if given:
-            return float(given), f"{self.site.get('path')}: gpus.{gpu}.checkpoint_gb_s"
+        given = self.site.gpus.get(gpu, {}).get("checkpoint_gb_s") if self.site else None
+        if given and self.site:
+            return float(given), f"{self.site.path}: gpus.{gpu}.checkpoint_gb_s"
         return self.measured_gb_s, self.measured_how
 
 
@@ -175,7 +176,7 @@ def price(s: Setting, catalog: Catalog, where: Site) -> dict[str, Any]:
     row["restart_basis"] = f"start-up {s.startup_basis}; checkpoint written and read at {at} ({rate_how})"
     settings = gpu_settings(where.site, s.gpu) if where.site else None
     if settings is not None:  # the driver's poll bounds how soon it resubmits where the site refuses requeue
-        settings["poll_s"] = where.site.get("poll_max_s")
+        settings["poll_s"] = where.site.poll_max_s
     notes = []
     if s.startup_s is None or write_s is None:
         why = "no start-up measured" if s.startup_s is None else "no parameter count for this family"
@@ -296,7 +297,7 @@ def build_calendar(
     inputs: Mapping[str, str],
     out: Mapping[str, str],
     log_path: str,
-    site: dict[str, Any] | None,
+    site: SiteFile | None,
     catalog: Catalog,
     train: dict[str, Any] | None,
 ) -> pl.DataFrame:

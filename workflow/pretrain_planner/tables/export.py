@@ -32,6 +32,7 @@ from typing import Any
 from pretrain_planner import layout, schema
 from pretrain_planner.planning import methods
 from pretrain_planner.planning.catalog import Catalog, GpuSpec, ModelSpec
+from pretrain_planner.planning.configtypes import SiteFile
 from pretrain_planner.planning.runspec import RunSpec, grad_sync_of
 from pretrain_planner.planning.settings import differences, resolve
 from pretrain_planner.results import atomic_write_text
@@ -495,7 +496,7 @@ def export_plans(
     catalog: Catalog,
     seed: int = 0,
     results_dir: str | None = None,
-    site: dict[str, Any] | None = None,
+    site: SiteFile | None = None,
 ) -> list[dict[str, Any]]:
     """The `export` rule: one folder per model x GPU x count, and index.csv. A setting whose measured cell
     recorded settings other than the plan's gets no plan but a README saying which (results_dir: where the
@@ -519,7 +520,7 @@ def export_plans(
         target.mkdir(parents=True, exist_ok=True)
         entry = {**{k: f[k] for k in GROUP}, "world_size": f["world_size"], "best_method": None,
                  "training_days": None, "folder": folder, "files": "", "note": ""}  # fmt: skip
-        gpu_site = (site or {}).get("gpus", {}).get(f["gpu"])
+        gpu_site = site.gpus.get(f["gpu"]) if site else None
         entry.update(_export_setting(target, f, best.get(key), catalog, results, seed, gpu_site))
         index.append(entry)
         log.append(f"{folder}: {entry['best_method'] or entry['note']}")

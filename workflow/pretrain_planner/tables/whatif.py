@@ -21,6 +21,7 @@ import polars as pl
 
 from pretrain_planner.planning import evidence_exchange as pp_exchange
 from pretrain_planner.planning.catalog import Catalog
+from pretrain_planner.planning.configtypes import BenchmarkSection, SweepSection, require
 from pretrain_planner.planning.crossgpu import Kind
 from pretrain_planner.planning.evidence import origins_text
 from pretrain_planner.results import atomic_write_text
@@ -135,12 +136,12 @@ def table_files(folder: str) -> dict[str, str]:
     return {"whatif_csv": f"{folder}/whatif.csv", "whatif_md": f"{folder}/whatif.md"}
 
 
-def counts_of(config: dict[str, Any]) -> list[tuple[int, int]]:
+def counts_of(sweep: SweepSection, study_config: dict[str, Any] | None) -> list[tuple[int, int]]:
     """The (nodes, GPUs per node) the what-if predicts: the sweep's, and the study's GPU-days setting (the GPU-days
     plot shows the prediction where that setting was not measured)."""
-    sweep = config["sweep"]
-    study = study_settings(config.get("study"))
-    counts = {(n, g) for n in sweep["nodes"] for g in sweep["gpus_per_node"]}
+    require(sweep, SweepSection, "tables.whatif.counts_of")
+    study = study_settings(study_config)
+    counts = {(n, g) for n in sweep.nodes for g in sweep.gpus_per_node}
     counts.add((study["gpu_days_nodes"], study["gpu_days_gpus_per_node"]))
     return sorted(counts, key=lambda c: (c[0] * c[1], c[0]))
 
@@ -416,12 +417,15 @@ def whatif_markdown(predictor: Predictor, table: pl.DataFrame, swept: list[str],
     return "\n".join(md).rstrip("\n") + "\n"
 
 
-def rule_settings(config: dict[str, Any], catalog: Catalog) -> dict[str, Any]:
-    """What the `whatif` rule passes to build_whatif from the sweep's config (a change of any re-predicts)."""
+def rule_settings(sweep: SweepSection, benchmark: BenchmarkSection, config: dict[str, Any], catalog: Catalog
+                  ) -> dict[str, Any]:  # fmt: skip
+    """What the `whatif` rule passes to build_whatif from the sweep's config (a change of any re-predicts): the typed
+    sweep and benchmark sections (the facade's), the study, costs, whatif and evidence settings from `config`."""
+    require(benchmark, BenchmarkSection, "tables.whatif.rule_settings")
     return {
-        "models": list(config["sweep"]["models"]),
-        "counts": counts_of(config),
-        "suspect_mfu": config["benchmark"]["suspect_mfu"],
+        "models": list(sweep.models),
+        "counts": counts_of(sweep, config.get("study")),
+        "suspect_mfu": benchmark.suspect_mfu,
         "costs_config": config.get("costs", {}),
         "named": whatif_settings(config.get("whatif"), catalog)["models"],
         # the site file's network over the catalog's (a change of it re-predicts the multi-node rows)

@@ -18,7 +18,7 @@ from pretrain_planner import layout
 from pretrain_planner.launch import stage
 from pretrain_planner.launch.rankjob import EntryJob
 from pretrain_planner.launch.request import Outcome, RuleLog
-from pretrain_planner.planning.configtypes import TrainSection, require
+from pretrain_planner.planning.configtypes import Launch, LauncherSection, TrainSection, require
 from pretrain_planner.planning.corpus import TRAIN_TOKENIZER, CorpusInfo, check_train_data
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.train.record import write_tables
@@ -43,9 +43,10 @@ def read_plan(plan: str | Path) -> dict[str, Any]:
     return json.loads(p.read_text())
 
 
-def launch_settings(launcher: dict[str, Any], plan: dict[str, Any], basedir: str | Path = ".") -> dict[str, Any]:
+def launch_settings(launcher: LauncherSection, plan: dict[str, Any], basedir: str | Path = ".") -> Launch:
     """How the run is launched (launch/stage.py): the config's launcher, and on SLURM the site's settings for the
     plan's GPU type."""
+    require(launcher, LauncherSection, "train.jobs.launch_settings")
     gpu, nodes, world = plan["gpu"]["name"], int(plan["nodes"]), int(plan["nodes"]) * int(plan["gpus_per_node"])
     return stage.launch_settings(launcher, gpu, nodes, world, basedir, layout.PLAN_FILE, "nodes x gpus_per_node",
                                  "gpu")  # fmt: skip
@@ -67,7 +68,7 @@ class DataError(ValueError):
 
 def run_plan(
     plan: str | Path,
-    launch: dict[str, Any],
+    launch: Launch,
     out_dir: str | Path,
     log_path: str | Path,
     train: TrainSection,
@@ -79,6 +80,7 @@ def run_plan(
     with `train`'s budget, data, checkpoints and validation (its paths canonical already: `canonical`); `device`:
     the job's (TrainSection.run_device, or a flag). The job gets them as JSON (`TrainSection.job_options`)."""
     require(train, TrainSection, "train.jobs.run_plan")
+    require(launch, Launch, "train.jobs.run_plan")
     p = plan_file(plan).resolve()
     rec = read_plan(p)
     corpus = check_data(rec, train)
@@ -92,7 +94,7 @@ def run_plan(
               **{k: v for k, v in options.items() if v is not None}}  # fmt: skip
     log = RuleLog(log_path)
     log(f"train: plan {p} ({rec['model']['name']}, {nodes}x{gpn} {gpu}, method {rec['method']}), launcher "
-        f"{launch['kind']}, {per_rank} thread(s) per rank, options {json.dumps(options, default=str)}")  # fmt: skip
+        f"{launch.kind}, {per_rank} thread(s) per rank, options {json.dumps(options, default=str)}")  # fmt: skip
     if corpus is not None:
         log(f"train: data {corpus.path}: {corpus.format}, {len(corpus.files)} file(s), "
             f"{corpus.tokens if corpus.tokens is not None else 'unknown (text)'} tokens")  # fmt: skip
@@ -127,7 +129,7 @@ def train_rule(
     plan_input: str,
     wildcards: Any,
     train: TrainSection,
-    launcher: dict[str, Any],
+    launcher: LauncherSection,
     device: str,
     result: str,
     log_path: str,
@@ -135,8 +137,9 @@ def train_rule(
     basedir: str | Path,
 ) -> dict[str, Any]:
     """The train rule: the setting's plan.json (given, or inside the export's optimal/ folder) through the
-    config's launcher, with the config's `train` section (typed by the facade: Pipeline.train) on `device`
-    (Pipeline.train_device), into the folder of the rule's `result` (result.json)."""
+    config's launcher (typed by the facade: Pipeline.launcher), with the config's `train` section (typed by the
+    facade: Pipeline.train) on `device` (Pipeline.train_device), into the folder of the rule's `result`
+    (result.json)."""
     require(train, TrainSection, "train.jobs.train_rule")
     setting = layout.setting_folder(wildcards.model, wildcards.gpu, wildcards.nodes, wildcards.gpus_per_node)
     p = plan_file(plan_input, setting)
