@@ -21,10 +21,9 @@ from pretrain_planner import search as pp_search
 from pretrain_planner.launch.request import driver_cores
 from pretrain_planner.planning import grid, losscheck
 from pretrain_planner.planning.catalog import Catalog, load_catalog
-from pretrain_planner.planning.configtypes import TrainSection
+from pretrain_planner.planning.configtypes import EvidenceSection, TrainSection
 from pretrain_planner.planning.corpus import check_train_data
 from pretrain_planner.planning.devices import wants_cuda
-from pretrain_planner.planning.evidence_exchange import evidence_folder
 from pretrain_planner.planning.evidence_prior import EvidencePrior
 from pretrain_planner.planning.preflight import Expect
 from pretrain_planner.planning.preflight import digest as preflight_digest
@@ -43,9 +42,11 @@ class Pipeline:
     sources: list[tuple[str, Any]] | None = None  # the config files merged, in order (for the dry run)
     cores: int | None = None  # the cores Snakemake has (None: unknown), what a rule's `threads:` stays within
     train: TrainSection = field(init=False)  # the config's `train:` section, typed once here (the train rule's)
+    evidence: EvidenceSection = field(init=False)  # the config's `evidence:` section (the what-if's, the search's)
 
     def __post_init__(self) -> None:
         self.train = TrainSection.of(self.config["train"])
+        self.evidence = EvidenceSection.of(self.config["evidence"])
 
     @property
     def results(self) -> str:
@@ -72,7 +73,7 @@ class Pipeline:
         """The evidence a setting's search orders a family with no measured cell by: the shipped rows, those
         imported into the evidence folder and the model's cells in the results folder (read when first needed)."""
         st = self.setting(wildcards)
-        return EvidencePrior(self.catalog, st.model, st.gpu, self.results, evidence_folder(self.config),
+        return EvidencePrior(self.catalog, st.model, st.gpu, self.results, self.evidence.folder_in(self.results),
                              self.config["benchmark"]["suspect_mfu"])  # fmt: skip
 
     def search_files(self) -> list[str]:
