@@ -116,7 +116,7 @@ def test_sigkill_and_resume_matches_uninterrupted(uninterrupted):
         "pretrain.pretrain(cfg, d + '/data/index.json', b + '/model', b + '/result.json', b + '/run', b + '/log',"
         " threads=1, kill_at_step=6)"
     )
-    proc = subprocess.run([sys.executable, "-c", code, json.dumps(bconfig.for_job(cfg)), str(tmp), str(b)],
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(BudgetRecipe.of(cfg).to_job()), str(tmp), str(b)],
                           capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"},
                           cwd=REPO)  # fmt: skip
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
