@@ -284,3 +284,33 @@ def test_the_evidence_section_is_typed_once_and_names_the_folder(tmp_path):
         whatif.rule_settings(moved.config, moved.catalog, moved.config["evidence"])  # type: ignore[arg-type]
     assert evidence_of({"results": "r"}) == EvidenceSection(None, None)  # a record without the section
     assert str(evidence_folder({"results": "r"})) == "r/evidence"
+
+
+def test_the_train_stages_masked_lm_data_keeps_its_fingerprint(tmp_path):
+    """The train stage's masked-LM data (trainer/tasks.masked_lm: mlm_config, typed) is fingerprinted by the corpus
+    keys its settings had as a dict (files, validation fraction, text field; the format always detected): its data
+    and the runs checkpointed on it (their identity holds the data's fingerprint) are not made again."""
+    import math
+
+    from pretrain_planner.planning.corpus import content_fingerprint
+    from pretrain_planner.planning.families import family
+    from pretrain_planner.runlog import fingerprint
+    from pretrain_planner.schema import section
+    from pretrain_planner.trainer.data import mlm
+
+    from .conftest import CATALOG
+
+    model = CATALOG.model("tiny-bert").to_dict()
+    files = [str(p) for p in sorted((REPO / "tests/data/corpus").glob("*.txt"))]
+    prep = mlm.mlm_config(files, None, model, 3, "text")
+    index = mlm.prepare_data(prep, tmp_path / "d/index.json", corpus_keys=mlm.TRAIN_CORPUS_KEYS)
+    seq, p = model["recipe"]["sequence_length"], model["recipe"]["mlm_probability"]
+    room = model["arch"]["max_position_embeddings"] - family(model["family"]).position_offset()
+    old = {  # the settings as the train stage made them before they were typed
+        "corpus": {"files": files, "validation_fraction": 0.05, "text_field": "text"},
+        "tokenizer": section("budget", "tokenizer", {"path": None, "vocab_size": 512}),
+        "data": section("budget", "data", {"seq_len": min(seq, room), "mlm_probability": p, "duplication_factor": 2,
+                                           "max_predictions": max(1, math.ceil(seq * p)), "samples_per_shard": 4096}),
+    }  # fmt: skip
+    want = fingerprint(3, old["corpus"], old["tokenizer"], old["data"], content_fingerprint(files))
+    assert index is not None and index["fingerprint"] == want

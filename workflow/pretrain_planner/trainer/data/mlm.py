@@ -194,11 +194,23 @@ def _write_shard(data_dir, name, samples, copies, seed, split_id, shard_no, cd: 
     return len(samples)
 
 
+# The corpus keys the train stage's data is fingerprinted by (its format is always detected from the files): the
+# keys its settings had before they were typed, so its data and the runs checkpointed on it keep their identity.
+TRAIN_CORPUS_KEYS = ("files", "validation_fraction", "text_field")
+
+
 def prepare_data(
-    prep: BudgetPrep, out_index: str | Path, log: str | Path | None = None, *, stop_after_shards=None
+    prep: BudgetPrep,
+    out_index: str | Path,
+    log: str | Path | None = None,
+    *,
+    stop_after_shards: int | None = None,
+    corpus_keys: tuple[str, ...] | None = None,
 ) -> dict[str, Any] | None:
     """The whole data preparation of `prep` (typed where the config was loaded: the facade's BudgetStage.data, the
-    train stage's `mlm_config`); writes the shards next to `out_index`, then `out_index` itself.
+    train stage's `mlm_config`); writes the shards next to `out_index`, then `out_index` itself. The data's
+    fingerprint (what a resumed preparation and a run's checkpoint must match) is of the sections' values, the
+    corpus's `corpus_keys` only (None: all; the train stage's: TRAIN_CORPUS_KEYS).
 
     `stop_after_shards` (testing) returns after writing that many training shards, as a killed run would.
     """
@@ -207,8 +219,9 @@ def prepare_data(
     data_dir = Path(out_index).parent
     data_dir.mkdir(parents=True, exist_ok=True)
     files = list(prep.corpus.files)
-    js = prep.to_json()  # the fingerprint of the sections as the file has them (sorted keys: as by key before)
-    fp = fingerprint(prep.seed, js["corpus"], js["tokenizer"], js["data"], content_fingerprint(files))
+    js = prep.to_json()  # the sections as plain JSON (runlog.fingerprint sorts the keys)
+    corpus = {k: v for k, v in js["corpus"].items() if corpus_keys is None or k in corpus_keys}
+    fp = fingerprint(prep.seed, corpus, js["tokenizer"], js["data"], content_fingerprint(files))
     state = _progress(data_dir, fp, logger)
     tok = _tokenizer(prep, data_dir, logger)
     writer = _ShardWriter(prep, data_dir, tok, state, logger, stop_after_shards)
