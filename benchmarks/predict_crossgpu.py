@@ -44,6 +44,7 @@ sys.path.insert(0, str(REPO / "workflow"))
 import crossgpu_loo  # noqa: E402
 from pretrain_planner.planning import crossgpu, evidence, evidence_exchange  # noqa: E402
 from pretrain_planner.planning.catalog import load_catalog  # noqa: E402
+from pretrain_planner.tables import markdown  # noqa: E402
 
 TARGET_MEAN, TARGET_INSIDE, TARGET_HALF_WIDTH = 0.08, 0.90, 0.20  # issue 23's, the stand-ins' still
 SEEN_TARGETS = (0.06, 0.90, 0.15)  # issue 40: the same workload to a GPU type other software measured
@@ -75,30 +76,36 @@ def _items(holdouts) -> list[tuple[float, bool, float]]:
     return [(h.error, h.inside, _half_width(h.estimate)) for h in holdouts]
 
 
-def _row(label: str, items: list[tuple[float, bool, float]]) -> str:
-    """items: (error, inside, half-width)."""
+def _row(label: str, items: list[tuple[float, bool, float]]) -> list[str]:
+    """A row of a `_per` table; items: (error, inside, half-width)."""
     errs = [abs(e) for e, _i, _w in items]
-    return (f"| {label} | {len(items)} | {statistics.mean(errs):.1%} | {max(errs):.1%} | "
-            f"{statistics.mean(e for e, _i, _w in items):+.1%} | {sum(i for _e, i, _w in items) / len(items):.0%} | "
-            f"{statistics.median(w for _e, _i, w in items):.0%} |")  # fmt: skip
+    return [label, str(len(items)), f"{statistics.mean(errs):.1%}", f"{max(errs):.1%}",
+            f"{statistics.mean(e for e, _i, _w in items):+.1%}", f"{sum(i for _e, i, _w in items) / len(items):.0%}",
+            f"{statistics.median(w for _e, _i, w in items):.0%}"]  # fmt: skip
 
 
-HEAD = ("| {} | runs | mean abs error | max abs error | mean error (bias) | truth inside the band | median band "
-        "half-width |\n|---|---|---|---|---|---|---|")  # fmt: skip
+COLUMNS = ["runs", "mean abs error", "max abs error", "mean error (bias)", "truth inside the band",
+           "median band half-width"]  # fmt: skip
+TARGET_COLUMNS = ["runs predicted", "mean abs error (target)", "max abs error", "truth inside the band",
+                  "median band half-width (target)"]  # fmt: skip
 
 
-def _targets_table(label: str, holdouts, targets: tuple[float, float, float] | None = None) -> list[str]:
+def _per(first: str, rows: list[list[str]]) -> list[str]:
+    """A table of `_row`s, its first column named `first` (what each row is: a GPU type, a pair, a source)."""
+    return markdown.plain([first, *COLUMNS], rows)
+
+
+def _targets_row(label: str, holdouts, targets: tuple[float, float, float] | None = None) -> list[str]:
+    """A row of the targets table: the kind's figures, each against its target (issue 23's without `targets`)."""
     target_mean, target_inside, target_width = targets or (TARGET_MEAN, TARGET_INSIDE, TARGET_HALF_WIDTH)
     items = _items(holdouts)
     mean_abs = statistics.mean(abs(e) for e, _i, _w in items)
     inside = sum(i for _e, i, _w in items) / len(items)
     width = statistics.median(w for _e, _i, w in items)
     met = lambda ok: "met" if ok else "NOT met"  # noqa: E731
-    return [
-        f"| {label} | {len(items)} | {mean_abs:.1%} (<= {target_mean:.0%}) {met(mean_abs <= target_mean)} | "
-        f"{max(abs(e) for e, _i, _w in items):.0%} | {inside:.1%} {met(inside >= target_inside)} | "
-        f"+-{width:.0%} (<= +-{target_width:.0%}) {met(width <= target_width)} |"
-    ]
+    return [label, str(len(items)), f"{mean_abs:.1%} (<= {target_mean:.0%}) {met(mean_abs <= target_mean)}",
+            f"{max(abs(e) for e, _i, _w in items):.0%}", f"{inside:.1%} {met(inside >= target_inside)}",
+            f"+-{width:.0%} (<= +-{target_width:.0%}) {met(width <= target_width)}"]  # fmt: skip
 
 
 def _floor(runs, model: crossgpu.CrossGpu) -> tuple[list[str], float, float, int]:
@@ -118,11 +125,7 @@ def _floor(runs, model: crossgpu.CrossGpu) -> tuple[list[str], float, float, int
                     moved = model.transfer(rb, crossgpu_loo.work_of_run(ra), a)
                     if moved:
                         pairs[(sw, a, b)].append((math.log(ra.seconds / rb.seconds), math.log(ra.seconds / moved)))
-    lines = [
-        "| software | GPU pair | groups | observed ratio a/b (min .. max) | spread of log ratio | spread left by the "
-        "model | floor: mean abs error after the best constant per pair |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    rows: list[list[str]] = []
     raw_floor, model_floor, n_all = [], [], 0
     for (sw, a, b), v in sorted(pairs.items(), key=lambda kv: -len(kv[1])):
         if len(v) < 3:
@@ -133,10 +136,13 @@ def _floor(runs, model: crossgpu.CrossGpu) -> tuple[list[str], float, float, int
         raw_floor += list(f_raw)
         model_floor += list(f_mod)
         n_all += len(v)
-        if len(lines) < 32:
-            lines.append(f"| {sw} | {a} / {b} | {len(v)} | {math.exp(obs.min()):.2f} .. {math.exp(obs.max()):.2f} | "
-                         f"{obs.std():.3f} | {res.std():.3f} | {f_mod.mean():.1%} |")  # fmt: skip
-    return lines, float(np.mean(raw_floor)), float(np.mean(model_floor)), sum(len(v) >= 3 for v in pairs.values())
+        if len(rows) < 30:  # the 30 largest
+            rows.append([sw, f"{a} / {b}", str(len(v)), f"{math.exp(obs.min()):.2f} .. {math.exp(obs.max()):.2f}",
+                         f"{obs.std():.3f}", f"{res.std():.3f}", f"{f_mod.mean():.1%}"])  # fmt: skip
+    columns = ["software", "GPU pair", "groups", "observed ratio a/b (min .. max)", "spread of log ratio",
+               "spread left by the model", "floor: mean abs error after the best constant per pair"]  # fmt: skip
+    n_pairs = sum(len(v) >= 3 for v in pairs.values())
+    return markdown.plain(columns, rows), float(np.mean(raw_floor)), float(np.mean(model_floor)), n_pairs
 
 
 def _oracle(runs, model: crossgpu.CrossGpu) -> float:
@@ -227,17 +233,18 @@ def report(folder: Path | None = None) -> tuple[str, dict]:
         f"{len({r.source for r in ev.runs})} sources on {len({r.gpu for r in ev.runs})} GPU types ({len(ev.skipped)} "
         "rows not usable, reasons below).", "",
         "## Against the targets", "",
-        "| kind of transfer (how it is left out) | runs predicted | mean abs error (target) | max abs error | "
-        "truth inside the band (target >= 90%) | median band half-width (target) |",
-        "|---|---|---|---|---|---|",
-        *_targets_table("**headline**: the same workload to a GPU type absent from the evidence (each GPU type left "
-                        "out)", logo, UNSEEN_TARGETS),
-        *_targets_table("the same workload to a GPU type measured by other software (each workload x GPU type x "
-                        "software left out)", cells, SEEN_TARGETS),
     ]  # fmt: skip
-    for kind in crossgpu.KINDS:
-        if kind.workload != "same" and by_kind.get(kind):
-            lines += _targets_table(f"{kind.label} ({kind.protocol})", by_kind[kind])
+    targets = [
+        _targets_row("**headline**: the same workload to a GPU type absent from the evidence (each GPU type left "
+                     "out)", logo, UNSEEN_TARGETS),
+        _targets_row("the same workload to a GPU type measured by other software (each workload x GPU type x "
+                     "software left out)", cells, SEEN_TARGETS),
+        *[_targets_row(f"{kind.label} ({kind.protocol})", by_kind[kind]) for kind in crossgpu.KINDS
+          if kind.workload != "same" and by_kind.get(kind)],
+    ]  # fmt: skip
+    lines += markdown.plain(["kind of transfer (how it is left out)", "runs predicted", "mean abs error (target)",
+                             "max abs error", "truth inside the band (target >= 90%)",
+                             "median band half-width (target)"], targets)  # fmt: skip
     earlier = {"unseen": [h for h in logo if h.run.id <= EARLIER_LAST_ROW],
                "seen": [h for h in cells if h.run.id <= EARLIER_LAST_ROW]}  # fmt: skip
     figures["earlier"] = {k: _figures(v) for k, v in earlier.items() if v}
@@ -245,10 +252,9 @@ def report(folder: Path | None = None) -> tuple[str, dict]:
         lines += [
             "", f"On the runs of the rows shipped before issue 40 (r0001-{EARLIER_LAST_ROW}), predicted from all the "
             "evidence:", "",
-            "| kind of transfer | runs predicted | mean abs error (target) | max abs error | truth inside the band | "
-            "median band half-width (target) |", "|---|---|---|---|---|---|",
-            *_targets_table("headline: a GPU type absent from the evidence", earlier["unseen"], UNSEEN_TARGETS),
-            *_targets_table("a GPU type measured by other software", earlier["seen"], SEEN_TARGETS),
+            *markdown.plain(["kind of transfer", *TARGET_COLUMNS], [
+                _targets_row("headline: a GPU type absent from the evidence", earlier["unseen"], UNSEEN_TARGETS),
+                _targets_row("a GPU type measured by other software", earlier["seen"], SEEN_TARGETS)]),
         ]  # fmt: skip
     lines += [
         "",
@@ -287,7 +293,7 @@ def report(folder: Path | None = None) -> tuple[str, dict]:
         + ", ".join(f"{g} {math.exp(b) - 1:+.0%}" for g, b in sorted(full.effects.items(), key=lambda kv: kv[1]))
         + ". Measured error by kind (out of sample within the evidence, which sets the bands):", "",
         *[f"- {line}" for line in full.calibration.lines()], "",
-        "## Headline protocol per held-out GPU type", "", HEAD.format("held out"),
+        "## Headline protocol per held-out GPU type", "",
     ]  # fmt: skip
     by_target: dict[str, list] = defaultdict(list)
     by_pair: dict[tuple[str, str], list] = defaultdict(list)
@@ -301,46 +307,45 @@ def report(folder: Path | None = None) -> tuple[str, dict]:
         for g, e in h.by_gpu.items():
             by_pair[(g, h.run.gpu)].append((e.central / h.run.seconds - 1, e.low <= h.run.seconds <= e.high,
                                             _half_width(e)))  # fmt: skip
-    lines += [_row(f"{g} ({params[g].describe()})", v) for g, v in sorted(by_target.items())]
+    lines += _per("held out", [_row(f"{g} ({params[g].describe()})", v) for g, v in sorted(by_target.items())])
     cell_target: dict[str, list] = defaultdict(list)
     cell_source: dict[str, list] = defaultdict(list)
     for h in cells:
         cell_target[h.run.gpu].append((h.error, h.inside, _half_width(h.estimate)))
         cell_source[h.run.source].append((h.error, h.inside, _half_width(h.estimate)))
     lines += ["", "## A GPU type measured by other software, per GPU type (each workload x GPU type x software left "
-              "out)", "", HEAD.format("predicted")]  # fmt: skip
-    lines += [_row(g, v) for g, v in sorted(cell_target.items())]
-    lines += ["", "## A GPU type measured by other software, per source", "", HEAD.format("source")]
-    lines += [_row(s, v) for s, v in sorted(cell_source.items())]
+              "out)", ""]  # fmt: skip
+    lines += _per("predicted", [_row(g, v) for g, v in sorted(cell_target.items())])
+    lines += ["", "## A GPU type measured by other software, per source", ""]
+    lines += _per("source", [_row(s, v) for s, v in sorted(cell_source.items())])
     figures["seen_by_gpu"] = {g: {"runs": len(v), "mean_abs": statistics.mean(abs(e) for e, _i, _w in v),
                                   "max_abs": max(abs(e) for e, _i, _w in v),
                                   "inside": sum(i for _e, i, _w in v) / len(v),
                                   "half_width": statistics.median(w for _e, _i, w in v)}
                               for g, v in sorted(cell_target.items())}  # fmt: skip
     lines += ["", "## Headline protocol per pair of GPU types (the held-out type predicted from one other type's "
-              "runs)", "", HEAD.format("from -> to")]  # fmt: skip
-    lines += [_row(f"{a} -> {b}", v) for (a, b), v in sorted(by_pair.items())]
+              "runs)", ""]  # fmt: skip
+    lines += _per("from -> to", [_row(f"{a} -> {b}", v) for (a, b), v in sorted(by_pair.items())])
     figures["pairs"] = {f"{a} -> {b}": {"runs": len(v), "mean_abs": statistics.mean(abs(e) for e, _i, _w in v),
                                         "max_abs": max(abs(e) for e, _i, _w in v)}
                         for (a, b), v in sorted(by_pair.items())}  # fmt: skip
-    lines += ["", "## Headline protocol per source", "", HEAD.format("source")]
-    lines += [_row(s, v) for s, v in sorted(by_source.items())]
+    lines += ["", "## Headline protocol per source", ""]
+    lines += _per("source", [_row(s, v) for s, v in sorted(by_source.items())])
     sub = defaultdict(list)
     for h in [*standin, *standin_unseen]:
         sub[(h.run.model, sorted({r.model for r, _t, _w in h.estimate.basis})[0])].append(
             (h.error, h.inside, _half_width(h.estimate)))  # fmt: skip
-    lines += ["", "## Stand-ins (each workload left out, predicted from its stand-in; both GPU cases)", "",
-              HEAD.format("workload <- stand-in")]  # fmt: skip
-    lines += [_row(f"{a} <- {b}", v) for (a, b), v in sorted(sub.items())]
+    lines += ["", "## Stand-ins (each workload left out, predicted from its stand-in; both GPU cases)", ""]
+    lines += _per("workload <- stand-in", [_row(f"{a} <- {b}", v) for (a, b), v in sorted(sub.items())])
     worst = sorted(logo, key=lambda h: -abs(h.error))[:15]
-    lines += ["", "## The largest errors of the headline protocol", "", "| run | held out | from | error | band |",
-              "|---|---|---|---|---|"]  # fmt: skip
-    lines += [f"| {h.run.label} | {h.run.gpu} | {', '.join(sorted(h.by_gpu))} | {h.error:+.0%} | "
-              f"{h.estimate.low / h.run.seconds - 1:+.0%} .. {h.estimate.high / h.run.seconds - 1:+.0%} |"
-              for h in worst]  # fmt: skip
+    lines += ["", "## The largest errors of the headline protocol", ""]
+    lines += markdown.plain(["run", "held out", "from", "error", "band"], [
+        [h.run.label, h.run.gpu, ", ".join(sorted(h.by_gpu)), f"{h.error:+.0%}",
+         f"{h.estimate.low / h.run.seconds - 1:+.0%} .. {h.estimate.high / h.run.seconds - 1:+.0%}"]
+        for h in worst])  # fmt: skip
     reasons = Counter(why.split(":")[0] if "GPU type" not in why else why.split(" is not")[0] for _r, why in ev.skipped)
-    lines += ["", "## Rows not used", "", "| why | rows |", "|---|---|"]
-    lines += [f"| {why} | {n} |" for why, n in reasons.most_common()]
+    lines += ["", "## Rows not used", ""]
+    lines += markdown.plain(["why", "rows"], [[why, str(n)] for why, n in reasons.most_common()])
     flagged = [i for i, why in ev.skipped if why.startswith("flagged by its source")]
     lines += [
         "",

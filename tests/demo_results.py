@@ -77,7 +77,7 @@ def build_demo_results(root: Path, with_plots: bool = False) -> tuple[dict[str, 
                         config["costs"], named=config["whatif"]["models"])  # fmt: skip
     cal = calendar.table_files(str(root / "tables"))
     calendar.build_calendar({"time_to_train": tables["time_to_train_csv"], "cells": tables["cells_parquet"]}, cal,
-                            str(root / "calendar.log"), pipe.site, pipe.catalog, config["train"])  # fmt: skip
+                            str(root / "calendar.log"), pipe.site, pipe.catalog, pipe.train)  # fmt: skip
     tables = {**tables, **extra, **cal}
     plots = {**pp_plots.plot_files(str(root / "plots")), **study_plots.plot_files(str(root / "plots/study")),
              **calendar_plot.plot_files(str(root / "plots")), **loss_plot.plot_files(str(root / "plots"))}  # fmt: skip

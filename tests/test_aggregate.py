@@ -241,6 +241,16 @@ def test_a_benchmark_table_has_the_tables_layout():
         markdown.plain(["a", "b"], [["x"]])
 
 
+def test_no_benchmark_script_writes_a_markdown_table_by_hand():
+    """Every benchmark report's table goes through tables/markdown.py (`plain`, `table`): a table written by hand
+    (its `|---|` rule line in the script) has a layout of its own (benchmarks/predict_crossgpu.py's did)."""
+    from .conftest import REPO
+
+    by_hand = [f"{p.name}:{n}" for p in sorted((REPO / "benchmarks").glob("*.py"))
+               for n, line in enumerate(p.read_text().splitlines(), 1) if "|---" in line]  # fmt: skip
+    assert not by_hand, by_hand
+
+
 @pytest.mark.slow  # the plots timed against a wall-clock limit: load-sensitive
 def test_plots_and_report(gpu_tables):
     root, out, _ = gpu_tables

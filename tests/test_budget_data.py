@@ -8,6 +8,7 @@ import shutil
 import numpy as np
 import pytest
 from pretrain_planner.budget import config as bconfig
+from pretrain_planner.planning.configtypes import BudgetPrep, BudgetRecipe
 from pretrain_planner.schema import ConfigError
 from pretrain_planner.trainer.data import mlm as data
 from pretrain_planner.trainer.data import shards
@@ -79,7 +80,7 @@ def test_build_samples_consecutive_sentences():
 def prepared(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("data")
     cfg = budget_cfg(tmp)
-    index = data.prepare_data(cfg, tmp / "full/index.json", tmp / "full.log")
+    index = data.prepare_data(BudgetPrep.of(cfg), tmp / "full/index.json", tmp / "full.log")
     return cfg, tmp, index
 
 
@@ -126,10 +127,10 @@ def test_prepare_is_deterministic_and_resumes(prepared, monkeypatch):
         lambda files, vocab, lower, out, docs=None: shutil.copyfile(tmp / "full/tokenizer.json", out),
     )
     # a run stopped after one shard (as if killed), then restarted, gives exactly the uninterrupted result
-    assert data.prepare_data(cfg, tmp / "resumed/index.json", tmp / "r.log", stop_after_shards=1) is None
+    assert data.prepare_data(BudgetPrep.of(cfg), tmp / "resumed/index.json", tmp / "r.log", stop_after_shards=1) is None
     assert not (tmp / "resumed/index.json").exists()
     assert len(json.loads((tmp / "resumed/progress.json").read_text())["shards"]["train"]) == 1
-    again = data.prepare_data(cfg, tmp / "resumed/index.json", tmp / "r.log")
+    again = data.prepare_data(BudgetPrep.of(cfg), tmp / "resumed/index.json", tmp / "r.log")
     assert "resuming after document" in (tmp / "r.log").read_text()
     assert again == index
     for split in ("train", "validation"):
@@ -161,7 +162,8 @@ def test_catalog_model_by_name(tmp_path):
     cfg = budget_cfg(tmp_path, model="bert-24h", catalog_models=str(REPO / "config/models.yaml"))
     assert cfg["model"]["family"] == "roberta-prelayernorm" and cfg["model"]["arch"]["num_hidden_layers"] == 24
     index = {"vocab_size": 30000, "seq_len": 128, "special_ids": {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4}}
-    m = model_dict(cfg, index)
+    recipe = BudgetRecipe.of(cfg)
+    m = model_dict(recipe.model, recipe.prep.tokenizer, index)
     assert m["arch"]["vocab_size"] == 30000 and m["arch"]["pad_token_id"] == 0
     assert m["arch"]["max_position_embeddings"] >= 129  # RoBERTa positions start after the padding id
     with pytest.raises(ConfigError, match="not a masked LM"):

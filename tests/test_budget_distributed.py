@@ -4,6 +4,7 @@ the ranks agree, and a run whose rank 0 is killed resumes from rank 0's checkpoi
 from __future__ import annotations
 
 import pytest
+from pretrain_planner.planning.configtypes import BudgetPrep
 from pretrain_planner.trainer.data import mlm as data
 
 from .conftest import assert_kill_resume_matches, budget_cfg, run_budget
@@ -16,7 +17,7 @@ def two_ranks(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ddp")
     # global batch 8 = micro-batch 2 x accumulation 2 x 2 ranks
     cfg = budget_cfg(tmp, train={"gpus_per_node": 2, "micro_batch": 2})
-    data.prepare_data(cfg, tmp / "data/index.json")
+    data.prepare_data(BudgetPrep.of(cfg), tmp / "data/index.json")
     return cfg, tmp, run_budget(cfg, tmp, "a")
 
 

@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pytest
+from pretrain_planner.planning.configtypes import BudgetPrep
 from pretrain_planner.trainer.data import mlm as data
 from pretrain_planner.trainer.data import shards, text
 
@@ -58,7 +59,7 @@ def test_prepare_data_from_jsonl_and_parquet_matches_text(tmp_path):
         sub.mkdir()
         extra = {"tokenizer": {"path": str(tok)}} if tok else {}
         cfg = budget_cfg(sub, corpus={"files": [str(tmp_path / f"c.{ext}")]}, **extra)
-        index = data.prepare_data(cfg, sub / "d/index.json")
+        index = data.prepare_data(BudgetPrep.of(cfg), sub / "d/index.json")
         tok = tok or sub / "d/tokenizer.json"  # one tokenizer for all three (WordPiece training ties)
         arrays[ext] = (index["samples"], np.array(shards.load_shard(sub / "d", "train-00000")["input_ids"]))
     assert arrays["txt"][0] == arrays["jsonl"][0] == arrays["parquet"][0]
@@ -85,7 +86,7 @@ def test_short_seq_prob_makes_shorter_samples(tmp_path):
         sub = tmp_path / str(p)
         sub.mkdir()
         cfg = budget_cfg(sub, data={"short_seq_prob": p})
-        index = data.prepare_data(cfg, sub / "d/index.json")
+        index = data.prepare_data(BudgetPrep.of(cfg), sub / "d/index.json")
         pad = index["special_ids"]["pad"]
         real = [(np.array(shards.load_shard(sub / "d", s["name"])["input_ids"][0]) != pad).sum(1)
                 for s in index["splits"]["train"]]  # fmt: skip
@@ -114,7 +115,7 @@ def test_local_hugging_face_tokenizer_folder(tmp_path):
     PreTrainedTokenizerFast(tokenizer_file=str(src), **specials).save_pretrained(fast_dir)
     assert (fast_dir / "tokenizer.json").is_file()
     cfg = budget_cfg(tmp_path, tokenizer={"path": str(fast_dir)})
-    index = data.prepare_data(cfg, tmp_path / "fast/index.json", tmp_path / "fast.log")
+    index = data.prepare_data(BudgetPrep.of(cfg), tmp_path / "fast/index.json", tmp_path / "fast.log")
     assert "tokenizer: copied" in (tmp_path / "fast.log").read_text()
     from tokenizers import Tokenizer
 
@@ -130,7 +131,7 @@ def test_local_hugging_face_tokenizer_folder(tmp_path):
     (slow_dir / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "BertTokenizer",
                                                                 "do_lower_case": True}))  # fmt: skip
     cfg = budget_cfg(tmp_path, tokenizer={"path": str(slow_dir)})
-    index = data.prepare_data(cfg, tmp_path / "slow/index.json")
+    index = data.prepare_data(BudgetPrep.of(cfg), tmp_path / "slow/index.json")
     assert index["vocab_size"] == len(vocab) and index["special_ids"] == {"pad": 0, "unk": 1, "cls": 2, "sep": 3,
                                                                           "mask": 4}  # fmt: skip
     sentence = "the quick brown fox"

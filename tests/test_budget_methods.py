@@ -10,6 +10,7 @@ import re
 
 import pytest
 from pretrain_planner.budget import pretrain
+from pretrain_planner.planning.configtypes import BudgetPrep
 from pretrain_planner.trainer.data import mlm as data
 from pretrain_planner.trainer.methodbuild import MethodError
 
@@ -26,7 +27,7 @@ def _cfg(tmp, method):
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("methods")
-    data.prepare_data(_cfg(tmp, "fl"), tmp / "data/index.json")
+    data.prepare_data(BudgetPrep.of(_cfg(tmp, "fl")), tmp / "data/index.json")
     return tmp
 
 

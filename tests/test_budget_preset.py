@@ -10,6 +10,7 @@ import re
 import pytest
 import yaml
 from pretrain_planner.budget import pretrain
+from pretrain_planner.planning.configtypes import BudgetPrep, BudgetRecipe
 from pretrain_planner.schema import ConfigError, load_yaml, validate
 from pretrain_planner.trainer.data import mlm as data
 
@@ -58,7 +59,8 @@ def test_preset_resolves_to_the_published_recipe(tmp_path):
     assert tr["checkpoint_every_s"] is None
     # the model the stage builds: the tokenizer's 30522 words padded to 30528 as the reference pads them
     index = {"vocab_size": 30522, "seq_len": 128, "special_ids": {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4}}
-    assert pretrain.model_dict(cfg, index)["arch"]["vocab_size"] == 30528
+    recipe = BudgetRecipe.of(cfg)
+    assert pretrain.model_dict(recipe.model, recipe.prep.tokenizer, index)["arch"]["vocab_size"] == 30528
 
 
 def test_preset_file_values_override_the_catalog(tmp_path):
@@ -86,7 +88,7 @@ def test_tiny_size_of_the_preset_runs_end_to_end(tmp_path):
     cfg = preset_cfg(tmp_path, **TINY)
     assert cfg["train"]["lr"] == 1e-3 and cfg["train"]["betas"] == [0.9, 0.98]  # still the recipe's
     assert cfg["model"]["arch"]["sparse_prediction"] is True and cfg["model"]["arch"]["num_hidden_layers"] == 1
-    index = data.prepare_data(cfg, tmp_path / "data/index.json")
+    index = data.prepare_data(BudgetPrep.of(cfg), tmp_path / "data/index.json")
     assert index["vocab_size"] <= 301 and index["short_seq_prob"] == 0.1
     out = tmp_path / "pretrain"
     res = pretrain.pretrain(cfg, tmp_path / "data/index.json", out / "model", out / "result.json", out / "run",

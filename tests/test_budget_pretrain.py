@@ -14,7 +14,7 @@ import torch
 import yaml
 from pretrain_planner.budget import config as bconfig
 from pretrain_planner.budget import jobs, pretrain
-from pretrain_planner.planning.configtypes import BudgetRecipe, BudgetTrain
+from pretrain_planner.planning.configtypes import BudgetPrep, BudgetRecipe, BudgetTrain
 from pretrain_planner.schema import ConfigError
 from pretrain_planner.trainer.data import mlm as data
 from safetensors.torch import load_file
@@ -35,7 +35,7 @@ def _run(cfg, tmp, name, **kw):
 def uninterrupted(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pretrain")
     cfg = budget_cfg(tmp)
-    data.prepare_data(cfg, tmp / "data/index.json")
+    data.prepare_data(BudgetPrep.of(cfg), tmp / "data/index.json")
     result = _run(cfg, tmp, "a", threads=1)
     return cfg, tmp, result
 
@@ -116,7 +116,7 @@ def test_sigkill_and_resume_matches_uninterrupted(uninterrupted):
         "pretrain.pretrain(cfg, d + '/data/index.json', b + '/model', b + '/result.json', b + '/run', b + '/log',"
         " threads=1, kill_at_step=6)"
     )
-    proc = subprocess.run([sys.executable, "-c", code, json.dumps(bconfig.for_job(cfg)), str(tmp), str(b)],
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(BudgetRecipe.of(cfg).to_job()), str(tmp), str(b)],
                           capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"},
                           cwd=REPO)  # fmt: skip
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]

@@ -10,7 +10,7 @@ import torch
 from pretrain_planner.budget import config as bconfig
 from pretrain_planner.budget import jobs, pretrain
 from pretrain_planner.planning.catalog import load_catalog
-from pretrain_planner.planning.configtypes import BudgetRecipe
+from pretrain_planner.planning.configtypes import BudgetPrep, BudgetRecipe
 from pretrain_planner.schema import ConfigError
 from pretrain_planner.tables.export import _plan_record
 from pretrain_planner.trainer.data import mlm as data
@@ -112,7 +112,7 @@ def test_a_benchmark_run_never_reads_the_budget_files(tmp_path):
 def prepared(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("setting")
     cfg = budget_cfg(tmp)
-    data.prepare_data(cfg, tmp / "data/index.json")
+    data.prepare_data(BudgetPrep.of(cfg), tmp / "data/index.json")
     return tmp, json.loads((tmp / "data/index.json").read_text())
 
 
@@ -140,7 +140,8 @@ def test_sparse_prediction_is_in_effect(prepared):
     shipped = bconfig.load(REPO / "config/budget.yaml", REPO)
     assert shipped["model"]["arch"]["sparse_prediction"] is True
     assert CATALOG.model("bert-24h").arch["sparse_prediction"] is True
-    mdict = pretrain.model_dict(cfg, index)
+    recipe = BudgetRecipe.of(cfg)
+    mdict = pretrain.model_dict(recipe.model, recipe.prep.tokenizer, index)
     torch.manual_seed(0)
     sparse, _ = build_model(mdict, "eager")
     dense, _ = build_model({**mdict, "arch": {**mdict["arch"], "sparse_prediction": False}}, "eager")

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from pretrain_planner.budget import config as bconfig
 from pretrain_planner.budget import jobs, sweep
-from pretrain_planner.planning.configtypes import BudgetRecipe
+from pretrain_planner.planning.configtypes import BudgetPrep, BudgetRecipe
 from pretrain_planner.schema import ConfigError
 from pretrain_planner.trainer import schedule
 
@@ -43,11 +43,12 @@ def test_every_combination_is_a_recipe_with_its_own_setting_and_data(tmp_path):
     assert r["recipe_keys"]["train.global_batch"] == r["recipe_keys"]["data.seq_len"] == "sweep"
     # micro-batch 16 on one rank: the accumulation makes up each recipe's global batch
     assert [got[k]["setting"].grad_accum_steps for k in sweep.swept(got)] == [1, 1, 2, 2]
-    assert {k: sweep.data_key(v, cfg) for k, v in got.items()} == {
+    typed = {k: BudgetRecipe.of(v) for k, v in got.items()}
+    assert {k: sweep.data_key(v, typed[""]) for k, v in typed.items()} == {
         "": "data", "recipes/gb16-seq64/": "data", "recipes/gb16-seq32/": "data-seq32",
         "recipes/gb32-seq64/": "data", "recipes/gb32-seq32/": "data-seq32"}  # fmt: skip
-    data = sweep.data_sets(got)
-    assert data["data"] is cfg and data["data-seq32"]["data"]["seq_len"] == 32
+    data = sweep.data_sets(typed)
+    assert data["data"] is typed[""] and data["data-seq32"].prep.data.seq_len == 32
     # each recipe's jobs have a name of their own (the driver tracks running jobs by name)
     assert jobs._of(BudgetRecipe.of(r)) == "-gb32-seq32" and jobs._of(BudgetRecipe.of(cfg)) == ""
     names = {sweep.recipe_name(v) for v in ({"lr": 1e-3, "warmup_fraction": 0.06, "curve": "exp"},)}
@@ -138,7 +139,7 @@ def test_a_run_on_the_exp_curve_follows_it(tmp_path):
 
     cfg = budget_cfg(tmp_path)
     cfg["train"].update(curve="exp", decay_rate=0.5, decay_step_hours=3 / 3600)  # halves every 3 s
-    data.prepare_data(cfg, tmp_path / "data/index.json")
+    data.prepare_data(BudgetPrep.of(cfg), tmp_path / "data/index.json")
     d = tmp_path / "run"
     result = pretrain.pretrain(cfg, tmp_path / "data/index.json", d / "model", d / "result.json", d / "run",
                                d / "log", threads=1)  # fmt: skip

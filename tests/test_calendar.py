@@ -3,6 +3,7 @@ finish date, and SLURM's words for both (a partition's MaxTime, `sbatch --test-o
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 import pytest
@@ -89,7 +90,7 @@ def test_sbatch_test_only_gives_the_expected_start():
 
 import polars as pl  # noqa: E402
 from pretrain_planner.planning.catalog import load_catalog  # noqa: E402
-from pretrain_planner.planning.configtypes import SiteFile  # noqa: E402
+from pretrain_planner.planning.configtypes import SiteFile, TrainSection  # noqa: E402
 from pretrain_planner.planning.queue import ask_start, asking_command  # noqa: E402
 from pretrain_planner.tables import views  # noqa: E402
 from pretrain_planner.tables.calendar import Site, calendar_table, settings_of  # noqa: E402
@@ -223,9 +224,10 @@ def test_a_restart_that_was_not_measured_is_not_priced_as_free():
 
 def test_a_train_stage_budget_is_its_own_row():
     site = Site(_site(time_limit_min=60, signal_delay_s=600), 1.0, "measured", None, NOW)
+    train = replace(TrainSection.defaults(), time_budget_hours=2.0)
     (r,) = calendar_table(settings_of(_ttt(("pythia-160m", "a100", 1, 8, "fl", None, 0.2)),
-                                      _cells(("pythia-160m", "a100", 1, 8, "fl", 60.0)),
-                                      {"time_budget_hours": 2.0, "steps": None}), CATALOG, site).to_dicts()  # fmt: skip
+                                      _cells(("pythia-160m", "a100", 1, 8, "fl", 60.0)), train),
+                          CATALOG, site).to_dicts()  # fmt: skip
     assert r["run"] == "train stage" and r["compute_days"] == pytest.approx(2 / 24)
     assert r["segments"] == 3  # 2 h in jobs of 60 min warned 10 min early: 60 - 10 - 1 - read = ~48.9 min each
     assert r["wait_basis"] == "the scheduler was not asked" and r["calendar_days"] is None

@@ -24,7 +24,7 @@ import pytest
 import yaml
 from pretrain_planner.launch import stage
 from pretrain_planner.launch.rankjob import EntryJob
-from pretrain_planner.planning.configtypes import Launch, LauncherSection
+from pretrain_planner.planning.configtypes import Launch, LauncherSection, TrainSection
 from pretrain_planner.planning.queue import ask_start
 from pretrain_planner.planning.site import gpu_settings, load_site
 
@@ -131,7 +131,9 @@ def _predict(work: Path) -> dict:
     tables = work / "results/tables"
     ttt = read_table(tables / "time_to_train.csv").filter((pl.col("gpu") == "h100") & (pl.col("gpus_per_node") == 1))
     settings = calendar.settings_of(
-        ttt, pl.read_parquet(tables / "cells.parquet"), {"time_budget_hours": BUDGET_S / 3600}
+        ttt,
+        pl.read_parquet(tables / "cells.parquet"),
+        replace(TrainSection.defaults(), time_budget_hours=BUDGET_S / 3600),
     )
     table = calendar.calendar_table(settings, CATALOG, where)
     (work / "calendar-short.md").write_text(calendar.calendar_markdown(table, where))

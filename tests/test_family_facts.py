@@ -53,12 +53,15 @@ def _with_offset(monkeypatch, name: str, positions_from_pad: int | None) -> None
 def test_the_family_offset_drives_the_budget_models_positions(monkeypatch, positions_from_pad):
     """The budget stage's model holds the sequence plus the positions its family skips (the tokenizer's pad + 1)."""
     from pretrain_planner.budget.pretrain import model_dict
+    from pretrain_planner.planning.configtypes import BudgetModel, BudgetTokenizer
+    from pretrain_planner.schema import section
 
     _with_offset(monkeypatch, "roberta-prelayernorm", positions_from_pad)
-    cfg = {"model": {"name": "m", "family": "roberta-prelayernorm", "arch": {"max_position_embeddings": 1}}}
+    model = BudgetModel("m", "roberta-prelayernorm", {"max_position_embeddings": 1})
+    tokenizer = BudgetTokenizer.of(section("budget", "tokenizer", None))
     index = {"vocab_size": 100, "seq_len": 128, "special_ids": {"pad": 4, "unk": 1, "cls": 2, "sep": 3, "mask": 0}}
     expect = 128 + (0 if positions_from_pad is None else 4 + 1)
-    assert model_dict(cfg, index)["arch"]["max_position_embeddings"] == expect
+    assert model_dict(model, tokenizer, index)["arch"]["max_position_embeddings"] == expect
 
 
 @pytest.mark.parametrize("positions_from_pad", [None, 1, 6])
@@ -70,7 +73,7 @@ def test_the_family_offset_drives_the_mlm_datas_sequence_length(monkeypatch, pos
     _with_offset(monkeypatch, "roberta", positions_from_pad)
     model = {"family": "roberta", "arch": {"max_position_embeddings": 130, "vocab_size": 1000},
              "recipe": {"sequence_length": 128, "mlm_probability": 0.15}}  # fmt: skip
-    seq_len = mlm_config([], None, model, 0)["data"]["seq_len"]
+    seq_len = mlm_config([], None, model, 0).data.seq_len
     assert seq_len == min(128, 130 - (0 if positions_from_pad is None else positions_from_pad + 1))
 
 

@@ -7,6 +7,7 @@ heat-map is not a stamp in a blank page). No training: results are written as a 
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ import yaml
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.transforms import Bbox
+from pretrain_planner.planning.configtypes import TrainSection
 from pretrain_planner.report import calendar_plot, loss_plot, study_plots
 from pretrain_planner.report import plots as pp_plots
 from pretrain_planner.tables import aggregate, calendar, study, whatif
@@ -50,8 +52,9 @@ def _tables(root: Path, plan: str, paths: list[str]) -> dict[str, str]:
     whatif.build_whatif(out["cells_parquet"], extra, str(root / "whatif.log"), CATALOG,
                         sorted(set(cells["model"].to_list())), counts, 0.85, COSTS)  # fmt: skip
     extra |= calendar.table_files(str(root / "tables"))
+    train = replace(TrainSection.defaults(), steps=20)
     calendar.build_calendar({"time_to_train": out["time_to_train_csv"], "cells": out["cells_parquet"]}, extra,
-                            str(root / "calendar.log"), None, CATALOG, {"steps": 20})  # fmt: skip
+                            str(root / "calendar.log"), None, CATALOG, train)  # fmt: skip
     return {**out, **extra}
 
 

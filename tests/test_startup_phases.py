@@ -17,6 +17,7 @@ import polars as pl
 import pytest
 from pretrain_planner import layout
 from pretrain_planner.budget import pretrain
+from pretrain_planner.planning.configtypes import BudgetPrep
 from pretrain_planner.tables import aggregate
 from pretrain_planner.trainer import startup
 from pretrain_planner.trainer.data import mlm as data
@@ -155,7 +156,7 @@ def test_a_budget_run_preempted_and_resumed_records_both_starts_and_its_checkpoi
     checkpoint after step 6, resumed there."""
     cfg = budget_cfg(tmp_path, train={"budget_hours": 8 / 3600, "checkpoint_every_s": None,
                                       "finetune_checkpoints": []})  # fmt: skip
-    data.prepare_data(cfg, tmp_path / "data/index.json")
+    data.prepare_data(BudgetPrep.of(cfg), tmp_path / "data/index.json")
     d = tmp_path / "run"
 
     def run(**kw):

@@ -8,6 +8,7 @@ import json
 
 import pytest
 from pretrain_planner.budget import config as bconfig
+from pretrain_planner.planning.configtypes import BudgetRecipe
 from pretrain_planner.planning.grid import Cell
 from pretrain_planner.planning.methods import Method, parse
 from pretrain_planner.planning.runspec import TrainSetting
@@ -42,9 +43,9 @@ def test_the_budget_stage_resolves_its_setting_once_typed_and_hands_the_job_json
                                   train={"gpus_per_node": 2, "setting": "config", "micro_batch": 2}))  # fmt: skip
     setting = cfg["setting"]
     assert isinstance(setting, TrainSetting) and isinstance(setting.method, Method)
-    job = bconfig.for_job(cfg)
+    job = BudgetRecipe.of(cfg).to_job()
     assert json.loads(json.dumps(job))["setting"] == setting.to_json()  # plain data at the boundary
-    assert bconfig.setting_of(job) == setting  # read back once in the job
+    assert BudgetRecipe.of(json.loads(json.dumps(job))).setting == setting  # read back once in the job
     with pytest.raises(Exception, match="train.method"):  # a bad method is named at parse time, not in the job
         bconfig.load(budget_cfg(tmp_path, load=False, model="tiny-bert",
                                 train={"setting": "config", "method": "warp9"}))  # fmt: skip

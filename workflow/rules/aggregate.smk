@@ -77,7 +77,8 @@ rule whatif:
     log:
         pp_layout.log(RESULTS, "whatif.log"),
     params:
-        settings=pp_whatif.rule_settings(PP.sweep, PP.benchmark, PP.config, PP.catalog),  # checked at parse time (the dry run)
+        # checked at parse time (the dry run)
+        settings=pp_whatif.rule_settings(PP.sweep, PP.benchmark, PP.evidence, PP.config, PP.catalog),
     run:
         pp_whatif.build_whatif(input.cells, dict(output.items()), log[0], PP.catalog, **params.settings)
 
@@ -93,6 +94,6 @@ rule calendar:
     log:
         pp_layout.log(RESULTS, "calendar.log"),
     params:
-        train=PP.config["train"],
+        train=PP.config["train"],  # its JSON: a change rebuilds the calendar; the function takes PP.train, typed
     run:
-        pp_calendar.build_calendar(input, output, log[0], PP.site, PP.catalog, params.train)
+        pp_calendar.build_calendar(input, output, log[0], PP.site, PP.catalog, PP.train)

@@ -25,7 +25,7 @@ rule prepare_data:
     log:
         pp_layout.log(RESULTS, "budget/prepare_{data}.log"),
     params:
-        settings=lambda wc: {k: BUDGET.data[wc.data][k] for k in ("seed", "corpus", "tokenizer", "data")},
+        settings=BUDGET.data_params,
     run:
         from pretrain_planner.trainer.data.mlm import prepare_data
 

@@ -12,9 +12,9 @@ from typing import Any, TypeVar
 from pretrain_planner import layout
 from pretrain_planner.launch import stage
 from pretrain_planner.planning.catalog import load_models
-from pretrain_planner.planning.configtypes import BudgetRecipe, BudgetTrain, Launch, LauncherSection, require
+from pretrain_planner.planning.configtypes import BudgetTrain, Launch, LauncherSection, require
 from pretrain_planner.planning.methods import parse
-from pretrain_planner.planning.runspec import MissingSetting, TrainSetting, accumulation, setting_of_json
+from pretrain_planner.planning.runspec import MissingSetting, TrainSetting, accumulation
 from pretrain_planner.schema import ConfigError, load_yaml, resolve_path, validate
 
 
@@ -96,7 +96,7 @@ def resolve_setting(
         )
         if not missing_ok or plan is None:
             raise ConfigError(msg)
-        # parsing goes on (a benchmark sweep need not stop); the pretrain job stops with msg (setting_of)
+        # parsing goes on (a benchmark sweep need not stop); the pretrain job stops with msg (`checked`)
         return MissingSetting(tr["gpu"], tr["nodes"], tr["gpus_per_node"], str(plan), msg)
     micro_batch, gb = tr["micro_batch"], tr["global_batch"]
     try:
@@ -108,20 +108,10 @@ def resolve_setting(
                         micro_batch, accum)  # fmt: skip
 
 
-def setting_of(cfg: dict[str, Any]) -> TrainSetting:
-    """The resolved setting: typed where the workflow resolved it, JSON in a job's config (`for_job`), the config's
-    own for a config dict built without `load`. A benchmark plan that was missing when the workflow was parsed
-    raises here, in the pretrain job: a plan read mid-run would not be in the rule's params, and the next run
-    would redo the pre-training."""
-    setting = cfg.get("setting") or resolve_setting(cfg, None)
-    if isinstance(setting, dict):  # a job's config: the setting as JSON, read back once
-        setting = setting_of_json(setting)
-    return checked(setting)
-
-
 def checked(setting: TrainSetting | MissingSetting) -> TrainSetting:
-    """`setting`, or the ConfigError of a benchmark plan that was missing when the workflow was parsed
-    (`setting_of`)."""
+    """`setting`, or the ConfigError of a benchmark plan that was missing when the workflow was parsed: raised in
+    the pretrain job (budget/jobs.pretrain, budget/pretrain._Run), since a plan read mid-run would not be in the
+    rule's params and the next run would redo the pre-training."""
     if setting.missing:
         later = Path(setting.plan).is_file()
         raise ConfigError(
@@ -129,12 +119,6 @@ def checked(setting: TrainSetting | MissingSetting) -> TrainSetting:
             "which reads it when it starts" if later else "")
         )  # fmt: skip
     return setting
-
-
-def for_job(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The budget config as a job's argument: plain JSON data, its setting turned into JSON here, at the job's
-    boundary (the job reads it back with `setting_of`)."""
-    return BudgetRecipe.of(cfg).to_job()
 
 
 def launch_settings(launcher: LauncherSection, tr: BudgetTrain, source: str, basedir: str | Path) -> Launch:

@@ -24,7 +24,7 @@ from typing import Any
 from pretrain_planner.budget import glue_metrics
 from pretrain_planner.budget.config import set_torch_threads
 from pretrain_planner.launch.local import TORCH_LOCK
-from pretrain_planner.planning.configtypes import BudgetGlue, BudgetTrain, require
+from pretrain_planner.planning.configtypes import BudgetGlue, BudgetRecipe, require
 from pretrain_planner.results import atomic_write_text
 from pretrain_planner.runlog import FileLog
 
@@ -142,7 +142,8 @@ def _finetune(
 
     tf.utils.logging.disable_progress_bar()
     logger = FileLog(log)
-    g, tr = BudgetGlue.of(cfg["glue"]), BudgetTrain.of(cfg["train"])  # the job's JSON, typed once
+    recipe = BudgetRecipe.of(cfg)  # the job's JSON, typed once
+    g, tr = recipe.glue, recipe.train
     task = TASKS[task_name]
     set_torch_threads(tr, threads)
     device = torch.device("cuda" if tr.wants_gpu() and torch.cuda.is_available() else "cpu")

@@ -71,7 +71,7 @@ def pretrain(
     )
     req = _request(
         "pretrain", kwargs, launch, run.parent, on_gpus, hours=tr.budget_hours,
-        name=f"pp-budget-pretrain-{recipe.model}-{tr.gpu}-{tr.nodes}x{tr.gpus_per_node}{_of(recipe)}",
+        name=f"pp-budget-pretrain-{recipe.model.name}-{tr.gpu}-{tr.nodes}x{tr.gpus_per_node}{_of(recipe)}",
         nodes=tr.nodes, gpus_per_node=tr.gpus_per_node,
     )  # fmt: skip
     outputs = [Path(out_model), Path(out_result)]

@@ -35,17 +35,18 @@ import os
 import shutil
 import signal
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from pretrain_planner import layout
-from pretrain_planner.budget.config import set_torch_threads, setting_of
+from pretrain_planner.budget.config import checked, set_torch_threads
 from pretrain_planner.budget.summary import plot_loss, reference_comparison, write_summary
 from pretrain_planner.launch.local import torch_job
 from pretrain_planner.planning.catalog import ModelSpec, Optimizer, Recipe
-from pretrain_planner.planning.configtypes import BudgetTrain, require
+from pretrain_planner.planning.configtypes import BudgetModel, BudgetRecipe, BudgetTokenizer, BudgetTrain, require
 from pretrain_planner.planning.families import family
 from pretrain_planner.planning.runspec import RunSpec, TrainSetting, device_gpu
 from pretrain_planner.results import atomic_write_text
@@ -59,20 +60,21 @@ from pretrain_planner.trainer.steplog import append_jsonl, loss_ends, read_jsonl
 from pretrain_planner.trainer.tasks import masked_lm_shards
 
 
-def model_dict(cfg: dict[str, Any], index: dict[str, Any]) -> dict[str, Any]:
+def model_dict(m: BudgetModel, tok: BudgetTokenizer, index: dict[str, Any]) -> dict[str, Any]:
     """The config's model with the tokenizer's vocabulary and special ids (a dict like ModelSpec.to_dict())."""
-    m = cfg["model"]
+    require(m, BudgetModel, "budget.pretrain.model_dict")
+    require(tok, BudgetTokenizer, "budget.pretrain.model_dict")
     sp = index["special_ids"]
-    arch = dict(m["arch"])
+    arch = dict(m.arch)
     # the reference pads the vocabulary to a multiple of 8 (30522 -> 30528; base.py _init_vocab_size)
-    multiple = int((cfg.get("tokenizer") or {}).get("pad_vocab_to_multiple_of", 1))
+    multiple = tok.pad_vocab_to_multiple_of
     vocab = -(-index["vocab_size"] // multiple) * multiple
     arch.update(vocab_size=vocab, pad_token_id=sp["pad"], bos_token_id=sp["cls"], eos_token_id=sp["sep"])
     # the positions the family skips (RoBERTa numbers them from pad_token_id + 1: families.py)
-    need = index["seq_len"] + family(m["family"], "model.family").position_offset(sp["pad"])
+    need = index["seq_len"] + family(m.family, "model.family").position_offset(sp["pad"])
     arch["max_position_embeddings"] = max(arch.get("max_position_embeddings", 0), need)
     arch.setdefault("type_vocab_size", 1)
-    return {"name": m["name"], "family": m["family"], "task": "masked_lm", "arch": arch}
+    return {"name": m.name, "family": m.family, "task": "masked_lm", "arch": arch}
 
 
 def run_spec(tr: BudgetTrain, setting: TrainSetting, mdict: dict[str, Any], index: dict[str, Any], gb: int,
@@ -144,7 +146,8 @@ def _pretrain(
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
-    run = _Run(cfg, Path(index_path), Path(run_dir), log, threads, t_start, clock)
+    recipe = BudgetRecipe.of(cfg)  # the job's JSON, typed once
+    run = _Run(recipe, Path(index_path), Path(run_dir), log, threads, t_start, clock)
     run.build()
     run.resume_or_start()
     run.note_start()
@@ -152,15 +155,17 @@ def _pretrain(
     return run.finish(Path(out_model), out_result)
 
 
-def _run_fingerprint(cfg: dict[str, Any], setting: TrainSetting, index: dict[str, Any], mdict: dict[str, Any]) -> str:
+def _run_fingerprint(recipe: BudgetRecipe, setting: TrainSetting, index: dict[str, Any], mdict: dict[str, Any]) -> str:
     """What a checkpoint must match to be resumed: data, seed, model, the training settings that change the
-    result and the setting actually used (not the logging, checkpoint cadence, device or thread settings). Of the
-    job's JSON as it came (its train section by key: the fingerprint of checkpoints written before stays)."""
-    keyed = {k: v for k, v in cfg["train"].items() if k not in ("max_steps", "checkpoint_every_s", "log_every",
-                                                                  "device", "threads", "setting", "micro_batch",
-                                                                  "method", "plot")}  # fmt: skip
+    result and the setting actually used (not the logging, checkpoint cadence, device or thread settings). The
+    train section as JSON with sorted keys (runlog.fingerprint), as the file has it: the fingerprint of
+    checkpoints written before stays."""
+    keyed = {k: v for k, v in asdict(recipe.train).items() if k not in ("max_steps", "checkpoint_every_s",
+                                                                         "log_every", "device", "threads",
+                                                                         "setting", "micro_batch", "method",
+                                                                         "plot")}  # fmt: skip
     used = {k: setting.to_json()[k] for k in ("micro_batch", "grad_accum_steps", "world_size", "method")}
-    return fingerprint(index["fingerprint"], cfg["seed"], mdict, keyed, used)
+    return fingerprint(index["fingerprint"], recipe.prep.seed, mdict, keyed, used)
 
 
 class _Run(Training):
@@ -171,7 +176,7 @@ class _Run(Training):
 
     def __init__(
         self,
-        cfg: dict[str, Any],
+        recipe: BudgetRecipe,
         index_path: Path,
         run_dir: Path,
         log,
@@ -186,8 +191,9 @@ class _Run(Training):
         self.real_step_s = 0.0  # under the fake clock: the real time of this process's steps (replaced by fake)
         self.stopped_s: float | None = None  # the clock when the loop stopped (finish)
         self._step_t0: float | None = None
-        self.cfg, self.setting = cfg, setting_of(cfg)
-        self.tr = BudgetTrain.of(cfg["train"], "the job's train")  # the job's JSON, its train section typed once
+        require(recipe, BudgetRecipe, "budget.pretrain._Run")
+        self.recipe, self.setting, self.seed = recipe, checked(recipe.setting), recipe.prep.seed
+        self.tr = recipe.train
         tr, setting = self.tr, self.setting
         set_torch_threads(tr, threads)
         if setting.world_size > 1 and "SUBMITIT_EXECUTOR" not in os.environ:
@@ -204,8 +210,8 @@ class _Run(Training):
         self.micro_batch, self.accum = setting.micro_batch, setting.grad_accum_steps
         self.global_batch = setting.global_batch
         self.pad_id = self.index["special_ids"]["pad"]
-        self.mdict = model_dict(cfg, self.index)
-        self.fp = _run_fingerprint(cfg, setting, self.index, self.mdict)
+        self.mdict = model_dict(recipe.model, recipe.prep.tokenizer, self.index)
+        self.fp = _run_fingerprint(recipe, setting, self.index, self.mdict)
         self.val_path = run_dir / layout.VALIDATION_LOG
 
     def build(self) -> None:
@@ -213,7 +219,7 @@ class _Run(Training):
         run (`run_spec`); the same weights on every rank. Then the shared loop with this run as hooks."""
         self.spec = run_spec(self.tr, self.setting, self.mdict, self.index, self.global_batch, self.device)
         self.build_method(
-            self.spec, "train.method", self.cfg["seed"], attn=self.tr.attn_implementation,
+            self.spec, "train.method", self.seed, attn=self.tr.attn_implementation,
             grad_sync=self.setting.grad_sync, compile_note="the budget stage compiles on CUDA only",
             lr_schedule="set every step from elapsed training time (trainer.schedule.lr_at)",
         )  # fmt: skip
@@ -222,11 +228,11 @@ class _Run(Training):
         self.amp_dtype = self.built.autocast_dtype
         self.plain: list[torch.nn.Module] = []  # an unsharded model to save a sharded one's weights from
         tr = self.tr
-        self.data = self.time_data(lambda: masked_lm_shards(self.index_path, self.cfg["seed"], self.mdict, {}))
+        self.data = self.time_data(lambda: masked_lm_shards(self.index_path, self.seed, self.mdict, {}))
         self.val_points = schedule.validation_points(tr.validation)
         self.ft_points = sorted(tr.finetune_checkpoints)
         self.start_loop(
-            self.run_dir, self.fp, self.cfg["seed"], fake_step_s=tr.fake_step_s,
+            self.run_dir, self.fp, self.seed, fake_step_s=tr.fake_step_s,
             checkpoint_every_s=tr.checkpoint_every_s, log_every=tr.log_every,
             extra_state={"val_s": 0.0, "last_val_loss": None, "wall_s": 0.0, "scale_floor_steps": 0, "val_count": 0},
         )  # fmt: skip
@@ -441,7 +447,7 @@ class _Run(Training):
             "loss_first": loss_first, "loss_last": loss_last,
             "val_loss": state["last_val_loss"],
             "validation": self._validation_history(),
-            "recipe": self.cfg.get("recipe"),
+            "recipe": self.recipe.named,
             "finetune_checkpoints": sorted(str(p) for p in self.run_dir.glob("finetune-*")),
             "run_dir": str(self.run_dir), "model_dir": str(out_model),
             "slurm_job_id": os.environ.get("SLURM_JOB_ID"),

@@ -18,6 +18,7 @@ from typing import Any
 
 from pretrain_planner.budget.config import or_exit
 from pretrain_planner.budget.glue_report import AVERAGE_BASIS, BASIS_TEXT, average_score
+from pretrain_planner.planning.configtypes import BudgetRecipe, require
 from pretrain_planner.planning.runspec import MissingSetting, TrainSetting
 from pretrain_planner.results import atomic_savefig, atomic_write_text
 from pretrain_planner.runlog import FileLog
@@ -96,15 +97,18 @@ def swept(all_recipes: dict[str, dict[str, Any]]) -> list[str]:
     return [r for r in all_recipes if r != BASE]
 
 
-def data_key(cfg: dict[str, Any], base: dict[str, Any]) -> str:
+def data_key(recipe: BudgetRecipe, base: BudgetRecipe) -> str:
     """The {data} wildcard of a recipe's prepared data: the base's, or data-seq<N> for another sequence length."""
-    return DATA if cfg["data"]["seq_len"] == base["data"]["seq_len"] else f"{DATA}-seq{cfg['data']['seq_len']}"
+    require(recipe, BudgetRecipe, "budget.sweep.data_key")
+    seq = recipe.prep.data.seq_len
+    return DATA if seq == base.prep.data.seq_len else f"{DATA}-seq{seq}"
 
 
-def data_sets(all_recipes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """{data} wildcard -> a config whose seed, corpus, tokenizer and data settings prepare that data."""
-    base = all_recipes[BASE]
-    return {data_key(rc, base): rc for rc in reversed(all_recipes.values())} | {DATA: base}
+def data_sets(typed: dict[str, BudgetRecipe]) -> dict[str, BudgetRecipe]:
+    """{data} wildcard -> the recipe whose seed, corpus, tokenizer and data settings (`prep`) prepare that data, of
+    the recipes typed where the stage is loaded ({recipe} wildcard -> BudgetRecipe: facade/budget.py)."""
+    base = typed[BASE]
+    return {data_key(r, base): r for r in reversed(typed.values())} | {DATA: base}
 
 
 # -- the comparison ------------------------------------------------------------------------------------------

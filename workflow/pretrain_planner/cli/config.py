@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pretrain_planner import layout
+
+if TYPE_CHECKING:
+    from pretrain_planner.planning.configtypes import EvidenceSection
 
 REPO = Path(__file__).resolve().parents[3]  # the checkout (config/ lives there); unused when installed elsewhere
 DEFAULT_CONFIG = "config/config.yaml"
@@ -37,6 +40,20 @@ def _load_file_config(path: Path, source: str) -> dict[str, Any]:
     if "sweep" not in config:  # no sweep at hand: only the keys the CLI needs
         config["sweep"] = {"models": ["-"], "gpus": ["-"]}
     return validate(config, "config", source)
+
+
+def evidence_of(config: dict[str, Any]) -> EvidenceSection:
+    """The answered config's `evidence:` section, typed (a config recorded before the section had it: the
+    schema's defaults)."""
+    from pretrain_planner.planning.configtypes import EvidenceSection
+    from pretrain_planner.schema import section
+
+    return EvidenceSection.of(section("config", "evidence", config.get("evidence")))
+
+
+def evidence_folder(config: dict[str, Any]) -> Path:
+    """Where the answered config's sweep imports other sites' rows: `evidence.folder`, else {results}/evidence."""
+    return evidence_of(config).folder_in(config.get("results") or "results")
 
 
 # config keys that hold paths, resolved as the sweep resolved them (relative to its working directory)

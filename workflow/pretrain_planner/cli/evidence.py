@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from pretrain_planner.cli.config import CliError, config_catalog, load_config, results_dir
+from pretrain_planner.cli.config import CliError, config_catalog, evidence_folder, evidence_of, load_config, results_dir
 from pretrain_planner.cli.sources import cells_or_none
 
 
@@ -37,7 +37,7 @@ def export(args: argparse.Namespace, config: dict[str, Any], catalog) -> Exporte
 
     results = results_dir(config)
     cells, source = cells_or_none(results, catalog)
-    site = args.site or (config.get("evidence") or {}).get("site") or socket.gethostname()
+    site = args.site or evidence_of(config).site or socket.gethostname()
     try:
         rows, left = ex.export_rows(cells, catalog, site, interconnect=args.interconnect or "")
         if not rows:
@@ -52,7 +52,7 @@ def import_(args: argparse.Namespace, config: dict[str, Any], catalog) -> Import
     from pretrain_planner.planning import evidence_exchange as ex
 
     try:
-        added, repeated, target = ex.import_files(args.files, catalog, ex.evidence_folder(config))
+        added, repeated, target = ex.import_files(args.files, catalog, evidence_folder(config))
     except ex.EvidenceError as exc:
         raise CliError(str(exc)) from None
     return Imported(added, repeated, target, _origins(config, catalog))
@@ -61,7 +61,7 @@ def import_(args: argparse.Namespace, config: dict[str, Any], catalog) -> Import
 def _origins(config: dict[str, Any], catalog) -> str:
     """What the what-if now rests on besides the sweep's cells."""
     from pretrain_planner.planning.evidence import origins_text
-    from pretrain_planner.planning.evidence_exchange import evidence_folder, loaded_evidence
+    from pretrain_planner.planning.evidence_exchange import loaded_evidence
     from pretrain_planner.schema import section
 
     limit = section("config", "benchmark", config.get("benchmark"))["suspect_mfu"]

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pretrain_planner.cli.config import context, per_node
+from pretrain_planner.cli.config import context, evidence_folder, per_node
 from pretrain_planner.cli.sources import predictor_of
 from pretrain_planner.tables import units
 from pretrain_planner.tables.units import days as _days
@@ -29,8 +29,6 @@ class Predicted:
 
 
 def query(args: argparse.Namespace) -> Predicted:
-    from pretrain_planner.planning.evidence_exchange import evidence_folder
-
     config, results, catalog = context(args)  # unknown names: the catalog's known ones
     predictor, source = predictor_of(config, catalog, results)
     p = predictor.predict(args.model, args.gpu, args.nodes, per_node(args.count, args.nodes))

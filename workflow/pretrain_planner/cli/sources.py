@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from pretrain_planner import layout
-from pretrain_planner.cli.config import REPO, CliError, config_catalog, results_dir
+from pretrain_planner.cli.config import REPO, CliError, config_catalog, evidence_folder, results_dir
 
 
 def time_to_train(results: Path, config: dict[str, Any], allow_differs: bool = False):
@@ -71,7 +71,6 @@ def cells_or_none(results: Path, catalog):
 def predictor_of(config: dict[str, Any], catalog, results: Path):
     """(the what-if's Predictor over the cells measured here, the shipped and the imported evidence; where the
     cells came from)."""
-    from pretrain_planner.planning.evidence_exchange import evidence_folder
     from pretrain_planner.schema import section
     from pretrain_planner.tables import predictor
 

@@ -19,6 +19,7 @@ from pretrain_planner.budget import sweep
 from pretrain_planner.launch.request import driver_cores
 from pretrain_planner.planning.configtypes import (
     BudgetGlue,
+    BudgetPrep,
     BudgetRecipe,
     BudgetTrain,
     Launch,
@@ -75,9 +76,14 @@ class BudgetStage:
         return self.typed[wildcard]
 
     @functools.cached_property
-    def data(self) -> dict[str, dict[str, Any]]:
-        """{data} wildcard -> the config that prepares that data."""
-        return sweep.data_sets(self.recipes)
+    def data(self) -> dict[str, BudgetPrep]:
+        """{data} wildcard -> the settings that prepare that data (seed, corpus, tokenizer, data), typed."""
+        return {key: recipe.prep for key, recipe in sweep.data_sets(self.typed).items()}
+
+    def data_params(self, wildcards: Any) -> dict[str, Any]:
+        """What the prepare_data rule's data depends on (a change prepares it again): its sections as JSON, as the
+        file has them."""
+        return sweep.data_sets(self.typed)[wildcards.data].prep_params()
 
     # -- what the rules ask ---------------------------------------------------------------------------------
     def threads(self, ranks: int) -> int:
@@ -99,11 +105,11 @@ class BudgetStage:
         return self.threads(1)
 
     def corpus(self, wildcards: Any = None) -> list[str]:
-        return self.cfg["corpus"]["files"]
+        return list(self.recipe(sweep.BASE).prep.corpus.files)
 
     def index(self, wildcards: Any) -> str:
         """The prepared data of a recipe (its sequence length's)."""
-        return self(layout.BUDGET_INDEX, data=sweep.data_key(self.recipes[wildcards.recipe], self.cfg))
+        return self(layout.BUDGET_INDEX, data=sweep.data_key(self.recipe(wildcards.recipe), self.recipe(sweep.BASE)))
 
     def from_mnli(self) -> list[str]:
         """RTE, STS-B, MRPC (glue.from_mnli) start from the MNLI-fine-tuned model, when MNLI is fine-tuned."""
@@ -141,7 +147,7 @@ class BudgetStage:
 
     def sweep_values(self, wildcards: Any = None) -> dict[str, Any]:
         """Each swept recipe's name and values (the budget_sweep rule's params)."""
-        return {self.recipes[r]["recipe"]["name"]: self.recipes[r]["recipe"]["values"] for r in self.swept()}
+        return {self.recipe(r).recipe: self.recipe(r).values for r in self.swept()}
 
     def targets(self, wildcards: Any = None) -> dict[str, str]:
         """What `budget` builds: the sweep's comparison, or the one recipe's GLUE table and pre-training result."""

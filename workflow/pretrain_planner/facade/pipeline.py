@@ -23,6 +23,7 @@ from pretrain_planner.planning import grid, losscheck
 from pretrain_planner.planning.catalog import Catalog, load_catalog
 from pretrain_planner.planning.configtypes import (
     BenchmarkSection,
+    EvidenceSection,
     LauncherSection,
     LossCheckSection,
     SiteFile,
@@ -31,7 +32,6 @@ from pretrain_planner.planning.configtypes import (
 )
 from pretrain_planner.planning.corpus import check_train_data
 from pretrain_planner.planning.devices import wants_cuda
-from pretrain_planner.planning.evidence_exchange import evidence_folder
 from pretrain_planner.planning.evidence_prior import EvidencePrior
 from pretrain_planner.planning.preflight import Expect
 from pretrain_planner.planning.preflight import digest as preflight_digest
@@ -55,10 +55,12 @@ class Pipeline:
     launcher: LauncherSection = field(kw_only=True)
     train: TrainSection = field(init=False)
     benchmark: BenchmarkSection = field(init=False)
+    evidence: EvidenceSection = field(init=False)  # the what-if's, the search's
 
     def __post_init__(self) -> None:
         self.train = TrainSection.of(self.config["train"])
         self.benchmark = BenchmarkSection.of(self.config["benchmark"])
+        self.evidence = EvidenceSection.of(self.config["evidence"])
 
     @property
     def results(self) -> str:
@@ -85,7 +87,7 @@ class Pipeline:
         """The evidence a setting's search orders a family with no measured cell by: the shipped rows, those
         imported into the evidence folder and the model's cells in the results folder (read when first needed)."""
         st = self.setting(wildcards)
-        return EvidencePrior(self.catalog, st.model, st.gpu, self.results, evidence_folder(self.config),
+        return EvidencePrior(self.catalog, st.model, st.gpu, self.results, self.evidence.folder_in(self.results),
                              self.benchmark.suspect_mfu)  # fmt: skip
 
     def search_files(self) -> list[str]:

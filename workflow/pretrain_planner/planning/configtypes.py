@@ -9,7 +9,8 @@ from __future__ import annotations
 import copy
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 from typing import Any, ClassVar, Self
 
 from pretrain_planner import schema
@@ -417,29 +418,153 @@ class BudgetGlue:
 @dataclass(frozen=True)
 class BudgetRecipe:
     """One recipe of the budget stage as its rules launch it (the budget file's own, or one of budget.sweep's):
-    its `train` and `glue` sections typed, the setting resolved (from the benchmark's plan or the config;
-    MissingSetting where the plan was asked for and not there yet), the model's and the recipe's names, and the
-    job's config (`to_job`: JSON, what its pre-training or fine-tuning job reads). Made once per recipe where the
-    stage is loaded (facade/budget.py)."""
+    its sections typed (`train`, `glue`, the data's `prep`: seed, corpus, tokenizer, data; the resolved `model`),
+    the setting resolved (from the benchmark's plan or the config; MissingSetting where the plan was asked for and
+    not there yet), budget.sweep's name and values of the recipe, and the job's config (`to_job`: JSON, what its
+    pre-training or fine-tuning job reads and types again with `of`). Made once per recipe where the stage is
+    loaded (facade/budget.py)."""
 
     train: BudgetTrain
     glue: BudgetGlue
+    prep: BudgetPrep
     setting: TrainSetting | MissingSetting
-    model: str
+    model: BudgetModel
     recipe: str | None  # budget.sweep's recipe name; None: the file's one recipe
+    values: Mapping[str, Any] | None  # budget.sweep's values of the recipe; None: the file's one recipe
     source: str  # the budget file
     config: Mapping[str, Any]  # the validated recipe's config, read only by `to_job`
 
     @classmethod
     def of(cls, cfg: Mapping[str, Any]) -> BudgetRecipe:
-        """From budget/config.load's (or budget/sweep.recipes') config of one recipe."""
+        """From budget/config.load's (or budget/sweep.recipes') config of one recipe, or a job's JSON copy of it
+        (`to_job`)."""
         recipe, source = cfg.get("recipe"), str(cfg.get("source", "budget config"))
         setting = cfg["setting"]
         return cls(BudgetTrain.of(cfg["train"], f"{source}: train"), BudgetGlue.of(cfg["glue"], f"{source}: glue"),
-                   setting_of_json(setting) if isinstance(setting, Mapping) else setting, cfg["model"]["name"],
-                   recipe["name"] if recipe else None, source, cfg)  # fmt: skip
+                   BudgetPrep.of(cfg, source),
+                   setting_of_json(setting) if isinstance(setting, Mapping) else setting,
+                   BudgetModel.of(cfg["model"], f"{source}: model"), recipe["name"] if recipe else None,
+                   dict(recipe["values"]) if recipe else None, source, cfg)  # fmt: skip
+
+    @property
+    def named(self) -> dict[str, Any] | None:
+        """budget.sweep's {name, values} of the recipe (a result's `recipe`); None: the file's one recipe."""
+        return {"name": self.recipe, "values": dict(self.values or {})} if self.recipe else None
+
+    def prep_params(self) -> dict[str, Any]:
+        """The sections that prepare the recipe's data as the validated file has them, in its key order: the
+        prepare_data rule's params (Snakemake compares params by their repr: another order would prepare again)."""
+        return {k: self.config[k] for k in ("seed", "corpus", "tokenizer", "data")}
 
     def to_job(self) -> dict[str, Any]:
         """The config as a job's argument: plain JSON data, the setting turned into JSON here, at the job's boundary
-        (the job reads it back with budget/config.setting_of)."""
+        (the job types it back with `of`)."""
         return {**self.config, "setting": self.setting.to_json()}
+
+
+@dataclass(frozen=True)
+class BudgetCorpus(_Flat):
+    """The budget file's `corpus:` section: the documents' files (globs resolved by budget/config.load), their
+    format and text field, and the share held out for validation."""
+
+    WHERE: ClassVar[str] = "corpus"
+
+    files: tuple[str, ...]
+    format: str
+    text_field: str
+    validation_fraction: float
+
+    @classmethod
+    def of(cls, section: Mapping[str, Any], where: str | None = None) -> BudgetCorpus:
+        values = _keys_of(cls, section, where or cls.WHERE)
+        return cls(**{**values, "files": tuple(values["files"])})
+
+
+@dataclass(frozen=True)
+class BudgetTokenizer(_Flat):
+    """The budget file's `tokenizer:` section: a local tokenizer (its path resolved) or the WordPiece to train, and
+    the multiple the model's vocabulary is padded to."""
+
+    WHERE: ClassVar[str] = "tokenizer"
+
+    path: str | None
+    pad_vocab_to_multiple_of: int
+    vocab_size: int
+    lowercase: bool
+
+
+@dataclass(frozen=True)
+class BudgetData(_Flat):
+    """The budget file's `data:` section: how documents become masked samples (a catalog recipe's sequence length
+    and masking probability applied by budget/config.py, budget.sweep's seq_len by budget/sweep.py)."""
+
+    WHERE: ClassVar[str] = "data"
+
+    seq_len: int
+    mlm_probability: float
+    max_predictions: int
+    duplication_factor: int
+    samples_per_shard: int
+    min_tokens: int
+    short_seq_prob: float
+    docs_per_batch: int
+
+
+@dataclass(frozen=True)
+class BudgetPrep:
+    """What prepares a masked-LM data set (trainer/data/mlm.prepare_data): the budget file's `seed`, `corpus`,
+    `tokenizer` and `data`. Typed once per {data} wildcard where the stage is loaded (facade/budget.py); the train
+    stage's masked-LM task makes one from its recipe (trainer/data/mlm.mlm_config). `to_json` is the prepare_data
+    rule's params are the file's sections (`BudgetRecipe.prep_params`)."""
+
+    seed: int
+    corpus: BudgetCorpus
+    tokenizer: BudgetTokenizer
+    data: BudgetData
+
+    @classmethod
+    def of(cls, cfg: Mapping[str, Any], where: str = "budget config") -> BudgetPrep:
+        """From a validated budget config (or any mapping with its four validated keys)."""
+        for key in ("seed", "corpus", "tokenizer", "data"):
+            if key not in cfg:
+                raise ValueError(f"{where}: no {key!r}: not a validated budget config (schema.validate fills it)")
+        return cls(int(cfg["seed"]), BudgetCorpus.of(cfg["corpus"], f"{where}: corpus"),
+                   BudgetTokenizer.of(cfg["tokenizer"], f"{where}: tokenizer"),
+                   BudgetData.of(cfg["data"], f"{where}: data"))  # fmt: skip
+
+    def to_json(self) -> dict[str, Any]:
+        """As plain JSON (the files a list), in the schema's key order: the data's fingerprint (sorted keys)."""
+        return {"seed": self.seed, "corpus": {**asdict(self.corpus), "files": list(self.corpus.files)},
+                "tokenizer": asdict(self.tokenizer), "data": asdict(self.data)}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class BudgetModel:
+    """The budget file's `model:`, resolved by budget/config.load (a catalog name, a {base, arch} or a
+    {family, arch} mapping): its name, family and architecture keys (the tokenizer's vocabulary and special ids
+    are added in the pre-training job: budget/pretrain.model_dict)."""
+
+    name: str
+    family: str
+    arch: Mapping[str, Any]
+
+    @classmethod
+    def of(cls, model: Mapping[str, Any], where: str = "model") -> BudgetModel:
+        """From budget/config.load's resolved model {name, family, arch}."""
+        return cls(**_keys_of(cls, model, where))
+
+
+@dataclass(frozen=True)
+class EvidenceSection(_Flat):
+    """The config's `evidence:` section: where other sites' rows are imported and the what-if reads them, and this
+    site's name in an export. Typed where the config is loaded (facade/pipeline.Pipeline.evidence; the CLI from
+    the answered config: cli/config.evidence_of); the whatif rule's params hold the folder as a string."""
+
+    WHERE: ClassVar[str] = "evidence"
+
+    folder: str | None
+    site: str | None
+
+    def folder_in(self, results: str | Path) -> Path:
+        """The evidence folder: `folder`, else {results}/evidence."""
+        return Path(self.folder or Path(results) / "evidence")

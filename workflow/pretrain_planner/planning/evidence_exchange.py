@@ -309,8 +309,3 @@ def folder_digest(folder: str | Path | None) -> str:
     if target is None or not target.is_file():
         return "none"
     return hashlib.sha256(target.read_bytes()).hexdigest()[:16]
-
-
-def evidence_folder(config: dict[str, Any]) -> Path:
-    """The config's evidence folder (`evidence.folder`), else {results}/evidence."""
-    return Path((config.get("evidence") or {}).get("folder") or Path(config.get("results") or "results") / "evidence")

@@ -41,7 +41,7 @@ from pretrain_planner.planning.calendar import (
     training_calendar,
 )
 from pretrain_planner.planning.catalog import Catalog
-from pretrain_planner.planning.configtypes import SiteFile
+from pretrain_planner.planning.configtypes import SiteFile, TrainSection, require
 from pretrain_planner.planning.flops import param_count
 from pretrain_planner.planning.queue import Asker, ask_start, cred_expire, run_sbatch
 from pretrain_planner.planning.site import gpu_settings
@@ -128,9 +128,11 @@ def startup_of(cells: pl.DataFrame) -> tuple[dict[tuple, float], float | None]:
     return keyed, (statistics.median(keyed.values()) if keyed else None)
 
 
-def settings_of(ttt: pl.DataFrame, cells: pl.DataFrame, train: dict[str, Any] | None = None) -> list[Setting]:
+def settings_of(ttt: pl.DataFrame, cells: pl.DataFrame, train: TrainSection | None = None) -> list[Setting]:
     """The settings of time_to_train (their recipe's training days, measured), and with a `train` section that
     sets a budget, each one's train-stage run of that budget too."""
+    if train is not None:
+        require(train, TrainSection, "tables.calendar.settings_of")
     keyed, median = startup_of(cells)
     out = []
     for r in ttt.iter_rows(named=True):
@@ -149,14 +151,14 @@ def settings_of(ttt: pl.DataFrame, cells: pl.DataFrame, train: dict[str, Any] | 
     return out
 
 
-def train_hours(train: dict[str, Any] | None, step_time_s: float | None) -> tuple[float, str] | None:
+def train_hours(train: TrainSection | None, step_time_s: float | None) -> tuple[float, str] | None:
     """(hours, how) of the train stage's budget: `time_budget_hours`, or `steps` x the measured step time."""
-    if not train:
+    if train is None:
         return None
-    if train.get("time_budget_hours"):
-        return float(train["time_budget_hours"]), "the config's train.time_budget_hours (training time)"
-    if train.get("steps") and step_time_s:
-        hours = train["steps"] * step_time_s / 3600
+    if train.time_budget_hours:
+        return float(train.time_budget_hours), "the config's train.time_budget_hours (training time)"
+    if train.steps and step_time_s:
+        hours = train.steps * step_time_s / 3600
         return hours, f"the config's train.steps x the measured step ({step_time_s:.3g} s)"
     return None
 
@@ -299,11 +301,13 @@ def build_calendar(
     log_path: str,
     site: SiteFile | None,
     catalog: Catalog,
-    train: dict[str, Any] | None,
+    train: TrainSection,
 ) -> pl.DataFrame:
     """The `calendar` rule: calendar.{csv,md} of every measured setting (`inputs`: time_to_train's CSV, the cells'
-    Parquet) and its train-stage run where the config gives the train stage a budget; on a SLURM site (the
-    pipeline's, its limits resolved; None: local processes) the scheduler is asked."""
+    Parquet) and its train-stage run where the config's `train` (typed by the facade; the rule's params hold its
+    JSON) gives the train stage a budget; on a SLURM site (the pipeline's, its limits resolved; None: local
+    processes) the scheduler is asked."""
+    require(train, TrainSection, "tables.calendar.build_calendar")
     from pretrain_planner.tables.aggregate import read_table
 
     rate, how = disk_write_rate(str(Path(out["calendar_csv"]).parent))  # the results folder's file system

@@ -21,7 +21,7 @@ import polars as pl
 
 from pretrain_planner.planning import evidence_exchange as pp_exchange
 from pretrain_planner.planning.catalog import Catalog
-from pretrain_planner.planning.configtypes import BenchmarkSection, SweepSection, require
+from pretrain_planner.planning.configtypes import BenchmarkSection, EvidenceSection, SweepSection, require
 from pretrain_planner.planning.crossgpu import Kind
 from pretrain_planner.planning.evidence import origins_text
 from pretrain_planner.results import atomic_write_text
@@ -417,11 +417,13 @@ def whatif_markdown(predictor: Predictor, table: pl.DataFrame, swept: list[str],
     return "\n".join(md).rstrip("\n") + "\n"
 
 
-def rule_settings(sweep: SweepSection, benchmark: BenchmarkSection, config: dict[str, Any], catalog: Catalog
-                  ) -> dict[str, Any]:  # fmt: skip
+def rule_settings(sweep: SweepSection, benchmark: BenchmarkSection, evidence: EvidenceSection, config: dict[str, Any],
+                  catalog: Catalog) -> dict[str, Any]:  # fmt: skip
     """What the `whatif` rule passes to build_whatif from the sweep's config (a change of any re-predicts): the typed
-    sweep and benchmark sections (the facade's), the study, costs, whatif and evidence settings from `config`."""
+    sweep, benchmark and evidence sections (the facade's), the study, costs and whatif settings from `config`."""
     require(benchmark, BenchmarkSection, "tables.whatif.rule_settings")
+    require(evidence, EvidenceSection, "tables.whatif.rule_settings")
+    folder = evidence.folder_in(config["results"])
     return {
         "models": list(sweep.models),
         "counts": counts_of(sweep, config.get("study")),
@@ -431,8 +433,8 @@ def rule_settings(sweep: SweepSection, benchmark: BenchmarkSection, config: dict
         # the site file's network over the catalog's (a change of it re-predicts the multi-node rows)
         "network": {g: spec.inter_node_gbit_s for g, spec in catalog.gpus.items() if spec.network_note},
         # the rows imported from other sites (an import re-predicts: its digest is the parameter that changes)
-        "evidence_folder": str(pp_exchange.evidence_folder(config)),
-        "evidence_digest": pp_exchange.folder_digest(pp_exchange.evidence_folder(config)),
+        "evidence_folder": str(folder),
+        "evidence_digest": pp_exchange.folder_digest(folder),
     }
 
 

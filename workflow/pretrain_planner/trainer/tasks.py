@@ -149,9 +149,8 @@ def masked_lm(model: dict[str, Any], req: DataRequest) -> TaskData:
     tokenizer = None if req.tokenizer == TRAIN_TOKENIZER else req.tokenizer  # a file or folder (data/mlm.py)
     index_path = req.folder / "mlm" / "index.json"
     if req.rank0:
-        config = mlm.mlm_config(files, tokenizer, model, req.seed)
-        config["corpus"]["text_field"] = corpus_info.field
-        mlm.prepare_data(config, index_path, req.log)
+        prep = mlm.mlm_config(files, tokenizer, model, req.seed, corpus_info.field)
+        mlm.prepare_data(prep, index_path, req.log, corpus_keys=mlm.TRAIN_CORPUS_KEYS)
     index = json.loads(index_path.read_text())
     if index["vocab_size"] > int(model["arch"]["vocab_size"]):
         raise ValueError(f"the tokenizer has {index['vocab_size']} tokens, the model's vocabulary "

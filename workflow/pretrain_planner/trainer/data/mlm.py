@@ -5,7 +5,8 @@ Documents come from data/text.py (plain text, JSON lines with the text in `corpu
 tokenizer is trained here, or read from a tokenizers JSON file or a local Hugging Face tokenizer folder. As in the
 reference (BERT's create_pretraining_data), a fraction `short_seq_prob` of the documents is cut into shorter
 samples (a random target length). The settings are the budget file's `seed`, `corpus`, `tokenizer` and `data`
-sections (workflow/schemas/budget.schema.yaml); `mlm_config` makes them for a catalog model's recipe.
+sections (workflow/schemas/budget.schema.yaml), typed (planning/configtypes.BudgetPrep); `mlm_config` makes them
+for a catalog model's recipe.
 
 Streaming (documents are read line by line, tokenised `docs_per_batch` at a time, and written one shard
 at a time), deterministic given the seed, and resumable: progress.json records the shards written and
@@ -31,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from pretrain_planner.planning.configtypes import BudgetData, BudgetPrep, require
 from pretrain_planner.planning.corpus import content_fingerprint
 from pretrain_planner.planning.families import family
 from pretrain_planner.results import atomic_write_text
@@ -42,10 +44,10 @@ SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
-def corpus_documents(cfg: dict[str, Any]) -> Iterator[str]:
+def corpus_documents(prep: BudgetPrep) -> Iterator[str]:
     """The documents of the settings' corpus (its files, format and text field)."""
-    c = cfg["corpus"]
-    return iter_documents(c["files"], c.get("format", "auto"), c.get("text_field", "text"))
+    c = prep.corpus
+    return iter_documents(list(c.files), c.format, c.text_field)
 
 
 def is_validation(doc_index: int, seed: int, fraction: float) -> bool:
@@ -175,14 +177,14 @@ def _save(path: Path, arr: np.ndarray) -> None:
     os.replace(tmp, path)
 
 
-def _write_shard(data_dir, name, samples, copies, seed, split_id, shard_no, cfg_data, vocab, sp, dtype) -> int:
-    ids = pad_samples(samples, cfg_data["seq_len"], sp["pad"], dtype)
+def _write_shard(data_dir, name, samples, copies, seed, split_id, shard_no, cd: BudgetData, vocab, sp, dtype) -> int:
+    ids = pad_samples(samples, cd.seq_len, sp["pad"], dtype)
     out = {a: [] for a in ARRAYS}
     for d in range(copies):
         rng = np.random.default_rng([seed, split_id, shard_no, d])
         masked, pos, lab = mask_samples(
             ids, rng, vocab_size=vocab, special=sorted(sp.values()), mask_id=sp["mask"],
-            probability=cfg_data["mlm_probability"], max_predictions=cfg_data["max_predictions"],
+            probability=cd.mlm_probability, max_predictions=cd.max_predictions,
         )  # fmt: skip
         out["input_ids"].append(masked)
         out["positions"].append(pos)
@@ -192,20 +194,38 @@ def _write_shard(data_dir, name, samples, copies, seed, split_id, shard_no, cfg_
     return len(samples)
 
 
-def prepare_data(cfg: dict[str, Any], out_index: str | Path, log: str | Path | None = None, *, stop_after_shards=None):
-    """The whole data preparation; writes the shards next to `out_index`, then `out_index` itself.
+# The corpus keys the train stage's data is fingerprinted by (its format is always detected from the files): the
+# keys its settings had before they were typed, so its data and the runs checkpointed on it keep their identity.
+TRAIN_CORPUS_KEYS = ("files", "validation_fraction", "text_field")
+
+
+def prepare_data(
+    prep: BudgetPrep,
+    out_index: str | Path,
+    log: str | Path | None = None,
+    *,
+    stop_after_shards: int | None = None,
+    corpus_keys: tuple[str, ...] | None = None,
+) -> dict[str, Any] | None:
+    """The whole data preparation of `prep` (typed where the config was loaded: the facade's BudgetStage.data, the
+    train stage's `mlm_config`); writes the shards next to `out_index`, then `out_index` itself. The data's
+    fingerprint (what a resumed preparation and a run's checkpoint must match) is of the sections' values, the
+    corpus's `corpus_keys` only (None: all; the train stage's: TRAIN_CORPUS_KEYS).
 
     `stop_after_shards` (testing) returns after writing that many training shards, as a killed run would.
     """
+    require(prep, BudgetPrep, "trainer.data.mlm.prepare_data")
     logger = FileLog(log)
     data_dir = Path(out_index).parent
     data_dir.mkdir(parents=True, exist_ok=True)
-    files = cfg["corpus"]["files"]
-    fp = fingerprint(cfg["seed"], cfg["corpus"], cfg["tokenizer"], cfg["data"], content_fingerprint(files))
+    files = list(prep.corpus.files)
+    js = prep.to_json()  # the sections as plain JSON (runlog.fingerprint sorts the keys)
+    corpus = {k: v for k, v in js["corpus"].items() if corpus_keys is None or k in corpus_keys}
+    fp = fingerprint(prep.seed, corpus, js["tokenizer"], js["data"], content_fingerprint(files))
     state = _progress(data_dir, fp, logger)
-    tok = _tokenizer(cfg, data_dir, logger)
-    writer = _ShardWriter(cfg, data_dir, tok, state, logger, stop_after_shards)
-    for batch in _doc_batches(corpus_documents(cfg), writer.cursor, cfg["data"]["docs_per_batch"]):
+    tok = _tokenizer(prep, data_dir, logger)
+    writer = _ShardWriter(prep, data_dir, tok, state, logger, stop_after_shards)
+    for batch in _doc_batches(corpus_documents(prep), writer.cursor, prep.data.docs_per_batch):
         if writer.add(batch):
             return None
     return writer.finish(out_index)
@@ -226,7 +246,7 @@ def _progress(data_dir: Path, fp: str, logger) -> dict[str, Any]:
     return state
 
 
-def _tokenizer(cfg: dict[str, Any], data_dir: Path, logger):
+def _tokenizer(prep: BudgetPrep, data_dir: Path, logger):
     """data_dir/tokenizer.json, copied from tokenizer.path or trained on the training documents when it is not
     there yet (a resumed run keeps its tokenizer), loaded."""
     from tokenizers import Tokenizer
@@ -234,14 +254,14 @@ def _tokenizer(cfg: dict[str, Any], data_dir: Path, logger):
     tok_path = data_dir / "tokenizer.json"
     if not tok_path.exists():
         t0 = time.perf_counter()
-        tc, files = cfg["tokenizer"], cfg["corpus"]["files"]
-        if tc["path"]:
-            copy_tokenizer(tc["path"], tok_path)
-            logger.info("tokenizer: copied %s", tc["path"])
+        tc, files = prep.tokenizer, list(prep.corpus.files)
+        if tc.path:
+            copy_tokenizer(tc.path, tok_path)
+            logger.info("tokenizer: copied %s", tc.path)
         else:
-            seed, frac = cfg["seed"], cfg["corpus"]["validation_fraction"]
-            train_docs = (d for i, d in enumerate(corpus_documents(cfg)) if not is_validation(i, seed, frac))
-            train_tokenizer(files, tc["vocab_size"], tc["lowercase"], tok_path, train_docs)
+            seed, frac = prep.seed, prep.corpus.validation_fraction
+            train_docs = (d for i, d in enumerate(corpus_documents(prep)) if not is_validation(i, seed, frac))
+            train_tokenizer(files, tc.vocab_size, tc.lowercase, tok_path, train_docs)
             logger.info("tokenizer: trained WordPiece on %d files in %.1fs", len(files), time.perf_counter() - t0)
     return Tokenizer.from_file(str(tok_path))
 
@@ -285,10 +305,10 @@ class _ShardWriter:
     """Documents -> samples in a training and a validation buffer -> a shard of each when the training buffer
     holds samples_per_shard, with progress.json recording where the shards end (what a resumed run skips)."""
 
-    def __init__(self, cfg: dict[str, Any], data_dir: Path, tok, state: dict[str, Any], logger, stop_after_shards):
-        self.cfg, self.cd, self.data_dir, self.tok, self.state = cfg, cfg["data"], data_dir, tok, state
+    def __init__(self, prep: BudgetPrep, data_dir: Path, tok, state: dict[str, Any], logger, stop_after_shards):
+        self.cd, self.data_dir, self.tok, self.state = prep.data, data_dir, tok, state
         self.logger, self.stop_after_shards = logger, stop_after_shards
-        self.seed, self.frac = cfg["seed"], cfg["corpus"]["validation_fraction"]
+        self.seed, self.frac = prep.seed, prep.corpus.validation_fraction
         self.sp = special_ids(tok)
         self.vocab = tok.get_vocab_size()
         self.dtype = np.uint16 if self.vocab <= np.iinfo(np.uint16).max else np.int32
@@ -314,17 +334,17 @@ class _ShardWriter:
             k += len(ss)
             split = "validation" if is_validation(i, self.seed, self.frac) else "train"
             self.counts[split] += 1
-            target = short_target(cd["seq_len"], cd.get("short_seq_prob", 0.0), self.seed, i)
-            samples = build_samples(ids, cd["seq_len"], sp["cls"], sp["sep"], cd["min_tokens"], target)
+            target = short_target(cd.seq_len, cd.short_seq_prob, self.seed, i)
+            samples = build_samples(ids, cd.seq_len, sp["cls"], sp["sep"], cd.min_tokens, target)
             self.buffers[split].extend(samples)
             self.doc_no = i + 1
-            if len(self.buffers["train"]) >= cd["samples_per_shard"] and self.flush():
+            if len(self.buffers["train"]) >= cd.samples_per_shard and self.flush():
                 return True
         return False
 
     def flush(self) -> bool:
         """Close the training shard (and the validation buffer with it); record progress. True: stop now."""
-        state, dup = self.state, self.cd["duplication_factor"]
+        state, dup = self.state, self.cd.duplication_factor
         for split, split_id, copies in (("train", 0, dup), ("validation", 1, 1)):
             if not self.buffers[split]:
                 continue
@@ -362,11 +382,11 @@ class _ShardWriter:
             "tokenizer": "tokenizer.json",
             "vocab_size": self.vocab,
             "special_ids": self.sp,
-            "seq_len": cd["seq_len"],
-            "max_predictions": cd["max_predictions"],
-            "mlm_probability": cd["mlm_probability"],
-            "duplication_factor": cd["duplication_factor"],
-            "short_seq_prob": cd.get("short_seq_prob", 0.0),
+            "seq_len": cd.seq_len,
+            "max_predictions": cd.max_predictions,
+            "mlm_probability": cd.mlm_probability,
+            "duplication_factor": cd.duplication_factor,
+            "short_seq_prob": cd.short_seq_prob,
             "dtype": np.dtype(self.dtype).name,
             "documents": counts,
             "samples": {s: sum(x["samples"] for x in v) for s, v in state["shards"].items()},
@@ -377,10 +397,11 @@ class _ShardWriter:
         return index
 
 
-def mlm_config(files: list[str], tokenizer: str | None, model: dict[str, Any], seed: int) -> dict[str, Any]:
+def mlm_config(files: list[str], tokenizer: str | None, model: dict[str, Any], seed: int,
+               text_field: str = "text") -> BudgetPrep:  # fmt: skip
     """The preparation's settings (`prepare_data`) for a catalog model's recipe (the train stage; the budget stage
     has its own file): WordPiece (at most the model's vocabulary), samples of the recipe's sequence length, its
-    masking probability, about that share of positions predicted."""
+    masking probability, about that share of positions predicted; the corpus's documents in `text_field`."""
     from pretrain_planner.schema import section
 
     r = model["recipe"]
@@ -391,9 +412,10 @@ def mlm_config(files: list[str], tokenizer: str | None, model: dict[str, Any], s
     tok = {"path": tokenizer, "vocab_size": min(int(model["arch"]["vocab_size"]), 30522)}
     data = {"seq_len": min(seq, room), "mlm_probability": p, "max_predictions": max(1, math.ceil(seq * p)),
             "duplication_factor": 2, "samples_per_shard": 4096}  # fmt: skip
-    return {
+    corpus = {"files": files, "validation_fraction": 0.05, "text_field": text_field}
+    return BudgetPrep.of({
         "seed": seed,
-        "corpus": {"files": files, "validation_fraction": 0.05},
+        "corpus": section("budget", "corpus", corpus),
         "tokenizer": section("budget", "tokenizer", tok),
         "data": section("budget", "data", data),
-    }
+    }, "the train stage's masked-LM data")  # fmt: skip
