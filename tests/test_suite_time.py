@@ -22,13 +22,13 @@ def _phase(nodeid: str, worker: str, start: float, stop: float, when: str = "cal
 
 
 def _write(folder: Path) -> None:
-    """gw0: test_a.py 0-100 s (setup 0-90 of it), then test_b.py 100-130; gw1: the SLURM testbed's modules, 0-150 s
-    in two modules; a session of 2 workers from T0 - 10 to T0 + 155."""
+    """gw0: test_a.py 0-100 s (setup 0-90 of it), then test_b.py 100-130; gw1: the first SLURM testbed cluster's
+    modules, 0-150 s in two modules; a session of 2 workers from T0 - 10 to T0 + 155."""
     phases = [
         _phase("tests/test_a.py::test_1", "gw0", 0, 90, "setup"), _phase("tests/test_a.py::test_1", "gw0", 90, 100),
         _phase("tests/test_b.py::test_2", "gw0", 100, 130),
         _phase("tests/test_slurm.py::test_3", "gw1", 0, 60),
-        _phase("tests/test_slurm_faults.py::test_4", "gw1", 60, 150),
+        _phase("tests/test_calendar_slurm.py::test_4", "gw1", 60, 150),
     ]  # fmt: skip
     start, stop = {"session": {"start": T0 - 10, "markexpr": "slow", "workers": 2}}, {"session": {"stop": T0 + 155}}
     lines = [start, *phases, stop]
@@ -41,7 +41,7 @@ def test_the_report_names_the_critical_path_and_the_longest_unit(tmp_path):
     (run,) = [r for r in (suite_time.read(tmp_path / "times", s) for s in suite_time.SUBSETS) if r is not None]
     assert run.wall_s == 165
     units = {u.name: u for u in run.units()}
-    assert set(units) == {"tests/test_a.py", "tests/test_b.py", "the SLURM testbed"}  # the testbed's modules: one
+    assert set(units) == {"tests/test_a.py", "tests/test_b.py", "the SLURM testbed"}  # one cluster's modules: one unit
     assert units["the SLURM testbed"].stop - units["the SLURM testbed"].start == 150
     text = suite_time.report([run], "made up", 5)
     assert "Critical path: worker gw1 ended last, 2 min 40 s after the start" in text, text
