@@ -29,6 +29,7 @@ sys.path.insert(0, str(REPO / "workflow"))
 
 from pretrain_planner.planning import methods  # noqa: E402
 from pretrain_planner.planning.catalog import load_catalog  # noqa: E402
+from pretrain_planner.planning.configtypes import LauncherSection, SweepSection  # noqa: E402
 from pretrain_planner.planning.flops import train_flops_per_sample  # noqa: E402
 from pretrain_planner.planning.grid import expand  # noqa: E402
 from pretrain_planner.report import document, study_plots  # noqa: E402
@@ -58,17 +59,9 @@ def synthesise(folder: Path, n: int, seed: int = 0) -> tuple[str, list[str]]:
     """plan.csv and n result files under folder; returns (plan path, result paths)."""
     rng = random.Random(seed)
     catalog = load_catalog(REPO / "config/models.yaml", REPO / "config/gpus.yaml")
-    config = {
-        "sweep": {
-            "models": MODELS,
-            "gpus": GPUS,
-            "nodes": [1, 2],
-            "gpus_per_node": [1, 2, 4, 8],
-            "methods": all_methods(),
-        },  # fmt: skip
-        "launcher": {"kind": "slurm"},
-    }
-    planned = expand(config, catalog)
+    sweep = SweepSection.of({"models": MODELS, "gpus": GPUS, "nodes": [1, 2], "gpus_per_node": [1, 2, 4, 8],
+                             "methods": all_methods()})  # fmt: skip
+    planned = expand(sweep, LauncherSection.given({"kind": "slurm"}), catalog)
     rows = [{**p.row(), "partition": "gpu", "time_limit_min": 120,
              "gpu_hours_max": p.cell.world_size * 2.0 if p.valid else 0.0} for p in planned]  # fmt: skip
     valid_all = [p for p in planned if p.valid]

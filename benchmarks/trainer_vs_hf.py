@@ -34,6 +34,7 @@ if str(REPO / "workflow") not in sys.path:
 import torch  # noqa: E402
 import transformers  # noqa: E402
 from pretrain_planner.planning.catalog import load_catalog  # noqa: E402
+from pretrain_planner.planning.configtypes import BenchmarkSection, LauncherSection  # noqa: E402
 from pretrain_planner.planning.grid import Cell  # noqa: E402
 from pretrain_planner.planning.spec import cell_spec  # noqa: E402
 from pretrain_planner.tables import markdown  # noqa: E402
@@ -116,12 +117,11 @@ def run_ours(catalog, model_name: str, gpu_type: str, mb: int, accum: int, steps
              compile_: bool, precision: str | None) -> dict:  # fmt: skip
     cell = Cell(model_name, gpu_type, 1, 1, "fl")
     folder = Path(tempfile.mkdtemp(prefix="ours_"))
-    config = {
-        "benchmark": {"warmup_steps": warmup, "timed_steps": steps, "max_micro_batch": mb, "seed": 0,
-                      "suspect_mfu": 0.85, "device": "auto", "max_spread": 1e9},  # its own spread is reported
-        "launcher": {"kind": "debug", "timeout_min": 60},
-    }  # fmt: skip
-    spec = cell_spec(cell, catalog, config, str(folder / "result.json"), str(folder / "steps.jsonl"))
+    benchmark = BenchmarkSection.given({"warmup_steps": warmup, "timed_steps": steps, "max_micro_batch": mb,
+                                        "seed": 0, "suspect_mfu": 0.85, "device": "auto",
+                                        "max_spread": 1e9})  # its own spread is reported  # fmt: skip
+    launcher = LauncherSection.given({"kind": "debug", "timeout_min": 60})
+    spec = cell_spec(cell, catalog, benchmark, launcher, str(folder / "result.json"), str(folder / "steps.jsonl"))
     spec = copy.deepcopy(spec)
     spec["model"]["recipe"]["global_batch"] = mb * accum
     spec["model"]["supports_compile"] = compile_
