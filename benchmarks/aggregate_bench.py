@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO / "workflow"))
 
 from pretrain_planner.planning import methods  # noqa: E402
 from pretrain_planner.planning.catalog import load_catalog  # noqa: E402
-from pretrain_planner.planning.configtypes import LauncherSection, SweepSection  # noqa: E402
+from pretrain_planner.planning.configtypes import CostsSection, LauncherSection, SweepSection  # noqa: E402
 from pretrain_planner.planning.flops import train_flops_per_sample  # noqa: E402
 from pretrain_planner.planning.grid import expand  # noqa: E402
 from pretrain_planner.report import document, study_plots  # noqa: E402
@@ -131,7 +131,7 @@ def main() -> int:
     work.mkdir(parents=True)
     results = work / "results"
     catalog = load_catalog(REPO / "config/models.yaml", REPO / "config/gpus.yaml")
-    costs_config = {"amortisation_years": 5, "pareto_cost": "hardware"}
+    costs = CostsSection.given({"amortisation_years": 5, "pareto_cost": "hardware"})
     t: dict[str, tuple[float, ...]] = {}
     t0 = time.perf_counter()
     plan, paths = synthesise(results, args.n)
@@ -155,10 +155,10 @@ def main() -> int:
     load_before = os.getloadavg()
     built = stage(
         "tables: aggregate.build_tables",
-        lambda: aggregate.build_tables(plan, paths, tables, str(logs / "aggregate.log"), catalog, costs_config),
+        lambda: aggregate.build_tables(plan, paths, tables, str(logs / "aggregate.log"), catalog, costs),
     )
     stage("plots: report.make_plots (5 plots, PNG + SVG)",
-          lambda: pp_plots.make_plots(tables, plots, str(logs / "plots.log"), costs_config))  # fmt: skip
+          lambda: pp_plots.make_plots(tables, plots, str(logs / "plots.log"), costs))  # fmt: skip
     index = stage(
         "export: export.export_plans",
         lambda: export.export_plans(
@@ -171,7 +171,7 @@ def main() -> int:
     )
     stage("report: report.write_report",
           lambda: document.write_report(tables, plots, str(results / "optimal"), str(results / "report.md"),
-                                      str(logs / "report.log"), costs_config))  # fmt: skip
+                                      str(logs / "report.log"), costs))  # fmt: skip
     extra = {**study.table_files(str(results / "tables" / "study")), **whatif.table_files(str(results / "tables"))}
     views = stage("study: study.build_study_tables (9 views)",
                   lambda: study.build_study_tables(tables["cells_parquet"], extra, str(logs / "study.log"), catalog,
@@ -179,7 +179,7 @@ def main() -> int:
     predicted = stage("whatif: whatif.build_whatif (every GPU type x count)",
                       lambda: whatif.build_whatif(tables["cells_parquet"], extra, str(logs / "whatif.log"), catalog,
                                                   MODELS, [(n, g) for n in (1, 2) for g in (1, 2, 4, 8)], 0.85,
-                                                  costs_config))  # fmt: skip
+                                                  costs.to_json()))  # fmt: skip
     stage("study plots: study_plots.make_plots (5 plots, PNG + SVG)",
           lambda: study_plots.make_plots({**tables, **extra}, study_plots.plot_files(str(results / "plots" / "study")),
                                          str(logs / "study_plots.log")))  # fmt: skip

@@ -28,7 +28,7 @@ from pretrain_planner.budget import jobs
 from pretrain_planner.facade.pipeline import PLAN_COLUMNS, load
 from pretrain_planner.launch.preflight import JOB_PREFIX
 from pretrain_planner.planning.catalog import load_catalog
-from pretrain_planner.planning.configtypes import BenchmarkSection, BudgetRecipe, Launch, LauncherSection
+from pretrain_planner.planning.configtypes import BenchmarkSection, BudgetRecipe, CostsSection, Launch, LauncherSection
 from pretrain_planner.planning.flops import train_flops_per_sample
 from pretrain_planner.planning.runspec import RunSpec
 from pretrain_planner.planning.settings import KEYS, differences, resolve
@@ -320,7 +320,7 @@ def steps_lasting(seconds: float) -> int:
 CATALOG = load_catalog(REPO / "config/models.yaml", REPO / "config/gpus.yaml")
 
 
-COSTS = {"amortisation_years": 5, "pareto_cost": "hardware"}
+COSTS = CostsSection.given({"amortisation_years": 5, "pareto_cost": "hardware"})  # typed, as the facade types it
 
 
 def cell_result(model, gpu, nodes, gpn, method, status="ok", days=None, mb=4, suspect=False, **extra):

@@ -67,14 +67,13 @@ def build_demo_results(root: Path, with_plots: bool = False) -> tuple[dict[str, 
     config, catalog = pipe.config, pipe.catalog
     tables = aggregate.table_files(str(root / "tables"))
     aggregate.build_tables(str(root / "plan.csv"), paths, tables, str(root / "aggregate.log"), catalog,
-                           config["costs"])  # fmt: skip
+                           pipe.costs)  # fmt: skip
     extra = {**study.table_files(str(root / "tables/study")), **whatif.table_files(str(root / "tables"))}
-    settings = study.study_settings(config.get("study"), catalog)
     study.build_study_tables(tables["cells_parquet"], extra, str(root / "study.log"), catalog,
-                             config["benchmark"]["suspect_mfu"], settings)  # fmt: skip
+                             config["benchmark"]["suspect_mfu"], pipe.study)  # fmt: skip
     whatif.build_whatif(tables["cells_parquet"], extra, str(root / "whatif.log"), catalog, config["sweep"]["models"],
-                        whatif.counts_of(pipe.sweep, config.get("study")), config["benchmark"]["suspect_mfu"],
-                        config["costs"], named=config["whatif"]["models"])  # fmt: skip
+                        whatif.counts_of(pipe.sweep, pipe.study), config["benchmark"]["suspect_mfu"],
+                        pipe.costs.to_json(), named=pipe.whatif.named_in(catalog))  # fmt: skip
     cal = calendar.table_files(str(root / "tables"))
     calendar.build_calendar({"time_to_train": tables["time_to_train_csv"], "cells": tables["cells_parquet"]}, cal,
                             str(root / "calendar.log"), pipe.site, pipe.catalog, pipe.train)  # fmt: skip
@@ -82,11 +81,11 @@ def build_demo_results(root: Path, with_plots: bool = False) -> tuple[dict[str, 
     plots = {**pp_plots.plot_files(str(root / "plots")), **study_plots.plot_files(str(root / "plots/study")),
              **calendar_plot.plot_files(str(root / "plots")), **loss_plot.plot_files(str(root / "plots"))}  # fmt: skip
     if with_plots:
-        pp_plots.make_plots(tables, plots, str(root / "plots.log"), config["costs"])
+        pp_plots.make_plots(tables, plots, str(root / "plots.log"), pipe.costs)
         study_plots.make_plots(tables, plots, str(root / "study_plots.log"))
         calendar_plot.make_plot(cal["calendar_csv"], plots, str(root / "calendar_plot.log"))
         loss_plot.make_plot(tables["loss_check_csv"], plots, str(root / "loss_plot.log"))
-    document.write_report(tables, plots, None, str(root / "report.md"), str(root / "report.log"), config["costs"])
+    document.write_report(tables, plots, None, str(root / "report.md"), str(root / "report.log"), pipe.costs)
     return tables, plots, config
 
 

@@ -8,6 +8,7 @@ import time
 
 import polars as pl
 import pytest
+from pretrain_planner.planning.configtypes import CostsSection
 from pretrain_planner.planning.flops import train_flops_per_sample
 from pretrain_planner.report import document
 from pretrain_planner.report import plots as pp_plots
@@ -123,10 +124,9 @@ def test_pareto_front_on_a_hand_made_set(gpu_tables):
     assert set(pareto["cost_kind"].to_list()) == {"hardware"}
     flagged = tables["costs"].filter(pl.col("pareto") & (pl.col("model") == P))
     assert {tuple(r) for r in flagged.select("gpu", "nodes", "gpus_per_node").rows()} == FRONT
-    amortised = aggregate.pareto_table(
-        aggregate.costs_table(tables["time_to_train"], CATALOG, {"pareto_cost": "amortised"}),
-        {"pareto_cost": "amortised"},
-    )
+    by_amortised = CostsSection.given({"pareto_cost": "amortised"})
+    amortised = aggregate.pareto_table(aggregate.costs_table(tables["time_to_train"], CATALOG, by_amortised),
+                                       by_amortised)  # fmt: skip
     assert set(amortised["cost_kind"].to_list()) == {"amortised"}
 
 

@@ -299,8 +299,9 @@ def test_the_sweep_benchmark_and_launcher_below_the_entrance_refuse_a_dict(tmp_p
         "facade.budget.BudgetStage": lambda: BudgetStage("config/budget.yaml", REPO, "r", config, 2),  # type: ignore
         "tables.aggregate.loss_check_table": lambda: aggregate.loss_check_table([], bench["loss_check"]),
         "tables.whatif.counts_of": lambda: whatif.counts_of(sweep, None),  # type: ignore[arg-type]
-        "tables.whatif.rule_settings": lambda: whatif.rule_settings(pipe.sweep, bench, pipe.evidence, config,
-                                                                    pipe.catalog),
+        "tables.whatif.rule_settings": lambda: whatif.rule_settings(pipe.sweep, bench, pipe.evidence, pipe.costs,
+                                                                    pipe.study, pipe.whatif, pipe.catalog,
+                                                                    pipe.results),
         "planning.site.for_gpus": lambda: site.for_gpus(site_dict, ["cpu"]),
         "planning.site.resolve_limits": lambda: site.resolve_limits(site_dict),
         "planning.site.within_limits": lambda: site.within_limits(pipe.planned, site_dict),
@@ -443,16 +444,12 @@ def test_the_evidence_section_is_typed_once_and_names_the_folder(tmp_path):
     assert pipe.evidence.folder_in(pipe.results) == Path(pipe.results) / "evidence"  # no folder: under the results
     moved = load(_demo(evidence={"folder": str(tmp_path / "ev"), "site": "here"}), REPO)
     assert moved.evidence == EvidenceSection(str(tmp_path / "ev"), "here")
-    settings = whatif.rule_settings(moved.sweep, moved.benchmark, moved.evidence, moved.config, moved.catalog)
+    settings = whatif.rule_settings(moved.sweep, moved.benchmark, moved.evidence, moved.costs, moved.study,
+                                    moved.whatif, moved.catalog, moved.results)  # fmt: skip
     assert settings["evidence_folder"] == str(tmp_path / "ev") and settings["evidence_digest"] == "none"
     with pytest.raises(TypeError, match=r"tables.whatif.rule_settings: takes a EvidenceSection"):
-        whatif.rule_settings(
-            moved.sweep,
-            moved.benchmark,
-            moved.config["evidence"],
-            moved.config,  # type: ignore
-            moved.catalog,
-        )
+        whatif.rule_settings(moved.sweep, moved.benchmark, moved.config["evidence"], moved.costs, moved.study,
+                             moved.whatif, moved.catalog, moved.results)  # type: ignore[arg-type]  # fmt: skip
     assert evidence_of({"results": "r"}) == EvidenceSection(None, None)  # a record without the section
     assert str(evidence_folder({"results": "r"})) == "r/evidence"
 
@@ -485,3 +482,134 @@ def test_the_train_stages_masked_lm_data_keeps_its_fingerprint(tmp_path):
     }  # fmt: skip
     want = fingerprint(3, old["corpus"], old["tokenizer"], old["data"], content_fingerprint(files))
     assert index is not None and index["fingerprint"] == want
+
+
+# -- the costs, study and whatif sections: the tables' settings ---------------------------------------------------
+
+
+def _written_out_of_order() -> dict:
+    """A sweep config whose costs and study keys are written out of the schema's order (the prices' own keys too):
+    what the rules' params must repeat byte for byte."""
+    return _demo(
+        costs={"prices": {"cpu": {"note": "a quote", "price_usd": 10.0}}, "pareto_cost": "amortised"},
+        study={"average_families": ["gptneox"], "gpu_days_gpus_per_node": 4},
+        whatif={"models": ["pythia-1b"]},
+    )
+
+
+def test_the_costs_study_and_whatif_sections_are_typed_once_with_the_schemas_keys():
+    """Every schema key of `costs:`, `study:` and `whatif:` is a field (none more), each the file's value or the
+    schema's default, typed once by the facade (`Pipeline.costs`, `.study`, `.whatif`; the study's GPU type checked
+    against the catalog at parse time) and by the CLI (cli/config.costs_of: the schema's defaults for a record
+    without the section)."""
+    from pretrain_planner.cli.config import costs_of
+    from pretrain_planner.planning.configtypes import CostsSection, StudySection, WhatifSection
+    from pretrain_planner.schema import ConfigError
+
+    props = load_schema("config")["properties"]
+    for cls, key in ((CostsSection, "costs"), (StudySection, "study"), (WhatifSection, "whatif")):
+        assert [f.name for f in fields(cls)] == list(props[key]["properties"]), key
+    pipe = load(_written_out_of_order(), REPO)
+    assert pipe.costs == CostsSection(5, "amortised", {"cpu": {"note": "a quote", "price_usd": 10.0}})
+    assert pipe.study == StudySection("a100", 1, 4, ("gptneox",)) and pipe.whatif == WhatifSection(("pythia-1b",))
+    assert pipe.catalog.gpus["cpu"].price_usd == 10.0  # the typed section's prices are the catalog's
+    assert costs_of(pipe.config) == pipe.costs and costs_of({"results": "r"}) == CostsSection.given()
+    with pytest.raises(FrozenInstanceError):
+        pipe.costs.pareto_cost = "cloud"  # type: ignore[misc]
+    with pytest.raises(ConfigError, match=r"study.gpu_days_gpu: 'a1000' is not a GPU type of .*gpus.yaml"):
+        load(_demo(study={"gpu_days_gpu": "a1000"}), REPO)  # at parse time, not in the study job
+    with pytest.raises(ValueError, match=r"costs: not a validated section .*missing \['amortisation_years'"):
+        CostsSection.of({"pareto_cost": "cloud", "prices": {}})
+
+
+def test_the_rules_params_repeat_the_costs_and_study_sections_byte_for_byte():
+    """Snakemake compares a rule's params by their repr (a changed repr reruns a finished rule): the aggregate, plots
+    and report rules' costs, the study_tables rule's study and the whatif rule's settings, typed and turned back into
+    JSON, are what they were as the config's dicts (the costs keys as the config wrote them, the prices' keys too;
+    the study's in the schema's order, as tables/study.study_settings wrote them)."""
+    from pretrain_planner.schema import section
+    from pretrain_planner.tables import whatif
+
+    for config in (_demo(), _written_out_of_order()):
+        pipe = load(config, REPO)
+        old = pipe.config  # the validated dicts the rules' params were made of
+        assert repr(pipe.costs.to_json()) == repr(old.get("costs", {}))  # aggregate, plots, report
+        assert repr(pipe.study.to_json()) == repr(section("config", "study", old.get("study")))  # study_tables
+        settings = whatif.rule_settings(pipe.sweep, pipe.benchmark, pipe.evidence, pipe.costs, pipe.study,
+                                        pipe.whatif, pipe.catalog, pipe.results)  # fmt: skip
+        assert repr(settings["costs_config"]) == repr(old.get("costs", {}))
+        assert settings["named"] == old["whatif"]["models"]
+        counts = {(n, g) for n in old["sweep"]["nodes"] for g in old["sweep"]["gpus_per_node"]}
+        counts.add((old["study"]["gpu_days_nodes"], old["study"]["gpu_days_gpus_per_node"]))
+        assert settings["counts"] == sorted(counts, key=lambda c: (c[0] * c[1], c[0]))
+    assert list(pipe.costs.to_json()) == ["prices", "pareto_cost", "amortisation_years"]  # as written, then defaults
+
+
+def test_the_tables_report_and_predictor_refuse_the_costs_study_and_whatif_dicts(tmp_path):
+    """Below the facade the cost tables, the Pareto front, the plots, the report, the predictor, the study's views
+    and the what-if's settings take the typed sections; the config's dict (what each used to take) is refused in one
+    line naming the function and the class, before a file is written. A rule's JSON params are typed at its
+    entrance, a section that did not come from the facade named there."""
+    import polars as pl
+    from pretrain_planner.report import document
+    from pretrain_planner.report import plots as pp_plots
+    from pretrain_planner.tables import aggregate, study, whatif
+    from pretrain_planner.tables.predictor import Predictor, empty_cells
+
+    pipe = load(_demo(), REPO)
+    config, catalog, log = pipe.config, pipe.catalog, str(tmp_path / "log")
+    costs, study_dict, whatif_dict = config["costs"], config["study"], config["whatif"]  # what used to be passed
+    out = {**study.table_files(str(tmp_path / "t")), "report": str(tmp_path / "t/report.md")}
+
+    def rule_settings(**given):
+        def call():
+            typed = {"costs": pipe.costs, "study": pipe.study, "whatif": pipe.whatif, **given}
+            return whatif.rule_settings(pipe.sweep, pipe.benchmark, pipe.evidence, typed["costs"], typed["study"],
+                                        typed["whatif"], catalog, pipe.results)  # fmt: skip
+
+        return call
+
+    calls = [
+        ("tables.aggregate.costs_table", "CostsSection", lambda: aggregate.costs_table(pl.DataFrame(), catalog, costs)),
+        ("tables.aggregate.pareto_table", "CostsSection", lambda: aggregate.pareto_table(pl.DataFrame(), costs)),
+        ("tables.predictor.Predictor", "CostsSection", lambda: Predictor(empty_cells(), catalog, 0.85, costs)),
+        ("report.plots.figures", "CostsSection", lambda: pp_plots.figures({}, costs)),
+        ("report.document.write_report", "CostsSection",
+         lambda: document.write_report({}, {}, None, out["report"], log, costs)),
+        ("tables.study.build_all", "StudySection", lambda: study.build_all(pl.DataFrame(), catalog, 0.85, study_dict)),
+        ("tables.study.intro", "StudySection", lambda: study.intro("gpu_days", study_dict)),
+        ("tables.study.build_study_tables", "StudySection",
+         lambda: study.build_study_tables(str(tmp_path / "cells.parquet"), out, log, catalog, 0.85, study_dict)),
+        ("tables.whatif.counts_of", "StudySection", lambda: whatif.counts_of(pipe.sweep, study_dict)),
+        ("tables.whatif.rule_settings", "CostsSection", rule_settings(costs=costs)),
+        ("tables.whatif.rule_settings", "StudySection", rule_settings(study=study_dict)),
+        ("tables.whatif.rule_settings", "WhatifSection", rule_settings(whatif=whatif_dict)),
+    ]  # fmt: skip
+    for where, cls, call in calls:
+        with pytest.raises(TypeError, match=rf"{where}: takes a {cls} \(planning/configtypes.py"):
+            call()
+    with pytest.raises(ValueError, match=r"the aggregate rule's params: costs: not a validated section"):
+        aggregate.aggregate_rule(None, None, log, catalog, {"costs": {"pareto_cost": "cloud"}, "loss_check": {}})
+    with pytest.raises(ValueError, match=r"the whatif rule's settings: costs_config: not a validated section"):
+        whatif.build_whatif(str(tmp_path / "cells.parquet"), out, log, catalog, [], [], 0.85, {"pareto_cost": "x"})
+    assert not (tmp_path / "t").exists() and not (tmp_path / "log").exists()
+
+
+def test_no_function_below_the_facade_takes_the_whole_config():
+    """Below the entrance (every module but cli/ and facade/) a function takes the typed sections, never the
+    config's dict: no parameter is the `config`. The one module that takes it whole is sweeprecord.py, which
+    records it as JSON in the results folder (a boundary, as a job's arguments are)."""
+    import ast
+
+    package = REPO / "workflow/pretrain_planner"
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package).as_posix()
+        if rel.startswith(("cli/", "facade/")) or rel == "sweeprecord.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), rel)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                names = [a.arg for a in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs)]
+                if "config" in names:
+                    found.append(f"{rel}:{node.lineno} {getattr(node, 'name', 'lambda')}")
+    assert not found, f"functions below the facade that take the whole config: {found}"

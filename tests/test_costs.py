@@ -8,6 +8,7 @@ import math
 import pytest
 import yaml
 from pretrain_planner.planning.catalog import GpuSpec, load_catalog, load_gpus
+from pretrain_planner.planning.configtypes import CostsSection
 from pretrain_planner.schema import ConfigError, validate
 from pretrain_planner.tables import costs, units
 
@@ -87,13 +88,16 @@ def test_pareto_by_group_is_per_model():
     assert costs.pareto_by_group(keys, [1.0, 3.0, 2.0, 4.0], [100.0, 60.0, 50.0, 70.0]) == [True, True, True, False]
 
 
-def test_settings_defaults_and_checks():
-    assert costs.settings(None) == {"amortisation_years": 5.0, "pareto_cost": "hardware", "prices": {}}
-    assert costs.settings({"pareto_cost": "amortised"})["pareto_cost"] == "amortised"
-    with pytest.raises(ValueError, match="pareto_cost"):
-        costs.settings({"pareto_cost": "cheapest"})
-    with pytest.raises(ValueError, match="amortisation_years"):
-        costs.settings({"amortisation_years": 0})
+def test_the_costs_sections_defaults_and_checks():
+    """The typed section (planning/configtypes.CostsSection): the schema's defaults, a given key over them, and the
+    schema's checks of a wrong axis or a non-positive amortisation, each naming the key."""
+    assert CostsSection.given() == CostsSection(5, "hardware", {})
+    assert costs.typed(None, "here") == CostsSection.given()
+    assert CostsSection.given({"pareto_cost": "amortised"}).pareto_cost == "amortised"
+    with pytest.raises(ConfigError, match="pareto_cost"):
+        CostsSection.given({"pareto_cost": "cheapest"})
+    with pytest.raises(ConfigError, match="amortisation_years"):
+        CostsSection.given({"amortisation_years": 0})
 
 
 def test_config_schema_costs_block():

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from pretrain_planner.planning.configtypes import CostsSection
 from pretrain_planner.report import plots as pp_plots
 from pretrain_planner.report import study_plots
 from pretrain_planner.tables import aggregate
@@ -37,7 +38,7 @@ def test_the_empty_frame_check_sees_an_empty_frame():
 
 def test_every_plot_of_the_default_sweep_shows_data(report):
     _, tables, _, config = report
-    figs = {**pp_plots.figures(tables, config["costs"]), **study_plots.figures(tables)}
+    figs = {**pp_plots.figures(tables, CostsSection.of(config["costs"])), **study_plots.figures(tables)}
     assert set(figs) == set(pp_plots.PLOTS) | set(study_plots.STUDY_PLOTS)
     empty = {key: panels for key, fig in figs.items() if (panels := empty_panels(fig))}
     assert not empty, f"plots with an empty frame on the default sweep: {empty}"

@@ -133,6 +133,7 @@ def test_every_method_of_the_default_sweep_has_its_loss_verdict(sweep):
 def test_every_plot_of_the_sweep_shows_data(sweep):
     """Issue 27: on the default sweep's real cells no plot is an empty frame (MFU against the host's measured peak,
     costs at the demo's nominal price, checkpointing for the memory-saving views, the what-if's predictions)."""
+    from pretrain_planner.planning.configtypes import CostsSection
     from pretrain_planner.report import plots as pp_plots
     from pretrain_planner.report import study_plots
     from pretrain_planner.tables import aggregate, study, whatif
@@ -143,7 +144,7 @@ def test_every_plot_of_the_sweep_shows_data(sweep):
     res = work / "results"
     tables = {**aggregate.table_files(str(res / "tables")), **study.table_files(str(res / "tables/study")),
               **whatif.table_files(str(res / "tables"))}  # fmt: skip
-    figs = {**pp_plots.figures(tables, DEMO["costs"]), **study_plots.figures(tables)}
+    figs = {**pp_plots.figures(tables, CostsSection.given(DEMO["costs"])), **study_plots.figures(tables)}
     empty = {key: panels for key, fig in figs.items() if (panels := empty_panels(fig))}
     assert not empty, f"empty frames: {empty}"
     cells = pl.read_parquet(res / "tables/cells.parquet")

@@ -50,7 +50,7 @@ def _tables(root: Path, plan: str, paths: list[str]) -> dict[str, str]:
     cells = pl.read_parquet(out["cells_parquet"], columns=["model", "nodes", "gpus_per_node"])
     counts = sorted(set(cells.select("nodes", "gpus_per_node").rows()))
     whatif.build_whatif(out["cells_parquet"], extra, str(root / "whatif.log"), CATALOG,
-                        sorted(set(cells["model"].to_list())), counts, 0.85, COSTS)  # fmt: skip
+                        sorted(set(cells["model"].to_list())), counts, 0.85, COSTS.to_json())  # fmt: skip
     extra |= calendar.table_files(str(root / "tables"))
     train = replace(TrainSection.defaults(), steps=20)
     calendar.build_calendar({"time_to_train": out["time_to_train_csv"], "cells": out["cells_parquet"]}, extra,

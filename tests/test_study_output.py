@@ -15,7 +15,7 @@ import pytest
 from pretrain_planner.report import study_plots
 from pretrain_planner.tables import aggregate, study
 
-from .conftest import CATALOG, REPO, cell_result, write_set
+from .conftest import CATALOG, COSTS, REPO, cell_result, write_set
 from .demo_results import build_demo_results
 
 WIDTH = 120
@@ -118,8 +118,7 @@ SLOWER = [
 def _built(tmp_path: Path, rows: list[tuple]) -> dict[str, str]:
     plan, paths = write_set(tmp_path, [cell_result(m, g, 1, k, meth, "ok", d) for m, g, k, meth, d in rows])
     out = aggregate.table_files(str(tmp_path / "tables"))
-    aggregate.build_tables(plan, paths, out, str(tmp_path / "aggregate.log"), CATALOG,
-                           {"amortisation_years": 5, "pareto_cost": "hardware"})  # fmt: skip
+    aggregate.build_tables(plan, paths, out, str(tmp_path / "aggregate.log"), CATALOG, COSTS)
     files = study.table_files(str(tmp_path / "tables/study"))
     study.build_study_tables(out["cells_parquet"], files, str(tmp_path / "study.log"), CATALOG, 0.85)
     return files

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import polars as pl
 import pytest
+from pretrain_planner.planning.configtypes import StudySection
 from pretrain_planner.report import study_plots
 from pretrain_planner.schema import ConfigError
 from pretrain_planner.tables import aggregate, study
@@ -55,8 +56,9 @@ def cells(tmp_path_factory) -> pl.DataFrame:
     return aggregate.cells_table(plan, paths, CATALOG)[0]
 
 
-def tables(cells: pl.DataFrame, study_config: dict | None = None) -> dict:
-    return study.build_all(cells, CATALOG, 0.85, study_config)
+def tables(cells: pl.DataFrame, given: dict | None = None) -> dict:
+    """The study's tables, `given` the config's study keys over the schema's (typed, as the facade types them)."""
+    return study.build_all(cells, CATALOG, 0.85, StudySection.given(given))
 
 
 def csv_of(value):
@@ -162,9 +164,8 @@ def test_models_and_gpu_types_in_the_study_order(cells):
 
 
 def test_the_study_section_is_checked():
-    assert study.study_settings(None) == {"gpu_days_gpu": "a100", "gpu_days_nodes": 1, "gpu_days_gpus_per_node": 8,
-                                          "average_families": ["gptneox"]}  # fmt: skip
+    assert StudySection.given() == StudySection("a100", 1, 8, ("gptneox",)) == study.typed(None, "here")
     with pytest.raises(ConfigError, match="study.average_families.*pythia.*known families: gptneox"):
-        study.study_settings({"average_families": ["pythia"]})
+        StudySection.given({"average_families": ["pythia"]})
     with pytest.raises(ConfigError, match="study.gpu_days_gpu: .a1000. is not a GPU type of .*config/gpus.yaml"):
-        study.study_settings({"gpu_days_gpu": "a1000"}, CATALOG)
+        StudySection.given({"gpu_days_gpu": "a1000"}).in_catalog(CATALOG)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from pretrain_planner.planning.configtypes import SweepSection
+from pretrain_planner.planning.configtypes import CostsSection, StudySection, SweepSection, WhatifSection
 from pretrain_planner.planning.crossgpu import STAND_IN_RATIO, Kind
 from pretrain_planner.planning.flops import param_count
 from pretrain_planner.report import study_plots
@@ -39,7 +39,7 @@ def demo(tmp_path_factory) -> tuple[Path, dict[str, str], dict]:
 def predictor(demo) -> Predictor:
     _root, tables, config = demo
     return Predictor(pl.read_parquet(tables["cells_parquet"]), CATALOG, config["benchmark"]["suspect_mfu"],
-                            config["costs"])  # fmt: skip
+                     CostsSection.of(config["costs"]))  # fmt: skip
 
 
 def _section(md: str, heading: str) -> str:
@@ -95,7 +95,7 @@ def test_whatif_md_says_each_reason_once_per_model(demo):
 
 
 def _counts(config: dict) -> list[tuple[int, int]]:
-    return whatif.counts_of(SweepSection.of(config["sweep"]), config.get("study"))
+    return whatif.counts_of(SweepSection.of(config["sweep"]), StudySection.of(config["study"]))
 
 
 def test_the_models_the_config_names_lead_beside_the_swept(tmp_path, demo):
@@ -122,14 +122,17 @@ def test_the_models_the_config_names_lead_beside_the_swept(tmp_path, demo):
 
 def test_whatif_models_are_checked_against_the_catalog():
     """The config's new `whatif` section: a schema default (no models) and an unknown name refused at parse time."""
-    assert whatif.whatif_settings(None, CATALOG) == {"models": []}
-    assert whatif.whatif_settings({"models": ["pythia-1b"]}, CATALOG)["models"] == ["pythia-1b"]
+    assert WhatifSection.of({"models": []}).named_in(CATALOG) == []
+    assert WhatifSection.of({"models": ["pythia-1b"]}).named_in(CATALOG) == ["pythia-1b"]
     with pytest.raises(ConfigError, match="whatif.models"):
-        whatif.whatif_settings({"models": ["pythia-1bb"]}, CATALOG)
+        WhatifSection.of({"models": ["pythia-1bb"]}).named_in(CATALOG)
     from pretrain_planner.facade.pipeline import load
 
     config = {**demo_config(), "whatif": {"models": ["pythia-1b"]}}
-    assert load(config, REPO, "config/config.yaml").config["whatif"] == {"models": ["pythia-1b"]}
+    pipe = load(config, REPO, "config/config.yaml")
+    assert pipe.config["whatif"] == {"models": ["pythia-1b"]} and pipe.whatif == WhatifSection(("pythia-1b",))
+    with pytest.raises(ConfigError, match=r"whatif.models: \['pythia-1bb'\] not in"):  # at parse time (the dry run)
+        load({**demo_config(), "whatif": {"models": ["pythia-1bb"]}}, REPO, "config/config.yaml")
 
 
 # ------------------------------------------------------------------------------------------------ whatif.csv

@@ -23,7 +23,7 @@ rule aggregate:
     log:
         pp_layout.log(RESULTS, "aggregate.log"),
     params:
-        costs=PP.config.get("costs", {}),
+        costs=PP.costs.to_json(),  # JSON, as the config wrote it: a param Snakemake compares (a change re-prices)
         loss_check=PP.loss_check.to_json(),  # JSON: a param Snakemake compares (a change re-aggregates)
     run:
         pp_aggregate.aggregate_rule(input, output, log[0], PP.catalog, params)
@@ -58,11 +58,9 @@ rule study_tables:
         pp_layout.log(RESULTS, "study_tables.log"),
     params:
         suspect_mfu=PP.benchmark.suspect_mfu,
-        study=pp_study.study_settings(PP.config.get("study"), PP.catalog),  # checked at parse time (the dry run)
+        study=PP.study.to_json(),  # its JSON: a change rebuilds the views; the function takes PP.study, typed
     run:
-        pp_study.build_study_tables(
-            input.cells, dict(output.items()), log[0], PP.catalog, params.suspect_mfu, params.study
-        )
+        pp_study.build_study_tables(input.cells, dict(output.items()), log[0], PP.catalog, params.suspect_mfu, PP.study)
 
 
 rule whatif:
@@ -78,7 +76,9 @@ rule whatif:
         pp_layout.log(RESULTS, "whatif.log"),
     params:
         # checked at parse time (the dry run)
-        settings=pp_whatif.rule_settings(PP.sweep, PP.benchmark, PP.evidence, PP.config, PP.catalog),
+        settings=pp_whatif.rule_settings(
+            PP.sweep, PP.benchmark, PP.evidence, PP.costs, PP.study, PP.whatif, PP.catalog, PP.results
+        ),
     run:
         pp_whatif.build_whatif(input.cells, dict(output.items()), log[0], PP.catalog, **params.settings)
 

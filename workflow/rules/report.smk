@@ -20,9 +20,9 @@ rule plots:
     log:
         pp_layout.log(RESULTS, "plots.log"),
     params:
-        costs=PP.config.get("costs", {}),
+        costs=PP.costs.to_json(),  # its JSON: a change plots again; the function takes PP.costs, typed
     run:
-        pp_plots.make_plots(dict(input.items()), dict(output.items()), log[0], params.costs)
+        pp_plots.make_plots(dict(input.items()), dict(output.items()), log[0], PP.costs)
 
 
 rule study_plots:
@@ -70,7 +70,7 @@ rule report:
     log:
         pp_layout.log(RESULTS, "report.log"),
     params:
-        costs=PP.config.get("costs", {}),
+        costs=PP.costs.to_json(),  # its JSON: a change writes the report again; the function takes PP.costs, typed
     run:
         pp_document.write_report(
             FILES.report_tables(),
@@ -78,5 +78,5 @@ rule report:
             input.optimal,
             output.report,
             log[0],
-            params.costs,
+            PP.costs,
         )

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pretrain_planner import layout
-from pretrain_planner.cli.config import CliError, config_catalog, context
+from pretrain_planner.cli.config import CliError, config_catalog, context, costs_of
 from pretrain_planner.cli.sources import cells_here, time_to_train
 from pretrain_planner.planning import losscheck
 from pretrain_planner.results import throughput_text
@@ -74,9 +74,9 @@ def query(args: argparse.Namespace) -> Best | NoFit:
     price_error = ""
     try:
         catalog = config_catalog(config, models=False)
-        conf = costs.settings(config.get("costs"))
+        years = costs_of(config).amortisation_years
         p = costs.price(catalog.gpus.get(r["gpu"]), r["gpu"], r["nodes"], r["gpus_per_node"], r["training_days"],
-                        catalog.base_machine_usd, conf["amortisation_years"], catalog.gpus_path)  # fmt: skip
+                        catalog.base_machine_usd, years, catalog.gpus_path)  # fmt: skip
     except Exception as exc:  # a broken price file must not hide the measurement
         p, price_error = None, str(exc)
     folder = layout.optimal_dir(results, r["model"], r["gpu"], r["nodes"], r["gpus_per_node"])

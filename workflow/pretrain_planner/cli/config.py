@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from pretrain_planner import layout
 
 if TYPE_CHECKING:
-    from pretrain_planner.planning.configtypes import EvidenceSection
+    from pretrain_planner.planning.configtypes import CostsSection, EvidenceSection
 
 REPO = Path(__file__).resolve().parents[3]  # the checkout (config/ lives there); unused when installed elsewhere
 DEFAULT_CONFIG = "config/config.yaml"
@@ -49,6 +49,14 @@ def evidence_of(config: dict[str, Any]) -> EvidenceSection:
     from pretrain_planner.schema import section
 
     return EvidenceSection.of(section("config", "evidence", config.get("evidence")))
+
+
+def costs_of(config: dict[str, Any]) -> CostsSection:
+    """The answered config's `costs:` section, typed (a config without it, or recorded before a key was added:
+    the schema's defaults under what it has)."""
+    from pretrain_planner.planning.configtypes import CostsSection
+
+    return CostsSection.given(config.get("costs"))
 
 
 def evidence_folder(config: dict[str, Any]) -> Path:
@@ -151,7 +159,7 @@ def config_catalog(config: dict[str, Any], models: bool = True):
     from pretrain_planner.planning.catalog import Catalog, load_catalog, load_gpus
 
     gpus_path = resolve(config["catalog"]["gpus"])
-    prices = (config.get("costs") or {}).get("prices")  # the sweep's own prices over the catalog's (the demo's cpu)
+    prices = costs_of(config).prices  # the sweep's own prices over the catalog's (the demo's cpu)
     if models:
         catalog = load_catalog(resolve(config["catalog"]["models"]), gpus_path).with_prices(prices)
     else:

@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from pretrain_planner.cli.config import CliError, config_catalog, load_config, per_node
+from pretrain_planner.cli.config import CliError, config_catalog, costs_of, load_config, per_node
 from pretrain_planner.tables.units import usd
 
 
@@ -36,7 +36,7 @@ def query(args: argparse.Namespace) -> Cost:
     if args.gpu not in catalog.gpus:
         raise CliError(f"{catalog.gpus_path}: no GPU type {args.gpu!r}; known: {', '.join(catalog.gpus)}")
     gpn = per_node(args.count, args.nodes)
-    years = args.years or costs.settings(config.get("costs"))["amortisation_years"]
+    years = args.years or costs_of(config).amortisation_years
     p = costs.price(catalog.gpus[args.gpu], args.gpu, args.nodes, gpn, args.days, catalog.base_machine_usd, years,
                     catalog.gpus_path)  # fmt: skip
     return Cost(p, args.gpu, catalog.gpus[args.gpu].label, args.count, args.nodes, gpn, args.days, years,

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from pretrain_planner import layout
-from pretrain_planner.cli.config import REPO, CliError, config_catalog, evidence_folder, results_dir
+from pretrain_planner.cli.config import REPO, CliError, config_catalog, costs_of, evidence_folder, results_dir
 
 
 def time_to_train(results: Path, config: dict[str, Any], allow_differs: bool = False):
@@ -77,7 +77,7 @@ def predictor_of(config: dict[str, Any], catalog, results: Path):
     cells, source = cells_or_none(results, catalog)
     limit = section("config", "benchmark", config.get("benchmark"))["suspect_mfu"]
     folder = evidence_folder(config)
-    return predictor.Predictor(cells, catalog, limit, config.get("costs"), evidence_folder=folder), source
+    return predictor.Predictor(cells, catalog, limit, costs_of(config), evidence_folder=folder), source
 
 
 def calendar_site(config: dict[str, Any], gpus: list[str]):

@@ -23,12 +23,15 @@ from pretrain_planner.planning import grid, losscheck
 from pretrain_planner.planning.catalog import Catalog, load_catalog
 from pretrain_planner.planning.configtypes import (
     BenchmarkSection,
+    CostsSection,
     EvidenceSection,
     LauncherSection,
     LossCheckSection,
     SiteFile,
+    StudySection,
     SweepSection,
     TrainSection,
+    WhatifSection,
 )
 from pretrain_planner.planning.corpus import check_train_data
 from pretrain_planner.planning.devices import wants_cuda
@@ -50,17 +53,24 @@ class Pipeline:
     sources: list[tuple[str, Any]] | None = None  # the config files merged, in order (for the dry run)
     cores: int | None = None  # the cores Snakemake has (None: unknown), what a rule's `threads:` stays within
     # the config's sections, typed once (planning/configtypes.py): what the rules and the stages below take; the
-    # sweep and the launcher by `load`, which expands the grid with them
+    # sweep, the launcher and the costs by `load`, which expands the grid and prices the catalog with them
     sweep: SweepSection = field(kw_only=True)
     launcher: LauncherSection = field(kw_only=True)
+    costs: CostsSection = field(kw_only=True)  # the cost tables', plots', report's and what-if's
     train: TrainSection = field(init=False)
     benchmark: BenchmarkSection = field(init=False)
     evidence: EvidenceSection = field(init=False)  # the what-if's, the search's
+    study: StudySection = field(init=False)  # the study's views', the what-if's GPU-days count
+    whatif: WhatifSection = field(init=False)  # the models the what-if leads with
 
     def __post_init__(self) -> None:
         self.train = TrainSection.of(self.config["train"])
         self.benchmark = BenchmarkSection.of(self.config["benchmark"])
         self.evidence = EvidenceSection.of(self.config["evidence"])
+        # checked against the catalog here, at parse time (the dry run): a typo would leave a view blank
+        self.study = StudySection.of(self.config["study"]).in_catalog(self.catalog)
+        self.whatif = WhatifSection.of(self.config["whatif"])
+        self.whatif.named_in(self.catalog)
 
     @property
     def results(self) -> str:
@@ -443,7 +453,8 @@ def load(
     validate(config, "config", source)
     cat = config["catalog"]
     models, gpus = resolve_path(cat["models"], basedir), resolve_path(cat["gpus"], basedir)
-    catalog = load_catalog(models, gpus).with_prices(config["costs"].get("prices"), source)
+    costs = CostsSection.of(config["costs"])
+    catalog = load_catalog(models, gpus).with_prices(costs.prices, source)
     sweep, launcher = SweepSection.of(config["sweep"]), LauncherSection.of(config["launcher"])
     planned = grid.expand(sweep, launcher, catalog, source)
     site = None
@@ -453,7 +464,7 @@ def load(
         planned = within_limits(planned, site)
         catalog = catalog.with_network(mapped)  # every type the site maps: the what-if predicts them all
     grid.check_plan(planned, source)
-    return Pipeline(config, catalog, planned, site, sources, cores, sweep=sweep, launcher=launcher)
+    return Pipeline(config, catalog, planned, site, sources, cores, sweep=sweep, launcher=launcher, costs=costs)
 
 
 def load_or_exit(*args: Any, **kwargs: Any) -> Pipeline:

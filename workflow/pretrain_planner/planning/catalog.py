@@ -6,6 +6,7 @@ Imports no torch.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -168,7 +169,7 @@ class Catalog:
             raise ConfigError(f"{self.gpus_path}: no GPU type {name!r}; known: {', '.join(self.gpus)}")
         return self.gpus[name]
 
-    def with_prices(self, prices: dict[str, dict[str, Any]] | None, source: str = "config") -> Catalog:
+    def with_prices(self, prices: Mapping[str, Mapping[str, Any]] | None, source: str = "config") -> Catalog:
         """The catalog with a sweep's own prices (the config's `costs.prices`: your site's quotes, or the demo's
         nominal price for the `cpu` stand-in) over config/gpus.yaml's; each priced GPU type carries the note."""
         if not prices:

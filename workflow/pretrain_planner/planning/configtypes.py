@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any, ClassVar, Self
 
 from pretrain_planner import schema
+from pretrain_planner.planning.catalog import Catalog
+from pretrain_planner.planning.families import FAMILIES
 from pretrain_planner.planning.runspec import MissingSetting, TrainSetting, setting_of_json
 
 
@@ -568,3 +570,103 @@ class EvidenceSection(_Flat):
     def folder_in(self, results: str | Path) -> Path:
         """The evidence folder: `folder`, else {results}/evidence."""
         return Path(self.folder or Path(results) / "evidence")
+
+
+# -- the config's costs, study and whatif sections (the tables' settings) -----------------------------------------
+
+
+@dataclass(frozen=True)
+class CostsSection(_Flat, _StatedOrder):
+    """The config's `costs:` section: the hardware's amortisation, the Pareto front's cost axis and the sweep's own
+    prices over the catalog's (each GPU type's {price_usd, cloud_usd_per_gpu_hour, note}: JSON, what
+    Catalog.with_prices reads). Typed where the config is loaded (facade/pipeline.load, `Pipeline.costs`; the CLI
+    from the answered config: cli/config.costs_of); the aggregate, plots and report rules' params and the whatif
+    rule's settings hold `to_json()` (a change prices again) and their entrance types it back (`of`)."""
+
+    WHERE: ClassVar[str] = "costs"
+
+    amortisation_years: float
+    pareto_cost: str  # hardware | amortised | cloud (the schema's enum)
+    prices: Mapping[str, Mapping[str, Any]]
+
+    @classmethod
+    def of(cls, section: Mapping[str, Any], where: str | None = None) -> CostsSection:
+        values = _keys_of(cls, section, where or cls.WHERE)
+        prices = {gpu: dict(given) for gpu, given in (values["prices"] or {}).items()}  # a copy: the value is frozen
+        return cls(**{**values, "prices": prices})._stated(section)
+
+    @classmethod
+    def given(cls, given: Mapping[str, Any] | None = None) -> CostsSection:
+        """From part of the section, validated (the schema's defaults under it; none given: the defaults alone, what
+        a table built without a config prices with)."""
+        return cls.of(_given("costs", given, "a given costs section"))
+
+    def to_json(self) -> dict[str, Any]:
+        """The section as the config states it (a rule's params, in the stated order: a changed repr prices
+        again)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return self._in_stated_order({**values, "prices": {g: dict(p) for g, p in self.prices.items()}})
+
+
+@dataclass(frozen=True)
+class StudySection(_Flat):
+    """The config's `study:` section: the GPU-days view's setting (GPU type, nodes, GPUs per node) and the model
+    families the study's averages take (each a known family: checked here, once). Typed where the config is loaded
+    (`Pipeline.study`, its GPU type checked against the catalog: `in_catalog`); the study_tables rule's params hold
+    `to_json()` and the what-if predicts the GPU-days setting's count (tables/whatif.counts_of)."""
+
+    WHERE: ClassVar[str] = "study"
+
+    gpu_days_gpu: str
+    gpu_days_nodes: int
+    gpu_days_gpus_per_node: int
+    average_families: tuple[str, ...]
+
+    @classmethod
+    def of(cls, section: Mapping[str, Any], where: str | None = None) -> StudySection:
+        where = where or cls.WHERE
+        values = _keys_of(cls, section, where)
+        unknown = [f for f in values["average_families"] if f not in FAMILIES]
+        if unknown:
+            raise schema.ConfigError(f"config {where}.average_families: unknown {unknown}; known families: "
+                                     f"{', '.join(FAMILIES)}")  # fmt: skip
+        return cls(**{**values, "average_families": tuple(values["average_families"])})
+
+    @classmethod
+    def given(cls, given: Mapping[str, Any] | None = None) -> StudySection:
+        """From part of the section, validated (none given: the study's own definitions, the schema's defaults)."""
+        return cls.of(_given("study", given, "a given study section"))
+
+    def in_catalog(self, catalog: Catalog | None) -> StudySection:
+        """The section, its GPU-days GPU type checked against the catalog (a typo would leave the view blank)."""
+        if catalog is not None and self.gpu_days_gpu not in catalog.gpus:
+            raise schema.ConfigError(f"config study.gpu_days_gpu: {self.gpu_days_gpu!r} is not a GPU type of "
+                                     f"{catalog.gpus_path} ({', '.join(catalog.gpus)})")  # fmt: skip
+        return self
+
+    def to_json(self) -> dict[str, Any]:
+        """The section as JSON in the schema's order (the study_tables rule's params, as they always were)."""
+        return {**asdict(self), "average_families": list(self.average_families)}
+
+
+@dataclass(frozen=True)
+class WhatifSection(_Flat):
+    """The config's `whatif:` section: the catalog models the what-if leads with besides the swept ones. Typed where
+    the config is loaded (`Pipeline.whatif`, its names checked against the catalog: `named_in`); the whatif rule's
+    settings hold the names (`named`)."""
+
+    WHERE: ClassVar[str] = "whatif"
+
+    models: tuple[str, ...]
+
+    @classmethod
+    def of(cls, section: Mapping[str, Any], where: str | None = None) -> WhatifSection:
+        return cls(tuple(_keys_of(cls, section, where or cls.WHERE)["models"]))
+
+    def named_in(self, catalog: Catalog | None) -> list[str]:
+        """The models it names, each checked to be in the catalog (a typo would silently lead with nothing)."""
+        unknown = [m for m in self.models if catalog is not None and m not in catalog.models]
+        if unknown:
+            raise schema.ConfigError(f"config whatif.models: {unknown} not in {catalog.models_path} "
+                                     f"({', '.join(catalog.models)})")  # fmt: skip
+        return list(self.models)

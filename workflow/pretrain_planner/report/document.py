@@ -16,6 +16,7 @@ from typing import Any
 import polars as pl
 
 from pretrain_planner import layout
+from pretrain_planner.planning.configtypes import CostsSection
 from pretrain_planner.planning.losscheck import DIFFERS, NOT_CHECKED, SAME
 from pretrain_planner.report.calendar_plot import CALENDAR_PLOTS
 from pretrain_planner.report.loss_plot import LOSS_PLOTS
@@ -313,10 +314,11 @@ def write_report(
     optimal_dir: str | None,
     out_md: str,
     log_path: str,
-    costs_config: dict | None = None,
+    costs: CostsSection | None = None,
 ) -> None:
-    """The `report` rule: results/report.md, section by section."""
-    conf = pp_costs.settings(costs_config)
+    """The `report` rule: results/report.md, section by section (`costs`: the config's section, typed: the Pareto
+    front's cost axis; None: the schema's defaults)."""
+    conf = pp_costs.typed(costs, "report.document.write_report")
     links = Links(tables, plots, Path(out_md).parent)
     cells = pl.read_parquet(tables["cells_parquet"])
     ttt = read_table(tables["time_to_train_csv"])
@@ -327,7 +329,7 @@ def write_report(
         *_calendar(links),
         *_feasibility(read_table(tables["feasibility_csv"]), cells, links),
         *_loss_check(links),
-        *_costs(pareto, conf["pareto_cost"], links),
+        *_costs(pareto, conf.pareto_cost, links),
         *_measured_vs_analytic(ttt),
         "## MFU and step time by method\n",
         *links.plot("mfu"),

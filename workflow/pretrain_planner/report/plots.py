@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from pretrain_planner.planning.configtypes import CostsSection
 from pretrain_planner.results import atomic_savefig, atomic_write_text
 from pretrain_planner.tables import costs as pp_costs
 from pretrain_planner.tables import units
@@ -509,23 +510,24 @@ def plot_mfu(cells: pl.DataFrame, out: dict[str, str]) -> None:
     _save(figure_mfu(cells), out, "mfu")
 
 
-def figures(tables: dict[str, str], costs_config: dict | None = None) -> dict[str, Figure]:
-    """Every plot as a Figure, keyed as PLOTS, from the table files (keys as aggregate.table_files)."""
-    conf = pp_costs.settings(costs_config)
+def figures(tables: dict[str, str], costs: CostsSection | None = None) -> dict[str, Figure]:
+    """Every plot as a Figure, keyed as PLOTS, from the table files (keys as aggregate.table_files; `costs`: the
+    config's section, typed: the cost plot's axis and amortisation; None: the schema's defaults)."""
+    conf = pp_costs.typed(costs, "report.plots.figures")
     cells = pl.read_parquet(tables["cells_parquet"])
     return {
         "days": figure_days(read_table(tables["time_to_train_csv"])),
         "methods": figure_methods(cells),
-        "cost_days": figure_cost_days(read_table(tables["costs_csv"]), conf["pareto_cost"], conf["amortisation_years"]),
+        "cost_days": figure_cost_days(read_table(tables["costs_csv"]), conf.pareto_cost, conf.amortisation_years),
         "feasibility": figure_feasibility(read_table(tables["feasibility_csv"])),
         "mfu": figure_mfu(cells),
     }
 
 
-def make_plots(tables: dict[str, str], out: dict[str, str], log_path: str, costs_config: dict | None = None) -> None:
+def make_plots(tables: dict[str, str], out: dict[str, str], log_path: str, costs: CostsSection | None = None) -> None:
     """The `plots` rule: every plot from the tables (keys as aggregate.table_files), PNG and SVG."""
     t0 = time.perf_counter()
-    for key, fig in figures(tables, costs_config).items():
+    for key, fig in figures(tables, costs).items():
         _save(fig, out, key)
     cells = pl.read_parquet(tables["cells_parquet"], columns=["status"])
     settings = read_table(tables["time_to_train_csv"]).height

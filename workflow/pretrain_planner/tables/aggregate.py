@@ -19,7 +19,7 @@ import polars as pl
 
 from pretrain_planner.planning import losscheck, methods
 from pretrain_planner.planning.catalog import Catalog
-from pretrain_planner.planning.configtypes import LossCheckSection, require
+from pretrain_planner.planning.configtypes import CostsSection, LossCheckSection, require
 from pretrain_planner.planning.flops import train_flops_per_sample
 from pretrain_planner.results import (
     JSON_FIELDS,
@@ -405,10 +405,11 @@ def feasibility(cells: pl.DataFrame, ttt: pl.DataFrame) -> pl.DataFrame:
     return table.select(FEASIBILITY_COLUMNS).sort(GROUP)
 
 
-def costs_table(ttt: pl.DataFrame, catalog: Catalog | None, costs_config: dict[str, Any] | None = None) -> pl.DataFrame:
+def costs_table(ttt: pl.DataFrame, catalog: Catalog | None, costs: CostsSection | None = None) -> pl.DataFrame:
     """Per time_to_train row: hardware, amortised and cloud cost of its best method, with a note when a
-    price is missing; `pareto` marks the rows on their model's (days, cost) front."""
-    conf = pp_costs.settings(costs_config)
+    price is missing; `pareto` marks the rows on their model's (days, cost) front (`costs`: the config's, typed;
+    None: the schema's defaults)."""
+    conf = pp_costs.typed(costs, "tables.aggregate.costs_table")
     gpus = catalog.gpus if catalog else {}
     base = catalog.base_machine_usd if catalog else {}
     gpus_path = catalog.gpus_path if catalog else "config/gpus.yaml"
@@ -416,11 +417,11 @@ def costs_table(ttt: pl.DataFrame, catalog: Catalog | None, costs_config: dict[s
     for r in ttt.select(*GROUP, "world_size", "best_method", "training_days").iter_rows(named=True):
         p = pp_costs.price(
             gpus.get(r["gpu"]), r["gpu"], r["nodes"], r["gpus_per_node"], r["training_days"], base,
-            conf["amortisation_years"], gpus_path,
+            conf.amortisation_years, gpus_path,
         )  # fmt: skip
         d = p.to_dict()
         rows.append({**r, **{k: d[k] for k in COSTS_COLUMNS if k in d and k not in r}})
-    kind = conf["pareto_cost"]
+    kind = conf.pareto_cost
     mask = pp_costs.pareto_by_group(
         [r["model"] for r in rows], [r["training_days"] for r in rows], [r[f"{kind}_usd"] for r in rows]
     )
@@ -429,11 +430,12 @@ def costs_table(ttt: pl.DataFrame, catalog: Catalog | None, costs_config: dict[s
     return pl.DataFrame(rows, schema={c: columns.dtype(c) for c in COSTS_COLUMNS}).select(COSTS_COLUMNS)
 
 
-def pareto_table(costs: pl.DataFrame, costs_config: dict[str, Any] | None = None) -> pl.DataFrame:
-    """Per model, the settings no other setting beats in both days and cost (the configured kind)."""
-    kind = pp_costs.settings(costs_config)["pareto_cost"]
+def pareto_table(table: pl.DataFrame, costs: CostsSection | None = None) -> pl.DataFrame:
+    """Per model, the settings of the costs `table` no other setting beats in both days and cost (the configured
+    kind: `costs.pareto_cost`)."""
+    kind = pp_costs.typed(costs, "tables.aggregate.pareto_table").pareto_cost
     return (
-        costs.filter(pl.col("pareto"))
+        table.filter(pl.col("pareto"))
         .with_columns(pl.lit(kind).alias("cost_kind"), pl.col(f"{kind}_usd").alias("cost_usd"))
         .select(PARETO_COLUMNS)
         .sort("model", "training_days", "cost_usd")
@@ -560,7 +562,7 @@ def build_all(
     plan: str | Path | pl.DataFrame,
     result_paths: Iterable[str],
     catalog: Catalog | None = None,
-    costs_config: dict[str, Any] | None = None,
+    costs: CostsSection | None = None,
     pruned: dict[tuple[str, str, int, int, str], str] | None = None,
     strategy: str = "exhaustive",
     loss_checks: Iterable[str] = (),
@@ -575,13 +577,13 @@ def build_all(
     checks, check_hours = loss_check_table(loss_checks, loss_check, setting_methods)
     cells = with_loss(cells, checks, bool(loss_checks))
     ttt = time_to_train(cells)
-    costs = costs_table(ttt, catalog, costs_config)
+    priced = costs_table(ttt, catalog, costs)
     return {
         "cells": cells,
         "time_to_train": ttt,
         "feasibility": memfix.explain_settings(feasibility(cells, ttt), cells, catalog),
-        "costs": costs,
-        "pareto": pareto_table(costs, costs_config),
+        "costs": priced,
+        "pareto": pareto_table(priced, costs),
         "problems": problems,
         "benchmark_cost": benchmark_cost(cells, ttt, strategy, check_hours),
         "loss_check": checks,
@@ -590,9 +592,10 @@ def build_all(
 
 def aggregate_rule(inputs: Any, outputs: Any, log_path: str, catalog: Catalog, params: Any) -> dict[str, pl.DataFrame]:
     """The `aggregate` rule's call (workflow/rules/aggregate.smk): its named inputs (plan, results, search,
-    loss_checks), outputs and params (costs, loss_check: its JSON, typed here) handed to `build_tables`."""
+    loss_checks), outputs and params (costs, loss_check: their JSON, typed here) handed to `build_tables`."""
+    costs = CostsSection.of(params["costs"], "the aggregate rule's params: costs")
     return build_tables(inputs["plan"], list(inputs["results"]), dict(outputs.items()), log_path, catalog,
-                        params["costs"], search=list(inputs["search"]), loss_checks=list(inputs["loss_checks"]),
+                        costs, search=list(inputs["search"]), loss_checks=list(inputs["loss_checks"]),
                         loss_check=losscheck.settings(params["loss_check"]))  # fmt: skip
 
 
@@ -602,7 +605,7 @@ def build_tables(
     out: dict[str, str],
     log_path: str,
     catalog: Catalog | None = None,
-    costs_config: dict[str, Any] | None = None,
+    costs: CostsSection | None = None,
     search: Iterable[str] = (),
     loss_checks: Iterable[str] = (),
     loss_check: LossCheckSection | None = None,
@@ -616,7 +619,7 @@ def build_tables(
     searched, pruned = read_searches(search)
     paths = [*result_paths, *searched]
     strategy = "adaptive" if list(search) else "exhaustive"
-    tables = build_all(plan_csv, paths, catalog, costs_config, pruned, strategy, loss_checks, loss_check)
+    tables = build_all(plan_csv, paths, catalog, costs, pruned, strategy, loss_checks, loss_check)
     cells = tables["cells"]
     atomic_write(out["cells_parquet"], cells.write_parquet)
     _write(out, "cells", cells, cells.drop(JSON_FIELDS))

@@ -15,21 +15,21 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pretrain_planner.planning.catalog import GpuSpec
+from pretrain_planner.planning.configtypes import CostsSection, require
 from pretrain_planner.planning.runspec import OnNodes
-from pretrain_planner.schema import default, section
+from pretrain_planner.schema import default
 
 COST_KINDS = ("hardware", "amortised", "cloud")
 DEFAULT_YEARS = default("config", "costs.amortisation_years")  # the schema's: 5, as in the "$100K" study
 
 
-def settings(costs_config: dict[str, Any] | None) -> dict[str, Any]:
-    """The `costs:` section of config.yaml with the schema's defaults under what is given."""
-    out = section("config", "costs", costs_config)
-    if out["pareto_cost"] not in COST_KINDS:
-        raise ValueError(f"costs.pareto_cost: {out['pareto_cost']!r} is not one of {', '.join(COST_KINDS)}")
-    if not out["amortisation_years"] or out["amortisation_years"] <= 0:
-        raise ValueError(f"costs.amortisation_years: {out['amortisation_years']!r} must be > 0")
-    return out
+def typed(costs: CostsSection | None, where: str) -> CostsSection:
+    """The costs section a table prices with: the one typed where the config was loaded (a dict refused, naming
+    `where`: it would be read by key again), else (None: no config, a test's table) the schema's defaults."""
+    if costs is None:
+        return CostsSection.given()
+    require(costs, CostsSection, where)
+    return costs
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ from pretrain_planner.planning import evidence as pp_evidence
 from pretrain_planner.planning import evidence_exchange as pp_exchange
 from pretrain_planner.planning import grid, memory, methods, stepmodel
 from pretrain_planner.planning.catalog import Catalog, ModelSpec
+from pretrain_planner.planning.configtypes import CostsSection
 from pretrain_planner.planning.crossgpu import NEAR, STAND_IN_RATIO, CrossGpu, Estimate, fit, stand_in
 from pretrain_planner.planning.evidence import HERE, Evidence, Run, Work
 from pretrain_planner.planning.flops import param_count, tokens_per_sample, train_flops_per_sample
@@ -159,19 +160,19 @@ def _by_method(rows: list[Measured]) -> dict[str, list[Measured]]:
 class Predictor:
     """Predictions from a `cells` table (aggregate.cells_table), the catalog and the public evidence (`public`: the
     shipped evidence and the rows imported into `evidence_folder` by default; an Evidence to use another, None for
-    none)."""
+    none). `costs`: the config's costs section, typed (None: the schema's defaults)."""
 
     def __init__(
         self,
         cells: pl.DataFrame,
         catalog: Catalog,
         suspect_mfu: float = 0.85,
-        costs_config: dict[str, Any] | None = None,
+        costs: CostsSection | None = None,
         public: Evidence | None | bool = True,
         evidence_folder: str | Path | None = None,
     ) -> None:
         self.catalog, self.limit = catalog, suspect_mfu
-        self.costs = pp_costs.settings(costs_config)
+        self.costs = pp_costs.typed(costs, "tables.predictor.Predictor")
         if public is True:  # the shipped rows and those imported into the evidence folder (planning/evidence_exchange)
             public = pp_exchange.loaded_evidence(catalog, suspect_mfu, evidence_folder)
         self.public: Evidence = public or Evidence()
@@ -562,7 +563,7 @@ class Predictor:
         return f"network {g.inter_node_gbit_s:g} Gb/s per GPU to other nodes ({where})"
 
     def _price(self, p: Prediction) -> None:
-        base, years = self.catalog.base_machine_usd, self.costs["amortisation_years"]
+        base, years = self.catalog.base_machine_usd, self.costs.amortisation_years
         g = self.catalog.gpu(p.gpu)
         for days, attr in (
             (p.days_optimistic, "amortised_usd_optimistic"),

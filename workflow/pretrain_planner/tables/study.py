@@ -40,10 +40,10 @@ import polars as pl
 
 from pretrain_planner.planning import methods
 from pretrain_planner.planning.catalog import Catalog
-from pretrain_planner.planning.families import DISPLAY_ORDER, FAMILIES
+from pretrain_planner.planning.configtypes import StudySection, require
+from pretrain_planner.planning.families import DISPLAY_ORDER
 from pretrain_planner.planning.flops import mfu, param_count, suspect, train_flops_per_sample
 from pretrain_planner.results import atomic_write_text
-from pretrain_planner.schema import ConfigError, section
 from pretrain_planner.tables import columns, units, views
 from pretrain_planner.tables.aggregate import GROUP, MD_ROWS
 from pretrain_planner.tables.markdown import WIDTH, to_markdown
@@ -130,17 +130,13 @@ def table_files(folder: str) -> dict[str, str]:
     return {f"{n}_{ext}": f"{folder}/{n}.{ext}" for n in STUDY_TABLES for ext in ("csv", "md")}
 
 
-def study_settings(given: dict[str, Any] | None, catalog: Catalog | None = None) -> dict[str, Any]:
-    """The config's `study` section over the schema's defaults (the study's), checked: the GPU type of the GPU-days
-    view must be in the catalog, the averaged families must be known."""
-    out = section("config", "study", given)
-    unknown = [f for f in out["average_families"] if f not in FAMILIES]
-    if unknown:
-        raise ConfigError(f"config study.average_families: unknown {unknown}; known families: {', '.join(FAMILIES)}")
-    if catalog is not None and out["gpu_days_gpu"] not in catalog.gpus:
-        raise ConfigError(f"config study.gpu_days_gpu: {out['gpu_days_gpu']!r} is not a GPU type of "
-                          f"{catalog.gpus_path} ({', '.join(catalog.gpus)})")  # fmt: skip
-    return out
+def typed(study: StudySection | None, where: str) -> StudySection:
+    """The study section the views are computed with: the one typed where the config was loaded (a dict refused,
+    naming `where`), else (None: no config, a test's tables) the study's own definitions, the schema's defaults."""
+    if study is None:
+        return StudySection.given()
+    require(study, StudySection, where)
+    return study
 
 
 # ------------------------------------------------------------------------------------------------- helpers
@@ -338,11 +334,11 @@ def recorded_models(catalog: Catalog | None) -> list[str]:
     return [name for name, spec in (catalog.models.items() if catalog else []) if spec.original_training]
 
 
-def gpu_days(best: pl.DataFrame, models: list[str], catalog: Catalog | None, study: dict[str, Any]) -> pl.DataFrame:
+def gpu_days(best: pl.DataFrame, models: list[str], catalog: Catalog | None, study: StudySection) -> pl.DataFrame:
     """Per model (of the sweep, and every catalog model with an original record): the original run's GPUs x days
     beside the study's: GPUs x days of the optimal setting on `study.gpu_days_*` (8 x A100 on one node), blank where
     that setting has no optimal (the GPU-days plot adds the what-if's prediction there)."""
-    gpu, nodes, gpn = study["gpu_days_gpu"], study["gpu_days_nodes"], study["gpu_days_gpus_per_node"]
+    gpu, nodes, gpn = study.gpu_days_gpu, study.gpu_days_nodes, study.gpu_days_gpus_per_node
     label = setting_label(gpu, nodes, gpn)
     at = {r["model"]: r for r in best.filter((pl.col("gpu") == gpu) & (pl.col("nodes") == nodes)
                                              & (pl.col("gpus_per_node") == gpn)).iter_rows(named=True)}  # fmt: skip
@@ -543,11 +539,12 @@ class StudyTable(NamedTuple):
 
 
 def build_all(
-    cells: pl.DataFrame, catalog: Catalog | None, limit: float, study: dict[str, Any] | None = None
+    cells: pl.DataFrame, catalog: Catalog | None, limit: float, study: StudySection | None = None
 ) -> dict[str, StudyTable]:
-    """Every study table in memory: name -> StudyTable."""
-    study = study_settings(study)
-    families = study["average_families"]
+    """Every study table in memory: name -> StudyTable (`study`: the config's section, typed; None: the study's
+    own definitions)."""
+    study = typed(study, "tables.study.build_all")
+    families = list(study.average_families)
     what = f"{', '.join(families)} models"
     settings = cells.filter(pl.col("valid")).select("model", "gpu", "nodes", "gpus_per_node", "world_size")
     naive = ran(cells).filter(pl.col("method") == "naive")
@@ -570,7 +567,7 @@ def build_all(
                   "methods: how many memory-saving methods ran.")  # fmt: skip
     counted = "in count mean: the rows of the study's figure by GPU count (the averaged models on every count)."
     sources = sorted(set(gd["original_source"].drop_nulls().to_list()))
-    where = setting_label(study["gpu_days_gpu"], study["gpu_days_nodes"], study["gpu_days_gpus_per_node"])
+    where = setting_label(study.gpu_days_gpu, study.gpu_days_nodes, study.gpu_days_gpus_per_node)
     gd_notes = [f"ours: the optimal (fastest fl-based) setting on {where} (`study.gpu_days_*`), its GPUs x days.",
                 *(f"original runs: {s}." for s in sources)]  # fmt: skip
     claim_notes = [f"{r['model']} on {units.layout(1, r['world_size'])} {r['gpu']}: {r['source']}."
@@ -591,13 +588,13 @@ def build_all(
     }  # fmt: skip
 
 
-def intro(name: str, study: dict[str, Any] | None = None) -> str:
+def intro(name: str, study: StudySection | None = None) -> str:
     """A table's paragraph, with the settings of the `study` section it depends on filled in."""
-    study = study_settings(study)
-    gpus = study["gpu_days_nodes"] * study["gpu_days_gpus_per_node"]
+    study = typed(study, "tables.study.intro")
+    gpus = study.gpu_days_nodes * study.gpu_days_gpus_per_node
     return INTROS[name].format(
-        gpus=gpus, families=", ".join(study["average_families"]),
-        setting=f"{study['gpu_days_nodes']} node x {study['gpu_days_gpus_per_node']} {study['gpu_days_gpu']}",
+        gpus=gpus, families=", ".join(study.average_families),
+        setting=f"{study.gpu_days_nodes} node x {study.gpu_days_gpus_per_node} {study.gpu_days_gpu}",
     )  # fmt: skip
 
 
@@ -655,11 +652,13 @@ def build_study_tables(
     log_path: str,
     catalog: Catalog | None,
     suspect_mfu: float,
-    study: dict[str, Any] | None = None,
+    study: StudySection | None = None,
 ) -> dict[str, StudyTable]:
-    """The `study_tables` rule: every study table to CSV + Markdown (the intro, then the table and its notes)."""
+    """The `study_tables` rule: every study table to CSV + Markdown (the intro, then the table and its notes);
+    `study`: the config's section as the facade typed it (`Pipeline.study`: the rule's params hold its JSON), its
+    GPU type checked against the catalog again (None: the study's own definitions)."""
     t0 = time.perf_counter()
-    study = study_settings(study, catalog)
+    study = typed(study, "tables.study.build_study_tables").in_catalog(catalog)
     tables = build_all(pl.read_parquet(cells_parquet), catalog, suspect_mfu, study)
     for name, table in tables.items():
         Path(out[f"{name}_csv"]).parent.mkdir(parents=True, exist_ok=True)

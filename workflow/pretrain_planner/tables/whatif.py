@@ -14,6 +14,7 @@ import math
 import textwrap
 import time
 from collections import defaultdict
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,15 +22,21 @@ import polars as pl
 
 from pretrain_planner.planning import evidence_exchange as pp_exchange
 from pretrain_planner.planning.catalog import Catalog
-from pretrain_planner.planning.configtypes import BenchmarkSection, EvidenceSection, SweepSection, require
+from pretrain_planner.planning.configtypes import (
+    BenchmarkSection,
+    CostsSection,
+    EvidenceSection,
+    StudySection,
+    SweepSection,
+    WhatifSection,
+    require,
+)
 from pretrain_planner.planning.crossgpu import Kind
 from pretrain_planner.planning.evidence import origins_text
 from pretrain_planner.results import atomic_write_text
-from pretrain_planner.schema import ConfigError, section
 from pretrain_planner.tables.markdown import WIDTH
 from pretrain_planner.tables.markdown import table as to_table
 from pretrain_planner.tables.predictor import BOUND, OWN, PUBLIC, Predictor, units_per_sample
-from pretrain_planner.tables.study import study_settings
 from pretrain_planner.tables.units import days as days_text
 from pretrain_planner.tables.units import usd as usd_text
 
@@ -136,24 +143,14 @@ def table_files(folder: str) -> dict[str, str]:
     return {"whatif_csv": f"{folder}/whatif.csv", "whatif_md": f"{folder}/whatif.md"}
 
 
-def counts_of(sweep: SweepSection, study_config: dict[str, Any] | None) -> list[tuple[int, int]]:
+def counts_of(sweep: SweepSection, study: StudySection) -> list[tuple[int, int]]:
     """The (nodes, GPUs per node) the what-if predicts: the sweep's, and the study's GPU-days setting (the GPU-days
     plot shows the prediction where that setting was not measured)."""
     require(sweep, SweepSection, "tables.whatif.counts_of")
-    study = study_settings(study_config)
+    require(study, StudySection, "tables.whatif.counts_of")
     counts = {(n, g) for n in sweep.nodes for g in sweep.gpus_per_node}
-    counts.add((study["gpu_days_nodes"], study["gpu_days_gpus_per_node"]))
+    counts.add((study.gpu_days_nodes, study.gpu_days_gpus_per_node))
     return sorted(counts, key=lambda c: (c[0] * c[1], c[0]))
-
-
-def whatif_settings(given: dict[str, Any] | None, catalog: Catalog | None = None) -> dict[str, Any]:
-    """The config's `whatif` section over the schema's defaults, checked: the models it names must be in the catalog
-    (a typo would silently lead with nothing)."""
-    out = section("config", "whatif", given)
-    unknown = [m for m in out["models"] if catalog is not None and m not in catalog.models]
-    if unknown:
-        raise ConfigError(f"config whatif.models: {unknown} not in {catalog.models_path} ({', '.join(catalog.models)})")
-    return out
 
 
 # ---------------------------------------------------------------------------------------- the reading order
@@ -390,7 +387,7 @@ def whatif_markdown(predictor: Predictor, table: pl.DataFrame, swept: list[str],
     and row in whatif.csv."""
     rows = _by_model(table)
     lead = [m for m in dict.fromkeys([*swept, *named]) if m in rows]
-    years = predictor.costs["amortisation_years"]
+    years = predictor.costs.amortisation_years
     intro = _fill(f"{INTRO} The cross-GPU model: {predictor.model.params.describe()}.", WIDTH)
     kinds = [_fill(line, WIDTH, initial_indent="- ", subsequent_indent="  ")
              for line in predictor.model.calibration.lines()]  # fmt: skip
@@ -417,19 +414,31 @@ def whatif_markdown(predictor: Predictor, table: pl.DataFrame, swept: list[str],
     return "\n".join(md).rstrip("\n") + "\n"
 
 
-def rule_settings(sweep: SweepSection, benchmark: BenchmarkSection, evidence: EvidenceSection, config: dict[str, Any],
-                  catalog: Catalog) -> dict[str, Any]:  # fmt: skip
-    """What the `whatif` rule passes to build_whatif from the sweep's config (a change of any re-predicts): the typed
-    sweep, benchmark and evidence sections (the facade's), the study, costs and whatif settings from `config`."""
-    require(benchmark, BenchmarkSection, "tables.whatif.rule_settings")
-    require(evidence, EvidenceSection, "tables.whatif.rule_settings")
-    folder = evidence.folder_in(config["results"])
+def rule_settings(
+    sweep: SweepSection,
+    benchmark: BenchmarkSection,
+    evidence: EvidenceSection,
+    costs: CostsSection,
+    study: StudySection,
+    whatif: WhatifSection,
+    catalog: Catalog,
+    results: str,
+) -> dict[str, Any]:
+    """What the `whatif` rule passes to build_whatif from the sweep's config (a change of any re-predicts): from the
+    sections the facade typed (never the config's dict), JSON: the costs section's as the config wrote it (its
+    repr is the rule's parameter), the study's GPU-days count, the models `whatif` names (checked against the
+    catalog); `results`: the results folder (the evidence folder's default)."""
+    where = "tables.whatif.rule_settings"
+    for value, cls in ((sweep, SweepSection), (benchmark, BenchmarkSection), (evidence, EvidenceSection),
+                       (costs, CostsSection), (study, StudySection), (whatif, WhatifSection)):  # fmt: skip
+        require(value, cls, where)
+    folder = evidence.folder_in(results)
     return {
         "models": list(sweep.models),
-        "counts": counts_of(sweep, config.get("study")),
+        "counts": counts_of(sweep, study),
         "suspect_mfu": benchmark.suspect_mfu,
-        "costs_config": config.get("costs", {}),
-        "named": whatif_settings(config.get("whatif"), catalog)["models"],
+        "costs_config": costs.to_json(),  # JSON at the rule's boundary: build_whatif types it back
+        "named": whatif.named_in(catalog),
         # the site file's network over the catalog's (a change of it re-predicts the multi-node rows)
         "network": {g: spec.inter_node_gbit_s for g, spec in catalog.gpus.items() if spec.network_note},
         # the rows imported from other sites (an import re-predicts: its digest is the parameter that changes)
@@ -446,7 +455,7 @@ def build_whatif(
     models: list[str],
     counts: list[tuple[int, int]],
     suspect_mfu: float,
-    costs_config: dict[str, Any] | None = None,
+    costs_config: Mapping[str, Any] | None = None,
     with_evidence_models: bool = True,
     named: list[str] | None = None,
     network: dict[str, float] | None = None,
@@ -458,9 +467,11 @@ def build_whatif(
     has every row and column, in the reading order (`reading_order`); the .md leads with the swept and named.
     `network`: the site file's inter_node_gbit_s the catalog already carries (a rule parameter, so that a change
     of it reruns the rule; logged). `evidence_folder`: where other sites' rows were imported (`evidence_digest`,
-    their digest, is the parameter an import changes)."""
+    their digest, is the parameter an import changes). `costs_config`: the costs section's JSON (the rule's
+    params: `CostsSection.to_json`), typed here, at the rule's entrance (None: the schema's defaults)."""
     t0 = time.perf_counter()
-    predictor = Predictor(pl.read_parquet(cells_parquet), catalog, suspect_mfu, costs_config,
+    costs = None if costs_config is None else CostsSection.of(costs_config, "the whatif rule's settings: costs_config")
+    predictor = Predictor(pl.read_parquet(cells_parquet), catalog, suspect_mfu, costs,
                           evidence_folder=evidence_folder)  # fmt: skip
     named = [m for m in named or [] if m in catalog.models]
     lead = [*models, *named]
