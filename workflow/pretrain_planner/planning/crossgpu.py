@@ -690,14 +690,14 @@ def fit(runs: Sequence[Run], gpus: Mapping[str, Any], calibration: Calibration |
     key = (tuple(runs), tuple(sorted((name, repr(spec)) for name, spec in gpus.items())))
     if calibration is None and key in _FITS:
         return _FITS[key]
-    kept = None
+    kept, stated = None, repr(key)  # the cache's key text: a repr of every run, made once
     if calibration is None:
-        got = diskcache.get("crossgpu-calibration", repr(key))
+        got = diskcache.get("crossgpu-calibration", stated)
         kept = Calibration.of_json(got) if got is not None else None
     model = _fit(runs, gpus, calibration or kept)
     if calibration is None:
         if kept is None and model.calibration.kinds:
-            diskcache.put("crossgpu-calibration", repr(key), model.calibration.to_json())
+            diskcache.put("crossgpu-calibration", stated, model.calibration.to_json())
         _FITS[key] = model
         while len(_FITS) > _FITS_KEPT:
             _FITS.pop(next(iter(_FITS)))
