@@ -249,6 +249,9 @@ def _slurm_healthy(env: dict[str, str]) -> bool:
     return "UP" in out.stdout
 
 
+SLURM_ENV_KEYS = ("SLURM_TESTBED_INSTANCE", "SLURM_CONF")  # what slurm_env may set: the rest of a SLURM module's env
+
+
 def slurm_env(instance: int) -> dict[str, str]:
     """The environment that points SLURM's commands (and cluster/testbed's scripts) at a testbed cluster: instance 0
     is SLURM's default place, /etc/slurm; instance 1's config is /etc/slurm-1 (cluster/testbed/instance.sh). sbatch
@@ -266,8 +269,7 @@ def _slurm_instance(request):
     if instance is None:
         yield
         return
-    keys = ("SLURM_TESTBED_INSTANCE", "SLURM_CONF")
-    before = {k: os.environ.pop(k, None) for k in keys}
+    before = {k: os.environ.pop(k, None) for k in SLURM_ENV_KEYS}
     os.environ.update(slurm_env(instance))
     try:
         yield
@@ -284,7 +286,7 @@ def testbed_up(instance: int) -> None:
 
     if shutil.which("slurmctld") is None or shutil.which("sbatch") is None:
         pytest.skip("SLURM is not installed: run `bash envs/setup.sh test` (installs cluster/testbed packages)")
-    env = {k: v for k, v in os.environ.items() if k not in ("SLURM_TESTBED_INSTANCE", "SLURM_CONF")}
+    env = {k: v for k, v in os.environ.items() if k not in SLURM_ENV_KEYS}
     env.update(slurm_env(instance))
     if not _slurm_healthy(env) and os.geteuid() != 0:
         pytest.skip(f"the SLURM testbed's cluster {instance} is down and starting it needs root: "
@@ -513,8 +515,10 @@ def ended(after: int, name: str, timeout: float = 90) -> list[dict[str, str]]:
 
 
 def last_job_id() -> int:
-    """The newest job id so far: a test counts only the jobs it submitted itself."""
-    return max((int(j["JobID"].split("_")[0]) for j in sacct(-1, preflight=True)), default=0)
+    """The newest job id so far: a test counts only the jobs it submitted itself. The controller's too (`job_ids`):
+    right after a bring-up a plain sacct can list nothing yet (cluster/testbed/README.md), and the bring-up's smoke
+    jobs would count as the test's."""
+    return max((int(j.split("_")[0]) for j in job_ids()), default=0)
 
 
 def wait_for(predicate, timeout: float, what: str, every: float = 1.0):
